@@ -1,0 +1,255 @@
+"""Which started jobs are zombies, decided by one indexed MongoDB query.
+
+Every stale job started before the heartbeat cutoff (a maximum duration is never
+shorter than the heartbeat timeout), so the query walks the
+``(status, started_at)`` index over old started jobs only: finished history, however
+long, is never examined. The per-type maximum durations are branches of the same
+``$or``. Python then only names the reason of the few jobs that come back.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from bson import ObjectId
+from pymongo.collection import Collection
+
+from zombie_pipeline.documents import (
+    ERROR_CODE_OF_REASON,
+    ID,
+    JOB_FIELDS,
+    Job,
+    Reason,
+    Status,
+    as_utc,
+)
+from zombie_pipeline.policy import ZombiePolicy
+
+MAX_NAME_LENGTH = 512
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A zombie as detection saw it: the evidence finalization must find unchanged."""
+
+    job: dict[str, Any]  # the job's own fields, as read
+    reason: str
+    threshold_seconds: int
+    detected_at: dt.datetime
+
+    @property
+    def id(self) -> ObjectId:
+        return self.job[ID]
+
+    @property
+    def job_type(self) -> str:
+        return self.job[Job.TYPE]
+
+    @property
+    def started_at(self) -> dt.datetime:
+        return self.job[Job.STARTED_AT]
+
+    @property
+    def last_heartbeat(self) -> dt.datetime | None:
+        return self.job.get(Job.LAST_HEARTBEAT)
+
+    @property
+    def error_code(self) -> str:
+        return ERROR_CODE_OF_REASON[self.reason]
+
+    @property
+    def age_seconds(self) -> float:
+        return (self.detected_at - self.started_at).total_seconds()
+
+    def evidence(self) -> dict[str, Any]:
+        """One row of the dry-run table."""
+        return {
+            "id": str(self.id),
+            "type": self.job_type,
+            "dataset": self.job[Job.DATASET],
+            "config": self.job.get(Job.CONFIG),
+            "split": self.job.get(Job.SPLIT),
+            "reason": self.reason,
+            "age_seconds": round(self.age_seconds, 1),
+            "last_heartbeat": self.last_heartbeat.isoformat() if self.last_heartbeat else None,
+            "threshold_seconds": self.threshold_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A started job we refuse to touch, and why."""
+
+    id: Any
+    problem: str
+
+
+@dataclass
+class Detection:
+    now: dt.datetime
+    candidates: list[Candidate] = field(default_factory=list)
+    malformed: list[Malformed] = field(default_factory=list)
+
+    def count_by(self, attribute: str) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for candidate in self.candidates:
+            key = getattr(candidate, attribute)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+
+def stale_filter(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> dict[str, Any]:
+    """The MongoDB filter matching every zombie under ``policy`` at ``now``.
+
+    Job type names only ever appear as values (``$in``, equality), never as keys.
+    """
+    heartbeat_cutoff = now - dt.timedelta(seconds=policy.heartbeat_timeout_seconds)
+    overrides = policy.max_duration_seconds_by_type
+    exceeded = [
+        {Job.TYPE: job_type, Job.STARTED_AT: {"$lt": now - dt.timedelta(seconds=limit)}}
+        for job_type, limit in sorted(overrides.items())
+    ]
+    exceeded.append(
+        {
+            Job.TYPE: {"$nin": sorted(overrides)},
+            Job.STARTED_AT: {"$lt": now - dt.timedelta(seconds=policy.max_duration_seconds)},
+        }
+    )
+    query: dict[str, Any] = {
+        Job.STATUS: Status.STARTED,
+        Job.STARTED_AT: {"$lt": heartbeat_cutoff},
+        "$or": [
+            {Job.LAST_HEARTBEAT: {"$lt": heartbeat_cutoff}},
+            {Job.LAST_HEARTBEAT: None},  # missing or null: never heartbeated
+            *exceeded,
+        ],
+    }
+    if job_types is not None:
+        query[Job.TYPE] = {"$in": sorted(job_types)}
+    return query
+
+
+def started_filter(job_types: Iterable[str] | None = None) -> dict[str, Any]:
+    query: dict[str, Any] = {Job.STATUS: Status.STARTED}
+    if job_types is not None:
+        query[Job.TYPE] = {"$in": sorted(job_types)}
+    return query
+
+
+def problem_of(job: Mapping[str, Any]) -> str | None:
+    """Why a started job cannot be handled safely, or None when it can."""
+    for name in (Job.TYPE, Job.DATASET, Job.UNICITY_ID):
+        value = job.get(name)
+        if not isinstance(value, str) or not value:
+            return f"{name} is missing or not a non-empty string"
+        if len(value) > MAX_NAME_LENGTH:
+            return f"{name} is longer than {MAX_NAME_LENGTH} characters"
+        if value.startswith("$"):
+            return f"{name} starts with '$'"
+    if "." in job[Job.TYPE]:
+        return "type contains a dot"
+    for name in (Job.CONFIG, Job.SPLIT):
+        value = job.get(name)
+        if value is not None and not isinstance(value, str):
+            return f"{name} is neither a string nor null"
+    if as_utc(job.get(Job.STARTED_AT)) is None:
+        return "started_at is missing or not a date"
+    if job.get(Job.LAST_HEARTBEAT) is not None and as_utc(job[Job.LAST_HEARTBEAT]) is None:
+        return "last_heartbeat is neither a date nor null"
+    return None
+
+
+def reason_of(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.datetime) -> tuple[str, int] | None:
+    """The reason a well-formed started job is a zombie, with the threshold it broke."""
+    started_at = as_utc(job[Job.STARTED_AT])
+    limit = policy.max_duration_of(job[Job.TYPE])
+    if started_at < now - dt.timedelta(seconds=limit):
+        return Reason.EXCEEDED_MAX_DURATION, limit
+    timeout = policy.heartbeat_timeout_seconds
+    cutoff = now - dt.timedelta(seconds=timeout)
+    last_heartbeat = as_utc(job.get(Job.LAST_HEARTBEAT))
+    if last_heartbeat is None:
+        return (Reason.NEVER_HEARTBEATED, timeout) if started_at < cutoff else None
+    return (Reason.MISSING_HEARTBEAT, timeout) if last_heartbeat < cutoff else None
+
+
+def detect(
+    jobs: Collection,
+    policy: ZombiePolicy,
+    now: dt.datetime,
+    job_types: Iterable[str] | None = None,
+) -> Detection:
+    """Find the zombies: one query, only the job fields come back, oldest first."""
+    detection = Detection(now=now)
+    projection = {name: 1 for name in JOB_FIELDS}
+    cursor = (
+        jobs.find(stale_filter(policy, now, job_types), projection)
+        .sort(Job.STARTED_AT, 1)
+        .batch_size(max(policy.batch_size, 101))
+    )
+    for job in cursor:
+        problem = problem_of(job)
+        if problem:
+            detection.malformed.append(Malformed(job.get(ID), problem))
+            continue
+        verdict = reason_of(job, policy, now)
+        if verdict is None:  # cannot happen with the same cutoffs; never act on a doubt
+            continue
+        reason, threshold = verdict
+        detection.candidates.append(Candidate(job=job, reason=reason, threshold_seconds=threshold, detected_at=now))
+    return detection
+
+
+def find_malformed_started(jobs: Collection, job_types: Iterable[str] | None = None, limit: int = 1_000) -> list[Malformed]:
+    """Started jobs whose fields the stale query cannot read (dates as strings, ...).
+
+    They are never finalized: they are reported for an operator to look at.
+    """
+    query = started_filter(job_types)
+    query["$or"] = [
+        {Job.STARTED_AT: {"$not": {"$type": "date"}}},
+        {Job.LAST_HEARTBEAT: {"$exists": True, "$not": {"$type": ["date", "null"]}}},
+        {Job.TYPE: {"$not": {"$type": "string"}}},
+        {Job.DATASET: {"$not": {"$type": "string"}}},
+        {Job.UNICITY_ID: {"$not": {"$type": "string"}}},
+        {Job.CONFIG: {"$exists": True, "$not": {"$type": ["string", "null"]}}},
+        {Job.SPLIT: {"$exists": True, "$not": {"$type": ["string", "null"]}}},
+    ]
+    found = []
+    for job in jobs.find(query, {name: 1 for name in JOB_FIELDS}).limit(limit):
+        found.append(Malformed(job.get(ID), problem_of(job) or "a field has an unexpected type"))
+    return found
+
+
+@dataclass(frozen=True)
+class Brake:
+    """Whether so many started jobs look dead that the heartbeat path is more likely broken."""
+
+    stale: int
+    started: int
+    max_stale_fraction: float
+    min_started: int
+
+    @property
+    def engaged(self) -> bool:
+        return self.started >= self.min_started and self.stale > self.max_stale_fraction * self.started
+
+    def message(self) -> str:
+        share = self.stale / self.started if self.started else 0.0
+        return (
+            f"brake engaged: {self.stale} of {self.started} started jobs ({share:.0%}) look dead, more than "
+            f"max_stale_fraction={self.max_stale_fraction:.0%}. A broken heartbeat path looks like mass death, "
+            "so nothing was written. Check the workers; to proceed anyway, run again with override_brake=true."
+        )
+
+
+def brake_for(jobs: Collection, detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None) -> Brake:
+    started = jobs.count_documents(started_filter(job_types))
+    return Brake(
+        stale=len(detection.candidates),
+        started=started,
+        max_stale_fraction=policy.max_stale_fraction,
+        min_started=policy.min_started_for_brake,
+    )

@@ -1,0 +1,212 @@
+"""The embedded default: a local SecantusDB server, shared by every process of the project.
+
+With no MongoDB URL configured, the CLI, ``dagster dev`` and every run's
+subprocess call :func:`ensure_server`. The first one starts a SecantusDB server
+as a separate process (it is GPL software, kept out of our runtime
+dependencies); the others find it through a state file and reuse it, so data
+written by one run is seen by the next. A file lock keeps two processes from
+starting two servers on the same storage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+HOME_ENV = "ZOMBIE_PIPELINE_HOME"
+SERVER_EXECUTABLE = "secantusd-py"
+INSTALL_HINT = (
+    "No MongoDB URL is set (QUEUE_MONGO_URL / CACHE_MONGO_URL) and the embedded server is not "
+    "installed. Either install it: pip install -e '.[embedded]' (SecantusDB, GPL), "
+    "or set QUEUE_MONGO_URL and CACHE_MONGO_URL to a real MongoDB."
+)
+
+
+class EmbeddedServerError(RuntimeError):
+    """The embedded server is missing or would not start; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    pid: int
+    port: int
+    storage_path: str
+
+    @property
+    def url(self) -> str:
+        return f"mongodb://127.0.0.1:{self.port}/?directConnection=true"
+
+
+def home() -> Path:
+    """Project-local state: ``$ZOMBIE_PIPELINE_HOME``, else ``.zombie_pipeline`` in the project."""
+    configured = os.environ.get(HOME_ENV)
+    if configured:
+        return Path(configured).resolve()
+    package_parent = Path(__file__).resolve().parent.parent
+    if (package_parent / "pyproject.toml").exists():  # a source checkout (editable install)
+        return package_parent / ".zombie_pipeline"
+    return Path.cwd() / ".zombie_pipeline"
+
+
+def _state_file(base: Path) -> Path:
+    return base / "server.json"
+
+
+def find_executable() -> str | None:
+    beside_python = Path(sys.executable).parent / SERVER_EXECUTABLE
+    if beside_python.exists():
+        return str(beside_python)
+    return shutil.which(SERVER_EXECUTABLE)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _answers(port: int, timeout: float = 1.0) -> bool:
+    """True when a MongoDB-wire server answers ``ping`` on the port."""
+    import pymongo
+
+    client = pymongo.MongoClient(
+        "127.0.0.1", port, directConnection=True, serverSelectionTimeoutMS=int(timeout * 1000)
+    )
+    try:
+        client.admin.command("ping")
+        return True
+    except pymongo.errors.PyMongoError:
+        return False
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def _locked(base: Path) -> Iterator[None]:
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / "server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def running_server(base: Path | None = None) -> ServerInfo | None:
+    """The server recorded in the state file, if its process is alive and answers."""
+    base = base or home()
+    try:
+        info = ServerInfo(**json.loads(_state_file(base).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    if _pid_alive(info.pid) and _answers(info.port):
+        return info
+    return None
+
+
+def start_server(
+    storage_path: Path,
+    port: int | None = None,
+    log_path: Path | None = None,
+    timeout_seconds: float = 60.0,
+    detach: bool = True,
+) -> tuple[subprocess.Popen, ServerInfo]:
+    """Start a SecantusDB server on 127.0.0.1 and wait until it answers."""
+    executable = find_executable()
+    if executable is None:
+        raise EmbeddedServerError(INSTALL_HINT)
+    port = port or free_port()
+    storage_path.mkdir(parents=True, exist_ok=True)
+    log_path = log_path or storage_path.parent / "server.log"
+    command = [
+        executable,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--storage-path", str(storage_path),
+        "--sync-on-commit",
+        "--log-level", "WARNING",
+    ]
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=storage_path.parent,
+            start_new_session=detach,  # outlives the CLI call or the run that started it
+        )
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-800:].strip()
+            raise EmbeddedServerError(
+                f"the embedded server exited with code {process.returncode} before answering "
+                f"on 127.0.0.1:{port}. Its log ({log_path}) ends with:\n{tail}"
+            )
+        if _answers(port, timeout=0.5):
+            return process, ServerInfo(pid=process.pid, port=port, storage_path=str(storage_path))
+        time.sleep(0.2)
+    process.terminate()
+    raise EmbeddedServerError(
+        f"the embedded server did not answer on 127.0.0.1:{port} within {timeout_seconds:.0f} s; see {log_path}"
+    )
+
+
+def ensure_server(base: Path | None = None) -> ServerInfo:
+    """Reuse the project's running server, or start one. Safe to call from many processes."""
+    base = base or home()
+    with _locked(base):
+        info = running_server(base)
+        if info is not None:
+            return info
+        _, info = start_server(base / "data", log_path=base / "server.log")
+        _state_file(base).write_text(json.dumps(info.__dict__))
+        return info
+
+
+def stop_server(base: Path | None = None, timeout_seconds: float = 30.0) -> ServerInfo | None:
+    """Stop the project's server (by the PID it recorded); return what was stopped."""
+    base = base or home()
+    with _locked(base):
+        try:
+            info = ServerInfo(**json.loads(_state_file(base).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+        if _pid_alive(info.pid):
+            os.kill(info.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_seconds
+            while _pid_alive(info.pid) and time.monotonic() < deadline:
+                _reap(info.pid)
+                time.sleep(0.2)
+            if _pid_alive(info.pid):
+                os.kill(info.pid, signal.SIGKILL)
+                _reap(info.pid)
+        _state_file(base).unlink(missing_ok=True)
+        return info
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status when we are the parent (a zombie process still 'exists')."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)

@@ -1,0 +1,193 @@
+"""MongoDB connections: one client per URL per process, credentials kept out of sight.
+
+Also the indexes the pipeline's own queries need. Each index is named with our
+prefix, so :func:`ensure_indexes` can tell ours from the deployment's and never
+touches an index it did not create.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from dataclasses import dataclass
+from typing import Iterable
+from urllib.parse import unquote, urlsplit
+
+import pymongo
+from bson.codec_options import CodecOptions
+from pymongo import MongoClient
+from pymongo.collection import Collection
+from pymongo.database import Database
+
+from zombie_pipeline.documents import Cache, Event, Job
+
+INDEX_PREFIX = "zombie_pipeline_"
+DEFAULT_SERVER_SELECTION_TIMEOUT_MS = 10_000
+
+_clients: dict[tuple[str, int], MongoClient] = {}
+_clients_lock = threading.Lock()
+
+
+def client_for(url: str, server_selection_timeout_ms: int = DEFAULT_SERVER_SELECTION_TIMEOUT_MS) -> MongoClient:
+    """The process-wide client for ``url``: pymongo pools connections, so reuse it."""
+    key = (url, server_selection_timeout_ms)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = MongoClient(
+                url,
+                tz_aware=True,
+                tzinfo=dt.timezone.utc,
+                serverSelectionTimeoutMS=server_selection_timeout_ms,
+                connect=False,
+            )
+            _clients[key] = client
+        return client
+
+
+def close_clients() -> None:
+    """Close every cached client (tests and the CLI call this on exit)."""
+    with _clients_lock:
+        for client in _clients.values():
+            client.close()
+        _clients.clear()
+
+
+def utc_codec_options() -> CodecOptions:
+    return CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc)
+
+
+# --- secrets -----------------------------------------------------------------
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The credential strings of a URL, raw and percent-decoded, longest first."""
+    if not url:
+        return []
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    if "@" not in parts.netloc:
+        return []
+    userinfo = parts.netloc.rsplit("@", 1)[0]
+    _, _, password = userinfo.partition(":")
+    secrets = {password, unquote(password), userinfo, unquote(userinfo)}
+    return sorted((s for s in secrets if s), key=len, reverse=True)
+
+
+def redact_url(url: str | None) -> str:
+    """The URL with its user and password replaced, safe for logs and metadata."""
+    if not url:
+        return "(embedded default)"
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(unparseable URL)"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***:***@" + netloc.rsplit("@", 1)[1]
+    return f"{parts.scheme}://{netloc}{parts.path}"
+
+
+def redact(text: str, urls: Iterable[str | None]) -> str:
+    """``text`` with every credential of ``urls`` masked."""
+    for url in urls:
+        for secret in url_secrets(url):
+            text = text.replace(secret, "***")
+    return text
+
+
+class DatabaseUnavailable(RuntimeError):
+    """The database could not be reached; the message carries no credentials."""
+
+
+def check_reachable(database: Database, url: str | None) -> None:
+    """Fail fast, with a clean message, when the server cannot be reached."""
+    try:
+        database.client.admin.command("ping")
+    except pymongo.errors.PyMongoError as error:
+        raise DatabaseUnavailable(
+            f"cannot reach MongoDB at {redact_url(url)}: {redact(str(error), [url])}"
+        ) from None
+
+
+# --- indexes -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """An index one of our queries needs, and which query."""
+
+    name: str
+    keys: tuple[tuple[str, int], ...]
+    used_by: str
+    unique: bool = False
+
+    @property
+    def full_name(self) -> str:
+        return INDEX_PREFIX + self.name
+
+
+JOB_INDEXES = (
+    IndexSpec(
+        "status_started_at",
+        ((Job.STATUS, pymongo.ASCENDING), (Job.STARTED_AT, pymongo.ASCENDING)),
+        "detection: started jobs older than the heartbeat timeout, and the stale-jobs sensor count",
+    ),
+    IndexSpec(
+        "status_finished_at",
+        ((Job.STATUS, pymongo.ASCENDING), (Job.FINISHED_AT, pymongo.ASCENDING)),
+        "duration statistics: finished jobs of one day",
+    ),
+    IndexSpec(
+        "unicity_id_status",
+        ((Job.UNICITY_ID, pymongo.ASCENDING), (Job.STATUS, pymongo.ASCENDING)),
+        "retries: is a waiting or started job already there for this unicity id",
+    ),
+)
+CACHE_INDEXES = (
+    IndexSpec(
+        "key",
+        tuple((field, pymongo.ASCENDING) for field in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)),
+        "cache errors: read and upsert the entry of a finalized job",
+    ),
+)
+EVENT_INDEXES = (
+    IndexSpec(
+        "state_lease",
+        ((Event.STATE, pymongo.ASCENDING), (Event.LEASE_UNTIL, pymongo.ASCENDING)),
+        "reconcile: unfinished events whose lease has expired",
+    ),
+    IndexSpec(
+        "unicity_id",
+        ((f"{Event.JOB}.{Job.UNICITY_ID}", pymongo.ASCENDING), (Event.FINALIZED_AT, pymongo.DESCENDING)),
+        "statistics and retries: zombie history of one job",
+    ),
+    IndexSpec(
+        "finalized_at",
+        ((Event.FINALIZED_AT, pymongo.ASCENDING),),
+        "statistics: zombies of one day",
+    ),
+)
+
+
+def ensure_indexes(collection: Collection, specs: Iterable[IndexSpec]) -> list[str]:
+    """Create the missing indexes among ``specs``; return the names created.
+
+    An index with the same keys already there (ours or the deployment's) is
+    reused as it is; nothing is ever dropped or modified.
+    """
+    existing = collection.index_information()
+    existing_keys = {tuple(info["key"]) for info in existing.values()}
+    created = []
+    for spec in specs:
+        if spec.full_name in existing or _normalized(spec.keys) in {_normalized(k) for k in existing_keys}:
+            continue
+        collection.create_index(list(spec.keys), name=spec.full_name, unique=spec.unique)
+        created.append(spec.full_name)
+    return created
+
+
+def _normalized(keys) -> tuple:
+    return tuple((field, str(int(direction)) if isinstance(direction, (int, float)) else str(direction)) for field, direction in keys)

@@ -1,0 +1,3 @@
+"""Asset checks: the invariants a cleanup must leave behind."""
+
+ASSET_CHECKS: list = []

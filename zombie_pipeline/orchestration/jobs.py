@@ -1,0 +1,3 @@
+"""Dagster jobs: the cleanup, as ops wired around ``zombie_pipeline.cleanup``."""
+
+JOBS: list = []

@@ -1,0 +1,3 @@
+"""Schedules of the pipeline."""
+
+SCHEDULES: list = []

@@ -1,0 +1,3 @@
+"""Sensors of the pipeline."""
+
+SENSORS: list = []

@@ -1,0 +1,50 @@
+"""The collections a cleanup works on, resolved once from names and databases."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pymongo.collection import Collection
+from pymongo.database import Database
+
+from zombie_pipeline.documents import (
+    DEFAULT_CACHE_COLLECTION,
+    DEFAULT_EVENTS_COLLECTION,
+    DEFAULT_FAILURES_COLLECTION,
+    DEFAULT_JOBS_COLLECTION,
+)
+from zombie_pipeline.mongo import CACHE_INDEXES, EVENT_INDEXES, JOB_INDEXES, ensure_indexes
+
+
+@dataclass(frozen=True)
+class Store:
+    """Queue and cache may live on different clusters; our audit sits beside the queue."""
+
+    jobs: Collection
+    events: Collection
+    cache: Collection
+    failures: Collection
+
+    @classmethod
+    def of(
+        cls,
+        queue_db: Database,
+        cache_db: Database,
+        jobs_collection: str = DEFAULT_JOBS_COLLECTION,
+        cache_collection: str = DEFAULT_CACHE_COLLECTION,
+        events_collection: str = DEFAULT_EVENTS_COLLECTION,
+        failures_collection: str = DEFAULT_FAILURES_COLLECTION,
+    ) -> "Store":
+        return cls(
+            jobs=queue_db[jobs_collection],
+            events=queue_db[events_collection],
+            cache=cache_db[cache_collection],
+            failures=queue_db[failures_collection],
+        )
+
+    def ensure_indexes(self) -> list[str]:
+        """Create the indexes our queries need (see ``mongo.JOB_INDEXES`` ...); idempotent."""
+        created = ensure_indexes(self.jobs, JOB_INDEXES)
+        created += ensure_indexes(self.cache, CACHE_INDEXES)
+        created += ensure_indexes(self.events, EVENT_INDEXES)
+        return created
