@@ -299,3 +299,29 @@ def namespace_of(dataset: str) -> str:
 def without_none(document: Mapping[str, Any]) -> dict[str, Any]:
     """Drop None values, as mongoengine does when it saves a document."""
     return {key: value for key, value in document.items() if value is not None}
+    return {key: value for key, value in document.items() if value is not None}
+
+
+# --- T2 suggestions (our own collection, beside the queue) --------------------
+
+DEFAULT_SUGGESTIONS_COLLECTION = "zombieT2Suggestions"
+
+
+class T2Suggestion:
+    """Field names of ``zombieT2Suggestions``: one document per statistics window.
+
+    Job types are values in the ``by_type`` array, never keys: a type name may
+    hold characters MongoDB refuses in keys.
+    """
+
+    WINDOW_START = "window_start"
+    WINDOW_END = "window_end"  # the _id: recomputing a window replaces its document
+    COMPUTED_AT = "computed_at"
+    SETTINGS = "settings"
+    BY_TYPE = "by_type"
+    TYPE = "type"
+    SUGGESTED_T2_SECONDS = "suggested_t2_seconds"
+    CURRENT_T2_SECONDS = "current_t2_seconds"
+    ENOUGH_DATA = "enough_data"
+    CENSORED = "censored"
+    SAMPLES = "samples"
