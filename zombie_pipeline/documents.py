@@ -299,7 +299,6 @@ def namespace_of(dataset: str) -> str:
 def without_none(document: Mapping[str, Any]) -> dict[str, Any]:
     """Drop None values, as mongoengine does when it saves a document."""
     return {key: value for key, value in document.items() if value is not None}
-    return {key: value for key, value in document.items() if value is not None}
 
 
 # --- T2 suggestions (our own collection, beside the queue) --------------------
