@@ -11,7 +11,7 @@ import datetime as dt
 import threading
 from dataclasses import dataclass
 from typing import Iterable
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 import pymongo
 from bson.codec_options import CodecOptions
@@ -64,15 +64,21 @@ def url_secrets(url: str | None) -> list[str]:
     """The credential strings of a URL, raw and percent-decoded, longest first."""
     if not url:
         return []
+    _, separator, rest = url.partition("://")
+    if not separator or "@" not in rest:
+        return []
+    # up to the last '@': an unescaped '/', '?' or '#' in a password ends urlsplit's netloc early
+    userinfos = {rest.rsplit("@", 1)[0]}
     try:
-        parts = urlsplit(url)
+        netloc = urlsplit(url).netloc
     except ValueError:
-        return []
-    if "@" not in parts.netloc:
-        return []
-    userinfo = parts.netloc.rsplit("@", 1)[0]
-    _, _, password = userinfo.partition(":")
-    secrets = {password, unquote(password), userinfo, unquote(userinfo)}
+        netloc = ""
+    if "@" in netloc:
+        userinfos.add(netloc.rsplit("@", 1)[0])
+    secrets = set()
+    for userinfo in userinfos:
+        for value in (userinfo, userinfo.partition(":")[2]):
+            secrets |= {value, unquote(value), unquote_plus(value)}  # pymongo decodes with unquote_plus
     return sorted((s for s in secrets if s), key=len, reverse=True)
 
 
@@ -87,6 +93,8 @@ def redact_url(url: str | None) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         netloc = "***:***@" + netloc.rsplit("@", 1)[1]
+    elif "@" in url.partition("://")[2]:  # an unescaped '/', '?' or '#' in the password
+        return redact_url(f"{parts.scheme}://***:***@{url.rsplit('@', 1)[1]}")
     return f"{parts.scheme}://{netloc}{parts.path}"
 
 
