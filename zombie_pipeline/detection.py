@@ -183,9 +183,10 @@ def detect(
 ) -> Detection:
     """Find the zombies: one query, only the job fields come back, oldest first."""
     detection = Detection(now=now)
-    projection = {name: 1 for name in JOB_FIELDS}
+    # Whole documents: the few that come back are the snapshot a retry is copied from,
+    # in whatever generation the deployment wrote them.
     cursor = (
-        jobs.find(stale_filter(policy, now, job_types), projection)
+        jobs.find(stale_filter(policy, now, job_types))
         .sort(Job.STARTED_AT, 1)
         .batch_size(max(policy.batch_size, 101))
     )

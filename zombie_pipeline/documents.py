@@ -141,8 +141,9 @@ class Event:
     POLICY = "policy"
     DETECTED_AT = "detected_at"
     FINALIZED_AT = "finalized_at"  # also the job's new finished_at
-    RUN_ID = "run_id"
+    RUN_ID = "run_id"  # the run that claimed the job
     STATE = "state"
+    LEASE_OWNER = "lease_owner"  # the run driving the event now (a reconcile may take over)
     LEASE_UNTIL = "lease_until"
     CACHE_OUTCOME = "cache_outcome"
     FAILED_RUNS = "failed_runs"

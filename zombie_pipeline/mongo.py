@@ -158,7 +158,8 @@ CACHE_INDEXES = (
     IndexSpec(
         "key",
         tuple((field, pymongo.ASCENDING) for field in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)),
-        "cache errors: read and upsert the entry of a finalized job",
+        "cache errors: read and upsert the entry of a finalized job; unique, as in the deployment",
+        unique=True,
     ),
 )
 EVENT_INDEXES = (
@@ -192,7 +193,10 @@ def ensure_indexes(collection: Collection, specs: Iterable[IndexSpec]) -> list[s
     for spec in specs:
         if spec.full_name in existing or _normalized(spec.keys) in {_normalized(k) for k in existing_keys}:
             continue
-        collection.create_index(list(spec.keys), name=spec.full_name, unique=spec.unique)
+        try:
+            collection.create_index(list(spec.keys), name=spec.full_name, unique=spec.unique)
+        except pymongo.errors.DuplicateKeyError:  # existing duplicates: the lookup still needs the index
+            collection.create_index(list(spec.keys), name=spec.full_name)
         created.append(spec.full_name)
     return created
 

@@ -1,3 +1,244 @@
-"""Dagster jobs: the cleanup, as ops wired around ``zombie_pipeline.cleanup``."""
+"""``kill_zombies_job``: the cleanup as ops, each a thin call into ``zombie_pipeline.cleanup``.
 
-JOBS: list = []
+The ops pass a :class:`CleanupPlan` along (run options and the policy) and
+work on the audit collection, which is the cleanup's state: with the
+multiprocess executor nothing is shared in memory between ops.
+"""
+
+
+import datetime as dt
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+import dagster as dg
+from pydantic import Field
+
+from zombie_pipeline import cleanup
+from zombie_pipeline.cleanup import BrakeEngaged, StepResult
+from zombie_pipeline.detection import Candidate
+from zombie_pipeline.documents import REASONS
+from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable
+from zombie_pipeline.orchestration.partitions import JOB_TYPE_PARTITIONS
+from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
+from zombie_pipeline.policy import PolicyError, ZombiePolicy
+from zombie_pipeline.store import Store
+
+GROUP = "zombie_cleanup"
+
+
+class CleanupConfig(dg.Config):
+    """Options of one cleanup run."""
+
+    dry_run: bool = Field(default=False, description="List the zombies with their evidence; write nothing.")
+    override_brake: bool = Field(
+        default=False, description="Proceed even when the brake says too many started jobs look dead."
+    )
+    job_types: Optional[list[str]] = Field(
+        default=None, description="Only these job types (a partitioned run takes its partition's type)."
+    )
+
+
+@dataclass(frozen=True)
+class CleanupPlan:
+    run_id: str
+    policy: ZombiePolicy
+    dry_run: bool
+    override_brake: bool
+    job_types: Optional[tuple[str, ...]]
+    started_at: dt.datetime
+    counts: tuple[tuple[str, int], ...] = ()  # what the steps so far did
+
+    def add(self, result: StepResult) -> "CleanupPlan":
+        merged = Counter(dict(self.counts))
+        merged.update(result.counts)
+        return replace(self, counts=tuple(sorted(merged.items())))
+
+
+def _store(queue_db: QueueDatabase, cache_db: CacheDatabase) -> Store:
+    store = store_of(queue_db, cache_db)
+    try:
+        check_reachable(store.jobs.database, queue_db.url())
+        check_reachable(store.cache.database, cache_db.url())
+    except DatabaseUnavailable as error:
+        raise dg.Failure(str(error)) from None
+    return store
+
+
+def _policy(context: dg.OpExecutionContext, zombie_policy: ZombiePolicyResource, store: Store) -> ZombiePolicy:
+    try:
+        overrides = None
+        if zombie_policy.use_suggested_max_durations:
+            overrides = _suggested_max_durations(store, zombie_policy)
+            context.log.info(f"using suggested maximum durations for {len(overrides)} job types")
+        return zombie_policy.policy(overrides)
+    except PolicyError as error:
+        raise dg.Failure(str(error)) from None
+
+
+def _suggested_max_durations(store: Store, zombie_policy: ZombiePolicyResource) -> dict[str, int]:
+    """Configured per-type T2, with the latest suggestions on top (opt-in)."""
+    from zombie_pipeline.durations import latest_suggested_max_durations
+    from zombie_pipeline.documents import DEFAULT_SUGGESTIONS_COLLECTION
+
+    suggested = latest_suggested_max_durations(store.jobs.database[DEFAULT_SUGGESTIONS_COLLECTION])
+    return {**zombie_policy.max_duration_seconds_by_type, **suggested}
+
+
+def _job_types(context: dg.OpExecutionContext, config: CleanupConfig) -> Optional[tuple[str, ...]]:
+    if context.has_partition_key:
+        return tuple(context.partition_keys)
+    return tuple(config.job_types) if config.job_types is not None else None
+
+
+def _counts_metadata(result: StepResult) -> dict[str, Any]:
+    return {name.replace(":", "/"): count for name, count in sorted(result.counts.items())}
+
+
+@dg.op(description="Complete the finalizations that crashed runs left half done (their leases expired).")
+def reconcile(
+    context: dg.OpExecutionContext,
+    config: CleanupConfig,
+    queue_db: QueueDatabase,
+    cache_db: CacheDatabase,
+    zombie_policy: ZombiePolicyResource,
+) -> CleanupPlan:
+    store = _store(queue_db, cache_db)
+    plan = CleanupPlan(
+        run_id=context.run_id,
+        policy=_policy(context, zombie_policy, store),
+        dry_run=config.dry_run,
+        override_brake=config.override_brake,
+        job_types=_job_types(context, config),
+        started_at=cleanup.utc_now(),
+    )
+    metadata: dict[str, Any] = {
+        "queue": queue_db.describe(),
+        "cache": cache_db.describe(),
+        "policy": dg.MetadataValue.json(plan.policy.as_dict()),
+        "dry_run": plan.dry_run,
+    }
+    if not plan.dry_run:
+        store.ensure_indexes()
+        result = cleanup.reconcile(store, plan.run_id, plan.policy)
+        plan = plan.add(result)
+        metadata.update(_counts_metadata(result))
+        if result.counts["taken_over"]:
+            context.log.warning(f"completed {result.counts['taken_over']} finalizations left by crashed runs")
+    context.add_output_metadata(metadata)
+    return plan
+
+
+@dg.op(description="Find started jobs past their heartbeat timeout or maximum duration, in one indexed query.")
+def find_zombies(
+    context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
+) -> list[Candidate]:
+    store = _store(queue_db, cache_db)
+    try:
+        detection = cleanup.find_zombies(store, plan.policy, None, plan.job_types, plan.override_brake)
+    except BrakeEngaged as error:
+        raise dg.Failure(str(error)) from None
+    rows = [candidate.evidence() for candidate in detection.candidates]
+    by_reason = detection.count_by("reason")
+    metadata: dict[str, Any] = {f"candidates/{reason}": by_reason.get(reason, 0) for reason in REASONS}
+    metadata["candidates"] = len(rows)
+    metadata["candidates_by_type"] = dg.MetadataValue.json(detection.count_by("job_type"))
+    metadata["evidence"] = _table(rows)
+    metadata["malformed_skipped"] = len(detection.malformed)
+    if detection.malformed:
+        metadata["malformed_jobs"] = dg.MetadataValue.json(
+            [{"id": str(item.id), "problem": item.problem} for item in detection.malformed]
+        )
+        context.log.warning(f"{len(detection.malformed)} started jobs are malformed and were left alone")
+    context.add_output_metadata(metadata)
+    if plan.dry_run:
+        context.log.info(f"dry run: {len(rows)} zombies would be finalized; nothing written")
+        return []
+    return detection.candidates
+
+
+@dg.op(description="Claim each zombie in the audit trail, then compare-and-set it to error in batches.")
+def finalize_zombies(
+    context: dg.OpExecutionContext, plan: CleanupPlan, candidates: list[Candidate], queue_db: QueueDatabase, cache_db: CacheDatabase
+) -> CleanupPlan:
+    store = _store(queue_db, cache_db)
+    result = cleanup.claim(store, candidates, plan.policy, plan.run_id, cleanup.utc_now())
+    result.merge(cleanup.finalize(store, plan.run_id, plan.policy))
+    context.add_output_metadata({**_counts_metadata(result), "finalized_jobs": _table(result.rows)})
+    return plan.add(result)
+
+
+@dg.op(description="Write JobManagerCrashedError / ExceededMaximumDuration cache entries for the jobs finalized.")
+def write_cache_errors(
+    context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
+) -> CleanupPlan:
+    store = _store(queue_db, cache_db)
+    result = cleanup.write_cache_errors(store, plan.run_id, plan.policy)
+    context.add_output_metadata(_counts_metadata(result))
+    return plan.add(result)
+
+
+@dg.op(description="Re-enqueue finalized jobs below their retry limit, once each; close their audit events.")
+def enqueue_retries(
+    context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
+) -> CleanupPlan:
+    store = _store(queue_db, cache_db)
+    result = cleanup.enqueue_retries(store, plan.run_id, plan.policy)
+    context.add_output_metadata(_counts_metadata(result))
+    return plan.add(result)
+
+
+@dg.op(description="Summarize the run from the audit trail: what was finalized, why, and what was skipped.")
+def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase) -> dict:
+    store = _store(queue_db, cache_db)
+    summary = cleanup.summarize_run(store, plan.run_id, dict(plan.counts))
+    context.add_output_metadata(
+        {
+            **{name.replace(":", "/"): count for name, count in sorted(summary.counts.items())},
+            "finalized_jobs": _table(summary.rows),
+            "summary": dg.MetadataValue.md(summary.markdown()),
+        }
+    )
+    context.log.info(summary.one_line())
+    return dict(summary.counts)
+
+
+def _table(rows: list[dict[str, Any]]) -> dg.TableMetadataValue:
+    if not rows:
+        return dg.MetadataValue.table([], schema=dg.TableSchema(columns=[dg.TableColumn("id", "string")]))
+    columns = list(rows[0])
+    records = [dg.TableRecord({name: _cell(row.get(name)) for name in columns}) for row in rows]
+    schema = dg.TableSchema(columns=[dg.TableColumn(name, _column_type(rows[0].get(name))) for name in columns])
+    return dg.MetadataValue.table(records, schema=schema)
+
+
+def _cell(value: Any) -> Any:
+    return "" if value is None else value
+
+
+def _column_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    return "string"
+
+
+@dg.job(
+    description=(
+        "Find zombie jobs (started, worker gone or running past its maximum duration), finalize each exactly "
+        "once without clobbering a live worker, write the error users see into the cache, re-enqueue within "
+        "the retry limits, and record everything in the zombieEvents audit trail."
+    ),
+    partitions_def=JOB_TYPE_PARTITIONS,
+    tags={"pipeline": "zombie_cleanup"},
+)
+def kill_zombies_job():
+    plan = reconcile()
+    finalized = finalize_zombies(plan, find_zombies(plan))
+    summarize(enqueue_retries(write_cache_errors(finalized)))
+
+
+JOBS = [kill_zombies_job]
