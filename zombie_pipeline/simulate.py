@@ -344,3 +344,68 @@ def simulate(
         result.insert_commands += 1
     result.cache_entries = len(entries)
     return result
+
+
+def job_document(
+    job_type: str = "/splits",
+    dataset: str = "user/dataset",
+    config: str | None = None,
+    split: str | None = None,
+    status: str = Status.STARTED,
+    created_at: dt.datetime | None = None,
+    started_at: dt.datetime | None = None,
+    finished_at: dt.datetime | None = None,
+    last_heartbeat: dt.datetime | None = None,
+    priority: str = Priority.NORMAL,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One job in the deployment's own shape, for scenarios that need exact dates."""
+    created_at = truncate_ms(created_at or started_at or utc_now())
+    document = {
+        "_id": ObjectId(),
+        Job.TYPE: job_type,
+        Job.DATASET: dataset,
+        Job.CONFIG: config,
+        Job.SPLIT: split,
+        Job.UNICITY_ID: unicity_id(job_type, dataset, config, split),
+        Job.NAMESPACE: namespace_of(dataset),
+        Job.FORCE: False,
+        Job.PRIORITY: priority,
+        Job.STATUS: status,
+        Job.CREATED_AT: created_at,
+        Job.STARTED_AT: truncate_ms(started_at) if started_at else None,
+        Job.FINISHED_AT: truncate_ms(finished_at) if finished_at else None,
+        Job.LAST_HEARTBEAT: truncate_ms(last_heartbeat) if last_heartbeat else None,
+        **extra,
+    }
+    return without_none(document)
+
+
+def cache_document(
+    job: dict[str, Any],
+    updated_at: dt.datetime,
+    http_status: int = HTTP_OK,
+    error_code: str | None = None,
+    generation: str = NEWEST_CACHE_GENERATION,
+    failed_runs: int = 0,
+) -> dict[str, Any]:
+    """The cache entry a worker would have written for ``job``, in ``generation``'s fields."""
+    entry = {
+        Cache.KIND: job[Job.TYPE],
+        Cache.DATASET: job[Job.DATASET],
+        Cache.CONFIG: job.get(Job.CONFIG),
+        Cache.SPLIT: job.get(Job.SPLIT),
+        Cache.HTTP_STATUS: http_status,
+        Cache.ERROR_CODE: error_code,
+        Cache.CONTENT: {"result": "ok"} if http_status == HTTP_OK else {"error": "failed"},
+        Cache.DETAILS: {} if http_status == HTTP_OK else {"error": "failed", Cache.FAILED_RUNS: failed_runs},
+        Cache.WORKER_VERSION: "2.0.0",
+        Cache.JOB_RUNNER_VERSION: 2,
+        Cache.DATASET_GIT_REVISION: "abc123",
+        Cache.PROGRESS: 1.0,
+        Cache.UPDATED_AT: truncate_ms(updated_at),
+        Cache.DURATION: 12.5,
+        Cache.FAILED_RUNS: failed_runs,
+    }
+    fields = CACHE_GENERATIONS[generation].fields
+    return without_none({key: value for key, value in entry.items() if key in fields})
