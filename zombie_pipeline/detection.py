@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from bson import ObjectId
 from pymongo.collection import Collection
+from pymongo.errors import OperationFailure
 
 from zombie_pipeline.documents import (
     ERROR_CODE_OF_REASON,
@@ -25,6 +26,7 @@ from zombie_pipeline.documents import (
     Status,
     as_utc,
 )
+from zombie_pipeline.mongo import STALE_INDEX_KEYS
 from zombie_pipeline.policy import ZombiePolicy
 
 MAX_NAME_LENGTH = 512
@@ -185,12 +187,8 @@ def detect(
     detection = Detection(now=now)
     # Whole documents: the few that come back are the snapshot a retry is copied from,
     # in whatever generation the deployment wrote them.
-    cursor = (
-        jobs.find(stale_filter(policy, now, job_types))
-        .sort(Job.STARTED_AT, 1)
-        .batch_size(max(policy.batch_size, 101))
-    )
-    for job in cursor:
+    query = stale_filter(policy, now, job_types)
+    for job in _on_stale_index(lambda hint: jobs.find(query, hint=hint).batch_size(max(policy.batch_size, 101))):
         problem = problem_of(job)
         if problem:
             detection.malformed.append(Malformed(job.get(ID), problem))
@@ -201,6 +199,32 @@ def detect(
         reason, threshold = verdict
         detection.candidates.append(Candidate(job=job, reason=reason, threshold_seconds=threshold, detected_at=now))
     return detection
+
+
+def count_stale(jobs: Collection, policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> int:
+    """How many zombies there are, counted on the index without fetching them (for sensors)."""
+    query = stale_filter(policy, now, job_types)
+    return _on_stale_index(lambda hint: [jobs.count_documents(query, hint=hint)])[0]
+
+
+def explain_stale(jobs: Collection, policy: ZombiePolicy, now: dt.datetime) -> dict[str, Any]:
+    """The server's plan and execution statistics for detection's query, as detection sends it."""
+    query = stale_filter(policy, now)
+    return _on_stale_index(lambda hint: [jobs.find(query, hint=hint).explain()])[0]
+
+
+def _on_stale_index(run: Callable[[Any], Iterable[Any]]) -> list[Any]:
+    """Run a query hinted to the ``(status, started_at)`` index, or unhinted when it does not exist.
+
+    Some servers' planners pick a collection scan for this ``$or``; the hint keeps
+    the cost independent of the finished history.
+    """
+    try:
+        return list(run(STALE_INDEX_KEYS))
+    except OperationFailure as error:
+        if "hint" not in str(error).lower():
+            raise
+        return list(run(None))
 
 
 def find_malformed_started(jobs: Collection, job_types: Iterable[str] | None = None, limit: int = 1_000) -> list[Malformed]:

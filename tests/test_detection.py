@@ -1,0 +1,168 @@
+"""Detection: which started jobs are zombies, and why, decided in MongoDB."""
+
+import datetime as dt
+
+import pytest
+
+from zombie_pipeline.detection import Brake, count_stale, detect, explain_stale, stale_filter
+from zombie_pipeline.documents import Job, Reason, Status
+from zombie_pipeline.policy import PolicyError, ZombiePolicy
+from zombie_pipeline.simulate import Workload, job_document, simulate, utc_now
+
+POLICY = ZombiePolicy(heartbeat_timeout_seconds=300, max_duration_seconds=1200)
+MS = dt.timedelta(milliseconds=1)
+
+
+def seconds(n: float) -> dt.timedelta:
+    return dt.timedelta(seconds=n)
+
+
+def reasons(store, policy=POLICY, now=None, job_types=None) -> dict[str, str]:
+    detection = detect(store.jobs, policy, now or utc_now(), job_types)
+    return {candidate.job[Job.DATASET]: candidate.reason for candidate in detection.candidates}
+
+
+@pytest.fixture
+def now():
+    return utc_now()
+
+
+def test_a_heartbeat_older_than_the_timeout_is_a_missing_heartbeat(store, now):
+    store.jobs.insert_many(
+        [
+            job_document(dataset="u/dead", started_at=now - seconds(900), last_heartbeat=now - seconds(300) - MS),
+            job_document(dataset="u/alive", started_at=now - seconds(900), last_heartbeat=now - seconds(300)),
+        ]
+    )
+    assert reasons(store, now=now) == {"u/dead": Reason.MISSING_HEARTBEAT}
+
+
+def test_a_job_that_never_heartbeated_is_judged_by_its_start(store, now):
+    store.jobs.insert_many(
+        [
+            job_document(dataset="u/missing-field", started_at=now - seconds(300) - MS),
+            job_document(dataset="u/null-field", started_at=now - seconds(301), last_heartbeat=None)
+            | {Job.LAST_HEARTBEAT: None},
+            job_document(dataset="u/just-started", started_at=now - seconds(300)),
+        ]
+    )
+    assert reasons(store, now=now) == {
+        "u/missing-field": Reason.NEVER_HEARTBEATED,
+        "u/null-field": Reason.NEVER_HEARTBEATED,
+    }
+
+
+def test_a_job_past_its_maximum_duration_is_exceeded_whatever_its_heartbeat(store, now):
+    store.jobs.insert_many(
+        [
+            job_document(dataset="u/over", started_at=now - seconds(1200) - MS, last_heartbeat=now - seconds(5)),
+            job_document(dataset="u/at-limit", started_at=now - seconds(1200), last_heartbeat=now - seconds(5)),
+            job_document(dataset="u/over-and-dead", started_at=now - seconds(5000), last_heartbeat=now - seconds(4000)),
+        ]
+    )
+    assert reasons(store, now=now) == {
+        "u/over": Reason.EXCEEDED_MAX_DURATION,
+        "u/over-and-dead": Reason.EXCEEDED_MAX_DURATION,
+    }
+
+
+def test_each_type_is_held_to_its_own_maximum_duration(store, now):
+    policy = ZombiePolicy(max_duration_seconds=1200, max_duration_seconds_by_type={"/slow": 7200, "/fast": 400})
+    store.jobs.insert_many(
+        [
+            job_document("/slow", "u/slow-ok", started_at=now - seconds(3600), last_heartbeat=now),
+            job_document("/slow", "u/slow-over", started_at=now - seconds(7201), last_heartbeat=now),
+            job_document("/fast", "u/fast-over", started_at=now - seconds(401), last_heartbeat=now),
+            job_document("/other", "u/default-over", started_at=now - seconds(1201), last_heartbeat=now),
+            job_document("/other", "u/default-ok", started_at=now - seconds(1100), last_heartbeat=now),
+        ]
+    )
+    found = detect(store.jobs, policy, now)
+    assert {c.job[Job.DATASET]: (c.reason, c.threshold_seconds) for c in found.candidates} == {
+        "u/slow-over": (Reason.EXCEEDED_MAX_DURATION, 7200),
+        "u/fast-over": (Reason.EXCEEDED_MAX_DURATION, 400),
+        "u/default-over": (Reason.EXCEEDED_MAX_DURATION, 1200),
+    }
+
+
+def test_only_started_jobs_are_considered(store, now):
+    long_ago = now - seconds(10_000)
+    store.jobs.insert_many(
+        [
+            job_document(dataset=f"u/{status}", status=status, started_at=long_ago, finished_at=long_ago + seconds(5))
+            for status in (Status.SUCCESS, Status.ERROR, Status.CANCELLED)
+        ]
+        + [job_document(dataset="u/waiting", status=Status.WAITING, created_at=long_ago)]
+    )
+    assert reasons(store, now=now) == {}
+
+
+def test_detection_can_be_limited_to_some_job_types(store, now):
+    old = now - seconds(5000)
+    store.jobs.insert_many(
+        [job_document(job_type, f"u{i}/d", started_at=old) for i, job_type in enumerate(["/a", "/b", "/c"])]
+    )
+    assert set(reasons(store, now=now, job_types=["/a", "/c"])) == {"u0/d", "u2/d"}
+
+
+def test_the_simulated_queue_is_classified_as_the_simulator_built_it(store):
+    simulation = simulate(store.jobs.database, store.cache.database, Workload(finished=300, seed=3))
+    found = detect(store.jobs, ZombiePolicy(), simulation.now)
+    by_reason = {reason: {c.id for c in found.candidates if c.reason == reason} for reason in Reason.__dict__.values()}
+    assert by_reason[Reason.MISSING_HEARTBEAT] == set(simulation.crashed_ids)
+    assert by_reason[Reason.NEVER_HEARTBEATED] == set(simulation.never_heartbeated_ids)
+    assert by_reason[Reason.EXCEEDED_MAX_DURATION] == set(simulation.overdue_ids)
+
+
+def test_the_query_walks_the_started_at_index_and_never_finished_history(store, now):
+    store.jobs.insert_many(
+        [job_document(dataset=f"u/old-{i}", status=Status.SUCCESS, started_at=now - seconds(9000), finished_at=now - seconds(8000)) for i in range(300)]
+        + [job_document(dataset="u/zombie", started_at=now - seconds(900), last_heartbeat=now - seconds(800))]
+    )
+    explain = explain_stale(store.jobs, POLICY, now)
+    stats = explain["executionStats"]
+    assert stats["nReturned"] == 1
+    assert stats["totalDocsExamined"] <= 1  # not one of the 300 finished jobs
+    assert "zombie_pipeline_status_started_at" in str(explain["queryPlanner"]["winningPlan"])
+    assert count_stale(store.jobs, POLICY, now) == 1
+
+
+def test_a_crafted_type_name_is_only_ever_a_value(store, now):
+    store.jobs.insert_one(job_document("/a", "u/victim", started_at=now - seconds(5000)))
+    hostile = {"$ne": "x"}
+    query = stale_filter(POLICY, now, job_types=["$ne", "/b"])
+    assert store.jobs.count_documents(query) == 0
+    with pytest.raises(PolicyError):
+        ZombiePolicy(max_duration_seconds_by_type={"": 2000})
+    # a type named like an operator is a key of our config, never a key of the query
+    policy = ZombiePolicy(max_duration_seconds_by_type={"$where": 2000, str(hostile): 2000})
+    assert store.jobs.count_documents(stale_filter(policy, now)) == 1
+
+
+@pytest.mark.parametrize(
+    "stale, started, engaged",
+    [(11, 20, True), (10, 20, False), (19, 19, False), (0, 0, False), (51, 100, True)],
+)
+def test_the_brake_engages_only_when_more_than_the_fraction_of_enough_started_jobs_look_dead(stale, started, engaged):
+    brake = Brake(stale=stale, started=started, max_stale_fraction=0.5, min_started=20)
+    assert brake.engaged is engaged
+    if engaged:
+        assert "override_brake" in brake.message()
+
+
+@pytest.mark.parametrize(
+    "values, field",
+    [
+        ({"heartbeat_timeout_seconds": 0}, "heartbeat_timeout_seconds"),
+        ({"heartbeat_timeout_seconds": -5}, "heartbeat_timeout_seconds"),
+        ({"max_duration_seconds": 200}, "max_duration_seconds"),
+        ({"max_duration_seconds_by_type": {"/x": 100}}, "max_duration_seconds_by_type['/x']"),
+        ({"crashed_retry_limit": -1}, "crashed_retry_limit"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"max_stale_fraction": 1.5}, "max_stale_fraction"),
+        ({"cache_generation": "1999-01"}, "cache_generation"),
+    ],
+)
+def test_a_bad_policy_is_refused_with_the_field_named(values, field):
+    with pytest.raises(PolicyError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        ZombiePolicy(**values)
