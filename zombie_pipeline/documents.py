@@ -172,6 +172,17 @@ class RetryOutcome:
     NOT_RETRIED = "not_retried"
 
 
+class Failure:
+    """Field names of ``zombiePipelineFailures``: one document per failed pipeline run, ``_id`` = run id."""
+
+    JOB_NAME = "job_name"
+    PARTITION_KEY = "partition_key"
+    FAILED_AT = "failed_at"
+    MESSAGE = "message"
+    FAILED_STEPS = "failed_steps"
+    WEBHOOK_OUTCOME = "webhook_outcome"
+
+
 # --- cache generations -----------------------------------------------------
 
 _CACHE_BASE = frozenset(
