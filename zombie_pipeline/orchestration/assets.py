@@ -1,3 +1,226 @@
-"""Dagster assets: duration statistics and T2 suggestions, wired around ``zombie_pipeline.durations``."""
+"""Dagster assets: duration statistics and T2 suggestions, wired around ``zombie_pipeline.durations``.
 
-ASSETS: list = []
+Two assets share one daily partitioning (UTC days):
+
+- ``job_duration_tallies``: the jobs finished and the zombies finalized on one
+  day, as per-type tallies (float32 durations, counts). A day is read once;
+  history is backfilled day by day, before the jobs' 7-day TTL removes it.
+- ``job_duration_statistics``: partition D is the window of ``window_days``
+  days ending with D. It combines the daily tallies through the IO manager
+  (no job is read again), writes the report files, records the suggestions
+  in ``zombieT2Suggestions`` and shows them as metadata.
+
+The window asset depends on the last :data:`MAX_WINDOW_DAYS` daily partitions
+(a partition mapping is fixed when the code location loads); its config picks
+how many of them to use. Days not computed yet are skipped and listed.
+"""
+
+
+import datetime as dt
+import warnings
+from typing import Optional
+
+import dagster as dg
+from pydantic import Field
+
+from zombie_pipeline.documents import DEFAULT_SUGGESTIONS_COLLECTION
+from zombie_pipeline.durations import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_MARGIN,
+    DEFAULT_MIN_SAMPLES,
+    DEFAULT_QUANTILE,
+    DEFAULT_WINDOW_DAYS,
+    READ_BATCH_SIZE,
+    Period,
+    SuggestionRules,
+    analyze,
+    combine,
+    count_undated_jobs,
+    read_period,
+    save_suggestions,
+)
+from zombie_pipeline.orchestration.resources import QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.reports import default_reports_dir, markdown_table, policy_snippet, write_reports
+
+GROUP = "duration_statistics"
+PARTITIONS_START = "2024-01-01"
+MAX_WINDOW_DAYS = 28
+SUGGESTED_T2_METADATA_PREFIX = "suggested_t2_seconds/"
+DAILY_PARTITIONS = dg.DailyPartitionsDefinition(start_date=PARTITIONS_START)
+with warnings.catch_warnings():  # beta flag: windows that begin before the first partition load what exists
+    warnings.simplefilter("ignore", dg.BetaWarning)
+    _WINDOW_MAPPING = dg.TimeWindowPartitionMapping(
+        start_offset=-(MAX_WINDOW_DAYS - 1), end_offset=0, allow_nonexistent_upstream_partitions=True
+    )
+
+
+class DailyTalliesConfig(dg.Config):
+    batch_size: int = Field(
+        default=READ_BATCH_SIZE, ge=100, le=100_000, description="Jobs per cursor batch: bounds the memory of a read."
+    )
+
+
+class DurationStatisticsConfig(dg.Config):
+    window_days: int = Field(
+        default=DEFAULT_WINDOW_DAYS, ge=1, le=MAX_WINDOW_DAYS, description="Days in the window, ending with the partition's day."
+    )
+    quantile: float = Field(
+        default=DEFAULT_QUANTILE, ge=0.5, lt=1.0, description="Quantile of successful durations the T2 is based on."
+    )
+    margin: float = Field(default=DEFAULT_MARGIN, ge=1.0, le=10.0, description="Safety factor applied to the quantile.")
+    min_samples: int = Field(
+        default=DEFAULT_MIN_SAMPLES, ge=1, description="Successful jobs needed for a suggestion; fewer keep the current T2."
+    )
+    confidence: float = Field(
+        default=DEFAULT_CONFIDENCE, gt=0.0, lt=1.0, description="Confidence level of the quantile's interval."
+    )
+    censored_fraction: Optional[float] = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="Share of jobs stopped at T2 from which the suggestion is a lower bound; unset: 1 - quantile.",
+    )
+    reports_dir: Optional[str] = Field(
+        default=None, description="Where the CSV, JSON, Markdown and PNG go; unset: reports/ (or $ZOMBIE_PIPELINE_HOME/reports)."
+    )
+    save_suggestions: bool = Field(
+        default=True, description="Record the suggestions in zombieT2Suggestions, where the cleanup can opt in to them."
+    )
+
+    def rules(self) -> SuggestionRules:
+        return SuggestionRules(
+            quantile=self.quantile,
+            margin=self.margin,
+            min_samples=self.min_samples,
+            confidence=self.confidence,
+            censored_fraction=self.censored_fraction,
+        )
+
+
+@dg.asset(group_name=GROUP, partitions_def=DAILY_PARTITIONS, kinds={"mongodb", "pandas"})
+def job_duration_tallies(
+    context: dg.AssetExecutionContext, config: DailyTalliesConfig, queue_db: QueueDatabase
+) -> dg.Output[Period]:
+    """Per job type, one UTC day: final statuses, durations (float32) and audited zombies.
+
+    Computed once per day from the jobs finished that day (indexed, projected,
+    batched) and the zombie events finalized that day; the window statistics
+    combine these instead of reading old jobs again.
+    """
+    window = context.partition_time_window
+    database = queue_db.get_database()
+    period = read_period(
+        database[queue_db.jobs_collection], database[queue_db.events_collection], window.start, window.end, config.batch_size
+    )
+    rows = ["| type | jobs | successful | zombies |", "|---|---|---|---|"]
+    for job_type, tally in sorted(period.tallies.items()):
+        rows.append(f"| `{job_type}` | {sum(tally.statuses.values())} | {len(tally.success)} | {sum(tally.zombies.values())} |")
+    return dg.Output(
+        period,
+        metadata={
+            "jobs_read": period.jobs_read,
+            "zombie_events_read": period.events_read,
+            "successful_jobs": sum(len(tally.success) for tally in period.tallies.values()),
+            "skipped_documents": sum(period.bad_data.values()),
+            "bad_data": dg.MetadataValue.json(dict(period.bad_data)),
+            "types": dg.MetadataValue.md("\n".join(rows)),
+        },
+    )
+
+
+def window_days_of(partition_key: str, window_days: int) -> list[str]:
+    """The partition keys of the window ending with ``partition_key``, oldest first, none before the start."""
+    last = dt.date.fromisoformat(partition_key)
+    first_partition = dt.date.fromisoformat(PARTITIONS_START)
+    days = [last - dt.timedelta(days=offset) for offset in reversed(range(window_days))]
+    return [day.isoformat() for day in days if day >= first_partition]
+
+
+@dg.asset(
+    group_name=GROUP,
+    partitions_def=DAILY_PARTITIONS,
+    kinds={"pandas"},
+    ins={
+        "tallies": dg.AssetIn(
+            key=job_duration_tallies.key,
+            partition_mapping=_WINDOW_MAPPING,
+            metadata={"allow_missing_partitions": True},
+        )
+    },
+)
+def job_duration_statistics(
+    context: dg.AssetExecutionContext,
+    config: DurationStatisticsConfig,
+    queue_db: QueueDatabase,
+    zombie_policy: ZombiePolicyResource,
+    tallies: dict[str, Period],
+) -> dg.MaterializeResult:
+    """Duration statistics and suggested T2 per job type over the window ending with this day.
+
+    Counts by final status, successful-duration percentiles, zombies per reason
+    and their rate; the suggested T2 with its confidence interval, backtest and
+    censoring flag; CSV, JSON, Markdown and a chart in the reports directory; a
+    ready-to-use ``zombie_policy`` snippet. Suggestions are recorded for the
+    cleanup's opt-in ``use_suggested_max_durations``.
+    """
+    rules = config.rules()
+    policy = zombie_policy.policy()
+    window = context.partition_time_window
+    wanted = window_days_of(context.partition_key, config.window_days)
+    loaded = [tallies[day] for day in wanted if day in (tallies or {})]
+    missing = [day for day in wanted if day not in (tallies or {})]
+    window_end = window.end
+    window_start = window_end - dt.timedelta(days=config.window_days)
+    period = combine(loaded) if loaded else Period(start=window_start, end=window_end)
+    period.start, period.end = window_start, window_end
+    database = queue_db.get_database()
+    report = analyze(
+        period,
+        policy,
+        rules,
+        undated=count_undated_jobs(database[queue_db.jobs_collection]),
+        missing_days=missing,
+    )
+    files = write_reports(report, config.reports_dir or default_reports_dir())
+    if config.save_suggestions:
+        save_suggestions(database[DEFAULT_SUGGESTIONS_COLLECTION], report)
+    if missing:
+        context.log.warning(f"{len(missing)} of {len(wanted)} days have no tallies yet: {', '.join(missing)}")
+    suggested = {
+        SUGGESTED_T2_METADATA_PREFIX + entry.job_type.lstrip("/"): dg.MetadataValue.float(float(entry.suggested_t2_seconds))
+        for entry in report.types
+        if entry.enough_data
+    }
+    return dg.MaterializeResult(
+        metadata={
+            "statistics": dg.MetadataValue.md(markdown_table(report)),
+            "zombie_policy_snippet": dg.MetadataValue.md("```yaml\n" + policy_snippet(report) + "```"),
+            **suggested,
+            "types": len(report.types),
+            "types_with_suggestion": sum(entry.enough_data for entry in report.types),
+            "censored_types": dg.MetadataValue.json([entry.job_type for entry in report.types if entry.censored]),
+            "days_in_window": len(loaded),
+            "days_missing": len(missing),
+            "skipped_documents": sum(report.bad_data.values()),
+            "bad_data": dg.MetadataValue.json(report.bad_data),
+            "csv": dg.MetadataValue.path(str(files.csv)),
+            "json": dg.MetadataValue.path(str(files.json)),
+            "markdown": dg.MetadataValue.path(str(files.markdown)),
+            "chart": dg.MetadataValue.path(str(files.chart)),
+        }
+    )
+
+
+ASSETS: list = [job_duration_tallies, job_duration_statistics]
+
+duration_statistics_job = dg.define_asset_job(
+    "duration_statistics_job",
+    selection=dg.AssetSelection.groups(GROUP),
+    description="One day's tallies, then the statistics and T2 suggestions of the window ending that day.",
+)
+STATS_JOBS: list = [duration_statistics_job]
+#: Shortly after each UTC midnight, for the day that just ended (for schedules.py to pick up).
+duration_statistics_schedule = dg.build_schedule_from_partitioned_job(
+    duration_statistics_job, hour_of_day=0, minute_of_hour=30
+)
+STATS_SCHEDULES: list = [duration_statistics_schedule]

@@ -1,0 +1,727 @@
+"""How long each job type runs, and which maximum duration (T2) the data supports.
+
+Reading. A period (one UTC day for a Dagster partition, or any window) is read
+with indexed queries: finished jobs by ``(status, finished_at)``, one status at
+a time, and audit events by ``finalized_at``, each projected to the few fields needed and read in
+batches. Each batch becomes a small pandas frame that is folded into a
+:class:`Tally` per job type; memory grows with the jobs of the period only, by
+four bytes per job.
+
+Storing durations, and why exactly. A tally keeps the durations themselves,
+as float32 arrays (success, error, stopped-for-exceeding-T2), rather than a
+histogram or a quantile sketch: combining days is then a concatenation, and the
+window's percentiles are *exact* (float32 has a 24-bit mantissa: below 8192 s
+the rounding is under a millisecond, the precision of BSON dates; at one day it
+is 8 ms). A week of a million successful jobs a day is 28 MB. If a deployment
+outgrows that, the tally is the one place to swap in a log-binned histogram.
+
+Percentiles are the linear interpolation between order statistics (pandas'
+and numpy's default, Hyndman-Fan type 7).
+
+Suggesting T2 (see :func:`suggest`): the configured quantile of the successful
+durations, times a safety margin, rounded up to a readable value
+(:func:`readable_round_up`), never below the heartbeat timeout. Only successful
+durations are used: error durations include the hangs a T2 is there to catch.
+Below ``min_samples`` successes the suggestion is "not enough data" and the
+current T2 stays. The quantile gets a distribution-free confidence interval
+from order statistics (:func:`quantile_interval`).
+
+Censoring: a job stopped at T2 never finished, so its true duration is only
+known to be longer. Stopped jobs are the audited ``exceeded_max_duration``
+zombies plus error jobs that ran at least the current T2 (stopped by an earlier
+killer, such as the deployment's own). When they are at least ``1 - quantile``
+of the jobs (by default), the true quantile may lie beyond T2: the suggestion is
+flagged as a lower bound, never lowers T2, and the advice is to raise T2 and
+measure again.
+
+No Dagster here: the assets in ``orchestration/assets.py`` call these functions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from pymongo.collection import Collection
+
+from zombie_pipeline.documents import (
+    FINISHED_STATUSES,
+    ID,
+    REASONS,
+    STATUSES,
+    Event,
+    EventState,
+    Job,
+    Reason,
+    Status,
+    T2Suggestion,
+    as_utc,
+)
+from zombie_pipeline.policy import ZombiePolicy
+
+DEFAULT_WINDOW_DAYS = 7
+DEFAULT_QUANTILE = 0.99
+DEFAULT_MARGIN = 1.5
+DEFAULT_MIN_SAMPLES = 30
+DEFAULT_CONFIDENCE = 0.95
+READ_BATCH_SIZE = 5_000
+#: The percentiles every report shows, beside the mean and the maximum.
+PERCENTILES = (0.50, 0.90, 0.95, 0.99)
+#: Jobs that may finish without ever starting: no duration, but not bad data.
+NEVER_STARTED_STATUSES = frozenset({Status.CANCELLED, Status.SKIPPED})
+#: (upper bound in seconds, step in seconds) of :func:`readable_round_up`.
+READABLE_STEPS = ((600, 30), (1_800, 60), (7_200, 300), (43_200, 900), (math.inf, 3_600))
+
+_DURATIONS = np.float32
+_EMPTY = np.empty(0, dtype=_DURATIONS)
+
+
+class BadData:
+    """Why a document was left out of the statistics; each is counted in the report."""
+
+    UNKNOWN_STATUS = "unknown_status"
+    MISSING_TYPE = "missing_type"
+    MISSING_STARTED_AT = "missing_started_at"
+    STARTED_AT_AS_STRING = "started_at_stored_as_string"
+    STARTED_AT_NOT_A_DATE = "started_at_not_a_date"
+    FINISHED_BEFORE_STARTED = "finished_before_started"
+    # Undated: no day can hold these jobs, so they are counted over the whole collection.
+    MISSING_FINISHED_AT = "missing_finished_at"
+    FINISHED_AT_AS_STRING = "finished_at_stored_as_string"
+    INCOMPLETE_AUDIT_EVENT = "incomplete_audit_event"
+
+
+# --- what a period holds ---------------------------------------------------------
+
+
+def _durations(values: Iterable[float] | np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype=_DURATIONS).ravel()
+
+
+@dataclass
+class Tally:
+    """One job type over one period; tallies of several periods add up exactly."""
+
+    statuses: Counter = field(default_factory=Counter)  # final status -> jobs
+    started: int = 0  # jobs that ran: a valid start, or an audited zombie whose job is gone
+    success: np.ndarray = field(default_factory=lambda: _EMPTY)  # seconds, float32
+    error: np.ndarray = field(default_factory=lambda: _EMPTY)  # errors not audited as exceeded
+    killed: np.ndarray = field(default_factory=lambda: _EMPTY)  # audited exceeded_max_duration: ran this long
+    zombies: Counter = field(default_factory=Counter)  # reason -> audited zombies
+
+    def __add__(self, other: "Tally") -> "Tally":
+        return Tally(
+            statuses=self.statuses + other.statuses,
+            started=self.started + other.started,
+            success=np.concatenate([self.success, other.success]),
+            error=np.concatenate([self.error, other.error]),
+            killed=np.concatenate([self.killed, other.killed]),
+            zombies=self.zombies + other.zombies,
+        )
+
+    def stopped_at(self, max_duration_seconds: float) -> np.ndarray:
+        """Durations of the jobs stopped for running too long: audited, or errors that reached T2."""
+        return np.concatenate([self.killed, self.error[self.error >= max_duration_seconds]])
+
+
+@dataclass
+class Period:
+    """Tallies per job type over ``[start, end)``, with the documents left out."""
+
+    start: dt.datetime
+    end: dt.datetime
+    tallies: dict[str, Tally] = field(default_factory=dict)
+    bad_data: Counter = field(default_factory=Counter)
+    jobs_read: int = 0
+    events_read: int = 0
+
+    def tally(self, job_type: str) -> Tally:
+        return self.tallies.setdefault(job_type, Tally())
+
+
+def combine(periods: Iterable[Period]) -> Period:
+    """The periods as one: counts added, durations concatenated, so percentiles stay exact."""
+    periods = sorted(periods, key=lambda period: period.start)
+    if not periods:
+        raise ValueError("combine needs at least one period")
+    result = Period(start=periods[0].start, end=max(period.end for period in periods))
+    for period in periods:
+        for job_type, tally in period.tallies.items():
+            result.tallies[job_type] = result.tallies[job_type] + tally if job_type in result.tallies else tally
+        result.bad_data += period.bad_data
+        result.jobs_read += period.jobs_read
+        result.events_read += period.events_read
+    return result
+
+
+# --- reading ---------------------------------------------------------------------
+
+_JOB_PROJECTION = {ID: 1, Job.TYPE: 1, Job.STATUS: 1, Job.STARTED_AT: 1, Job.FINISHED_AT: 1}
+_EVENT_PROJECTION = {
+    ID: 1,
+    Event.REASON: 1,
+    Event.FINALIZED_AT: 1,
+    f"{Event.JOB}.{Job.TYPE}": 1,
+    f"{Event.JOB}.{Job.STARTED_AT}": 1,
+}
+
+
+def statuses_to_read(jobs: Collection) -> list[Any]:
+    """The finished statuses, any unknown status present, and None (missing or null).
+
+    Reading one status at a time keeps each query an equality plus a range on the
+    ``(status, finished_at)`` index on any server; unknown statuses are read so
+    that they are counted, not silently ignored.
+    """
+    present = jobs.distinct(Job.STATUS)
+    unknown = {value for value in present if isinstance(value, str)} - STATUSES
+    return sorted(FINISHED_STATUSES) + sorted(unknown) + [None]
+
+
+def finished_jobs_filter(status: Any, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+    """Jobs of one status finished in ``[start, end)``: bounded on the ``(status, finished_at)`` index."""
+    return {Job.STATUS: status, Job.FINISHED_AT: {"$gte": start, "$lt": end}}
+
+
+def events_filter(start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+    """Zombies finalized in ``[start, end)``; a claim that lost its race never reaches these states."""
+    return {
+        Event.FINALIZED_AT: {"$gte": start, "$lt": end},
+        Event.STATE: {"$in": [EventState.FINALIZED, EventState.DONE]},
+    }
+
+
+def _batches(cursor: Iterable[Mapping[str, Any]], size: int) -> Iterator[list[Mapping[str, Any]]]:
+    batch: list[Mapping[str, Any]] = []
+    for document in cursor:
+        batch.append(document)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _date_problem(value: Any) -> str | None:
+    if value is None:
+        return BadData.MISSING_STARTED_AT
+    if isinstance(value, str):
+        return BadData.STARTED_AT_AS_STRING
+    if as_utc(value) is None:
+        return BadData.STARTED_AT_NOT_A_DATE
+    return None
+
+
+def classify_job(job: Mapping[str, Any]) -> tuple[str, str, float | None] | str:
+    """``(type, status, seconds)`` of a finished job, or the :class:`BadData` reason to skip it.
+
+    ``seconds`` is None for a job cancelled or skipped before it started.
+    """
+    status = job.get(Job.STATUS)
+    if status not in FINISHED_STATUSES:
+        return BadData.UNKNOWN_STATUS
+    job_type = job.get(Job.TYPE)
+    if not isinstance(job_type, str) or not job_type:
+        return BadData.MISSING_TYPE
+    started_at = job.get(Job.STARTED_AT)
+    if started_at is None and status in NEVER_STARTED_STATUSES:
+        return job_type, status, None
+    problem = _date_problem(started_at)
+    if problem:
+        return problem
+    finished_at = as_utc(job.get(Job.FINISHED_AT))
+    if finished_at is None:  # the date-range query only returns dates; guard for other callers
+        return BadData.FINISHED_AT_AS_STRING if isinstance(job.get(Job.FINISHED_AT), str) else BadData.MISSING_FINISHED_AT
+    seconds = (finished_at - as_utc(started_at)).total_seconds()
+    if seconds < 0:
+        return BadData.FINISHED_BEFORE_STARTED
+    return job_type, status, seconds
+
+
+def _fold_jobs(period: Period, rows: list[tuple[str, str, float | None]]) -> None:
+    """Fold one batch of classified jobs into the tallies, a group per type."""
+    if not rows:
+        return
+    frame = pd.DataFrame(rows, columns=["type", "status", "seconds"])
+    for job_type, group in frame.groupby("type", sort=False):
+        tally = period.tally(job_type)
+        tally.statuses.update(group["status"].value_counts().to_dict())
+        ran = group[group["seconds"].notna()]
+        tally.started += len(ran)
+        success = ran.loc[ran["status"] == Status.SUCCESS, "seconds"].to_numpy()
+        error = ran.loc[ran["status"] == Status.ERROR, "seconds"].to_numpy()
+        if len(success):
+            tally.success = np.concatenate([tally.success, _durations(success)])
+        if len(error):
+            tally.error = np.concatenate([tally.error, _durations(error)])
+
+
+def read_period(
+    jobs: Collection,
+    events: Collection,
+    start: dt.datetime,
+    end: dt.datetime,
+    batch_size: int = READ_BATCH_SIZE,
+) -> Period:
+    """Tallies of the jobs finished and the zombies finalized in ``[start, end)``.
+
+    A job audited as stopped for exceeding T2 is counted once, from its event
+    (which outlives the job document's 7-day TTL): its duration goes to
+    ``killed``, never also to ``error``.
+    """
+    start, end = as_utc(start), as_utc(end)
+    if start is None or end is None or not start < end:
+        raise ValueError("read_period needs two dates, start before end")
+    period = Period(start=start, end=end)
+    audited: dict[Any, tuple[str, str]] = {}  # job id -> (type, reason); zombies are few
+    for event in events.find(events_filter(start, end), _EVENT_PROJECTION, batch_size=batch_size):
+        period.events_read += 1
+        snapshot = event.get(Event.JOB) if isinstance(event.get(Event.JOB), Mapping) else {}
+        job_type, reason = snapshot.get(Job.TYPE), event.get(Event.REASON)
+        if not isinstance(job_type, str) or not job_type or reason not in REASONS:
+            period.bad_data[BadData.INCOMPLETE_AUDIT_EVENT] += 1
+            continue
+        if reason == Reason.EXCEEDED_MAX_DURATION:
+            started_at, finalized_at = as_utc(snapshot.get(Job.STARTED_AT)), as_utc(event.get(Event.FINALIZED_AT))
+            if started_at is None or finalized_at is None or finalized_at < started_at:
+                period.bad_data[BadData.INCOMPLETE_AUDIT_EVENT] += 1
+                continue
+            tally = period.tally(job_type)
+            tally.killed = np.concatenate([tally.killed, _durations([(finalized_at - started_at).total_seconds()])])
+        period.tally(job_type).zombies[reason] += 1
+        audited[event[ID]] = (job_type, reason)
+
+    found: set[Any] = set()
+    cursors = (
+        jobs.find(finished_jobs_filter(status, start, end), _JOB_PROJECTION, batch_size=batch_size)
+        for status in statuses_to_read(jobs)
+    )
+    for batch in _batches(itertools.chain.from_iterable(cursors), batch_size):
+        rows = []
+        for job in batch:
+            period.jobs_read += 1
+            outcome = classify_job(job)
+            if isinstance(outcome, str):
+                period.bad_data[outcome] += 1
+                continue
+            audit = audited.get(job[ID])
+            if audit is not None:
+                found.add(job[ID])
+                if audit[1] == Reason.EXCEEDED_MAX_DURATION:  # its duration is already in `killed`
+                    period.tally(outcome[0]).statuses[outcome[1]] += 1
+                    period.tally(outcome[0]).started += 1
+                    continue
+            rows.append(outcome)
+        _fold_jobs(period, rows)
+    for job_id, (job_type, _) in audited.items():
+        if job_id not in found:  # the job document is gone (TTL): the event says it ran and ended in error
+            period.tally(job_type).started += 1
+            period.tally(job_type).statuses[Status.ERROR] += 1
+    return period
+
+
+def count_undated_jobs(jobs: Collection) -> Counter:
+    """Finished jobs no day can hold (no ``finished_at``, or a string), over the whole collection.
+
+    Each count is bounded on the ``(status, finished_at)`` index.
+    """
+    counts: Counter = Counter()
+    for status in sorted(FINISHED_STATUSES):
+        counts[BadData.MISSING_FINISHED_AT] += jobs.count_documents({Job.STATUS: status, Job.FINISHED_AT: None})
+        counts[BadData.FINISHED_AT_AS_STRING] += jobs.count_documents(
+            {Job.STATUS: status, Job.FINISHED_AT: {"$type": "string"}}
+        )
+    return +counts  # drop the zeros
+
+
+# --- statistics ------------------------------------------------------------------
+
+
+def percentile_name(quantile: float) -> str:
+    """``0.99`` -> ``"p99"``, ``0.995`` -> ``"p99.5"``."""
+    return "p" + f"{quantile * 100:.4f}".rstrip("0").rstrip(".")
+
+
+def success_statistics(durations: np.ndarray) -> dict[str, float | int | None]:
+    """Count, mean, :data:`PERCENTILES` and max; None for each value when there are no durations."""
+    values = pd.Series(durations, dtype="float64")
+    names = [percentile_name(q) for q in PERCENTILES]
+    if values.empty:
+        return {"count": 0, "mean": None, **{name: None for name in names}, "max": None}
+    quantiles = values.quantile(list(PERCENTILES))
+    return {
+        "count": int(values.size),
+        "mean": float(values.mean()),
+        **{name: float(quantiles.loc[q]) for name, q in zip(names, PERCENTILES)},
+        "max": float(values.max()),
+    }
+
+
+def binomial_cdf(n: int, p: float) -> np.ndarray:
+    """``P(B <= k)`` for ``k = 0..n``, ``B ~ Binomial(n, p)``; log-space, so large n is fine."""
+    k = np.arange(n, dtype=np.float64)
+    steps = np.log(n - k) - np.log(k + 1) + math.log(p) - math.log1p(-p)
+    log_pmf = np.concatenate([[n * math.log1p(-p)], n * math.log1p(-p) + np.cumsum(steps)])
+    pmf = np.exp(log_pmf - log_pmf.max())
+    return np.minimum(np.cumsum(pmf) / pmf.sum(), 1.0)
+
+
+def quantile_interval(
+    sorted_durations: np.ndarray, quantile: float, confidence: float = DEFAULT_CONFIDENCE
+) -> tuple[float | None, float | None]:
+    """A distribution-free confidence interval for a quantile, from order statistics.
+
+    ``[X(l), X(u)]`` covers the true quantile with probability at least
+    ``confidence``, the ranks chosen from the binomial law of how many
+    durations fall below it. A side is None when the data cannot bound it
+    (an upper bound for p99 needs a few hundred durations).
+    """
+    n = len(sorted_durations)
+    if n == 0:
+        return None, None
+    alpha = 1.0 - confidence
+    cdf = binomial_cdf(n, quantile)  # cdf[k] = P(fewer than k+1 durations below the quantile)
+    low_ranks = np.nonzero(cdf[:n] <= alpha / 2)[0]  # l - 1 with P(B <= l-1) <= alpha/2
+    high_ranks = np.nonzero(cdf[:n] >= 1 - alpha / 2)[0]  # u - 1 with P(B <= u-1) >= 1-alpha/2
+    low = float(sorted_durations[low_ranks[-1]]) if len(low_ranks) else None
+    high = float(sorted_durations[high_ranks[0]]) if len(high_ranks) else None
+    return low, high
+
+
+def readable_round_up(seconds: float) -> int:
+    """Up to a value an operator reads at a glance, at most about 17 % above ``seconds``.
+
+    Multiples of 30 s up to 10 min, of 1 min up to 30 min, of 5 min up to 2 h,
+    of 15 min up to 12 h, then of 1 h. Decimal 1-2-5 steps would overshoot by
+    up to 100 %, and durations are read in minutes anyway.
+    """
+    if seconds <= 0:
+        return 0
+    for upper, step in READABLE_STEPS:
+        if seconds <= upper:
+            return int(math.ceil(seconds / step - 1e-9) * step)
+    raise AssertionError("unreachable: the last step has no upper bound")
+
+
+# --- suggestions -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SuggestionRules:
+    """How a suggestion is derived; validated, so a bad setting fails before anything is read."""
+
+    quantile: float = DEFAULT_QUANTILE
+    margin: float = DEFAULT_MARGIN
+    min_samples: int = DEFAULT_MIN_SAMPLES
+    confidence: float = DEFAULT_CONFIDENCE
+    censored_fraction: float | None = None  # None: 1 - quantile
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 0.5 <= self.quantile < 1:
+            problems.append(f"quantile must be in [0.5, 1), got {self.quantile!r}")
+        if not self.margin >= 1:
+            problems.append(f"margin must be at least 1, got {self.margin!r}")
+        if not isinstance(self.min_samples, int) or self.min_samples < 1:
+            problems.append(f"min_samples must be a positive integer, got {self.min_samples!r}")
+        if not 0 < self.confidence < 1:
+            problems.append(f"confidence must be in (0, 1), got {self.confidence!r}")
+        if self.censored_fraction is not None and not 0 < self.censored_fraction < 1:
+            problems.append(f"censored_fraction must be in (0, 1) or unset, got {self.censored_fraction!r}")
+        if problems:
+            raise ValueError("invalid suggestion rules: " + "; ".join(problems))
+
+    @property
+    def censoring_threshold(self) -> float:
+        """Stopped jobs from this share on may hide the quantile itself beyond T2."""
+        return self.censored_fraction if self.censored_fraction is not None else 1.0 - self.quantile
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "quantile": self.quantile,
+            "margin": self.margin,
+            "min_samples": self.min_samples,
+            "confidence": self.confidence,
+            "censored_fraction": self.censoring_threshold,
+        }
+
+
+@dataclass
+class TypeReport:
+    """Statistics, suggestion, backtest and flags of one job type over the window."""
+
+    job_type: str
+    statuses: dict[str, int]
+    started: int
+    statistics: dict[str, float | int | None]
+    zombies: dict[str, int]
+    current_t2_seconds: int
+    suggested_t2_seconds: int
+    enough_data: bool
+    quantile_seconds: float | None
+    quantile_low_seconds: float | None
+    quantile_high_seconds: float | None
+    stopped_at_t2: int
+    stopped_share: float | None
+    censored: bool
+    backtest_successes_killed: int
+    backtest_successes_killed_share: float | None
+    backtest_stopped_sooner: int
+    backtest_seconds_saved: float
+    backtest_given_more_time: int
+    flags: list[str]
+    success_durations: np.ndarray = field(repr=False, default_factory=lambda: _EMPTY)
+    stopped_durations: np.ndarray = field(repr=False, default_factory=lambda: _EMPTY)
+
+    @property
+    def successes(self) -> int:
+        return int(self.statistics["count"] or 0)
+
+    @property
+    def zombie_count(self) -> int:
+        return sum(self.zombies.values())
+
+    @property
+    def zombie_rate(self) -> float | None:
+        return self.zombie_count / self.started if self.started else None
+
+    @property
+    def change(self) -> str:
+        """``keep``, ``raise`` or ``lower``: what the suggestion does to the current T2."""
+        if self.suggested_t2_seconds > self.current_t2_seconds:
+            return "raise"
+        if self.suggested_t2_seconds < self.current_t2_seconds:
+            return "lower"
+        return "keep"
+
+    def as_record(self, quantile: float) -> dict[str, Any]:
+        """One flat row: the CSV line, the JSON entry."""
+        q = percentile_name(quantile)
+        return {
+            "type": self.job_type,
+            **{f"jobs_{status}": self.statuses.get(status, 0) for status in sorted(FINISHED_STATUSES)},
+            "started": self.started,
+            **{f"success_{name}": value for name, value in self.statistics.items()},
+            **{f"zombies_{reason}": self.zombies.get(reason, 0) for reason in REASONS},
+            "zombie_rate": self.zombie_rate,
+            "current_t2_seconds": self.current_t2_seconds,
+            "suggested_t2_seconds": self.suggested_t2_seconds,
+            "change": self.change,
+            "enough_data": self.enough_data,
+            f"{q}_seconds": self.quantile_seconds,
+            f"{q}_low_seconds": self.quantile_low_seconds,
+            f"{q}_high_seconds": self.quantile_high_seconds,
+            "stopped_at_t2": self.stopped_at_t2,
+            "stopped_share": self.stopped_share,
+            "censored": self.censored,
+            "backtest_successes_killed": self.backtest_successes_killed,
+            "backtest_successes_killed_share": self.backtest_successes_killed_share,
+            "backtest_stopped_sooner": self.backtest_stopped_sooner,
+            "backtest_seconds_saved": self.backtest_seconds_saved,
+            "backtest_given_more_time": self.backtest_given_more_time,
+            "flags": "; ".join(self.flags),
+        }
+
+
+def suggest(
+    job_type: str,
+    tally: Tally,
+    current_t2_seconds: int,
+    heartbeat_timeout_seconds: int,
+    rules: SuggestionRules = SuggestionRules(),
+) -> TypeReport:
+    """The suggested T2 of one type, with its evidence (see the module docstring for the rules)."""
+    success = np.sort(tally.success)
+    stopped = tally.stopped_at(current_t2_seconds)
+    statistics = success_statistics(success)
+    n = len(success)
+    enough_data = n >= rules.min_samples
+    q_value = float(pd.Series(success, dtype="float64").quantile(rules.quantile)) if n else None
+    low, high = quantile_interval(success, rules.quantile, rules.confidence)
+    stopped_share = len(stopped) / (n + len(stopped)) if n + len(stopped) else None
+    censored = bool(len(stopped)) and stopped_share >= rules.censoring_threshold
+    flags = []
+    if enough_data:
+        suggested = max(readable_round_up(q_value * rules.margin), heartbeat_timeout_seconds)
+        if suggested == heartbeat_timeout_seconds:
+            flags.append("at the heartbeat-timeout floor")
+        if censored and suggested < current_t2_seconds:
+            suggested = current_t2_seconds  # a lower bound cannot justify cutting a tail we never saw
+    else:
+        suggested = current_t2_seconds
+        flags.append(f"not enough data: {n} successful jobs, {rules.min_samples} needed; current T2 kept")
+    if censored:
+        flags.append(
+            f"censored: {len(stopped)} jobs ({stopped_share:.1%}) were stopped at the current T2, their true "
+            "durations unknown; the suggestion is a lower bound: raise T2 and measure again"
+        )
+    killed_successes = int(np.count_nonzero(success > suggested))
+    sooner = stopped[stopped > suggested]
+    return TypeReport(
+        job_type=job_type,
+        statuses=dict(tally.statuses),
+        started=tally.started,
+        statistics=statistics,
+        zombies=dict(tally.zombies),
+        current_t2_seconds=int(current_t2_seconds),
+        suggested_t2_seconds=int(suggested),
+        enough_data=enough_data,
+        quantile_seconds=q_value,
+        quantile_low_seconds=low,
+        quantile_high_seconds=high,
+        stopped_at_t2=int(len(stopped)),
+        stopped_share=stopped_share,
+        censored=censored,
+        backtest_successes_killed=killed_successes,
+        backtest_successes_killed_share=killed_successes / n if n else None,
+        backtest_stopped_sooner=int(len(sooner)),
+        backtest_seconds_saved=float(np.sum(sooner.astype(np.float64) - suggested)),
+        backtest_given_more_time=int(np.count_nonzero(stopped <= suggested)) if suggested > current_t2_seconds else 0,
+        flags=flags,
+        success_durations=success,
+        stopped_durations=np.sort(stopped),
+    )
+
+
+@dataclass
+class DurationReport:
+    """Everything a report shows about one window."""
+
+    window_start: dt.datetime
+    window_end: dt.datetime
+    computed_at: dt.datetime
+    rules: SuggestionRules
+    heartbeat_timeout_seconds: int
+    default_t2_seconds: int
+    configured_t2_by_type: dict[str, int]
+    types: list[TypeReport]
+    bad_data: dict[str, int]
+    missing_days: list[str] = field(default_factory=list)
+    jobs_read: int = 0
+    events_read: int = 0
+
+    def type_report(self, job_type: str) -> TypeReport:
+        for report in self.types:
+            if report.job_type == job_type:
+                return report
+        raise KeyError(job_type)
+
+    def records(self) -> list[dict[str, Any]]:
+        return [report.as_record(self.rules.quantile) for report in self.types]
+
+    def statistics_frame(self) -> pd.DataFrame:
+        """One row per job type: the table written to CSV."""
+        return pd.DataFrame.from_records(self.records())
+
+    def suggested_max_durations(self) -> dict[str, int]:
+        """T2 per type where the data was enough; other types keep their current T2."""
+        return {report.job_type: report.suggested_t2_seconds for report in self.types if report.enough_data}
+
+    def policy_max_durations(self) -> dict[str, int]:
+        """The complete ``max_duration_seconds_by_type`` to configure: overrides kept, suggestions applied.
+
+        The mapping replaces the configured one, so types without a suggestion keep their override.
+        """
+        return dict(sorted({**self.configured_t2_by_type, **self.suggested_max_durations()}.items()))
+
+
+def analyze(
+    period: Period,
+    policy: ZombiePolicy,
+    rules: SuggestionRules = SuggestionRules(),
+    undated: Mapping[str, int] | None = None,
+    missing_days: Sequence[str] = (),
+    computed_at: dt.datetime | None = None,
+) -> DurationReport:
+    """Statistics and suggestions for every type seen in the period or configured in the policy."""
+    job_types = sorted(set(period.tallies) | set(policy.max_duration_seconds_by_type))
+    empty = Tally()
+    return DurationReport(
+        window_start=period.start,
+        window_end=period.end,
+        computed_at=computed_at or dt.datetime.now(dt.timezone.utc),
+        rules=rules,
+        heartbeat_timeout_seconds=policy.heartbeat_timeout_seconds,
+        default_t2_seconds=policy.max_duration_seconds,
+        configured_t2_by_type=dict(policy.max_duration_seconds_by_type),
+        types=[
+            suggest(
+                job_type,
+                period.tallies.get(job_type, empty),
+                policy.max_duration_of(job_type),
+                policy.heartbeat_timeout_seconds,
+                rules,
+            )
+            for job_type in job_types
+        ],
+        bad_data=dict(sorted((period.bad_data + Counter(undated or {})).items())),
+        missing_days=list(missing_days),
+        jobs_read=period.jobs_read,
+        events_read=period.events_read,
+    )
+
+
+def analyze_window(
+    jobs: Collection,
+    events: Collection,
+    policy: ZombiePolicy,
+    end: dt.datetime,
+    window_days: float = DEFAULT_WINDOW_DAYS,
+    rules: SuggestionRules = SuggestionRules(),
+    batch_size: int = READ_BATCH_SIZE,
+) -> DurationReport:
+    """One pass over the ``window_days`` before ``end``: the report without Dagster (the CLI demo)."""
+    end = as_utc(end)
+    period = read_period(jobs, events, end - dt.timedelta(days=window_days), end, batch_size)
+    return analyze(period, policy, rules, undated=count_undated_jobs(jobs))
+
+
+# --- the suggestions collection ------------------------------------------------------
+
+
+def save_suggestions(collection: Collection, report: DurationReport) -> None:
+    """Record the window's suggestions; recomputing a window replaces its document."""
+    document = {
+        ID: report.window_end,
+        T2Suggestion.WINDOW_START: report.window_start,
+        T2Suggestion.WINDOW_END: report.window_end,
+        T2Suggestion.COMPUTED_AT: report.computed_at,
+        T2Suggestion.SETTINGS: {**report.rules.as_dict(), "heartbeat_timeout_seconds": report.heartbeat_timeout_seconds},
+        T2Suggestion.BY_TYPE: [
+            {
+                T2Suggestion.TYPE: entry.job_type,
+                T2Suggestion.SUGGESTED_T2_SECONDS: entry.suggested_t2_seconds,
+                T2Suggestion.CURRENT_T2_SECONDS: entry.current_t2_seconds,
+                T2Suggestion.ENOUGH_DATA: entry.enough_data,
+                T2Suggestion.CENSORED: entry.censored,
+                T2Suggestion.SAMPLES: entry.successes,
+            }
+            for entry in report.types
+        ],
+    }
+    collection.replace_one({ID: report.window_end}, document, upsert=True)
+
+
+def latest_suggested_max_durations(collection: Collection, minimum_seconds: int = 0) -> dict[str, int]:
+    """T2 per job type from the most recent window with enough data; {} when there is none.
+
+    Types without enough data are left out, so the policy's own value stays.
+    ``minimum_seconds`` (e.g. the current heartbeat timeout) raises any value
+    below it, so the result always passes policy validation.
+    """
+    latest = collection.find_one({}, {T2Suggestion.BY_TYPE: 1}, sort=[(ID, -1)])
+    if latest is None:
+        return {}
+    suggestions = {}
+    for entry in latest.get(T2Suggestion.BY_TYPE) or []:
+        job_type, seconds = entry.get(T2Suggestion.TYPE), entry.get(T2Suggestion.SUGGESTED_T2_SECONDS)
+        if entry.get(T2Suggestion.ENOUGH_DATA) is True and isinstance(job_type, str) and job_type:
+            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0:
+                suggestions[job_type] = max(int(seconds), minimum_seconds)
+    return suggestions

@@ -1,0 +1,299 @@
+"""The duration report as people read it: a Markdown table, a YAML snippet, CSV, JSON and a chart.
+
+Everything here formats a :class:`~zombie_pipeline.durations.DurationReport`;
+nothing reads the database. No Dagster either: the assets put these strings and
+paths into metadata, the CLI prints :func:`summary_text`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zombie_pipeline import embedded
+from zombie_pipeline.documents import REASONS, Status
+from zombie_pipeline.durations import DurationReport, TypeReport, percentile_name
+
+REPORTS_DIR_NAME = "reports"
+CHART_COLUMNS = 3
+
+
+def default_reports_dir() -> Path:
+    """``$ZOMBIE_PIPELINE_HOME/reports`` when set, else ``reports/`` beside the project (or the cwd)."""
+    if os.environ.get(embedded.HOME_ENV):
+        return embedded.home() / REPORTS_DIR_NAME
+    return embedded.home().parent / REPORTS_DIR_NAME
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    csv: Path
+    json: Path
+    chart: Path
+    markdown: Path
+
+
+# --- formatting --------------------------------------------------------------------
+
+
+def format_duration(seconds: float | None) -> str:
+    """``42.1 s``, ``20 min``, ``1 h 15 min``: the units an operator thinks a timeout in."""
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "–"
+    if seconds < 60:
+        return f"{seconds:.3g} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 3_600:
+        minutes, rest = divmod(round(seconds), 60)
+        return f"{minutes} min" if rest == 0 else f"{minutes} min {rest} s"
+    hours, rest = divmod(round(seconds / 60), 60)
+    return f"{hours} h" if rest == 0 else f"{hours} h {rest} min"
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1%}"
+
+
+def _window(report: DurationReport) -> str:
+    return f"{report.window_start:%Y-%m-%d %H:%M} – {report.window_end:%Y-%m-%d %H:%M} UTC"
+
+
+def _interval(entry: TypeReport) -> str:
+    if entry.quantile_seconds is None:
+        return "–"
+    low = format_duration(entry.quantile_low_seconds) if entry.quantile_low_seconds is not None else "?"
+    high = format_duration(entry.quantile_high_seconds) if entry.quantile_high_seconds is not None else "beyond data"
+    return f"{format_duration(entry.quantile_seconds)} [{low}, {high}]"
+
+
+def _backtest(entry: TypeReport) -> str:
+    if not entry.enough_data:
+        return "–"
+    parts = [f"kills {entry.backtest_successes_killed}/{entry.successes} successes"]
+    if entry.backtest_stopped_sooner:
+        parts.append(
+            f"stops {entry.backtest_stopped_sooner} overruns sooner "
+            f"(saves {format_duration(entry.backtest_seconds_saved)})"
+        )
+    if entry.backtest_given_more_time:
+        parts.append(f"gives {entry.backtest_given_more_time} stopped jobs more time")
+    return "; ".join(parts)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(report: DurationReport) -> str:
+    """One row per job type: counts, percentiles, current and suggested T2, interval, backtest, flags."""
+    q = percentile_name(report.rules.quantile)
+    header = [
+        "type", "success", "error", "cancelled", "skipped", "zombies (crashed / never beat / too long)",
+        "zombie rate", "mean", "p50", "p90", "p95", "p99", "max", "current T2", "suggested T2",
+        f"{q} [{report.rules.confidence:.0%} CI]", "stopped at T2", "backtest", "flags",
+    ]
+    lines = [
+        f"**Job durations {_window(report)}** — suggested T2 = {q} × {report.rules.margin:g}, rounded up, "
+        f"at least the heartbeat timeout ({format_duration(report.heartbeat_timeout_seconds)}); "
+        f"at least {report.rules.min_samples} successful jobs needed.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
+    for entry in report.types:
+        stats = entry.statistics
+        zombies = " / ".join(str(entry.zombies.get(reason, 0)) for reason in REASONS)
+        suggested = format_duration(entry.suggested_t2_seconds)
+        if entry.enough_data and entry.change != "keep":
+            suggested = f"**{suggested}** ({entry.change})"
+        row = [
+            f"`{entry.job_type}`",
+            str(entry.statuses.get(Status.SUCCESS, 0)),
+            str(entry.statuses.get(Status.ERROR, 0)),
+            str(entry.statuses.get(Status.CANCELLED, 0)),
+            str(entry.statuses.get(Status.SKIPPED, 0)),
+            zombies,
+            _share(entry.zombie_rate),
+            *(format_duration(stats[name]) for name in ("mean", "p50", "p90", "p95", "p99", "max")),
+            format_duration(entry.current_t2_seconds),
+            suggested,
+            _interval(entry),
+            f"{entry.stopped_at_t2} ({_share(entry.stopped_share)})" if entry.stopped_at_t2 else "0",
+            _backtest(entry),
+            "; ".join(entry.flags) or "–",
+        ]
+        lines.append("| " + " | ".join(_cell(value) for value in row) + " |")
+    lines += ["", _data_notes(report)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _data_notes(report: DurationReport) -> str:
+    notes = []
+    if report.bad_data:
+        notes.append(
+            "Skipped documents: " + ", ".join(f"{name} {count}" for name, count in report.bad_data.items()) + "."
+        )
+    if report.missing_days:
+        notes.append(f"Days not computed yet, left out of the window: {', '.join(report.missing_days)}.")
+    return " ".join(notes)
+
+
+def policy_snippet(report: DurationReport) -> str:
+    """Dagster run config for the ``zombie_policy`` resource with the suggested T2 per type.
+
+    The mapping replaces the configured one, so it carries the existing
+    overrides of types without a suggestion. Keys are JSON strings: valid YAML
+    whatever the type name holds.
+    """
+    lines = ["resources:", "  zombie_policy:", "    config:", "      max_duration_seconds_by_type:"]
+    mapping = report.policy_max_durations()
+    if not mapping:
+        lines[-1] += " {}"
+    for job_type, seconds in mapping.items():
+        lines.append(f"        {json.dumps(job_type)}: {seconds}  # {format_duration(seconds)}")
+    return "\n".join(lines) + "\n"
+
+
+def summary_text(report: DurationReport, files: ReportFiles | None = None) -> str:
+    """A few plain lines per type, for a terminal: what to change and how sure we are."""
+    q = percentile_name(report.rules.quantile)
+    lines = [f"Job durations, {_window(report)}: {report.jobs_read} finished jobs, {report.events_read} zombies audited"]
+    for entry in report.types:
+        counts = ", ".join(f"{count} {status}" for status, count in sorted(entry.statuses.items())) or "no jobs"
+        lines.append(f"{entry.job_type}: {counts}; zombie rate {_share(entry.zombie_rate)}")
+        if entry.successes:
+            stats = entry.statistics
+            lines.append(
+                f"    success p50 {format_duration(stats['p50'])}, p99 {format_duration(stats['p99'])}, "
+                f"max {format_duration(stats['max'])}"
+            )
+        if entry.enough_data:
+            lines.append(
+                f"    T2 {format_duration(entry.current_t2_seconds)} -> {format_duration(entry.suggested_t2_seconds)} "
+                f"({entry.change}); {q} {_interval(entry)}; would kill {entry.backtest_successes_killed} of "
+                f"{entry.successes} successes"
+                + (
+                    f", stop {entry.backtest_stopped_sooner} overruns {format_duration(entry.backtest_seconds_saved)} sooner"
+                    if entry.backtest_stopped_sooner
+                    else ""
+                )
+            )
+        for flag in entry.flags:
+            lines.append(f"    ! {flag}")
+    notes = _data_notes(report)
+    if notes:
+        lines.append(notes)
+    if files is not None:
+        lines.append(f"Reports: {files.markdown}, {files.csv}, {files.json}, {files.chart}")
+    lines.append("Suggested configuration:")
+    lines.extend("  " + line for line in policy_snippet(report).splitlines())
+    return "\n".join(lines) + "\n"
+
+
+# --- files -------------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        return _jsonable(value.item())
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    return value
+
+
+def report_json(report: DurationReport) -> dict[str, Any]:
+    """The whole report as plain JSON values."""
+    return _jsonable(
+        {
+            "window_start": report.window_start,
+            "window_end": report.window_end,
+            "computed_at": report.computed_at,
+            "rules": report.rules.as_dict(),
+            "heartbeat_timeout_seconds": report.heartbeat_timeout_seconds,
+            "default_t2_seconds": report.default_t2_seconds,
+            "bad_data": report.bad_data,
+            "missing_days": report.missing_days,
+            "jobs_read": report.jobs_read,
+            "events_read": report.events_read,
+            "types": [{**record, "flags": entry.flags} for record, entry in zip(report.records(), report.types)],
+            "suggested_max_duration_seconds_by_type": report.suggested_max_durations(),
+            "zombie_policy_snippet": policy_snippet(report),
+        }
+    )
+
+
+def write_reports(report: DurationReport, directory: Path | str | None = None) -> ReportFiles:
+    """Write Markdown, CSV, JSON and the chart, named after the window's end; return their paths."""
+    directory = Path(directory) if directory is not None else default_reports_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = f"durations_{report.window_end:%Y-%m-%dT%H%M}"
+    files = ReportFiles(
+        csv=directory / f"{stem}.csv",
+        json=directory / f"{stem}.json",
+        chart=directory / f"{stem}.png",
+        markdown=directory / f"{stem}.md",
+    )
+    report.statistics_frame().to_csv(files.csv, index=False)
+    files.json.write_text(json.dumps(report_json(report), indent=2) + "\n")
+    files.markdown.write_text(markdown_table(report) + "\n```yaml\n" + policy_snippet(report) + "```\n")
+    plot_durations(report, files.chart)
+    return files
+
+
+def plot_durations(report: DurationReport, path: Path | str) -> Path:
+    """One panel per type: successful durations on a log axis, current T2 red, suggested T2 green."""
+    from matplotlib.figure import Figure  # Agg canvas, no pyplot state: safe in any process or thread
+
+    path = Path(path)
+    count = max(len(report.types), 1)
+    rows = math.ceil(count / CHART_COLUMNS)
+    columns = min(count, CHART_COLUMNS)
+    figure = Figure(figsize=(5.2 * columns, 3.4 * rows), layout="constrained")
+    axes = np.atleast_1d(figure.subplots(rows, columns, squeeze=False)).ravel()
+    q = percentile_name(report.rules.quantile)
+    for ax, entry in zip(axes, report.types):
+        durations = np.clip(entry.success_durations.astype(np.float64), 0.01, None)
+        marks = [entry.current_t2_seconds, entry.suggested_t2_seconds]
+        low = max(min(durations.min() if durations.size else 1.0, 1.0), 0.01)
+        high = max([durations.max() if durations.size else 1.0, *marks]) * 1.5
+        bins = np.geomspace(low, high, 50)
+        if durations.size:
+            ax.hist(durations, bins=bins, color="#4c72b0", alpha=0.85, label=f"{durations.size} successful")
+        if entry.stopped_durations.size:
+            ax.hist(
+                np.clip(entry.stopped_durations.astype(np.float64), low, None),
+                bins=bins, color="#c44e52", alpha=0.7, label=f"{entry.stopped_durations.size} stopped at T2",
+            )
+        ax.axvline(entry.current_t2_seconds, color="#c44e52", linestyle="--", linewidth=1.6,
+                   label=f"current T2 {format_duration(entry.current_t2_seconds)}")
+        if entry.enough_data:
+            ax.axvline(entry.suggested_t2_seconds, color="#2ca02c", linewidth=2.0,
+                       label=f"suggested T2 {format_duration(entry.suggested_t2_seconds)}")
+            ax.axvline(entry.quantile_seconds, color="0.35", linestyle=":", linewidth=1.2,
+                       label=f"{q} {format_duration(entry.quantile_seconds)}")
+        title = entry.job_type + ("  (censored)" if entry.censored else "")
+        if not entry.enough_data:
+            title += "  (not enough data)"
+        ax.set_title(title, fontsize=10)
+        ax.set_xscale("log")
+        ax.set_xlim(low, high)
+        ax.set_xlabel("duration (s)")
+        ax.set_ylabel("jobs")
+        ax.legend(fontsize=7, loc="best")
+    for ax in axes[len(report.types):]:
+        ax.set_visible(False)
+    figure.suptitle(f"Successful job durations per type, {_window(report)}", fontsize=12)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=90)
+    return path
