@@ -1,3 +1,188 @@
-"""Asset checks: the invariants a cleanup must leave behind."""
+"""Asset checks: the invariants a cleanup must leave behind, on the asset ``queue_health``.
 
-ASSET_CHECKS: list = []
+``kill_zombies_job`` is an op job: it changes the queue but materializes no
+asset. So the queue's state after a cleanup is an asset of its own,
+``queue_health`` (counts of started, waiting and stale jobs, unfinished
+finalizations; the policy), and the two invariants are its checks:
+
+- ``no_zombies_left``: no job that was already a zombie when the cleanup
+  started is still ``started``. Jobs that went stale since are the next
+  cleanup's work, not a failure of this one.
+- ``zombies_have_cache_errors``: every finalization of the last days whose
+  cache error was written still finds that error in the cache, unless a newer
+  result replaced it.
+
+``queue_health_job`` materializes the asset and runs both checks;
+``cleanup_checks_sensor`` (sensors.py) launches it after every successful
+cleanup, tagged with that cleanup's run id, so the checks judge the cleanup's
+own scope (its start time and job types). Launched by hand, the checks judge
+the queue as it is now, over every type.
+"""
+
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import dagster as dg
+from pydantic import Field
+
+from zombie_pipeline import monitoring
+from zombie_pipeline.cleanup import utc_now
+from zombie_pipeline.orchestration.jobs import GROUP, _suggested_max_durations, _table, reconcile
+from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.store import Store
+
+#: Tag of a ``queue_health_job`` run: the cleanup run whose result it checks.
+CLEANUP_RUN_TAG = "zombie_pipeline/cleanup_run_id"
+PARTITION_TAG = "dagster/partition"
+SAMPLE_ROWS = 20
+
+
+def cleanup_policy(zombie_policy: ZombiePolicyResource, store: Store) -> ZombiePolicy:
+    """The policy a cleanup would use now, suggested maximum durations included when opted in."""
+    overrides = _suggested_max_durations(store, zombie_policy) if zombie_policy.use_suggested_max_durations else None
+    return zombie_policy.policy(overrides)
+
+
+@dataclass(frozen=True)
+class CleanupScope:
+    """What one cleanup run was asked to do, read back from the Dagster instance."""
+
+    run_id: str
+    started_at: Optional[dt.datetime]
+    job_types: Optional[tuple[str, ...]]  # None: every type
+    dry_run: bool
+
+
+def cleanup_scope(instance: dg.DagsterInstance, run_id: str) -> Optional[CleanupScope]:
+    record = instance.get_run_record_by_id(run_id)
+    if record is None:
+        return None
+    run = record.dagster_run
+    config = ((run.run_config or {}).get("ops", {}).get(reconcile.name) or {}).get("config") or {}
+    if PARTITION_TAG in run.tags:
+        job_types: Optional[tuple[str, ...]] = (run.tags[PARTITION_TAG],)
+    elif config.get("job_types") is not None:
+        job_types = tuple(config["job_types"])
+    else:
+        job_types = None
+    started_at = dt.datetime.fromtimestamp(record.start_time, dt.timezone.utc) if record.start_time else None
+    return CleanupScope(run_id=run_id, started_at=started_at, job_types=job_types, dry_run=bool(config.get("dry_run")))
+
+
+def _checked_cleanup(context: dg.AssetCheckExecutionContext) -> Optional[CleanupScope]:
+    run_id = context.run.tags.get(CLEANUP_RUN_TAG)
+    return cleanup_scope(context.instance, run_id) if run_id else None
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"mongodb"},
+    description=(
+        "The job queue as a cleanup leaves it: started, waiting and stale jobs, finalizations a crashed "
+        "cleanup left unfinished, zombies finalized in the last 24 h, and the policy judging them. "
+        "Materialized after every successful cleanup (cleanup_checks_sensor); each number is plotted over time. "
+        "Its checks are the cleanup's invariants."
+    ),
+)
+def queue_health(
+    context: dg.AssetExecutionContext, queue_db: QueueDatabase, cache_db: CacheDatabase, zombie_policy: ZombiePolicyResource
+) -> dg.MaterializeResult:
+    store = store_of(queue_db, cache_db)
+    policy = cleanup_policy(zombie_policy, store)
+    snapshot = monitoring.queue_snapshot(store, policy, utc_now())
+    metadata: dict[str, Any] = {
+        **snapshot.as_dict(),
+        "policy": dg.MetadataValue.json(policy.as_dict()),
+        "queue": queue_db.describe(),
+    }
+    cleanup_run = context.run.tags.get(CLEANUP_RUN_TAG)
+    if cleanup_run:
+        metadata["after_cleanup_run"] = cleanup_run
+    return dg.MaterializeResult(metadata=metadata)
+
+
+@dg.asset_check(
+    asset=queue_health,
+    name="no_zombies_left",
+    description=(
+        "No job that was a zombie when the checked cleanup started (stale_filter with the cleanup policy, "
+        "in the cleanup's job types) is still started. Without a cleanup run tag: no zombie right now."
+    ),
+)
+def no_zombies_left(
+    context: dg.AssetCheckExecutionContext, queue_db: QueueDatabase, cache_db: CacheDatabase, zombie_policy: ZombiePolicyResource
+) -> dg.AssetCheckResult:
+    store = store_of(queue_db, cache_db)
+    policy = cleanup_policy(zombie_policy, store)
+    scope = _checked_cleanup(context)
+    as_of = scope.started_at if scope and scope.started_at else utc_now()
+    job_types = scope.job_types if scope else None
+    left = monitoring.zombies_left(store.jobs, policy, as_of, job_types)
+    rows = [candidate.evidence() for candidate in left.candidates[:SAMPLE_ROWS]]
+    metadata: dict[str, Any] = {
+        "as_of": dg.MetadataValue.timestamp(as_of),
+        "job_types": dg.MetadataValue.json(list(job_types) if job_types else "all"),
+        "zombies_left": len(left.candidates),
+        "malformed_left": len(left.malformed),
+        "zombies": _table(rows),
+    }
+    if scope:
+        metadata["cleanup_run"] = scope.run_id
+    if left.malformed:
+        metadata["malformed_jobs"] = dg.MetadataValue.json(
+            [{"id": str(item.id), "problem": item.problem} for item in left.malformed[:SAMPLE_ROWS]]
+        )
+    count = len(left.candidates) + len(left.malformed)
+    return dg.AssetCheckResult(
+        passed=count == 0,
+        metadata=metadata,
+        description=None if count == 0 else f"{count} started jobs are still past their thresholds",
+    )
+
+
+class CacheErrorsCheckConfig(dg.Config):
+    days: int = Field(default=7, ge=1, le=365, description="Check the finalizations of this many past days.")
+
+
+@dg.asset_check(
+    asset=queue_health,
+    name="zombies_have_cache_errors",
+    description=(
+        "Every zombie finalized in the last days whose cache error was written still has it: the cache entry "
+        "exists with the event's error code, or was updated later by a newer result."
+    ),
+)
+def zombies_have_cache_errors(
+    context: dg.AssetCheckExecutionContext, config: CacheErrorsCheckConfig, queue_db: QueueDatabase, cache_db: CacheDatabase
+) -> dg.AssetCheckResult:
+    store = store_of(queue_db, cache_db)
+    since = utc_now() - dt.timedelta(days=config.days)
+    audit = monitoring.audit_cache_errors(store, since, SAMPLE_ROWS)
+    return dg.AssetCheckResult(
+        passed=audit.passed,
+        metadata={
+            "since": dg.MetadataValue.timestamp(since),
+            "finalizations_checked": audit.checked,
+            "missing_entries": audit.missing,
+            "entries_without_error": audit.wrong,
+            "offenders": _table(audit.sample),
+        },
+        description=None
+        if audit.passed
+        else f"{audit.missing} finalized zombies have no cache entry, {audit.wrong} an entry without their error",
+    )
+
+
+ASSET_CHECKS: list = [no_zombies_left, zombies_have_cache_errors]
+HEALTH_ASSETS: list = [queue_health]
+
+queue_health_job = dg.define_asset_job(
+    "queue_health_job",
+    selection=dg.AssetSelection.assets(queue_health),
+    description="Materialize queue_health and run its checks; launched after every successful kill_zombies_job run.",
+    tags={"pipeline": GROUP},
+)
+CHECK_JOBS: list = [queue_health_job]

@@ -1,3 +1,79 @@
-"""Schedules of the pipeline."""
+"""Schedules: the cleanup every 10 minutes, the duration statistics every day.
 
-SCHEDULES: list = []
+Both are stopped by default: an operator turns them on in the UI (Automation)
+once the policy suits the deployment. The cleanup's cron comes from
+``$ZOMBIE_KILL_CRON``; a bad value stops the code location from loading with a
+message that names the variable, rather than a schedule that never fires.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import dagster as dg
+
+from zombie_pipeline.orchestration.assets import STATS_JOBS
+from zombie_pipeline.orchestration.jobs import kill_zombies_job
+
+KILL_CRON_ENV = "ZOMBIE_KILL_CRON"
+DEFAULT_KILL_CRON = "*/10 * * * *"
+TIMEZONE = "UTC"
+
+
+class ScheduleConfigError(ValueError):
+    """A schedule setting from the environment is invalid; the message names the variable."""
+
+
+def kill_zombies_cron(environ: Optional[dict] = None) -> str:
+    """The cleanup's cron: ``$ZOMBIE_KILL_CRON`` when set and not blank, else every 10 minutes."""
+    value = (os.environ if environ is None else environ).get(KILL_CRON_ENV, "").strip()
+    return value or DEFAULT_KILL_CRON
+
+
+def build_kill_zombies_schedule(cron: Optional[str] = None) -> dg.ScheduleDefinition:
+    cron = cron if cron is not None else kill_zombies_cron()
+    try:
+        return dg.ScheduleDefinition(
+            name="kill_zombies_schedule",
+            cron_schedule=cron,
+            job_name=kill_zombies_job.name,
+            execution_timezone=TIMEZONE,
+            default_status=dg.DefaultScheduleStatus.STOPPED,
+            tags={"zombie_pipeline/trigger": "kill_zombies_schedule"},
+            description=(
+                f"Runs kill_zombies_job over every job type on '{cron}' (UTC; set ${KILL_CRON_ENV} to change, "
+                f"default '{DEFAULT_KILL_CRON}'). stale_jobs_sensor reacts sooner; this is the safety net that also "
+                "completes finalizations a crashed run left behind."
+            ),
+        )
+    except dg.DagsterInvalidDefinitionError:
+        raise ScheduleConfigError(
+            f"{KILL_CRON_ENV}={cron!r} is not a valid cron schedule: use five fields "
+            f"(minute hour day-of-month month day-of-week), e.g. {DEFAULT_KILL_CRON!r} for every 10 minutes, "
+            f"or unset {KILL_CRON_ENV} for that default."
+        ) from None
+
+
+def build_duration_stats_schedule(job=None) -> dg.ScheduleDefinition:
+    """Daily at 00:30 UTC, for the UTC day that just ended (the job's daily partition)."""
+    job = job if job is not None else STATS_JOBS[0]
+    return dg.build_schedule_from_partitioned_job(
+        job,
+        name="duration_stats_schedule",
+        hour_of_day=0,
+        minute_of_hour=30,
+        default_status=dg.DefaultScheduleStatus.STOPPED,
+        tags={"zombie_pipeline/trigger": "duration_stats_schedule"},
+        description=(
+            "Every day at 00:30 UTC, materializes the previous UTC day: its duration tallies, then the statistics "
+            "and suggested maximum durations of the window ending that day. Older days: backfill the partitions "
+            "from the asset page."
+        ),
+    )
+
+
+kill_zombies_schedule = build_kill_zombies_schedule()
+duration_stats_schedule = build_duration_stats_schedule()
+
+SCHEDULES: list = [kill_zombies_schedule, duration_stats_schedule]

@@ -1,3 +1,171 @@
-"""Sensors of the pipeline."""
+"""Sensors: react within a minute instead of waiting for the schedule, and report what goes wrong.
 
-SENSORS: list = []
+- ``stale_jobs_sensor`` (every minute, stopped by default: it writes): a count
+  on the ``(status, started_at)`` index; when jobs are past their thresholds it
+  requests ``kill_zombies_job`` with a run key made from the stale jobs' ids, so
+  one state of the queue launches one cleanup, however many ticks see it.
+- ``job_types_sensor`` (every 5 minutes, running by default): each job type in
+  the queue becomes a ``job_types`` partition, so new types can be cleaned and
+  backfilled without a deploy.
+- ``cleanup_checks_sensor`` (running by default): after each successful
+  cleanup, ``queue_health_job`` records the queue's state and runs the checks.
+- ``pipeline_failure_sensor`` (running by default): a failed run of any job of
+  this code location is logged, recorded in ``zombiePipelineFailures`` and
+  POSTed to an optional webhook.
+"""
+
+
+import os
+from typing import Optional
+
+import dagster as dg
+from pydantic import Field
+from pymongo.errors import PyMongoError
+
+from zombie_pipeline import monitoring
+from zombie_pipeline.cleanup import utc_now
+from zombie_pipeline.mongo import check_reachable
+from zombie_pipeline.orchestration.checks import CLEANUP_RUN_TAG, PARTITION_TAG, cleanup_policy, cleanup_scope, queue_health_job
+from zombie_pipeline.orchestration.jobs import kill_zombies_job
+from zombie_pipeline.orchestration.partitions import JOB_TYPE_PARTITIONS
+from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
+
+WEBHOOK_URL_ENV = "ZOMBIE_FAILURE_WEBHOOK_URL"
+TRIGGER_TAG = "zombie_pipeline/trigger"
+STALE_COUNT_TAG = "zombie_pipeline/stale_jobs"
+_ACTIVE_STATUSES = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+
+
+class FailureWebhook(dg.ConfigurableResource):
+    """Where run failures are POSTed as JSON. The URL stays in the environment: it often carries a token."""
+
+    url_env_var: str = Field(default=WEBHOOK_URL_ENV, description="Environment variable holding the webhook URL; unset: no POST.")
+    timeout_seconds: float = Field(default=5.0, gt=0, le=30, description="A slow webhook must not hold the sensor.")
+
+    def url(self) -> Optional[str]:
+        return os.environ.get(self.url_env_var) or None
+
+
+@dg.sensor(
+    job_name=kill_zombies_job.name,
+    minimum_interval_seconds=60,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description=(
+        "Every minute, counts started jobs past their heartbeat timeout or maximum duration (an indexed count). "
+        "When there are any, requests a kill_zombies_job run over every type, keyed by the set of stale jobs: "
+        "the same state never launches twice, and no run is requested while a cleanup is in flight. "
+        "Detection latency becomes threshold + about a minute."
+    ),
+)
+def stale_jobs_sensor(
+    context: dg.SensorEvaluationContext, queue_db: QueueDatabase, cache_db: CacheDatabase, zombie_policy: ZombiePolicyResource
+):
+    store = store_of(queue_db, cache_db)
+    check_reachable(store.jobs.database, queue_db.url())
+    state = monitoring.stale_state(store.jobs, cleanup_policy(zombie_policy, store), utc_now())
+    if state.count == 0:
+        return dg.SkipReason("no started job is past its thresholds")
+    in_flight = context.instance.get_run_records(
+        dg.RunsFilter(job_name=kill_zombies_job.name, statuses=_ACTIVE_STATUSES), limit=1
+    )
+    if in_flight:
+        return dg.SkipReason(
+            f"{state.count} stale jobs, but cleanup run {in_flight[0].dagster_run.run_id} is in flight; it or the next tick will take them"
+        )
+    context.log.info(f"{state.count} started jobs are past their thresholds: requesting a cleanup ({state.run_key})")
+    return dg.RunRequest(
+        run_key=state.run_key,
+        tags={TRIGGER_TAG: context.sensor_name or "stale_jobs_sensor", STALE_COUNT_TAG: str(state.count)},
+    )
+
+
+@dg.sensor(
+    minimum_interval_seconds=300,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description=(
+        "Every 5 minutes, registers each distinct job type of the jobs collection as a partition of 'job_types', "
+        "so cleanup can run and be backfilled per type without a deploy. Types that cannot be partition keys "
+        "(not a non-empty printable string, or containing '.' or a leading '$') are logged and skipped."
+    ),
+)
+def job_types_sensor(context: dg.SensorEvaluationContext, queue_db: QueueDatabase):
+    database = queue_db.get_database()
+    check_reachable(database, queue_db.url())
+    found = monitoring.job_types_in_queue(database[queue_db.jobs_collection])
+    if found.refused:
+        context.log.warning(f"{len(found.refused)} job types cannot be partitions and were skipped: {found.refused[:10]!r}")
+    known = set(context.instance.get_dynamic_partitions(JOB_TYPE_PARTITIONS.name))
+    new = sorted(set(found.valid) - known)
+    if not new:
+        return dg.SensorResult(skip_reason=f"all {len(found.valid)} job types are registered")
+    context.log.info(f"registering {len(new)} new job types: {', '.join(new)}")
+    return dg.SensorResult(dynamic_partitions_requests=[JOB_TYPE_PARTITIONS.build_add_request(new)])
+
+
+@dg.run_status_sensor(
+    run_status=dg.DagsterRunStatus.SUCCESS,
+    name="cleanup_checks_sensor",
+    monitored_jobs=[kill_zombies_job],
+    request_job=queue_health_job,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description=(
+        "After each successful kill_zombies_job run (dry runs excepted), materializes queue_health and runs its "
+        "checks (no zombies left, every finalized zombie has its cache error) for that cleanup's start time and types."
+    ),
+)
+def cleanup_checks_sensor(context: dg.RunStatusSensorContext):
+    run_id = context.dagster_run.run_id
+    scope = cleanup_scope(context.instance, run_id)
+    if scope is not None and scope.dry_run:
+        return dg.SkipReason(f"cleanup run {run_id} was a dry run: nothing to check")
+    return dg.RunRequest(run_key=f"checks-after-{run_id}", tags={CLEANUP_RUN_TAG: run_id, TRIGGER_TAG: "cleanup_checks_sensor"})
+
+
+@dg.run_failure_sensor(
+    name="pipeline_failure_sensor",
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description=(
+        "When a run of this code location fails: logs one line, records it in the queue database "
+        "(zombiePipelineFailures, _id = run id) and POSTs it as JSON to the webhook in "
+        f"${WEBHOOK_URL_ENV}, if set. Database URLs and credentials are scrubbed from every message."
+    ),
+)
+def pipeline_failure_sensor(context: dg.RunFailureSensorContext, queue_db: QueueDatabase, failure_webhook: FailureWebhook):
+    record = failure_record(context, [queue_db.url(), failure_webhook.url()])
+    context.log.error(record.log_line())
+    outcome = monitoring.post_json(failure_webhook.url(), record.payload(), failure_webhook.timeout_seconds)
+    if outcome.startswith("failed"):
+        context.log.warning(f"failure webhook: {outcome}")
+    try:
+        database = queue_db.get_database()
+        monitoring.record_failure(database[queue_db.failures_collection], record, outcome)
+    except PyMongoError as error:  # the database may be why the run failed: the log line and webhook remain
+        context.log.error(f"could not record the failure: {monitoring.scrub(str(error), [queue_db.url()])}")
+
+
+def failure_record(context: dg.RunFailureSensorContext, secrets: list[Optional[str]]) -> monitoring.FailureRecord:
+    """The failure as one message: the run's failure, then each failed step's error, scrubbed."""
+    run = context.dagster_run
+    steps = context.get_step_failure_events()
+    parts = [context.failure_event.message or "the run failed"]
+    for event in steps:
+        error = getattr(event.event_specific_data, "error", None)
+        if error is not None:
+            parts.append(f"{event.step_key}: {error.message.strip()}")
+    message = monitoring.scrub("\n".join(parts), secrets)
+    return monitoring.FailureRecord(
+        run_id=run.run_id,
+        job_name=run.job_name,
+        failed_at=utc_now(),
+        message=message[:4_000],
+        partition_key=run.tags.get(PARTITION_TAG),
+        failed_steps=tuple(event.step_key for event in steps if event.step_key),
+    )
+
+
+SENSORS: list = [stale_jobs_sensor, job_types_sensor, cleanup_checks_sensor, pipeline_failure_sensor]

@@ -1,0 +1,304 @@
+"""What the sensors and asset checks read, and the record of a failed run.
+
+Plain Python and pymongo: the Dagster wiring in ``orchestration/`` calls these.
+Every read here is meant to run every minute against a production queue, so
+each one is a count or a small projected find on an index: the stale count on
+``(status, started_at)``, the audit trail on ``finalized_at``, the cache on its
+unique key.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from pymongo.collection import Collection
+
+from zombie_pipeline.detection import MAX_NAME_LENGTH, Detection, _on_stale_index, count_stale, detect, stale_filter, started_filter
+from zombie_pipeline.documents import (
+    CACHE_KEY,
+    ID,
+    Cache,
+    CacheOutcome,
+    Event,
+    EventState,
+    Failure,
+    Job,
+    Status,
+    as_utc,
+    cache_key_of_job,
+)
+from zombie_pipeline.mongo import redact
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.store import Store
+
+_BATCH = 500
+
+
+# --- the stale-jobs sensor ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StaleState:
+    """The set of jobs past their thresholds, reduced to a count and a digest of their ids."""
+
+    count: int
+    digest: str = ""
+
+    @property
+    def run_key(self) -> str:
+        """Equal for equal sets of stale jobs: the same state never launches two cleanups."""
+        return f"stale-{self.count}-{self.digest[:16]}"
+
+
+def stale_state(jobs: Collection, policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> StaleState:
+    """A count on the index; only when it is not zero, the ids (and nothing else) of the stale jobs."""
+    if count_stale(jobs, policy, now, job_types) == 0:
+        return StaleState(0)
+    query = stale_filter(policy, now, job_types)
+    ids = sorted(str(job[ID]) for job in _on_stale_index(lambda hint: jobs.find(query, {ID: 1}, hint=hint)))
+    return StaleState(len(ids), hashlib.sha256("\n".join(ids).encode()).hexdigest())
+
+
+# --- the job-types sensor ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobTypes:
+    valid: tuple[str, ...]
+    refused: tuple[Any, ...]  # values no query of ours would take as a type name
+
+
+def job_types_in_queue(jobs: Collection) -> JobTypes:
+    """The distinct ``type`` values of the jobs collection (one ``distinct``, served by any index led by type).
+
+    A type is refused when detection would call a job of it malformed, or when
+    it holds a control character (Dagster refuses those in partition keys).
+    """
+    valid, refused = [], []
+    for value in jobs.distinct(Job.TYPE):
+        ok = (
+            isinstance(value, str)
+            and 0 < len(value) <= MAX_NAME_LENGTH
+            and not value.startswith("$")
+            and "." not in value
+            and value.isprintable()
+        )
+        (valid if ok else refused).append(value)
+    return JobTypes(tuple(sorted(valid)), tuple(refused))
+
+
+# --- the queue's state after a cleanup --------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueSnapshot:
+    """Counts an operator plots over time; each is one indexed count."""
+
+    started: int
+    waiting: int
+    stale: int
+    unfinished_finalizations: int  # audit events a crashed cleanup left; reconcile completes them
+    zombies_finalized_last_24h: int
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+def queue_snapshot(store: Store, policy: ZombiePolicy, now: dt.datetime) -> QueueSnapshot:
+    return QueueSnapshot(
+        started=store.jobs.count_documents(started_filter()),
+        waiting=store.jobs.count_documents({Job.STATUS: Status.WAITING}),
+        stale=count_stale(store.jobs, policy, now),
+        unfinished_finalizations=store.events.count_documents({Event.STATE: {"$ne": EventState.DONE}}),
+        zombies_finalized_last_24h=store.events.count_documents(
+            {Event.FINALIZED_AT: {"$gte": now - dt.timedelta(days=1)}}
+        ),
+    )
+
+
+# --- check: no zombies left -----------------------------------------------------------
+
+
+def zombies_left(jobs: Collection, policy: ZombiePolicy, as_of: dt.datetime, job_types: Iterable[str] | None = None) -> Detection:
+    """The jobs that were already zombies at ``as_of`` and are still started.
+
+    With ``as_of`` = the start of a cleanup, a job that became stale during or
+    after the cleanup is not held against it, and a job whose worker beat since
+    is no longer stale.
+    """
+    return detect(jobs, policy, as_of, job_types)
+
+
+# --- check: every finalized zombie has its cache error ------------------------------
+
+
+@dataclass
+class CacheErrorAudit:
+    """Audited finalizations whose cache error entry is not (or no longer) there."""
+
+    checked: int = 0
+    missing: int = 0  # no entry at all
+    wrong: int = 0  # an entry not newer than the finalization, without its error code
+    sample: list[dict[str, Any]] = field(default_factory=list)  # the first offenders, for the UI
+
+    @property
+    def passed(self) -> bool:
+        return self.missing == 0 and self.wrong == 0
+
+
+def audit_cache_errors(store: Store, since: dt.datetime, sample_size: int = 20) -> CacheErrorAudit:
+    """For every finalization since ``since`` whose cache error was written, the entry must hold it.
+
+    An entry updated after the finalization holds a newer result (a retry
+    succeeded, the dataset was refreshed): that is the queue moving on, not a
+    broken invariant.
+    """
+    audit = CacheErrorAudit()
+    query = {
+        Event.STATE: EventState.DONE,
+        Event.CACHE_OUTCOME: CacheOutcome.WRITTEN,
+        Event.FINALIZED_AT: {"$gte": since},
+    }
+    projection = {Event.ERROR_CODE: 1, Event.FINALIZED_AT: 1} | {f"{Event.JOB}.{name}": 1 for name in _KEY_FIELDS}
+    batch: list[Mapping[str, Any]] = []
+    for event in store.events.find(query, projection).sort(Event.FINALIZED_AT, 1).batch_size(_BATCH):
+        batch.append(event)
+        if len(batch) >= _BATCH:
+            _audit_batch(store.cache, batch, audit, sample_size)
+            batch = []
+    if batch:
+        _audit_batch(store.cache, batch, audit, sample_size)
+    return audit
+
+
+_KEY_FIELDS = (Job.TYPE, Job.DATASET, Job.CONFIG, Job.SPLIT)
+
+
+def _audit_batch(cache: Collection, events: Sequence[Mapping[str, Any]], audit: CacheErrorAudit, sample_size: int) -> None:
+    """One cache query per batch of events (type names only as values, as everywhere)."""
+    keys = {_key(cache_key_of_job(event[Event.JOB])) for event in events}
+    query = {
+        Cache.KIND: {"$in": sorted({key[0] for key in keys})},
+        Cache.DATASET: {"$in": sorted({key[1] for key in keys})},
+    }
+    entries = {_key(entry): entry for entry in cache.find(query, {name: 1 for name in (*CACHE_KEY, Cache.ERROR_CODE, Cache.UPDATED_AT)})}
+    for event in events:
+        audit.checked += 1
+        entry = entries.get(_key(cache_key_of_job(event[Event.JOB])))
+        if entry is None:
+            audit.missing += 1
+        elif entry.get(Cache.ERROR_CODE) == event[Event.ERROR_CODE] or _newer(entry, event):
+            continue
+        else:
+            audit.wrong += 1
+        if len(audit.sample) < sample_size:
+            audit.sample.append(_audit_row(event, entry))
+
+
+def _newer(entry: Mapping[str, Any], event: Mapping[str, Any]) -> bool:
+    updated_at = as_utc(entry.get(Cache.UPDATED_AT))
+    return updated_at is not None and updated_at > as_utc(event[Event.FINALIZED_AT])
+
+
+def _key(document: Mapping[str, Any]) -> tuple:
+    return tuple(document.get(name) for name in CACHE_KEY)
+
+
+def _audit_row(event: Mapping[str, Any], entry: Mapping[str, Any] | None) -> dict[str, Any]:
+    job = event[Event.JOB]
+    updated_at = as_utc(entry.get(Cache.UPDATED_AT)) if entry else None
+    return {
+        "job_id": str(event[ID]),
+        "kind": job.get(Job.TYPE),
+        "dataset": job.get(Job.DATASET),
+        "config": job.get(Job.CONFIG),
+        "split": job.get(Job.SPLIT),
+        "expected_error_code": event[Event.ERROR_CODE],
+        "found_error_code": entry.get(Cache.ERROR_CODE) if entry else None,
+        "finalized_at": as_utc(event[Event.FINALIZED_AT]).isoformat(),
+        "entry_updated_at": updated_at.isoformat() if updated_at else None,
+    }
+
+
+# --- run failures ------------------------------------------------------------------------
+
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+
+
+def scrub(text: str, urls: Iterable[str | None] = ()) -> str:
+    """``text`` without the credentials of ``urls``, nor any ``user:password@`` of any URL in it."""
+    return _USERINFO.sub(r"\g<scheme>***@", redact(text, urls))
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """A failed run of the pipeline, as the failure sensor reports it everywhere."""
+
+    run_id: str
+    job_name: str
+    failed_at: dt.datetime
+    message: str
+    partition_key: str | None = None
+    failed_steps: tuple[str, ...] = ()
+
+    def log_line(self) -> str:
+        partition = f" partition {self.partition_key!r}" if self.partition_key else ""
+        steps = f" (failed steps: {', '.join(self.failed_steps)})" if self.failed_steps else ""
+        return f"zombie-pipeline run FAILED: job {self.job_name}{partition}, run {self.run_id}{steps}: {self.message}"
+
+    def document(self, webhook_outcome: str) -> dict[str, Any]:
+        return {
+            ID: self.run_id,
+            Failure.JOB_NAME: self.job_name,
+            Failure.PARTITION_KEY: self.partition_key,
+            Failure.FAILED_AT: self.failed_at,
+            Failure.MESSAGE: self.message,
+            Failure.FAILED_STEPS: list(self.failed_steps),
+            Failure.WEBHOOK_OUTCOME: webhook_outcome,
+        }
+
+    def payload(self) -> dict[str, Any]:
+        """The webhook body; ``text`` is what chat incoming-webhooks (Slack, Mattermost) display."""
+        return {
+            "text": self.log_line(),
+            "run_id": self.run_id,
+            Failure.JOB_NAME: self.job_name,
+            Failure.PARTITION_KEY: self.partition_key,
+            Failure.FAILED_AT: self.failed_at.isoformat(),
+            Failure.MESSAGE: self.message,
+            Failure.FAILED_STEPS: list(self.failed_steps),
+        }
+
+
+def record_failure(failures: Collection, record: FailureRecord, webhook_outcome: str) -> None:
+    """Upsert by run id: a sensor tick evaluated twice leaves one document."""
+    failures.replace_one({ID: record.run_id}, record.document(webhook_outcome), upsert=True)
+
+
+WEBHOOK_NOT_CONFIGURED = "not configured"
+
+
+def post_json(url: str | None, payload: Mapping[str, Any], timeout_seconds: float) -> str:
+    """POST ``payload``; the outcome as text, never an exception (an alert must not fail the sensor)."""
+    if not url:
+        return WEBHOOK_NOT_CONFIGURED
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(payload, default=str).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_seconds) as response:
+            return f"sent (HTTP {response.status})"
+    except urllib.error.HTTPError as error:
+        return f"failed: HTTP {error.code}"
+    except Exception as error:  # noqa: BLE001 - a bad URL, a refused connection, a timeout: all reported alike
+        return scrub(f"failed: {type(error).__name__}: {error}", [url]).replace(url, "<webhook>")
