@@ -83,7 +83,11 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # an exited process its parent has not reaped yet (a zombie) still "exists"
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _answers(port: int, timeout: float = 1.0) -> bool:
@@ -192,6 +196,10 @@ def stop_server(base: Path | None = None, timeout_seconds: float = 30.0) -> Serv
         try:
             info = ServerInfo(**json.loads(_state_file(base).read_text()))
         except (OSError, ValueError, TypeError):
+            return None
+        # a stale state file's PID may belong to an unrelated process by now: only signal a server that answers
+        if not (_pid_alive(info.pid) and _answers(info.port)):
+            _state_file(base).unlink(missing_ok=True)
             return None
         if _pid_alive(info.pid):
             os.kill(info.pid, signal.SIGTERM)

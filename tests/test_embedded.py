@@ -1,0 +1,323 @@
+"""The embedded default: one SecantusDB server per project home, shared by every process.
+
+Every server started here is stopped by PID in a fixture teardown or a ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from pymongo import MongoClient
+
+from zombie_pipeline import cli, embedded
+from zombie_pipeline.embedded import (
+    HOME_ENV,
+    INSTALL_HINT,
+    EmbeddedServerError,
+    ServerInfo,
+    ensure_server,
+    free_port,
+    running_server,
+    start_server,
+    stop_server,
+)
+
+PYTHON = sys.executable
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_CONSOLE_SCRIPT = Path(sys.executable).parent / "zombie-pipeline"
+# the installed console script; the same main() through -m when the package is not installed
+CLI = [str(_CONSOLE_SCRIPT)] if _CONSOLE_SCRIPT.exists() else [PYTHON, "-m", "zombie_pipeline.cli"]
+URL_VARIABLES = ("QUEUE_MONGO_URL", "CACHE_MONGO_URL")
+
+
+def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_until_gone(pid: int, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def is_embedded_server(pid: int) -> bool:
+    try:
+        return embedded.SERVER_EXECUTABLE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def kill_recorded_server(home: Path) -> None:
+    """Teardown: stop the server the home's state file names (by its PID), and only that."""
+    state = home / "server.json"
+    pid = json.loads(state.read_text())["pid"] if state.exists() else None
+    try:
+        stop_server(home)
+    finally:
+        if pid is not None and pid_alive(pid) and is_embedded_server(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def child_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in URL_VARIABLES}
+    env[HOME_ENV] = str(home)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def ensure_in_subprocesses(home: Path, count: int) -> list[dict]:
+    """``count`` separate Python processes call ensure_server at once; each reports what it got."""
+    code = textwrap.dedent(
+        """
+        import json
+        from pymongo import MongoClient
+        from zombie_pipeline.embedded import ensure_server
+        info = ensure_server()
+        with MongoClient(info.url) as client:
+            note = client["shared"]["notes"].find_one({"_id": "from-parent"})
+        print(json.dumps({"pid": info.pid, "port": info.port, "note": note and note["text"]}))
+        """
+    )
+    processes = [
+        subprocess.Popen([PYTHON, "-c", code], env=child_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(count)
+    ]
+    reports = []
+    for process in processes:
+        out, err = process.communicate(timeout=90)
+        assert process.returncode == 0, err
+        reports.append(json.loads(out))
+    return reports
+
+
+# --- one server, reused --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shared_home(tmp_path_factory):
+    """A project home whose server is started once for the module."""
+    home = tmp_path_factory.mktemp("zp_home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(HOME_ENV, str(home))
+        try:
+            yield home
+        finally:
+            kill_recorded_server(home)
+
+
+@pytest.fixture(scope="module")
+def shared_server(shared_home) -> ServerInfo:
+    return ensure_server()
+
+
+def test_ensure_server_starts_a_server_in_the_project_home(shared_home, shared_server):
+    assert pid_alive(shared_server.pid)
+    assert Path(shared_server.storage_path) == shared_home / "data"
+    assert json.loads((shared_home / "server.json").read_text())["pid"] == shared_server.pid
+    with MongoClient(shared_server.url, serverSelectionTimeoutMS=5_000) as client:
+        assert client.admin.command("ping")["ok"] == 1
+
+
+def test_a_second_call_reuses_the_running_server(shared_server):
+    again = ensure_server()
+    assert (again.pid, again.port) == (shared_server.pid, shared_server.port)
+    assert running_server() == shared_server
+
+
+def test_separate_processes_reuse_it_and_see_its_data(shared_home, shared_server):
+    with MongoClient(shared_server.url) as writer:
+        writer["shared"]["notes"].replace_one({"_id": "from-parent"}, {"text": "hello"}, upsert=True)
+
+    reports = ensure_in_subprocesses(shared_home, count=3)
+
+    assert reports == [{"pid": shared_server.pid, "port": shared_server.port, "note": "hello"}] * 3
+
+
+def test_data_written_through_one_client_is_read_through_another(shared_server):
+    with MongoClient(shared_server.url) as one, MongoClient(shared_server.url) as other:
+        one["shared"]["jobs"].insert_many([{"n": n} for n in range(5)])
+        assert sorted(doc["n"] for doc in other["shared"]["jobs"].find({}, {"_id": 0})) == list(range(5))
+
+
+def test_a_second_server_cannot_take_the_same_storage_and_says_where_its_log_is(shared_server, tmp_path):
+    log = tmp_path / "second.log"
+    with pytest.raises(EmbeddedServerError) as raised:
+        start_server(Path(shared_server.storage_path), log_path=log)
+
+    message = str(raised.value)
+    assert str(log) in message
+    assert "busy" in message.lower()
+    assert running_server() == shared_server  # the first one is undisturbed
+
+
+# --- stop, restart, stale state --------------------------------------------------------
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv(HOME_ENV, str(home))
+    try:
+        yield home
+    finally:
+        kill_recorded_server(home)
+
+
+def test_stop_server_stops_it_and_the_data_survives_a_restart(home):
+    first = ensure_server()
+    with MongoClient(first.url) as client:
+        client["durable"]["jobs"].insert_one({"_id": 1, "status": "started"})
+
+    stopped = stop_server()
+
+    assert stopped == first
+    assert wait_until_gone(first.pid)
+    assert not (home / "server.json").exists()
+    assert running_server() is None
+    assert stop_server() is None  # nothing left to stop
+
+    # a state file left behind by a crashed server is not trusted
+    (home / "server.json").write_text(json.dumps(first.__dict__))
+    second = ensure_server()
+    try:
+        assert second.pid != first.pid
+        with MongoClient(second.url) as client:
+            assert client["durable"]["jobs"].find_one({"_id": 1}) == {"_id": 1, "status": "started"}
+    finally:
+        stop_server()
+    assert wait_until_gone(second.pid)
+
+
+@pytest.fixture
+def unrelated_process():
+    """A process that happens to have the PID a stale state file recorded."""
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_live_process_that_does_not_answer_is_neither_reused_nor_killed(home, unrelated_process):
+    home.mkdir(parents=True)
+    stale = {"pid": unrelated_process.pid, "port": free_port(), "storage_path": str(home / "data")}
+    (home / "server.json").write_text(json.dumps(stale))
+
+    assert running_server() is None
+    assert stop_server() is None
+
+    time.sleep(0.2)
+    assert unrelated_process.poll() is None  # still running: stop_server sent it nothing
+    assert not (home / "server.json").exists()  # the stale record is gone
+
+
+# --- clear errors ----------------------------------------------------------------------
+
+
+def test_a_missing_executable_says_what_to_install_or_set(home, monkeypatch):
+    monkeypatch.setattr(embedded, "SERVER_EXECUTABLE", "secantusd-py-not-installed")
+
+    with pytest.raises(EmbeddedServerError) as raised:
+        ensure_server()
+
+    assert str(raised.value) == INSTALL_HINT
+    assert "pip install" in INSTALL_HINT and "QUEUE_MONGO_URL" in INSTALL_HINT and "CACHE_MONGO_URL" in INSTALL_HINT
+    assert not (home / "server.json").exists()
+
+
+def test_a_taken_port_fails_with_a_message_naming_the_log(tmp_path):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        log = tmp_path / "server.log"
+
+        started = time.monotonic()
+        with pytest.raises(EmbeddedServerError) as raised:
+            start_server(tmp_path / "data", port=port, log_path=log, timeout_seconds=30)
+
+    assert time.monotonic() - started < 20  # the exit is noticed, not waited out
+    message = str(raised.value)
+    assert str(log) in message
+    assert f"127.0.0.1:{port}" in message
+    assert "Address already in use" in message
+
+
+# --- the CLI ------------------------------------------------------------------------------
+
+
+def run_cli(home: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], env=child_env(home), capture_output=True, text=True, timeout=120)
+
+
+def test_cli_db_start_status_stop(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    monkeypatch.setenv(HOME_ENV, str(home))
+    try:
+        assert cli.main(["db", "status"]) == 1
+        assert "no embedded server running" in capsys.readouterr().out
+
+        started = run_cli(home, "db", "start")
+        assert started.returncode == 0, started.stderr
+        info = ServerInfo(**json.loads((home / "server.json").read_text()))
+        assert f"pid {info.pid}" in started.stdout and info.url in started.stdout
+
+        status = run_cli(home, "db", "status")
+        assert status.returncode == 0
+        assert f"pid {info.pid}" in status.stdout
+
+        stopped = run_cli(home, "db", "stop")
+        assert stopped.returncode == 0
+        assert f"stopped embedded server pid {info.pid}" in stopped.stdout
+        assert wait_until_gone(info.pid)
+        assert cli.main(["db", "status"]) == 1
+    finally:
+        kill_recorded_server(home)
+
+
+def test_cli_without_server_or_url_prints_what_to_do_not_a_traceback(tmp_path):
+    code = (
+        "import sys, zombie_pipeline.embedded as e; e.SERVER_EXECUTABLE = 'secantusd-py-not-installed'; "
+        "from zombie_pipeline.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    result = subprocess.run(
+        [PYTHON, "-c", code, "simulate", "--finished", "10"],
+        env=child_env(tmp_path / "home"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"zombie-pipeline: {INSTALL_HINT}"
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_cli_db_start_reports_the_missing_server_in_process(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setattr(embedded, "SERVER_EXECUTABLE", "secantusd-py-not-installed")
+
+    assert cli.main(["db", "start"]) == 2
+
+    captured = capsys.readouterr()
+    assert "pip install" in captured.err
+    assert captured.out == ""
