@@ -64,6 +64,7 @@ DUPLICATE_KEY = 11000
 #: Fields a re-enqueued job does not inherit from the job it retries.
 _RUN_FIELDS = {Job.STATUS, Job.CREATED_AT, Job.STARTED_AT, Job.FINISHED_AT, Job.LAST_HEARTBEAT}
 _GENERATION_SAMPLE = 200
+_ENTRY_READ_BATCH = 10_000  # entries come back in one reply, not one getMore per 101
 
 
 class BrakeEngaged(RuntimeError):
@@ -170,7 +171,7 @@ def _duplicate_indexes(error: BulkWriteError) -> set[int]:
 
 def _owned(store: Store, run_id: str, state: str, limit: int, extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     query = {Event.LEASE_OWNER: run_id, Event.STATE: state, **(extra or {})}
-    return list(store.events.find(query).sort(ID, 1).limit(limit))
+    return list(store.events.find(query).sort(ID, 1).limit(limit).batch_size(limit))
 
 
 def _drain(store: Store, run_id: str, state: str, policy: ZombiePolicy, extra: Mapping[str, Any] | None = None) -> Iterator[list[dict[str, Any]]]:
@@ -194,7 +195,7 @@ def finalize(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
             job[ID]: job
             for job in store.jobs.find(
                 {ID: {"$in": [event[ID] for event in events]}}, {Job.STATUS: 1, Job.FINISHED_AT: 1}
-            )
+            ).batch_size(len(events))
         }
         won, lost = [], []
         for event in events:
@@ -321,7 +322,7 @@ def _existing_entries(store: Store, events: list[Mapping[str, Any]]) -> dict[tup
         Cache.DATASET: {"$in": sorted({key[1] for key in keys})},
     }
     found: dict[tuple, dict[str, Any]] = {}
-    for entry in store.cache.find(query, {Cache.CONTENT: 0}):
+    for entry in store.cache.find(query, {Cache.CONTENT: 0}).batch_size(_ENTRY_READ_BATCH):
         key = _key_tuple(entry)
         if key in keys:
             found[key] = entry
@@ -450,7 +451,8 @@ def _queued_unicity_ids(store: Store, events: list[Mapping[str, Any]]) -> dict[s
         return {}
     unicity_ids = sorted({event[Event.JOB][Job.UNICITY_ID] for event in events})
     query = {Job.UNICITY_ID: {"$in": unicity_ids}, Job.STATUS: {"$in": [Status.WAITING, Status.STARTED]}}
-    return {job[Job.UNICITY_ID]: job[ID] for job in store.jobs.find(query, {Job.UNICITY_ID: 1})}
+    holders = store.jobs.find(query, {Job.UNICITY_ID: 1}).batch_size(_ENTRY_READ_BATCH)
+    return {job[Job.UNICITY_ID]: job[ID] for job in holders}
 
 
 def retry_job(event: Mapping[str, Any], now: dt.datetime) -> dict[str, Any]:
