@@ -1,0 +1,408 @@
+"""Duration statistics and T2 suggestions: reading a period, the statistics, each suggestion rule, the backtest."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+import numpy as np
+import pytest
+from bson import ObjectId
+from pymongo import MongoClient, monitoring
+
+from zombie_pipeline.documents import (
+    DEFAULT_SUGGESTIONS_COLLECTION,
+    ID,
+    Event,
+    EventState,
+    Job,
+    Reason,
+    Status,
+    T2Suggestion,
+)
+from zombie_pipeline.durations import (
+    BadData,
+    Period,
+    SuggestionRules,
+    Tally,
+    analyze,
+    analyze_window,
+    binomial_cdf,
+    combine,
+    count_undated_jobs,
+    latest_suggested_max_durations,
+    quantile_interval,
+    read_period,
+    readable_round_up,
+    save_suggestions,
+    suggest,
+)
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.simulate import Workload, simulate
+
+UTC = dt.timezone.utc
+DAY = dt.datetime(2024, 3, 5, tzinfo=UTC)
+NEXT_DAY = DAY + dt.timedelta(days=1)
+NOON = DAY + dt.timedelta(hours=12)
+
+
+def job(job_type: str, status: str, seconds: float | None, finished_at: dt.datetime = NOON, **fields) -> dict:
+    """A finished job that ran ``seconds`` (None: never started)."""
+    document = {ID: ObjectId(), Job.TYPE: job_type, Job.STATUS: status, Job.FINISHED_AT: finished_at}
+    if seconds is not None:
+        document[Job.STARTED_AT] = finished_at - dt.timedelta(seconds=seconds)
+    document.update(fields)
+    return document
+
+
+def event(job_document: dict, reason: str, state: str = EventState.DONE) -> dict:
+    """The audit event of a zombie finalization; its finalized_at is the job's finished_at."""
+    return {
+        ID: job_document[ID],
+        Event.JOB: {Job.TYPE: job_document[Job.TYPE], Job.STARTED_AT: job_document[Job.STARTED_AT]},
+        Event.REASON: reason,
+        Event.FINALIZED_AT: job_document[Job.FINISHED_AT],
+        Event.STATE: state,
+    }
+
+
+def tally(success=(), error=(), killed=()) -> Tally:
+    return Tally(
+        statuses={Status.SUCCESS: len(success), Status.ERROR: len(error) + len(killed)},
+        started=len(success) + len(error) + len(killed),
+        success=np.asarray(success, dtype=np.float32),
+        error=np.asarray(error, dtype=np.float32),
+        killed=np.asarray(killed, dtype=np.float32),
+    )
+
+
+# --- reading and statistics --------------------------------------------------------------
+
+
+def test_statistics_of_known_durations_match_exact_values(store):
+    jobs = [job("/a", Status.SUCCESS, seconds) for seconds in range(1, 101)]
+    jobs += [job("/a", Status.ERROR, 5.0) for _ in range(7)]
+    jobs += [job("/a", Status.CANCELLED, None) for _ in range(3)]  # cancelled while waiting: no duration, not bad
+    jobs += [job("/b", Status.SUCCESS, 2.5) for _ in range(4)]
+    store.jobs.insert_many(jobs)
+
+    report = analyze(read_period(store.jobs, store.events, DAY, NEXT_DAY), ZombiePolicy())
+
+    a = report.type_report("/a")
+    assert a.statuses == {Status.SUCCESS: 100, Status.ERROR: 7, Status.CANCELLED: 3}
+    assert a.started == 107
+    assert a.statistics == pytest.approx(
+        {"count": 100, "mean": 50.5, "p50": 50.5, "p90": 90.1, "p95": 95.05, "p99": 99.01, "max": 100.0}
+    )
+    b = report.type_report("/b")
+    assert b.statistics == pytest.approx({"count": 4, "mean": 2.5, "p50": 2.5, "p90": 2.5, "p95": 2.5, "p99": 2.5, "max": 2.5})
+    assert report.bad_data == {}
+
+
+def test_a_period_holds_the_jobs_finished_from_its_start_up_to_its_end_excluded(store):
+    store.jobs.insert_many(
+        [
+            job("/a", Status.SUCCESS, 10, finished_at=DAY),
+            job("/a", Status.SUCCESS, 20, finished_at=NEXT_DAY - dt.timedelta(milliseconds=1)),
+            job("/a", Status.SUCCESS, 30, finished_at=NEXT_DAY),
+            job("/a", Status.SUCCESS, 40, finished_at=DAY - dt.timedelta(milliseconds=1)),
+        ]
+    )
+
+    period = read_period(store.jobs, store.events, DAY, NEXT_DAY)
+
+    assert sorted(period.tallies["/a"].success.tolist()) == [10.0, 20.0]
+
+
+def test_zombies_are_counted_per_reason_with_their_rate_among_started_jobs(store):
+    zombies = [
+        job("/a", Status.ERROR, 400),
+        job("/a", Status.ERROR, 500),
+        job("/a", Status.ERROR, 450),
+        job("/a", Status.ERROR, 1300),
+    ]
+    reasons = [Reason.MISSING_HEARTBEAT, Reason.MISSING_HEARTBEAT, Reason.NEVER_HEARTBEATED, Reason.EXCEEDED_MAX_DURATION]
+    gone = job("/a", Status.ERROR, 1250)  # its job document expired (TTL); the event remains
+    lost = job("/a", Status.ERROR, 600)  # a claim that lost its race: never finalized
+    store.jobs.insert_many(zombies + [lost] + [job("/a", Status.SUCCESS, 60) for _ in range(14)])
+    store.events.insert_many(
+        [event(document, reason) for document, reason in zip(zombies, reasons)]
+        + [event(gone, Reason.EXCEEDED_MAX_DURATION, EventState.FINALIZED), event(lost, Reason.MISSING_HEARTBEAT, EventState.CLAIMED)]
+    )
+
+    a = analyze(read_period(store.jobs, store.events, DAY, NEXT_DAY), ZombiePolicy()).type_report("/a")
+
+    assert a.zombies == {Reason.MISSING_HEARTBEAT: 2, Reason.NEVER_HEARTBEATED: 1, Reason.EXCEEDED_MAX_DURATION: 2}
+    assert a.started == 14 + 4 + 1 + 1  # successes, zombies, the lost claim's job, the expired job
+    assert a.zombie_rate == pytest.approx(5 / 20)
+    assert a.statuses == {Status.SUCCESS: 14, Status.ERROR: 6}
+    assert a.stopped_at_t2 == 2  # both audited overruns, each counted once
+
+
+def test_bad_data_is_counted_and_skipped_never_fatal(store):
+    good = [job("/a", Status.SUCCESS, 10) for _ in range(5)]
+    bad = [
+        job("/a", Status.SUCCESS, None),  # missing started_at
+        job("/a", Status.SUCCESS, None, **{Job.STARTED_AT: "2024-03-05T11:00:00"}),
+        job("/a", Status.SUCCESS, None, **{Job.STARTED_AT: 1709636400}),
+        job("/a", Status.SUCCESS, -30),  # finished before started
+        job("/a", "exploded", 10),
+        {k: v for k, v in job("/a", Status.SUCCESS, 10).items() if k != Job.STATUS},
+        job("/a", None, 10),
+        {k: v for k, v in job("/a", Status.SUCCESS, 10).items() if k != Job.TYPE},
+        job("/a", Status.SUCCESS, None, **{Job.FINISHED_AT: "2024-03-05T12:00:00"}),
+        {k: v for k, v in job("/a", Status.ERROR, None).items() if k != Job.FINISHED_AT},
+    ]
+    store.jobs.insert_many(good + bad)
+    store.events.insert_one({ID: ObjectId(), Event.REASON: Reason.MISSING_HEARTBEAT, Event.FINALIZED_AT: NOON, Event.STATE: EventState.DONE})
+
+    report = analyze(
+        read_period(store.jobs, store.events, DAY, NEXT_DAY), ZombiePolicy(), undated=count_undated_jobs(store.jobs)
+    )
+
+    assert report.bad_data == {
+        BadData.MISSING_STARTED_AT: 1,
+        BadData.STARTED_AT_AS_STRING: 1,
+        BadData.STARTED_AT_NOT_A_DATE: 1,
+        BadData.FINISHED_BEFORE_STARTED: 1,
+        BadData.UNKNOWN_STATUS: 3,
+        BadData.MISSING_TYPE: 1,
+        BadData.FINISHED_AT_AS_STRING: 1,
+        BadData.MISSING_FINISHED_AT: 1,
+        BadData.INCOMPLETE_AUDIT_EVENT: 1,
+    }
+    assert report.type_report("/a").statistics["count"] == 5
+
+
+def test_days_combined_equal_one_pass_over_the_window(store):
+    end = dt.datetime(2024, 3, 8, tzinfo=UTC)
+    simulate(
+        store.jobs.database,
+        store.cache.database,
+        Workload(finished=600, crashed=0, never_heartbeated=0, overdue=0, running=0, waiting=0, days=3, seed=4),
+        now=end,
+    )
+    audited = [job("/first-rows", Status.ERROR, 1300 + 10 * day, finished_at=end - dt.timedelta(days=day, hours=5)) for day in range(3)]
+    store.jobs.insert_many(audited)
+    store.events.insert_many([event(document, Reason.EXCEEDED_MAX_DURATION) for document in audited])
+    days = [end - dt.timedelta(days=3 - offset) for offset in range(3)]
+
+    combined = combine(read_period(store.jobs, store.events, day, day + dt.timedelta(days=1), batch_size=100) for day in days)
+    one_pass = read_period(store.jobs, store.events, days[0], end)
+
+    assert combined.jobs_read == one_pass.jobs_read > 500
+    assert set(combined.tallies) == set(one_pass.tallies)
+    for job_type, expected in one_pass.tallies.items():
+        got = combined.tallies[job_type]
+        assert (got.statuses, got.started, got.zombies) == (expected.statuses, expected.started, expected.zombies)
+        for name in ("success", "error", "killed"):
+            assert np.array_equal(np.sort(getattr(got, name)), np.sort(getattr(expected, name))), (job_type, name)
+    policy = ZombiePolicy()
+    frame = analyze(combined, policy, computed_at=end).statistics_frame()
+    assert frame.equals(analyze(one_pass, policy, computed_at=end).statistics_frame())
+
+
+def test_only_the_needed_fields_leave_the_database_in_batches(mongo_url, store):
+    store.jobs.insert_many([job("/a", Status.SUCCESS, seconds, note="x" * 200) for seconds in range(1, 26)])
+
+    class Listener(monitoring.CommandListener):
+        commands: list = []
+
+        def started(self, event):
+            self.commands.append(event.command)
+
+        def succeeded(self, event):
+            pass
+
+        def failed(self, event):
+            pass
+
+    listener = Listener()
+    client = MongoClient(mongo_url, event_listeners=[listener], tz_aware=True)
+    try:
+        database = client[store.jobs.database.name]
+        period = read_period(database[store.jobs.name], database[store.events.name], DAY, NEXT_DAY, batch_size=10)
+    finally:
+        client.close()
+
+    assert len(period.tallies["/a"].success) == 25
+    finds = [command for command in listener.commands if command.get("find") == store.jobs.name]
+    assert finds and all(set(command["projection"]) == {ID, Job.TYPE, Job.STATUS, Job.STARTED_AT, Job.FINISHED_AT} for command in finds)
+    assert all(command.get("batchSize") == 10 for command in finds)
+    assert sum(1 for command in listener.commands if "getMore" in command) >= 2  # 25 documents of one status, 10 a batch
+
+
+# --- suggestion rules ---------------------------------------------------------------------
+
+
+def test_the_suggestion_is_the_quantile_times_the_margin_rounded_up():
+    durations = list(range(1, 1001))  # p99 = 990.01 s, p90 = 900.1 s
+
+    assert suggest("/a", tally(durations), 1200, 300).suggested_t2_seconds == 1500  # 1485.0 s -> 25 min
+    assert suggest("/a", tally(durations), 1200, 300, SuggestionRules(quantile=0.9)).suggested_t2_seconds == 1380  # 1350.2 s -> 23 min
+    assert suggest("/a", tally(durations), 1200, 300, SuggestionRules(margin=2.0)).suggested_t2_seconds == 2100  # 1980.0 s -> 35 min
+    report = suggest("/a", tally(durations), 1200, 300)
+    assert report.quantile_seconds == pytest.approx(990.01)
+    assert report.change == "raise"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "readable"),
+    [
+        (1, 30),
+        (299.5, 300),
+        (600, 600),
+        (601, 660),
+        (1200, 1200),
+        (1200.0001, 1260),
+        (1801, 2100),
+        (7199, 7200),
+        (7201, 8100),
+        (43_201, 46_800),
+    ],
+)
+def test_readable_rounding_goes_up_to_the_next_step_of_its_magnitude(seconds, readable):
+    assert readable_round_up(seconds) == readable
+    assert readable >= seconds and readable <= max(seconds * 1.17, 30)
+
+
+def test_the_suggestion_never_goes_below_the_heartbeat_timeout():
+    report = suggest("/fast", tally([2.0] * 100), 1200, 300)
+
+    assert report.suggested_t2_seconds == 300
+    assert report.change == "lower"
+    assert any("heartbeat" in flag for flag in report.flags)
+
+
+def test_a_type_with_fewer_than_min_samples_keeps_its_current_t2():
+    too_few = suggest("/rare", tally([5.0] * 29), 1800, 300)
+    enough = suggest("/rare", tally([5.0] * 30), 1800, 300)
+
+    assert (too_few.enough_data, too_few.suggested_t2_seconds, too_few.change) == (False, 1800, "keep")
+    assert any("not enough data" in flag for flag in too_few.flags)
+    assert (enough.enough_data, enough.suggested_t2_seconds) == (True, 300)
+    assert suggest("/rare", tally([5.0] * 29), 1800, 300, SuggestionRules(min_samples=10)).enough_data
+
+
+def test_many_jobs_stopped_at_t2_make_the_suggestion_a_lower_bound_that_never_lowers_t2():
+    successes = [float(value) for value in range(1, 201)]  # p99 199.01 s -> 300 s floor
+
+    few = suggest("/a", tally(successes, error=[1200.0]), 1200, 300)  # 1 of 201 stopped: 0.5 % < 1 %
+    many = suggest("/a", tally(successes, error=[1200.0, 1250.0], killed=[1300.0]), 1200, 300)  # 3 of 203
+    audited_only = suggest("/a", tally(successes, killed=[1300.0, 1400.0, 1500.0]), 1200, 300)
+
+    assert not few.censored and few.suggested_t2_seconds == 300
+    assert many.censored and many.stopped_at_t2 == 3 and many.stopped_share == pytest.approx(3 / 203)
+    assert many.suggested_t2_seconds == 1200
+    assert any("lower bound" in flag and "raise T2 and measure again" in flag for flag in many.flags)
+    assert audited_only.censored
+    assert suggest("/a", tally(successes, error=[1200.0]), 1200, 300, SuggestionRules(censored_fraction=0.004)).censored
+
+
+def test_errors_shorter_than_the_current_t2_are_not_counted_as_stopped():
+    report = suggest("/a", tally([10.0] * 100, error=[30.0] * 50 + [1199.0]), 1200, 300)
+
+    assert report.stopped_at_t2 == 0 and not report.censored
+
+
+def test_the_quantile_interval_comes_from_order_statistics():
+    durations = np.arange(1, 101, dtype=np.float32)
+
+    assert quantile_interval(durations, 0.5, 0.95) == (40.0, 61.0)  # the textbook X(40), X(61) for n = 100
+    assert quantile_interval(np.arange(1, 31, dtype=np.float32), 0.99, 0.95) == (28.0, None)  # no upper bound yet
+    assert quantile_interval(np.empty(0, dtype=np.float32), 0.99) == (None, None)
+    low, high = quantile_interval(np.arange(1, 1001, dtype=np.float32), 0.99, 0.95)
+    assert low < 990.01 < high
+
+
+def test_binomial_cdf_matches_exact_sums():
+    n, p = 20, 0.3
+    exact = np.cumsum([math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)])
+
+    assert binomial_cdf(n, p) == pytest.approx(exact, abs=1e-12)
+
+
+def test_suggestion_rules_refuse_out_of_range_settings():
+    for bad in ({"quantile": 1.0}, {"quantile": 0.2}, {"margin": 0.9}, {"min_samples": 0}, {"confidence": 1.0}, {"censored_fraction": 0.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SuggestionRules(**bad)
+
+
+# --- backtest -------------------------------------------------------------------------------
+
+
+def test_backtest_counts_successes_the_suggestion_would_kill_and_how_much_sooner_overruns_stop():
+    successes = [float(value) for value in range(10, 1001, 10)]  # p90 = 901 s -> 960 s with margin 1
+    rules = SuggestionRules(quantile=0.9, margin=1.0)
+
+    report = suggest("/a", tally(successes, error=[30.0, 1200.0, 1500.0]), 1200, 300, rules)
+
+    assert report.suggested_t2_seconds == 960
+    assert report.backtest_successes_killed == 4  # 970, 980, 990, 1000 s
+    assert report.backtest_successes_killed_share == pytest.approx(0.04)
+    assert report.backtest_stopped_sooner == 2
+    assert report.backtest_seconds_saved == pytest.approx((1200 - 960) + (1500 - 960))
+    assert report.backtest_given_more_time == 0
+
+
+def test_backtest_counts_stopped_jobs_a_higher_t2_would_have_let_run():
+    successes = [float(value) for value in range(10, 1001, 10)]
+    rules = SuggestionRules(quantile=0.9, margin=1.0)
+
+    report = suggest("/a", tally(successes, error=[600.0, 700.0, 1500.0]), 600, 300, rules)
+
+    assert (report.suggested_t2_seconds, report.change) == (960, "raise")
+    assert report.stopped_at_t2 == 3
+    assert report.backtest_given_more_time == 2
+    assert (report.backtest_stopped_sooner, report.backtest_seconds_saved) == (1, pytest.approx(540.0))
+
+
+# --- the report and the suggestions collection -------------------------------------------
+
+
+def _period(tallies: dict[str, Tally], end: dt.datetime = NEXT_DAY) -> Period:
+    return Period(start=end - dt.timedelta(days=7), end=end, tallies=tallies)
+
+
+def test_types_configured_in_the_policy_appear_even_without_jobs():
+    policy = ZombiePolicy(max_duration_seconds_by_type={"/unseen": 3600})
+
+    report = analyze(_period({"/a": tally([10.0] * 50)}), policy)
+
+    assert [entry.job_type for entry in report.types] == ["/a", "/unseen"]
+    unseen = report.type_report("/unseen")
+    assert (unseen.enough_data, unseen.suggested_t2_seconds, unseen.statistics["count"]) == (False, 3600, 0)
+    assert report.suggested_max_durations() == {"/a": 300}
+    assert report.policy_max_durations() == {"/a": 300, "/unseen": 3600}
+
+
+def test_latest_suggested_max_durations_come_from_the_newest_window_and_only_with_enough_data(queue_db):
+    collection = queue_db[DEFAULT_SUGGESTIONS_COLLECTION]
+    assert latest_suggested_max_durations(collection) == {}
+    policy = ZombiePolicy()
+    newer = analyze(_period({"/a": tally([100.0] * 50), "/rare": tally([5.0] * 3)}, NEXT_DAY), policy)
+    older = analyze(_period({"/a": tally([1000.0] * 50)}, DAY), policy)
+
+    save_suggestions(collection, newer)
+    save_suggestions(collection, older)  # a backfill of an older window
+    save_suggestions(collection, newer)  # recomputing a window replaces its document
+
+    assert collection.count_documents({}) == 2
+    assert latest_suggested_max_durations(collection) == {"/a": 300}
+    assert latest_suggested_max_durations(collection, minimum_seconds=600) == {"/a": 600}
+    stored = collection.find_one({ID: NEXT_DAY})
+    assert {entry[T2Suggestion.TYPE]: entry[T2Suggestion.ENOUGH_DATA] for entry in stored[T2Suggestion.BY_TYPE]} == {
+        "/a": True,
+        "/rare": False,
+    }
+
+
+def test_analyze_window_reads_the_days_before_its_end(store):
+    store.jobs.insert_many(
+        [job("/a", Status.SUCCESS, 100, finished_at=NOON - dt.timedelta(days=days)) for days in (0, 1, 6, 8)]
+    )
+
+    report = analyze_window(store.jobs, store.events, ZombiePolicy(), end=NEXT_DAY, window_days=7)
+
+    assert report.type_report("/a").statistics["count"] == 3
+    assert report.window_start == NEXT_DAY - dt.timedelta(days=7)
