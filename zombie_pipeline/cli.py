@@ -84,7 +84,7 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from zombie_pipeline.demo import run_demo
 
-    return run_demo(finished=args.finished, seed=args.seed)
+    return run_demo(finished=args.finished, seed=args.seed, fresh=args.fresh)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="simulate a queue if empty, run the pipeline, print a summary")
     demo.add_argument("--finished", type=int, default=3_000)
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--fresh", action="store_true", help="drop the simulated queue and start again")
     demo.set_defaults(handler=cmd_demo)
     return parser
 
