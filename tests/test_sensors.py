@@ -1,0 +1,259 @@
+"""Sensors: evaluated as the daemon would, against the real server and a real Dagster instance."""
+
+import datetime as dt
+import http.server
+import json
+import threading
+
+import dagster as dg
+import pytest
+
+from zombie_pipeline.documents import ID, Failure, Job, Status
+from zombie_pipeline.embedded import free_port
+from zombie_pipeline.orchestration.checks import CLEANUP_RUN_TAG
+from zombie_pipeline.orchestration.jobs import kill_zombies_job
+from zombie_pipeline.orchestration.partitions import JOB_TYPE_PARTITIONS
+from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.sensors import (
+    STALE_COUNT_TAG,
+    FailureWebhook,
+    cleanup_checks_sensor,
+    job_types_sensor,
+    pipeline_failure_sensor,
+    stale_jobs_sensor,
+)
+from zombie_pipeline.simulate import job_document, utc_now
+
+WEBHOOK_ENV = "ZOMBIE_TEST_FAILURE_WEBHOOK_URL"
+
+
+def ago(seconds: float) -> dt.datetime:
+    return utc_now() - dt.timedelta(seconds=seconds)
+
+
+def crashed(job_type: str = "/splits", dataset: str = "user/crashed") -> dict:
+    return job_document(job_type=job_type, dataset=dataset, started_at=ago(900), last_heartbeat=ago(800))
+
+
+def healthy(job_type: str = "/splits", dataset: str = "user/healthy") -> dict:
+    return job_document(job_type=job_type, dataset=dataset, started_at=ago(120), last_heartbeat=ago(30))
+
+
+@pytest.fixture
+def resources(mongo_url, queue_db, cache_db, monkeypatch):
+    monkeypatch.setenv("QUEUE_MONGO_URL", mongo_url)
+    monkeypatch.setenv("CACHE_MONGO_URL", mongo_url)
+    monkeypatch.delenv(WEBHOOK_ENV, raising=False)
+    return {
+        "queue_db": QueueDatabase(database=queue_db.name),
+        "cache_db": CacheDatabase(database=cache_db.name),
+        "zombie_policy": ZombiePolicyResource(),
+        "failure_webhook": FailureWebhook(url_env_var=WEBHOOK_ENV, timeout_seconds=2),
+    }
+
+
+@pytest.fixture
+def instance():
+    """In memory: runs, event logs and dynamic partitions as the daemon's instance keeps them."""
+    return dg.DagsterInstance.ephemeral()
+
+
+def tick(sensor, instance, resources):
+    return sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources, sensor_name=sensor.name))
+
+
+# --- stale_jobs_sensor -----------------------------------------------------------------
+
+
+def test_stale_sensor_skips_when_every_started_job_is_alive(store, instance, resources):
+    store.jobs.insert_many([healthy(), job_document(status=Status.WAITING)])
+    result = tick(stale_jobs_sensor, instance, resources)
+    assert result.run_requests == []
+    assert "no started job" in result.skip_message
+
+
+def test_stale_sensor_requests_one_unpartitioned_cleanup_keyed_by_the_stale_state(store, instance, resources):
+    store.jobs.insert_many([crashed(dataset="user/a"), crashed(dataset="user/b"), healthy()])
+    first = tick(stale_jobs_sensor, instance, resources)
+    again = tick(stale_jobs_sensor, instance, resources)
+    [request] = first.run_requests
+    assert request.job_name in (None, kill_zombies_job.name)
+    assert request.partition_key is None  # every type
+    assert request.tags[STALE_COUNT_TAG] == "2"
+    assert [r.run_key for r in again.run_requests] == [request.run_key]  # same state, same key: launched once
+
+    store.jobs.insert_one(crashed(dataset="user/c"))
+    [changed] = tick(stale_jobs_sensor, instance, resources).run_requests
+    assert changed.run_key != request.run_key
+
+
+def test_stale_sensor_judges_with_the_policy_resource(store, instance, resources):
+    store.jobs.insert_one(crashed())
+    patient = ZombiePolicyResource(heartbeat_timeout_seconds=3_600, max_duration_seconds=7_200)
+    result = tick(stale_jobs_sensor, instance, {**resources, "zombie_policy": patient})
+    assert result.run_requests == []
+
+
+def test_stale_sensor_waits_while_a_cleanup_is_in_flight(store, instance, resources):
+    store.jobs.insert_one(crashed())
+    run = instance.create_run_for_job(kill_zombies_job, status=dg.DagsterRunStatus.STARTED)
+    result = tick(stale_jobs_sensor, instance, resources)
+    assert result.run_requests == []
+    assert run.run_id in result.skip_message
+
+
+def test_stale_sensor_fails_the_tick_with_a_clean_message_when_the_queue_is_unreachable(instance, resources, monkeypatch):
+    monkeypatch.setenv("QUEUE_MONGO_URL", f"mongodb://user:s3cret@127.0.0.1:{free_port()}/?directConnection=true")
+    broken = {**resources, "queue_db": QueueDatabase(database="q", server_selection_timeout_ms=300)}
+    with pytest.raises(Exception) as raised:
+        tick(stale_jobs_sensor, instance, broken)
+    assert "cannot reach MongoDB" in str(raised.value)
+    assert "s3cret" not in str(raised.value)
+
+
+# --- job_types_sensor ------------------------------------------------------------------
+
+
+def test_job_types_sensor_registers_each_type_once(store, instance, resources):
+    store.jobs.insert_many([healthy("/splits"), crashed("/first-rows"), job_document(job_type="/splits", status=Status.SUCCESS)])
+    first = tick(job_types_sensor, instance, resources)
+    [request] = first.dynamic_partitions_requests
+    assert request.partitions_def_name == JOB_TYPE_PARTITIONS.name
+    assert sorted(request.partition_keys) == ["/first-rows", "/splits"]
+
+    instance.add_dynamic_partitions(JOB_TYPE_PARTITIONS.name, list(request.partition_keys))  # what the daemon does
+    assert tick(job_types_sensor, instance, resources).dynamic_partitions_requests == []
+
+    store.jobs.insert_one(job_document(job_type="/parquet", status=Status.WAITING))
+    [added] = tick(job_types_sensor, instance, resources).dynamic_partitions_requests
+    assert list(added.partition_keys) == ["/parquet"]
+
+
+def test_job_types_sensor_skips_types_that_cannot_be_partition_keys(store, instance, resources):
+    store.jobs.insert_many(
+        [job_document(job_type=name) for name in ("/splits", "a.b", "$where", "tab\there", "")] + [{Job.TYPE: 7, Job.STATUS: Status.WAITING}]
+    )
+    [request] = tick(job_types_sensor, instance, resources).dynamic_partitions_requests
+    assert list(request.partition_keys) == ["/splits"]
+
+
+# --- cleanup_checks_sensor -------------------------------------------------------------
+
+
+def _finished_cleanup(instance, resources, dry_run=False):
+    result = kill_zombies_job.execute_in_process(
+        instance=instance,
+        resources={name: resources[name] for name in ("queue_db", "cache_db", "zombie_policy")},
+        run_config={"ops": {"reconcile": {"config": {"dry_run": dry_run}}}},
+    )
+    assert result.success
+    return result.run_id
+
+
+def _status_context(instance, run_id, event_type, sensor_name, resources=None):
+    [record] = instance.get_records_for_run(run_id, of_type=event_type).records
+    return dg.build_run_status_sensor_context(
+        sensor_name=sensor_name,
+        dagster_event=record.event_log_entry.dagster_event,
+        dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(run_id),
+        resources=resources,
+    )
+
+
+def test_checks_run_after_each_successful_cleanup_tagged_with_its_run(store, instance, resources):
+    store.jobs.insert_one(crashed())
+    run_id = _finished_cleanup(instance, resources)
+    context = _status_context(instance, run_id, dg.DagsterEventType.RUN_SUCCESS, cleanup_checks_sensor.name)
+    request = cleanup_checks_sensor(context)
+    assert isinstance(request, dg.RunRequest)
+    assert request.tags[CLEANUP_RUN_TAG] == run_id
+    assert run_id in request.run_key
+
+
+def test_checks_are_not_run_after_a_dry_run(store, instance, resources):
+    store.jobs.insert_one(crashed())
+    run_id = _finished_cleanup(instance, resources, dry_run=True)
+    context = _status_context(instance, run_id, dg.DagsterEventType.RUN_SUCCESS, cleanup_checks_sensor.name)
+    assert isinstance(cleanup_checks_sensor(context), dg.SkipReason)
+
+
+# --- pipeline_failure_sensor ---------------------------------------------------------------
+
+
+class _Webhook(http.server.BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):  # noqa: N802 - the http.server API
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        _Webhook.received.append((self.path, self.headers["Content-Type"], json.loads(body)))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def webhook():
+    _Webhook.received = []
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Webhook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/hooks/t0ken", _Webhook.received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _braked_cleanup(store, instance, resources):
+    """Every started job looks dead: the brake stops the run in find_zombies."""
+    store.jobs.insert_many([crashed(dataset=f"user/{i}") for i in range(3)])
+    braked = {**resources, "zombie_policy": ZombiePolicyResource(min_started_for_brake=1)}
+    result = kill_zombies_job.execute_in_process(
+        instance=instance,
+        resources={name: braked[name] for name in ("queue_db", "cache_db", "zombie_policy")},
+        raise_on_error=False,
+    )
+    assert not result.success
+    return result.run_id
+
+
+def _failure_context(instance, run_id, resources):
+    context = _status_context(instance, run_id, dg.DagsterEventType.RUN_FAILURE, pipeline_failure_sensor.name, resources)
+    return context.for_run_failure()
+
+
+def test_a_failed_run_is_recorded_and_posted_to_the_webhook(store, instance, resources, webhook, monkeypatch):
+    url, received = webhook
+    monkeypatch.setenv(WEBHOOK_ENV, url)
+    run_id = _braked_cleanup(store, instance, resources)
+    pipeline_failure_sensor(_failure_context(instance, run_id, resources))
+
+    record = store.failures.find_one({ID: run_id})
+    assert record[Failure.JOB_NAME] == kill_zombies_job.name
+    assert record[Failure.FAILED_STEPS] == ["find_zombies"]
+    assert "brake engaged" in record[Failure.MESSAGE]
+    assert record[Failure.WEBHOOK_OUTCOME] == "sent (HTTP 204)"
+    [(path, content_type, body)] = received
+    assert (path, content_type) == ("/hooks/t0ken", "application/json")
+    assert body["run_id"] == run_id and body[Failure.FAILED_STEPS] == ["find_zombies"]
+    assert "brake engaged" in body["text"] and kill_zombies_job.name in body["text"]
+
+
+def test_evaluating_the_same_failure_twice_leaves_one_record(store, instance, resources):
+    run_id = _braked_cleanup(store, instance, resources)
+    for _ in range(2):
+        pipeline_failure_sensor(_failure_context(instance, run_id, resources))
+    assert store.failures.count_documents({}) == 1
+    assert store.failures.find_one({ID: run_id})[Failure.WEBHOOK_OUTCOME] == "not configured"
+
+
+def test_an_unreachable_webhook_is_recorded_not_raised_and_its_token_not_shown(store, instance, resources, monkeypatch):
+    monkeypatch.setenv(WEBHOOK_ENV, f"http://127.0.0.1:{free_port()}/hooks/s3cret-t0ken")
+    run_id = _braked_cleanup(store, instance, resources)
+    pipeline_failure_sensor(_failure_context(instance, run_id, resources))
+    outcome = store.failures.find_one({ID: run_id})[Failure.WEBHOOK_OUTCOME]
+    assert outcome.startswith("failed:")
+    assert "s3cret-t0ken" not in outcome
