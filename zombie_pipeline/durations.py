@@ -117,12 +117,12 @@ class Tally:
 
     def __add__(self, other: "Tally") -> "Tally":
         return Tally(
-            statuses=self.statuses + other.statuses,
+            statuses=Counter(self.statuses) + Counter(other.statuses),
             started=self.started + other.started,
             success=np.concatenate([self.success, other.success]),
             error=np.concatenate([self.error, other.error]),
             killed=np.concatenate([self.killed, other.killed]),
-            zombies=self.zombies + other.zombies,
+            zombies=Counter(self.zombies) + Counter(other.zombies),
         )
 
     def stopped_at(self, max_duration_seconds: float) -> np.ndarray:
@@ -154,7 +154,7 @@ def combine(periods: Iterable[Period]) -> Period:
     for period in periods:
         for job_type, tally in period.tallies.items():
             result.tallies[job_type] = result.tallies[job_type] + tally if job_type in result.tallies else tally
-        result.bad_data += period.bad_data
+        result.bad_data += Counter(period.bad_data)
         result.jobs_read += period.jobs_read
         result.events_read += period.events_read
     return result
@@ -616,8 +616,9 @@ class DurationReport:
         return [report.as_record(self.rules.quantile) for report in self.types]
 
     def statistics_frame(self) -> pd.DataFrame:
-        """One row per job type: the table written to CSV."""
-        return pd.DataFrame.from_records(self.records())
+        """One row per job type: the table written to CSV (with its header even when empty)."""
+        columns = list(suggest("", Tally(), 1, 1, self.rules).as_record(self.rules.quantile))
+        return pd.DataFrame.from_records(self.records(), columns=columns)
 
     def suggested_max_durations(self) -> dict[str, int]:
         """T2 per type where the data was enough; other types keep their current T2."""
@@ -660,7 +661,7 @@ def analyze(
             )
             for job_type in job_types
         ],
-        bad_data=dict(sorted((period.bad_data + Counter(undated or {})).items())),
+        bad_data=dict(sorted((Counter(period.bad_data) + Counter(undated or {})).items())),
         missing_days=list(missing_days),
         jobs_read=period.jobs_read,
         events_read=period.events_read,

@@ -22,6 +22,9 @@ from zombie_pipeline.durations import DurationReport, TypeReport, percentile_nam
 
 REPORTS_DIR_NAME = "reports"
 CHART_COLUMNS = 3
+_TIME_TICKS = {
+    0.1: "0.1 s", 1: "1 s", 10: "10 s", 60: "1 min", 600: "10 min", 3_600: "1 h", 36_000: "10 h", 86_400: "1 d"
+}
 
 
 def default_reports_dir() -> Path:
@@ -164,7 +167,7 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
     q = percentile_name(report.rules.quantile)
     lines = [f"Job durations, {_window(report)}: {report.jobs_read} finished jobs, {report.events_read} zombies audited"]
     for entry in report.types:
-        counts = ", ".join(f"{count} {status}" for status, count in sorted(entry.statuses.items())) or "no jobs"
+        counts = ", ".join(f"{count} {status}" for status, count in sorted(entry.statuses.items()) if count) or "no jobs"
         lines.append(f"{entry.job_type}: {counts}; zombie rate {_share(entry.zombie_rate)}")
         if entry.successes:
             stats = entry.statistics
@@ -259,7 +262,9 @@ def plot_durations(report: DurationReport, path: Path | str) -> Path:
     count = max(len(report.types), 1)
     rows = math.ceil(count / CHART_COLUMNS)
     columns = min(count, CHART_COLUMNS)
-    figure = Figure(figsize=(5.2 * columns, 3.4 * rows), layout="constrained")
+    height = 3.4 * rows + 0.8
+    figure = Figure(figsize=(5.2 * columns, height))
+    figure.subplots_adjust(left=0.07, right=0.98, bottom=0.6 / height, top=1 - 0.9 / height, hspace=0.6, wspace=0.25)
     axes = np.atleast_1d(figure.subplots(rows, columns, squeeze=False)).ravel()
     q = percentile_name(report.rules.quantile)
     for ax, entry in zip(axes, report.types):
@@ -269,11 +274,11 @@ def plot_durations(report: DurationReport, path: Path | str) -> Path:
         high = max([durations.max() if durations.size else 1.0, *marks]) * 1.5
         bins = np.geomspace(low, high, 50)
         if durations.size:
-            ax.hist(durations, bins=bins, color="#4c72b0", alpha=0.85, label=f"{durations.size} successful")
+            ax.hist(durations, bins=bins, histtype="stepfilled", color="#4c72b0", alpha=0.85, label=f"{durations.size} successful")
         if entry.stopped_durations.size:
             ax.hist(
                 np.clip(entry.stopped_durations.astype(np.float64), low, None),
-                bins=bins, color="#c44e52", alpha=0.7, label=f"{entry.stopped_durations.size} stopped at T2",
+                bins=bins, histtype="stepfilled", color="#c44e52", alpha=0.7, label=f"{entry.stopped_durations.size} stopped at T2",
             )
         ax.axvline(entry.current_t2_seconds, color="#c44e52", linestyle="--", linewidth=1.6,
                    label=f"current T2 {format_duration(entry.current_t2_seconds)}")
@@ -288,9 +293,13 @@ def plot_durations(report: DurationReport, path: Path | str) -> Path:
         ax.set_title(title, fontsize=10)
         ax.set_xscale("log")
         ax.set_xlim(low, high)
-        ax.set_xlabel("duration (s)")
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1) * 1.6)  # headroom: the legend sits above the bars
+        ax.minorticks_off()  # each minor tick is an artist to draw, and time ticks say more
+        ticks = [tick for tick in _TIME_TICKS if low <= tick <= high]
+        ax.set_xticks(ticks, [_TIME_TICKS[tick] for tick in ticks])
+        ax.set_xlabel("duration (log scale)")
         ax.set_ylabel("jobs")
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=7, loc="upper left")
     for ax in axes[len(report.types):]:
         ax.set_visible(False)
     figure.suptitle(f"Successful job durations per type, {_window(report)}", fontsize=12)

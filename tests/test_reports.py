@@ -1,0 +1,139 @@
+"""The duration report as files and text: Markdown table, YAML snippet, CSV, JSON, chart, summary."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from zombie_pipeline import embedded
+from zombie_pipeline.documents import Reason, Status
+from zombie_pipeline.durations import BadData, Period, Tally, analyze
+from zombie_pipeline.orchestration.resources import ZombiePolicyResource
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.reports import (
+    default_reports_dir,
+    format_duration,
+    markdown_table,
+    policy_snippet,
+    summary_text,
+    write_reports,
+)
+
+UTC = dt.timezone.utc
+END = dt.datetime(2024, 3, 8, tzinfo=UTC)
+
+
+def _tally(success, error=(), zombies=None) -> Tally:
+    return Tally(
+        statuses={Status.SUCCESS: len(success), Status.ERROR: len(error)},
+        started=len(success) + len(error),
+        success=np.asarray(success, dtype=np.float32),
+        error=np.asarray(error, dtype=np.float32),
+        zombies=zombies or {},
+    )
+
+
+@pytest.fixture
+def report():
+    """Three types: one to lower, one censored, one without enough data; an override kept."""
+    rng = np.random.default_rng(0)
+    tallies = {
+        "/fast": _tally(rng.lognormal(np.log(3), 0.5, 400), zombies={Reason.MISSING_HEARTBEAT: 2}),
+        "/slow": _tally(rng.lognormal(np.log(300), 1.0, 300).clip(max=1199), error=[1200.0] * 20),
+        "/rare|odd": _tally([50.0] * 5),
+    }
+    period = Period(start=END - dt.timedelta(days=7), end=END, tallies=tallies, bad_data={BadData.MISSING_STARTED_AT: 3})
+    policy = ZombiePolicy(max_duration_seconds_by_type={"/rare|odd": 2400, "/gone": 900})
+    return analyze(period, policy, computed_at=END)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, "–"), (4.114, "4.11 s"), (42.4, "42 s"), (300, "5 min"), (1321, "22 min 1 s"), (3600, "1 h"), (4500, "1 h 15 min")],
+)
+def test_durations_read_in_the_units_of_a_timeout(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def test_the_markdown_table_has_a_row_per_type_with_current_and_suggested_t2(report):
+    table = markdown_table(report)
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+
+    assert [row.split(" | ")[0] for row in rows] == ["| `/fast`", "| `/gone`", "| `/rare\\|odd`", "| `/slow`"]
+    header = next(line for line in table.splitlines() if line.startswith("| type"))
+    assert all(row.count(" | ") == header.count(" | ") for row in rows)  # the pipe in a type name is escaped
+    fast = rows[0]
+    assert "20 min" in fast and "**5 min** (lower)" in fast and "kills 0/400 successes" in fast
+    assert "lower bound" in rows[3]
+    assert "not enough data" in rows[2]
+    assert "missing_started_at 3" in table
+
+
+def test_the_policy_snippet_is_run_config_the_policy_resource_accepts(report):
+    config = yaml.safe_load(policy_snippet(report))
+
+    by_type = config["resources"]["zombie_policy"]["config"]["max_duration_seconds_by_type"]
+    assert by_type == {
+        "/fast": 300,
+        "/slow": report.type_report("/slow").suggested_t2_seconds,
+        "/rare|odd": 2400,  # no suggestion: the override stays
+        "/gone": 900,
+    }
+    policy = ZombiePolicyResource(**config["resources"]["zombie_policy"]["config"]).policy()
+    assert policy.max_duration_of("/fast") == 300
+
+
+def test_report_files_hold_the_statistics_the_suggestions_and_a_chart(report, tmp_path):
+    files = write_reports(report, tmp_path / "reports")
+
+    frame = pd.read_csv(files.csv)
+    assert frame["type"].tolist() == ["/fast", "/gone", "/rare|odd", "/slow"]
+    assert frame.set_index("type").loc["/fast", "suggested_t2_seconds"] == 300
+    assert frame.set_index("type").loc["/fast", "zombies_missing_heartbeat"] == 2
+    document = json.loads(files.json.read_text())
+    assert document["suggested_max_duration_seconds_by_type"] == report.suggested_max_durations()
+    assert document["bad_data"] == {BadData.MISSING_STARTED_AT: 3}
+    assert document["types"][0]["success_p99"] == pytest.approx(
+        report.type_report("/fast").statistics["p99"]
+    )
+    assert "max_duration_seconds_by_type" in document["zombie_policy_snippet"]
+    assert files.chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and files.chart.stat().st_size > 20_000
+    assert "```yaml" in files.markdown.read_text()
+
+
+def test_an_empty_window_still_makes_a_report(tmp_path):
+    report = analyze(Period(start=END - dt.timedelta(days=7), end=END), ZombiePolicy())
+
+    files = write_reports(report, tmp_path)
+
+    frame = pd.read_csv(files.csv)
+    assert frame.empty and {"type", "suggested_t2_seconds", "backtest_successes_killed"} <= set(frame.columns)
+    assert files.chart.exists()
+    assert "max_duration_seconds_by_type: {}" in policy_snippet(report)
+    assert yaml.safe_load(policy_snippet(report))["resources"]["zombie_policy"]["config"] == {"max_duration_seconds_by_type": {}}
+
+
+def test_reports_go_under_zombie_pipeline_home_when_it_is_set(tmp_path, monkeypatch):
+    monkeypatch.setenv(embedded.HOME_ENV, str(tmp_path))
+    assert default_reports_dir() == tmp_path / "reports"
+    monkeypatch.delenv(embedded.HOME_ENV)
+    assert default_reports_dir().name == "reports" and default_reports_dir() != tmp_path / "reports"
+
+
+def test_the_summary_gives_a_few_lines_per_type_and_the_snippet(report, tmp_path):
+    files = write_reports(report, tmp_path)
+
+    text = summary_text(report, files)
+
+    assert "/fast: 400 success; zombie rate 0.5%" in text
+    assert "T2 20 min -> 5 min (lower)" in text
+    assert "! censored" in text and "not enough data" in text
+    assert str(files.chart) in text
+    assert text.count("\n") < 8 * len(report.types) + 15
+    assert '"/fast": 300' in text
