@@ -1,0 +1,170 @@
+"""Asset checks on queue_health: the invariants a cleanup leaves, judged on the real server."""
+
+import datetime as dt
+import time
+
+import dagster as dg
+import pytest
+
+from zombie_pipeline.documents import ID, Cache, ErrorCode, Event, Job, cache_key_of_job
+from zombie_pipeline.orchestration.checks import (
+    ASSET_CHECKS,
+    CLEANUP_RUN_TAG,
+    HEALTH_ASSETS,
+    queue_health,
+    queue_health_job,
+    zombies_have_cache_errors,
+)
+from zombie_pipeline.orchestration.jobs import kill_zombies_job
+from zombie_pipeline.orchestration.partitions import JOB_TYPE_PARTITIONS
+from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.simulate import Workload, cache_document, job_document, simulate, utc_now
+
+TIMEOUT = 300  # the policy resource's default heartbeat timeout
+
+
+def ago(seconds: float) -> dt.datetime:
+    return utc_now() - dt.timedelta(seconds=seconds)
+
+
+def crashed(job_type: str = "/splits", dataset: str = "user/crashed") -> dict:
+    return job_document(job_type=job_type, dataset=dataset, started_at=ago(900), last_heartbeat=ago(800))
+
+
+@pytest.fixture
+def resources(mongo_url, queue_db, cache_db, monkeypatch):
+    monkeypatch.setenv("QUEUE_MONGO_URL", mongo_url)
+    monkeypatch.setenv("CACHE_MONGO_URL", mongo_url)
+    return {
+        "queue_db": QueueDatabase(database=queue_db.name),
+        "cache_db": CacheDatabase(database=cache_db.name),
+        "zombie_policy": ZombiePolicyResource(),
+    }
+
+
+@pytest.fixture
+def instance():
+    return dg.DagsterInstance.ephemeral()
+
+
+@pytest.fixture
+def defs(resources):
+    return dg.Definitions(
+        assets=HEALTH_ASSETS, asset_checks=ASSET_CHECKS, jobs=[kill_zombies_job, queue_health_job], resources=resources
+    )
+
+
+def cleanup(defs, instance, partition_key=None) -> str:
+    if partition_key:
+        instance.add_dynamic_partitions(JOB_TYPE_PARTITIONS.name, [partition_key])
+    result = defs.resolve_job_def(kill_zombies_job.name).execute_in_process(instance=instance, partition_key=partition_key)
+    assert result.success
+    return result.run_id
+
+
+def check_results(defs, instance, after_cleanup: str | None = None, run_config=None) -> dict:
+    tags = {CLEANUP_RUN_TAG: after_cleanup} if after_cleanup else None
+    job = defs.resolve_job_def(queue_health_job.name)
+    result = job.execute_in_process(instance=instance, tags=tags, run_config=run_config)
+    assert result.success  # a failed check is a result, not a failed run
+    return {evaluation.check_name: evaluation for evaluation in result.get_asset_check_evaluations()}
+
+
+def metadata(evaluation) -> dict:
+    return {name: value.value for name, value in evaluation.metadata.items()}
+
+
+def test_queue_health_job_materializes_the_snapshot_and_runs_both_checks(store, defs, instance):
+    simulate(store.jobs.database, store.cache.database, Workload(finished=50, crashed=3, never_heartbeated=1, overdue=1, running=10, waiting=4, seed=3))
+    result = defs.resolve_job_def(queue_health_job.name).execute_in_process(instance=instance)
+    [materialization] = result.asset_materializations_for_node(queue_health.op.name)
+    values = {name: value.value for name, value in materialization.metadata.items()}
+    assert (values["started"], values["waiting"], values["stale"]) == (15, 4, 5)
+    assert values["policy"]["heartbeat_timeout_seconds"] == TIMEOUT
+    assert {e.check_name for e in result.get_asset_check_evaluations()} == {"no_zombies_left", "zombies_have_cache_errors"}
+
+
+def test_zombies_before_any_cleanup_fail_no_zombies_left_with_their_evidence(store, defs, instance):
+    store.jobs.insert_many([crashed(dataset="user/a"), crashed(dataset="user/b")])
+    evaluation = check_results(defs, instance)["no_zombies_left"]
+    assert not evaluation.passed
+    assert metadata(evaluation)["zombies_left"] == 2
+    assert {row.data["dataset"] for row in metadata(evaluation)["zombies"].records} == {"user/a", "user/b"}
+
+
+def test_after_a_cleanup_both_checks_pass(store, defs, instance):
+    simulate(store.jobs.database, store.cache.database, Workload(finished=50, crashed=4, never_heartbeated=2, overdue=2, running=10, waiting=4, seed=5))
+    run_id = cleanup(defs, instance)
+    evaluations = check_results(defs, instance, after_cleanup=run_id)
+    assert evaluations["no_zombies_left"].passed
+    assert metadata(evaluations["no_zombies_left"])["cleanup_run"] == run_id
+    assert evaluations["zombies_have_cache_errors"].passed
+    assert metadata(evaluations["zombies_have_cache_errors"])["finalizations_checked"] == 8
+
+
+def test_a_partitioned_cleanup_is_judged_on_its_own_job_type(store, defs, instance):
+    store.jobs.insert_many([crashed("/splits", "user/a"), crashed("/first-rows", "user/b")])
+    run_id = cleanup(defs, instance, partition_key="/splits")
+    assert check_results(defs, instance, after_cleanup=run_id)["no_zombies_left"].passed
+    assert not check_results(defs, instance)["no_zombies_left"].passed  # /first-rows is still a zombie
+
+
+def test_a_job_that_went_stale_after_the_cleanup_started_is_not_held_against_it(store, defs, instance):
+    run_id = cleanup(defs, instance)
+    started_at = dt.datetime.fromtimestamp(instance.get_run_record_by_id(run_id).start_time, dt.timezone.utc)
+    # alive when the cleanup started (last beat just inside the timeout), dead a moment later
+    store.jobs.insert_one(
+        job_document(started_at=ago(900), last_heartbeat=started_at - dt.timedelta(seconds=TIMEOUT - 1))
+    )
+    time.sleep(max(0.0, (started_at + dt.timedelta(seconds=1.5) - utc_now()).total_seconds()))
+    assert check_results(defs, instance, after_cleanup=run_id)["no_zombies_left"].passed
+    assert not check_results(defs, instance)["no_zombies_left"].passed
+
+
+def _finalized_jobs(store, defs, instance, count: int) -> list[dict]:
+    store.jobs.insert_many([crashed(dataset=f"user/{i}") for i in range(count)])
+    cleanup(defs, instance)
+    return [event[Event.JOB] for event in store.events.find().sort(ID, 1)]
+
+
+def test_a_deleted_cache_error_fails_the_cache_check(store, defs, instance):
+    [job, _] = _finalized_jobs(store, defs, instance, 2)
+    store.cache.delete_one(cache_key_of_job(job))
+    evaluation = check_results(defs, instance)["zombies_have_cache_errors"]
+    assert not evaluation.passed
+    assert (metadata(evaluation)["missing_entries"], metadata(evaluation)["entries_without_error"]) == (1, 0)
+    [row] = metadata(evaluation)["offenders"].records
+    assert row.data["job_id"] == str(job[ID])
+
+
+def test_an_older_entry_without_the_error_fails_the_cache_check(store, defs, instance):
+    [job] = _finalized_jobs(store, defs, instance, 1)
+    store.cache.replace_one(cache_key_of_job(job), cache_document(job, updated_at=ago(3_600)))
+    evaluation = check_results(defs, instance)["zombies_have_cache_errors"]
+    assert not evaluation.passed
+    assert metadata(evaluation)["entries_without_error"] == 1
+
+
+def test_a_newer_result_replacing_the_error_is_the_queue_moving_on(store, defs, instance):
+    [job] = _finalized_jobs(store, defs, instance, 1)
+    retried = {**job, Job.STARTED_AT: utc_now()}
+    store.cache.replace_one(cache_key_of_job(job), cache_document(retried, updated_at=utc_now() + dt.timedelta(seconds=1)))
+    assert check_results(defs, instance)["zombies_have_cache_errors"].passed
+
+
+def test_the_cache_check_only_looks_at_the_configured_days(store, defs, instance):
+    [job] = _finalized_jobs(store, defs, instance, 1)
+    store.cache.delete_one(cache_key_of_job(job))
+    store.events.update_one({ID: job[ID]}, {"$set": {Event.FINALIZED_AT: ago(3 * 86_400)}})
+    assert not check_results(defs, instance)["zombies_have_cache_errors"].passed  # 7 days by default
+    two_days = {"ops": {zombies_have_cache_errors.node_def.name: {"config": {"days": 2}}}}
+    evaluation = check_results(defs, instance, run_config=two_days)["zombies_have_cache_errors"]
+    assert evaluation.passed
+    assert metadata(evaluation)["finalizations_checked"] == 0
+
+
+def test_the_error_code_checked_is_the_one_the_event_recorded(store, defs, instance):
+    [job] = _finalized_jobs(store, defs, instance, 1)
+    assert store.cache.find_one(cache_key_of_job(job))[Cache.ERROR_CODE] == ErrorCode.CRASHED
+    store.events.update_one({ID: job[ID]}, {"$set": {Event.ERROR_CODE: ErrorCode.EXCEEDED_MAX_DURATION}})
+    assert not check_results(defs, instance)["zombies_have_cache_errors"].passed
