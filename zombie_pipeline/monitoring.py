@@ -289,13 +289,15 @@ def post_json(url: str | None, payload: Mapping[str, Any], timeout_seconds: floa
     """POST ``payload``; the outcome as text, never an exception (an alert must not fail the sensor)."""
     if not url:
         return WEBHOOK_NOT_CONFIGURED
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(payload, default=str).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
+    if not url.lower().startswith(("http://", "https://")):
+        return "failed: the webhook URL must start with http:// or https://"
     try:
+        request = urllib.request.Request(
+            url,
+            data=json.dumps(payload, default=str).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         with urllib.request.urlopen(request, timeout=timeout_seconds) as response:
             return f"sent (HTTP {response.status})"
     except urllib.error.HTTPError as error:

@@ -1,0 +1,72 @@
+"""Schedules: what they request and when, and a bad cron refused when the code location loads."""
+
+import datetime as dt
+import os
+import subprocess
+import sys
+
+import dagster as dg
+import pytest
+
+from zombie_pipeline.definitions import defs
+from zombie_pipeline.orchestration.jobs import kill_zombies_job
+from zombie_pipeline.orchestration.schedules import (
+    DEFAULT_KILL_CRON,
+    KILL_CRON_ENV,
+    ScheduleConfigError,
+    build_kill_zombies_schedule,
+    kill_zombies_cron,
+)
+
+UTC = dt.timezone.utc
+
+
+def test_the_cleanup_runs_every_ten_minutes_by_default():
+    assert kill_zombies_cron({}) == DEFAULT_KILL_CRON == "*/10 * * * *"
+    assert kill_zombies_cron({KILL_CRON_ENV: "  "}) == DEFAULT_KILL_CRON
+    schedule = defs.resolve_schedule_def("kill_zombies_schedule")
+    assert schedule.cron_schedule == DEFAULT_KILL_CRON
+    assert schedule.execution_timezone == "UTC"
+    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+
+
+def test_the_cleanup_cron_comes_from_the_environment():
+    assert kill_zombies_cron({KILL_CRON_ENV: "*/2 * * * *"}) == "*/2 * * * *"
+    assert build_kill_zombies_schedule("*/2 * * * *").cron_schedule == "*/2 * * * *"
+
+
+@pytest.mark.parametrize("cron", ["*/10 * * *", "every 10 minutes", "61 * * * *"])
+def test_an_invalid_cron_is_refused_with_the_variable_named(cron):
+    with pytest.raises(ScheduleConfigError) as raised:
+        build_kill_zombies_schedule(cron)
+    message = str(raised.value)
+    assert KILL_CRON_ENV in message and repr(cron) in message and "five fields" in message
+
+
+def test_an_invalid_cron_stops_the_code_location_from_loading():
+    env = {**os.environ, KILL_CRON_ENV: "every 10 minutes"}
+    result = subprocess.run(
+        [sys.executable, "-c", "import zombie_pipeline.definitions"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert f"{KILL_CRON_ENV}='every 10 minutes' is not a valid cron schedule" in result.stderr
+
+
+def test_a_cleanup_tick_requests_one_run_over_every_job_type():
+    schedule = defs.resolve_schedule_def("kill_zombies_schedule")
+    context = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2024, 3, 5, 10, 20, tzinfo=UTC))
+    [request] = schedule.evaluate_tick(context).run_requests
+    assert request.partition_key is None
+    assert request.tags["zombie_pipeline/trigger"] == "kill_zombies_schedule"
+    assert schedule.job_name == kill_zombies_job.name
+
+
+def test_the_statistics_run_daily_for_the_day_that_just_ended():
+    schedule = defs.resolve_schedule_def("duration_stats_schedule")
+    assert schedule.cron_schedule == "30 0 * * *"
+    assert schedule.job_name == "duration_statistics_job"
+    context = dg.build_schedule_context(
+        scheduled_execution_time=dt.datetime(2024, 3, 5, 0, 30, tzinfo=UTC), repository_def=defs.get_repository_def()
+    )
+    [request] = schedule.evaluate_tick(context).run_requests
+    assert request.partition_key == "2024-03-04"
