@@ -31,6 +31,7 @@ from zombie_pipeline.durations import (
     combine,
     count_undated_jobs,
     latest_suggested_max_durations,
+    policy_with_suggestions,
     quantile_interval,
     read_period,
     readable_round_up,
@@ -395,6 +396,18 @@ def test_latest_suggested_max_durations_come_from_the_newest_window_and_only_wit
         "/a": True,
         "/rare": False,
     }
+
+
+def test_a_policy_with_suggestions_takes_the_suggested_t2_of_each_type_and_keeps_the_others(queue_db):
+    collection = queue_db[DEFAULT_SUGGESTIONS_COLLECTION]
+    policy = ZombiePolicy(max_duration_seconds_by_type={"/a": 3600, "/b": 2400})
+    assert policy_with_suggestions(policy, collection) is policy  # nothing suggested yet
+    save_suggestions(collection, analyze(_period({"/a": tally([100.0] * 50), "/c": tally([400.0] * 50)}), policy))
+
+    in_force = policy_with_suggestions(policy, collection)
+
+    assert in_force.max_duration_seconds_by_type == {"/a": 300, "/b": 2400, "/c": 600}
+    assert policy_with_suggestions(ZombiePolicy(heartbeat_timeout_seconds=450), collection).max_duration_of("/a") == 450
 
 
 def test_analyze_window_reads_the_days_before_its_end(store):

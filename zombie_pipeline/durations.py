@@ -39,6 +39,7 @@ No Dagster here: the assets in ``orchestration/assets.py`` call these functions.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import itertools
 import math
@@ -726,3 +727,19 @@ def latest_suggested_max_durations(collection: Collection, minimum_seconds: int 
             if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0:
                 suggestions[job_type] = max(int(seconds), minimum_seconds)
     return suggestions
+
+
+def policy_with_suggestions(policy: ZombiePolicy, collection: Collection) -> ZombiePolicy:
+    """``policy`` with the latest suggested T2 per type in force (the cleanup's opt-in).
+
+    A suggestion replaces the configured value of its type; types without one
+    keep their configured value. Never below the heartbeat timeout, so the
+    result always validates.
+    """
+    suggested = latest_suggested_max_durations(collection, minimum_seconds=policy.heartbeat_timeout_seconds)
+    if not suggested:
+        return policy
+    return dataclasses.replace(
+        policy, max_duration_seconds_by_type={**policy.max_duration_seconds_by_type, **suggested}
+    )
+

@@ -36,6 +36,7 @@ from zombie_pipeline.durations import (
     analyze,
     combine,
     count_undated_jobs,
+    policy_with_suggestions,
     read_period,
     save_suggestions,
 )
@@ -164,7 +165,11 @@ def job_duration_statistics(
     cleanup's opt-in ``use_suggested_max_durations``.
     """
     rules = config.rules()
+    database = queue_db.get_database()
+    suggestions = database[DEFAULT_SUGGESTIONS_COLLECTION]
     policy = zombie_policy.policy()
+    if zombie_policy.use_suggested_max_durations:  # "current T2" is the one the cleanup applies
+        policy = policy_with_suggestions(policy, suggestions)
     window = context.partition_time_window
     wanted = window_days_of(context.partition_key, config.window_days)
     loaded = [tallies[day] for day in wanted if day in (tallies or {})]
@@ -173,7 +178,6 @@ def job_duration_statistics(
     window_start = window_end - dt.timedelta(days=config.window_days)
     period = combine(loaded) if loaded else Period(start=window_start, end=window_end)
     period.start, period.end = window_start, window_end
-    database = queue_db.get_database()
     report = analyze(
         period,
         policy,
@@ -183,7 +187,7 @@ def job_duration_statistics(
     )
     files = write_reports(report, config.reports_dir or default_reports_dir())
     if config.save_suggestions:
-        save_suggestions(database[DEFAULT_SUGGESTIONS_COLLECTION], report)
+        save_suggestions(suggestions, report)
     if missing:
         context.log.warning(f"{len(missing)} of {len(wanted)} days have no tallies yet: {', '.join(missing)}")
     suggested = {
