@@ -2,10 +2,10 @@
 
 Reading. A period (one UTC day for a Dagster partition, or any window) is read
 with indexed queries: finished jobs by ``(status, finished_at)``, one status at
-a time, and audit events by ``finalized_at``, each projected to the few fields needed and read in
-batches. Each batch becomes a small pandas frame that is folded into a
-:class:`Tally` per job type; memory grows with the jobs of the period only, by
-four bytes per job.
+a time, and audit events by ``finalized_at``, each projected to the few fields
+needed and read in batches. Each batch becomes a small pandas frame folded into
+a :class:`Tally` per job type; memory grows with the jobs of the period only,
+by four bytes per job.
 
 Storing durations, and why exactly. A tally keeps the durations themselves,
 as float32 arrays (success, error, stopped-for-exceeding-T2), rather than a
@@ -33,6 +33,14 @@ killer, such as the deployment's own). When they are at least ``1 - quantile``
 of the jobs (by default), the true quantile may lie beyond T2: the suggestion is
 flagged as a lower bound, never lowers T2, and the advice is to raise T2 and
 measure again.
+
+Backtest, beside each suggestion: how many of the window's successful jobs ran
+longer than the suggested T2 (they would have been killed), and for the stopped
+jobs, how many would have been stopped sooner and how many seconds of worker
+time that saves (or, for a higher T2, how many would have been given more time).
+
+The latest suggestions are kept in ``zombieT2Suggestions`` (one document per
+window); the cleanup opts in through :func:`policy_with_suggestions`.
 
 No Dagster here: the assets in ``orchestration/assets.py`` call these functions.
 """
