@@ -1,0 +1,338 @@
+"""The workload simulator produces what it promises, in few round trips, in the deployment's shapes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import subprocess
+import uuid
+from collections import Counter, defaultdict
+
+import pytest
+from pymongo import MongoClient, monitoring
+
+from zombie_pipeline.detection import detect
+from zombie_pipeline.documents import (
+    CACHE_GENERATIONS,
+    ID,
+    JOB_FIELDS,
+    Cache,
+    Job,
+    Reason,
+    Status,
+    cache_generation_of,
+)
+from zombie_pipeline.embedded import start_server
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.simulate import HEARTBEAT_INTERVAL_SECONDS, JOB_TYPES, Workload, simulate
+
+NOW = dt.datetime(2024, 7, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+JOBS = "jobsBlue"
+CACHE = "cachedResponsesBlue"
+
+
+class InsertCounter(monitoring.CommandListener):
+    """Counts the commands a client sends, by name."""
+
+    def __init__(self) -> None:
+        self.commands: Counter = Counter()
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.commands[event.command_name] += 1
+
+    def succeeded(self, event) -> None:
+        pass
+
+    def failed(self, event) -> None:
+        pass
+
+
+EXTERNAL_URL = os.environ.get("ZOMBIE_TEST_MONGO_URL")
+
+
+@pytest.fixture(scope="module")
+def sim_url(tmp_path_factory):
+    """A server of the module's own: SecantusDB drops large databases slowly (tens of seconds,
+    and every later drop on the same server slows down too), so the data written here goes to a
+    server whose storage is thrown away with it. On a real MongoDB the databases are dropped."""
+    if EXTERNAL_URL:
+        yield EXTERNAL_URL
+        return
+    base = tmp_path_factory.mktemp("sim_server")
+    process, info = start_server(base / "data", log_path=base / "server.log", detach=False)
+    try:
+        yield info.url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def databases(sim_url):
+    """Fresh (queue, cache) database pairs, dropped afterwards on a real MongoDB."""
+    client = MongoClient(sim_url, tz_aware=True, tzinfo=dt.timezone.utc)
+    names: list[str] = []
+
+    def make():
+        suffix = uuid.uuid4().hex[:10]
+        pair = (client[f"sim_queue_{suffix}"], client[f"sim_cache_{suffix}"])
+        names.extend(database.name for database in pair)
+        return pair
+
+    yield make
+    if EXTERNAL_URL:
+        for name in names:
+            client.drop_database(name)
+    client.close()
+
+
+# --- one realistic queue of 12k jobs, written once for the module ----------------------
+
+BIG = Workload(finished=11_800, crashed=60, never_heartbeated=20, overdue=20, running=60, waiting=40, seed=7)
+
+
+@pytest.fixture(scope="module")
+def big(sim_url):
+    """The 12k-job workload written through a client that counts its commands."""
+    counter = InsertCounter()
+    client = MongoClient(sim_url, tz_aware=True, tzinfo=dt.timezone.utc, event_listeners=[counter])
+    suffix = uuid.uuid4().hex[:10]
+    queue_db, cache_db = client[f"big_queue_{suffix}"], client[f"big_cache_{suffix}"]
+    try:
+        result = simulate(queue_db, cache_db, BIG, now=NOW)
+        commands = Counter(counter.commands)
+        jobs = list(queue_db[JOBS].find())
+        entries = list(cache_db[CACHE].find())
+        yield {"result": result, "commands": commands, "jobs": jobs, "entries": entries, "queue_db": queue_db}
+    finally:
+        if EXTERNAL_URL:
+            client.drop_database(queue_db.name)
+            client.drop_database(cache_db.name)
+        client.close()
+
+
+def test_counts_per_status_match_the_workload(big):
+    result, jobs = big["result"], big["jobs"]
+    in_database = Counter(job[Job.STATUS] for job in jobs)
+
+    assert len(jobs) == BIG.total == 12_000
+    assert in_database == result.jobs_by_status
+    assert in_database[Status.STARTED] == BIG.crashed + BIG.never_heartbeated + BIG.overdue + BIG.running
+    assert in_database[Status.WAITING] == BIG.waiting
+    assert in_database[Status.SUCCESS] + in_database[Status.ERROR] == BIG.finished
+    assert in_database[Status.ERROR] > 0 and in_database[Status.SUCCESS] > in_database[Status.ERROR]
+    assert set(in_database) == {Status.STARTED, Status.WAITING, Status.SUCCESS, Status.ERROR}
+
+
+def test_counts_per_type_match_and_cover_at_least_eight_types(big):
+    result, jobs = big["result"], big["jobs"]
+    in_database = Counter(job[Job.TYPE] for job in jobs)
+
+    assert in_database == result.jobs_by_type
+    assert len(in_database) >= 8
+    assert set(in_database) == {job_type.name for job_type in JOB_TYPES}
+    assert min(in_database.values()) > BIG.total / len(JOB_TYPES) / 2  # no type starved
+
+
+def test_the_started_jobs_of_each_kind_are_the_ones_announced(big):
+    result, jobs = big["result"], big["jobs"]
+    started_ids = {job[ID] for job in jobs if job[Job.STATUS] == Status.STARTED}
+
+    kinds = {
+        "crashed": (result.crashed_ids, BIG.crashed),
+        "never_heartbeated": (result.never_heartbeated_ids, BIG.never_heartbeated),
+        "overdue": (result.overdue_ids, BIG.overdue),
+        "running": (result.running_ids, BIG.running),
+    }
+    for kind, (ids, expected) in kinds.items():
+        assert len(set(ids)) == expected, kind
+    assert set().union(*(set(ids) for ids, _ in kinds.values())) == started_ids
+
+
+def test_default_detection_classifies_every_zombie_kind_and_spares_healthy_jobs(big):
+    result = big["result"]
+
+    detection = detect(big["queue_db"][JOBS], ZombiePolicy(), now=result.now)
+
+    reasons = {candidate.id: candidate.reason for candidate in detection.candidates}
+    assert detection.malformed == []
+    assert {reasons[i] for i in result.crashed_ids} == {Reason.MISSING_HEARTBEAT}
+    assert {reasons[i] for i in result.never_heartbeated_ids} == {Reason.NEVER_HEARTBEATED}
+    assert {reasons[i] for i in result.overdue_ids} == {Reason.EXCEEDED_MAX_DURATION}
+    assert not set(result.running_ids) & set(reasons)
+    assert set(reasons) == set(result.zombie_ids)
+
+
+def test_every_kind_of_started_job_looks_the_part(big):
+    result, jobs = big["result"], {job[ID]: job for job in big["jobs"]}
+    now, timeout, limit = result.now, BIG.heartbeat_timeout_seconds, BIG.max_duration_seconds
+
+    def age(moment):
+        return (now - moment).total_seconds()
+
+    for i in result.running_ids:
+        job = jobs[i]
+        assert age(job[Job.STARTED_AT]) < limit
+        if job.get(Job.LAST_HEARTBEAT) is not None:
+            assert age(job[Job.LAST_HEARTBEAT]) <= HEARTBEAT_INTERVAL_SECONDS
+    for i in result.crashed_ids:
+        assert age(jobs[i][Job.LAST_HEARTBEAT]) > timeout
+        assert age(jobs[i][Job.STARTED_AT]) < limit
+    for i in result.never_heartbeated_ids:
+        assert jobs[i].get(Job.LAST_HEARTBEAT) is None
+    never = [jobs[i] for i in result.never_heartbeated_ids]
+    assert any(Job.LAST_HEARTBEAT not in job for job in never)  # key missing, as mongoengine writes
+    assert any(Job.LAST_HEARTBEAT in job for job in never)  # explicit null, as other writers do
+    for i in result.overdue_ids:
+        assert age(jobs[i][Job.STARTED_AT]) > limit
+        assert age(jobs[i][Job.LAST_HEARTBEAT]) <= HEARTBEAT_INTERVAL_SECONDS  # alive, just too long
+
+
+def test_finished_history_is_spread_over_the_days_with_minute_heartbeats(big):
+    finished = [job for job in big["jobs"] if job[Job.STATUS] in (Status.SUCCESS, Status.ERROR)]
+    oldest = min(job[Job.STARTED_AT] for job in finished)
+    newest = max(job[Job.FINISHED_AT] for job in finished)
+
+    assert (newest - oldest) > dt.timedelta(days=BIG.days - 0.5)
+    assert newest <= NOW
+    beats = [job for job in finished if job.get(Job.LAST_HEARTBEAT) is not None]
+    assert beats
+    for job in beats:
+        since_start = (job[Job.LAST_HEARTBEAT] - job[Job.STARTED_AT]).total_seconds()
+        assert since_start > 0 and since_start % HEARTBEAT_INTERVAL_SECONDS == 0
+        assert job[Job.LAST_HEARTBEAT] <= job[Job.FINISHED_AT]
+
+
+def test_successful_durations_are_heavy_tailed_for_every_type(big):
+    durations: dict[str, list[float]] = defaultdict(list)
+    for job in big["jobs"]:
+        if job[Job.STATUS] == Status.SUCCESS:
+            durations[job[Job.TYPE]].append((job[Job.FINISHED_AT] - job[Job.STARTED_AT]).total_seconds())
+
+    ratios = {}
+    for job_type, values in durations.items():
+        values.sort()
+        p50 = values[len(values) // 2]
+        p99 = values[math.ceil(0.99 * len(values)) - 1]
+        ratios[job_type] = p99 / p50
+    assert len(ratios) == len(JOB_TYPES)
+    assert {job_type: ratio for job_type, ratio in ratios.items() if ratio <= 3} == {}
+    medians = sorted(sorted(values)[len(values) // 2] for values in durations.values())
+    assert medians[-1] > 20 * medians[0]  # type-specific: the slowest step is far slower than the fastest
+
+
+def test_inserts_are_bulk_and_counted(big):
+    result, commands = big["result"], big["commands"]
+
+    assert commands["insert"] == result.insert_commands
+    # 12k jobs and about as many cache entries, 5k documents per insert
+    assert result.insert_commands <= 6
+    assert sum(commands.values()) <= 10
+    assert result.cache_entries == len(big["entries"])
+
+
+def test_written_documents_carry_only_declared_fields_newest_generation(big):
+    generation = CACHE_GENERATIONS["2024-07"]
+    for job in big["jobs"]:
+        assert set(job) - {ID} <= JOB_FIELDS, job
+    seen: set[str] = set()
+    for entry in big["entries"]:
+        assert set(entry) - {ID} <= generation.fields, entry
+        seen |= set(entry)
+    assert cache_generation_of(seen) == generation
+
+
+def test_one_cache_entry_per_key(big):
+    keys = Counter(tuple(entry.get(name) for name in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)) for entry in big["entries"])
+    assert keys and max(keys.values()) == 1
+
+
+# --- small workloads ---------------------------------------------------------------------
+
+SMALL = Workload(finished=300, crashed=6, never_heartbeated=4, overdue=4, running=6, waiting=5, seed=3)
+
+
+def written(databases, workload: Workload):
+    queue_db, cache_db = databases()
+    result = simulate(queue_db, cache_db, workload, now=NOW)
+    jobs = list(queue_db[JOBS].find().sort(ID, 1))
+    entries = sorted(
+        ({key: value for key, value in entry.items() if key != ID} for entry in cache_db[CACHE].find()),
+        key=lambda entry: tuple(str(entry.get(name)) for name in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)),
+    )
+    return result, jobs, entries
+
+
+def test_the_oldest_generation_writes_only_its_own_fields(databases):
+    workload = Workload(**{**SMALL.__dict__, "cache_generation": "2023-01"})
+    _, jobs, entries = written(databases, workload)
+
+    generation = CACHE_GENERATIONS["2023-01"]
+    assert entries
+    for entry in entries:
+        assert set(entry) <= generation.fields, entry
+        assert Cache.WORKER_VERSION in entry and Cache.JOB_RUNNER_VERSION not in entry
+    assert cache_generation_of(set().union(*entries)) == generation
+    for job in jobs:
+        assert set(job) - {ID} <= JOB_FIELDS
+
+
+def test_an_unknown_generation_is_refused(databases):
+    queue_db, cache_db = databases()
+    with pytest.raises(ValueError, match="cache_generation"):
+        simulate(queue_db, cache_db, Workload(finished=1, cache_generation="1999-12"), now=NOW)
+    assert queue_db[JOBS].count_documents({}) == 0
+
+
+def test_the_same_seed_writes_the_same_queue_and_cache(databases):
+    first = written(databases, SMALL)
+    second = written(databases, SMALL)
+
+    assert first[1] == second[1]  # job documents, _ids included
+    assert first[2] == second[2]  # cache entries, all but their _ids
+    assert first[0].crashed_ids == second[0].crashed_ids
+
+
+def test_another_seed_writes_another_queue(databases):
+    _, jobs, entries = written(databases, SMALL)
+    _, other_jobs, other_entries = written(databases, Workload(**{**SMALL.__dict__, "seed": 4}))
+
+    assert len(jobs) == len(other_jobs)
+    assert jobs != other_jobs
+    assert {job[ID] for job in jobs}.isdisjoint({job[ID] for job in other_jobs})
+    assert entries != other_entries
+
+
+def test_per_type_maximum_durations_are_respected_by_the_simulator_and_detection(databases):
+    slow = "/parquet-and-dataset-info"
+    workload = Workload(
+        **{**SMALL.__dict__, "max_duration_seconds_by_type": {slow: 3_600}, "overdue": 12, "crashed": 12, "seed": 11}
+    )
+    queue_db, cache_db = databases()
+    result = simulate(queue_db, cache_db, workload, now=NOW)
+    policy = ZombiePolicy(max_duration_seconds_by_type={slow: 3_600})
+
+    detection = detect(queue_db[JOBS], policy, now=NOW)
+
+    reasons = {candidate.id: candidate.reason for candidate in detection.candidates}
+    assert set(reasons) == set(result.zombie_ids)
+    assert {reasons[i] for i in result.overdue_ids} == {Reason.EXCEEDED_MAX_DURATION}
+    assert {reasons[i] for i in result.crashed_ids} == {Reason.MISSING_HEARTBEAT}
+    for candidate in detection.candidates:
+        if candidate.reason == Reason.EXCEEDED_MAX_DURATION:
+            assert candidate.threshold_seconds == policy.max_duration_of(candidate.job_type)
+            assert candidate.age_seconds > candidate.threshold_seconds
+
+
+def test_fractions_make_a_workload_of_the_requested_size():
+    workload = Workload.from_fractions(100_000, crashed_fraction=0.01, seed=5)
+    assert workload.total == 100_000
+    assert workload.crashed == 1_000
+    assert workload.never_heartbeated > 0 and workload.overdue > 0 and workload.running > 0
+    with pytest.raises(ValueError):
+        Workload.from_fractions(10, crashed_fraction=0.9, running_fraction=0.5)
