@@ -24,7 +24,6 @@ from zombie_pipeline.orchestration.assets import (
     DAILY_PARTITIONS,
     GROUP,
     STATS_JOBS,
-    STATS_SCHEDULES,
     SUGGESTED_T2_METADATA_PREFIX,
     job_duration_statistics,
     job_duration_tallies,
@@ -136,11 +135,10 @@ def test_an_out_of_range_setting_fails_the_run_before_anything_is_read(monkeypat
         )
 
 
-def test_the_assets_form_a_daily_group_with_a_job_and_a_schedule():
+def test_the_assets_form_a_daily_group_with_a_partitioned_job():
     defs = dg.Definitions(
         assets=ASSETS,
         jobs=STATS_JOBS,
-        schedules=STATS_SCHEDULES,
         resources={"queue_db": QueueDatabase(), "zombie_policy": ZombiePolicyResource()},
     )
     dg.Definitions.validate_loadable(defs)
@@ -151,4 +149,3 @@ def test_the_assets_form_a_daily_group_with_a_job_and_a_schedule():
         assert asset.partitions_def == DAILY_PARTITIONS
     job = defs.resolve_job_def(STATS_JOBS[0].name)
     assert isinstance(job.partitions_def, dg.DailyPartitionsDefinition)
-    assert defs.resolve_schedule_def(STATS_SCHEDULES[0].name).job_name == job.name

@@ -223,8 +223,3 @@ duration_statistics_job = dg.define_asset_job(
     description="One day's tallies, then the statistics and T2 suggestions of the window ending that day.",
 )
 STATS_JOBS: list = [duration_statistics_job]
-#: Shortly after each UTC midnight, for the day that just ended (for schedules.py to pick up).
-duration_statistics_schedule = dg.build_schedule_from_partitioned_job(
-    duration_statistics_job, hour_of_day=0, minute_of_hour=30
-)
-STATS_SCHEDULES: list = [duration_statistics_schedule]
