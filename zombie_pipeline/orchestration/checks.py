@@ -29,7 +29,9 @@ from pydantic import Field
 
 from zombie_pipeline import monitoring
 from zombie_pipeline.cleanup import utc_now
-from zombie_pipeline.orchestration.jobs import GROUP, _suggested_max_durations, _table, reconcile
+from zombie_pipeline.documents import DEFAULT_SUGGESTIONS_COLLECTION
+from zombie_pipeline.durations import policy_with_suggestions
+from zombie_pipeline.orchestration.jobs import GROUP, _table, reconcile
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.store import Store
@@ -42,8 +44,10 @@ SAMPLE_ROWS = 20
 
 def cleanup_policy(zombie_policy: ZombiePolicyResource, store: Store) -> ZombiePolicy:
     """The policy a cleanup would use now, suggested maximum durations included when opted in."""
-    overrides = _suggested_max_durations(store, zombie_policy) if zombie_policy.use_suggested_max_durations else None
-    return zombie_policy.policy(overrides)
+    policy = zombie_policy.policy()
+    if zombie_policy.use_suggested_max_durations:
+        policy = policy_with_suggestions(policy, store.jobs.database[DEFAULT_SUGGESTIONS_COLLECTION])
+    return policy
 
 
 @dataclass(frozen=True)
@@ -184,5 +188,6 @@ queue_health_job = dg.define_asset_job(
     selection=dg.AssetSelection.assets(queue_health),
     description="Materialize queue_health and run its checks; launched after every successful kill_zombies_job run.",
     tags={"pipeline": GROUP},
+    executor_def=dg.in_process_executor,  # three small queries: a process per step would cost more than they do
 )
 CHECK_JOBS: list = [queue_health_job]
