@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import time
+from pathlib import Path
 
 import dagster as dg
 
 from zombie_pipeline.cleanup import summarize_run
 from zombie_pipeline.detection import count_stale
+from zombie_pipeline.durations import DEFAULT_WINDOW_DAYS, analyze_window
+from zombie_pipeline.orchestration.assets import job_duration_statistics, job_duration_tallies
+from zombie_pipeline.reports import ReportFiles, summary_text
 from zombie_pipeline.orchestration.jobs import kill_zombies_job
 from zombie_pipeline.orchestration.resources import resources_from_env, store_of
 from zombie_pipeline.simulate import Workload, simulate, utc_now
+
+
+QUIET = {"console": {"config": {"log_level": "WARNING"}}}  # the summary printed says it all
 
 
 def _instance() -> dg.DagsterInstance:
@@ -40,7 +48,7 @@ def run_demo(finished: int = 3_000, seed: int = 0, fresh: bool = False) -> int:
 
     run_config = {
         "ops": {"reconcile": {"config": {"dry_run": real_database}}},
-        "loggers": {"console": {"config": {"log_level": "WARNING"}}},  # the summary below says it all
+        "loggers": QUIET,
     }
     started = time.monotonic()
     with _instance() as instance:
@@ -63,7 +71,37 @@ def run_demo(finished: int = 3_000, seed: int = 0, fresh: bool = False) -> int:
         print(f"  ... and {len(summary.rows) - 8} more (see the run's metadata in the Dagster UI)")
     print(f"  zombies left: {count_stale(store.jobs, policy, utc_now())}")
     print(f"  audit trail: {store.events.count_documents({})} events in {store.events.full_name}")
+
+    files, window_end = _materialize_statistics(resources, _instance, {"loggers": QUIET})
+    print(f"\nduration_statistics for the {DEFAULT_WINDOW_DAYS} days to {window_end:%Y-%m-%d %H:%M} UTC:")
+    report = analyze_window(store.jobs, store.events, policy, end=window_end)  # the asset's figures, for the terminal
+    print(summary_text(report, files))
     return 0
+
+
+def _materialize_statistics(resources, instance_factory, run_config) -> tuple[ReportFiles, dt.datetime]:
+    """The statistics assets through Dagster: each day of the window, then the window's report.
+
+    Daily partitions are whole UTC days, so the window ends at midnight, with yesterday.
+    """
+    window_end = dt.datetime.combine(utc_now().date(), dt.time(), tzinfo=dt.timezone.utc)
+    days = [(window_end - dt.timedelta(days=n)).date().isoformat() for n in range(DEFAULT_WINDOW_DAYS, 0, -1)]
+    with instance_factory() as instance:
+        for day in days:
+            dg.materialize(
+                [job_duration_tallies], partition_key=day, resources=resources, instance=instance, run_config=run_config
+            )
+        result = dg.materialize(
+            [job_duration_tallies, job_duration_statistics],
+            selection=[job_duration_statistics],
+            partition_key=days[-1],
+            resources=resources,
+            instance=instance,
+            run_config=run_config,
+        )
+    [materialization] = result.asset_materializations_for_node(job_duration_statistics.op.name)
+    paths = {name: Path(materialization.metadata[name].value) for name in ("csv", "json", "chart", "markdown")}
+    return ReportFiles(**paths), window_end
 
 
 def _fill(store, finished: int, seed: int, policy) -> None:

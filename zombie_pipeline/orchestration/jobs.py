@@ -17,7 +17,8 @@ from pydantic import Field
 from zombie_pipeline import cleanup
 from zombie_pipeline.cleanup import BrakeEngaged, StepResult
 from zombie_pipeline.detection import Candidate
-from zombie_pipeline.documents import REASONS
+from zombie_pipeline.documents import DEFAULT_SUGGESTIONS_COLLECTION, REASONS
+from zombie_pipeline.durations import policy_with_suggestions
 from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable
 from zombie_pipeline.orchestration.partitions import JOB_TYPE_PARTITIONS
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
@@ -67,22 +68,13 @@ def _store(queue_db: QueueDatabase, cache_db: CacheDatabase) -> Store:
 
 def _policy(context: dg.OpExecutionContext, zombie_policy: ZombiePolicyResource, store: Store) -> ZombiePolicy:
     try:
-        overrides = None
-        if zombie_policy.use_suggested_max_durations:
-            overrides = _suggested_max_durations(store, zombie_policy)
-            context.log.info(f"using suggested maximum durations for {len(overrides)} job types")
-        return zombie_policy.policy(overrides)
+        policy = zombie_policy.policy()
     except PolicyError as error:
         raise dg.Failure(str(error)) from None
-
-
-def _suggested_max_durations(store: Store, zombie_policy: ZombiePolicyResource) -> dict[str, int]:
-    """Configured per-type T2, with the latest suggestions on top (opt-in)."""
-    from zombie_pipeline.durations import latest_suggested_max_durations
-    from zombie_pipeline.documents import DEFAULT_SUGGESTIONS_COLLECTION
-
-    suggested = latest_suggested_max_durations(store.jobs.database[DEFAULT_SUGGESTIONS_COLLECTION])
-    return {**zombie_policy.max_duration_seconds_by_type, **suggested}
+    if zombie_policy.use_suggested_max_durations:  # opt-in: T2 per type from the latest statistics
+        policy = policy_with_suggestions(policy, store.jobs.database[DEFAULT_SUGGESTIONS_COLLECTION])
+        context.log.info(f"suggested maximum durations in force: {policy.max_duration_seconds_by_type}")
+    return policy
 
 
 def _job_types(context: dg.OpExecutionContext, config: CleanupConfig) -> Optional[tuple[str, ...]]:
