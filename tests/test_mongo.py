@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote, quote_plus, urlsplit
 
 import pytest
 from hypothesis import assume, given, settings
@@ -129,8 +129,9 @@ def test_the_client_is_one_per_url_per_process(mongo_url):
     first = client_for(mongo_url)
     assert client_for(mongo_url) is first
 
+    other_url = mongo_url + ("&" if "?" in mongo_url else "?" if urlsplit(mongo_url).path else "/?") + "appName=threads"
     seen = []
-    threads = [threading.Thread(target=lambda: seen.append(client_for(mongo_url + "&appName=threads"))) for _ in range(8)]
+    threads = [threading.Thread(target=lambda: seen.append(client_for(other_url))) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
