@@ -17,7 +17,7 @@ from pydantic import Field
 from zombie_pipeline import cleanup
 from zombie_pipeline.cleanup import BrakeEngaged, StepResult
 from zombie_pipeline.detection import Candidate
-from zombie_pipeline.documents import DEFAULT_SUGGESTIONS_COLLECTION, REASONS
+from zombie_pipeline.documents import DEFAULT_SUGGESTIONS_COLLECTION, REASONS, Job
 from zombie_pipeline.durations import policy_with_suggestions
 from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable
 from zombie_pipeline.orchestration.partitions import JOB_TYPE_PARTITIONS
@@ -110,6 +110,15 @@ def reconcile(
         "policy": dg.MetadataValue.json(plan.policy.as_dict()),
         "dry_run": plan.dry_run,
     }
+    configured = zombie_policy.max_duration_seconds_by_type
+    if configured:  # a misspelt type silently leaves its jobs on the default maximum duration
+        unknown = sorted(set(configured) - set(store.jobs.distinct(Job.TYPE)))
+        if unknown:
+            metadata["unknown_override_types"] = dg.MetadataValue.json(unknown)
+            context.log.warning(
+                f"max_duration_seconds_by_type names job types the queue does not hold: {unknown}; "
+                "their maximum duration applies to no job (a misspelt type?)"
+            )
     if not plan.dry_run:
         store.ensure_indexes()
         result = cleanup.reconcile(store, plan.run_id, plan.policy)
