@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
 from zombie_pipeline import embedded
 from zombie_pipeline.documents import CACHE_GENERATIONS, NEWEST_CACHE_GENERATION
-from zombie_pipeline.mongo import DatabaseUnavailable, close_clients, redact
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, resources_from_env, store_of
+from zombie_pipeline.mongo import CACHE_URL_ENV, QUEUE_URL_ENV, DatabaseUnavailable, close_clients, redact
 from zombie_pipeline.simulate import Workload, simulate
+
+# Dagster is imported only by the commands that need it: `db` answers in a fraction of a second.
 
 
 def _store_and_resources():
+    from zombie_pipeline.orchestration.resources import resources_from_env, store_of
+
     resources = resources_from_env()
-    queue_db: QueueDatabase = resources["queue_db"]
-    cache_db: CacheDatabase = resources["cache_db"]
-    return store_of(queue_db, cache_db), resources
+    return store_of(resources["queue_db"], resources["cache_db"]), resources
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -126,9 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"zombie-pipeline: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # keep credentials out of whatever reaches the terminal
-        from zombie_pipeline.orchestration.resources import CACHE_URL_ENV, QUEUE_URL_ENV
-        import os
-
         urls = [os.environ.get(QUEUE_URL_ENV), os.environ.get(CACHE_URL_ENV)]
         print(f"zombie-pipeline: {type(error).__name__}: {redact(str(error), urls)}", file=sys.stderr)
         return 1

@@ -21,6 +21,9 @@ from pymongo.database import Database
 
 from zombie_pipeline.documents import Cache, Event, Job
 
+#: The deployment's own environment variable names for its MongoDB URLs.
+QUEUE_URL_ENV = "QUEUE_MONGO_URL"
+CACHE_URL_ENV = "CACHE_MONGO_URL"
 INDEX_PREFIX = "zombie_pipeline_"
 DEFAULT_SERVER_SELECTION_TIMEOUT_MS = 10_000
 

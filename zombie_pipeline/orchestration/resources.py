@@ -24,13 +24,17 @@ from zombie_pipeline.documents import (
     DEFAULT_QUEUE_DATABASE,
     DEFAULT_ZOMBIE_HTTP_STATUS,
 )
-from zombie_pipeline.mongo import DEFAULT_SERVER_SELECTION_TIMEOUT_MS, client_for, redact_url
+from zombie_pipeline.mongo import (
+    CACHE_URL_ENV,
+    DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
+    QUEUE_URL_ENV,
+    client_for,
+    redact_url,
+)
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
 from zombie_pipeline.store import Store
 
-QUEUE_URL_ENV = "QUEUE_MONGO_URL"
 QUEUE_DATABASE_ENV = "QUEUE_MONGO_DATABASE"
-CACHE_URL_ENV = "CACHE_MONGO_URL"
 CACHE_DATABASE_ENV = "CACHE_MONGO_DATABASE"
 
 
