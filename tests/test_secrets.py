@@ -1,0 +1,378 @@
+"""Secrets: the password in QUEUE_MONGO_URL / CACHE_MONGO_URL appears in no output of any run.
+
+A SecantusDB server with ``--auth`` and a user whose password is full of characters
+that URLs, shells and log formats treat specially. The CLI (``simulate``, ``demo``),
+``dagster job execute`` and kill_zombies_job in process run with the password in the
+URLs, then with a wrong password, an unreachable host and an unescaped (malformed)
+URL. Everything they produce is collected: stdout and stderr of every subprocess,
+every file under DAGSTER_HOME (run and event log storage, compute logs), under
+ZOMBIE_PIPELINE_HOME (report files) and under the working directory, every event
+log record, the run metadata, and the exception messages of the core. The password
+is looked for in each, raw and in every encoding a URL may carry it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import quote, quote_plus
+
+import dagster as dg
+import pytest
+from dagster._serdes import serialize_value
+from pymongo import MongoClient
+
+from zombie_pipeline.cleanup import run_cleanup
+from zombie_pipeline.embedded import _answers, find_executable, free_port, start_server
+from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable, close_clients, redact, redact_url
+from zombie_pipeline.orchestration.jobs import kill_zombies_job
+from zombie_pipeline.orchestration.resources import (
+    CACHE_DATABASE_ENV,
+    CACHE_URL_ENV,
+    QUEUE_DATABASE_ENV,
+    QUEUE_URL_ENV,
+    CacheDatabase,
+    QueueDatabase,
+    ZombiePolicyResource,
+)
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.simulate import Workload, simulate
+from zombie_pipeline.store import Store
+
+REPO = Path(__file__).resolve().parent.parent
+USER = "zombie-cleaner"
+#: '@', ':', '/', '?', '#', '%', '+', '&', '=', space, quotes, brackets, a backslash and non-ASCII
+PASSWORD = "Zq7Kx9-s3cr3t@:/?#[]%2F+ &='\"\\é-P4ss"
+WRONG_PASSWORD = "Wr0ngVv8-s3cr3t@:/?#%+ &=é-N0pe"
+TOKENS = ("Zq7Kx9", "P4ss", "Wr0ngVv8", "N0pe")  # fragments no encoding changes
+QUEUE = "secrets_queue"
+CACHE = "secrets_cache"
+
+
+def variants(password: str) -> set[str]:
+    """The forms a password takes in a URL, a log or a repr."""
+    forms = {password, quote_plus(password), quote(password, safe=""), quote(password), repr(password)[1:-1]}
+    forms |= {password.encode("unicode_escape").decode(), password.replace("\\", "\\\\"), password.replace('"', '\\"')}
+    return {form for form in forms if len(form) >= 6}
+
+
+SECRETS = sorted(variants(PASSWORD) | variants(WRONG_PASSWORD) | set(TOKENS), key=len, reverse=True)
+
+
+def url(port: int, password: str = PASSWORD, escaped: bool = True) -> str:
+    secret = quote_plus(password) if escaped else password
+    return f"mongodb://{quote_plus(USER)}:{secret}@127.0.0.1:{port}/?authSource=admin&directConnection=true"
+
+
+class Outputs:
+    """Everything the runs produced, by source, searched for the secrets at the end of each test."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, bytes] = {}
+
+    def add(self, name: str, data: Any) -> None:
+        if isinstance(data, bytes):
+            blob = data
+        elif isinstance(data, str):
+            blob = data.encode("utf-8", "surrogateescape")
+        else:
+            blob = repr(data).encode("utf-8", "surrogateescape")
+        self.sources[name] = self.sources.get(name, b"") + blob
+
+    def add_tree(self, name: str, root: Path) -> int:
+        count = 0
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "secantus-data" not in path.parts:
+                self.add(f"{name}/{path.relative_to(root)}", path.read_bytes())
+                count += 1
+        return count
+
+    def leaks(self) -> dict[str, list[str]]:
+        found = {}
+        for name, blob in self.sources.items():
+            hits = [secret for secret in SECRETS if secret.encode("utf-8") in blob or secret.encode("latin-1", "ignore") in blob]
+            if hits:
+                found[name] = hits
+        return found
+
+    def assert_clean(self) -> None:
+        assert self.sources, "nothing was captured"
+        assert self.leaks() == {}
+
+
+# --- the server ---------------------------------------------------------------------------------------
+
+
+class AuthServer:
+    """SecantusDB with --auth: started once without it to create the user, then restarted with it."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        process, _ = start_server(self.base / "secantus-data", port=self.port, log_path=self.base / "server.log", detach=False)
+        client = MongoClient(f"mongodb://127.0.0.1:{self.port}/?directConnection=true")
+        client.admin.command("createUser", USER, pwd=PASSWORD, roles=[{"role": "root", "db": "admin"}])
+        client.close()
+        _stop(process)
+        command = [
+            find_executable(), "--host", "127.0.0.1", "--port", str(self.port), "--storage-path",
+            str(self.base / "secantus-data"), "--sync-on-commit", "--auth", "--log-level", "WARNING",
+        ]
+        with open(self.base / "server.log", "ab") as log:
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not _answers(self.port):
+            assert self.process.poll() is None and time.monotonic() < deadline, (self.base / "server.log").read_text()[-2000:]
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _stop(self.process)
+            self.process = None
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthServer]:
+    server = AuthServer(tmp_path_factory.mktemp("auth-server"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def outputs() -> Outputs:
+    return Outputs()
+
+
+@pytest.fixture
+def homes(tmp_path: Path) -> dict[str, Path]:
+    """Fresh DAGSTER_HOME, ZOMBIE_PIPELINE_HOME and working directory; all are searched afterwards."""
+    paths = {name: tmp_path / name for name in ("dagster_home", "zombie_home", "cwd")}
+    for path in paths.values():
+        path.mkdir()
+    return paths
+
+
+def env_for(queue_url: str, homes: dict[str, Path], cache_url: str | None = None, **extra: str) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in (QUEUE_URL_ENV, CACHE_URL_ENV) and not key.startswith("PYTEST")
+    }
+    env.update(
+        {
+            QUEUE_URL_ENV: queue_url,
+            CACHE_URL_ENV: cache_url or queue_url,
+            QUEUE_DATABASE_ENV: QUEUE,
+            CACHE_DATABASE_ENV: CACHE,
+            "DAGSTER_HOME": str(homes["dagster_home"]),
+            "ZOMBIE_PIPELINE_HOME": str(homes["zombie_home"]),
+            "PYTHONPATH": str(REPO),
+            **extra,
+        }
+    )
+    return env
+
+
+def run_cli(args: list[str], env: dict[str, str], cwd: Path, outputs: Outputs, name: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    completed = subprocess.run(args, env=env, cwd=cwd, capture_output=True, timeout=timeout)
+    outputs.add(f"{name}: stdout", completed.stdout)
+    outputs.add(f"{name}: stderr", completed.stderr)
+    return completed
+
+
+def cli(*args: str) -> list[str]:
+    executable = Path(sys.executable).parent / "zombie-pipeline"
+    return [str(executable), *args] if executable.exists() else [sys.executable, "-m", "zombie_pipeline.cli", *args]
+
+
+def dagster_cli(*args: str) -> list[str]:
+    return [str(Path(sys.executable).parent / "dagster"), *args]
+
+
+def collect_homes(outputs: Outputs, homes: dict[str, Path]) -> int:
+    return sum(outputs.add_tree(name, path) for name, path in homes.items())
+
+
+def in_process_run(queue_url: str, outputs: Outputs, name: str, monkeypatch, timeout_ms: int = 10_000, **config: Any) -> dg.ExecuteInProcessResult:
+    """kill_zombies_job in process; its every event log record, run record and metadata go to ``outputs``."""
+    monkeypatch.setenv(QUEUE_URL_ENV, queue_url)
+    monkeypatch.setenv(CACHE_URL_ENV, queue_url)
+    resources = {
+        "queue_db": QueueDatabase(database=QUEUE, server_selection_timeout_ms=timeout_ms),
+        "cache_db": CacheDatabase(database=CACHE, server_selection_timeout_ms=timeout_ms),
+        "zombie_policy": ZombiePolicyResource(),
+    }
+    run_config = {"ops": {"reconcile": {"config": {"override_brake": True, **config}}}}
+    with dg.instance_for_test() as instance:
+        try:
+            result = kill_zombies_job.execute_in_process(
+                run_config=run_config, resources=resources, instance=instance, raise_on_error=False
+            )
+        except Exception as error:  # noqa: BLE001 - the message itself is under test
+            outputs.add(f"{name}: exception", f"{type(error).__name__}: {error}")
+            raise
+        for record in instance.all_logs(result.run_id):
+            outputs.add(f"{name}: event log", serialize_value(record))
+            outputs.add(f"{name}: event log text", f"{record.user_message}\n")
+        outputs.add(f"{name}: run record", serialize_value(instance.get_run_by_id(result.run_id)))
+        for event in result.all_events:
+            outputs.add(f"{name}: events", repr(event))
+        outputs.add(f"{name}: resources describe", f"{resources['queue_db'].describe()} {resources['cache_db'].describe()}")
+    close_clients()
+    return result
+
+
+# --- the right password ---------------------------------------------------------------------------------
+
+
+def test_a_full_run_with_the_password_in_the_urls_leaks_it_nowhere(auth_server: AuthServer, outputs: Outputs, homes, monkeypatch):
+    good = url(auth_server.port)
+    env = env_for(good, homes)
+
+    simulated = run_cli(cli("simulate", "--drop", "--finished", "200", "--crashed", "12", "--running", "20", "--waiting", "5"), env, homes["cwd"], outputs, "cli simulate")
+    assert simulated.returncode == 0, simulated.stderr.decode()[-2000:]
+    assert b"***" in simulated.stdout or b"127.0.0.1" in simulated.stdout
+
+    executed = run_cli(
+        dagster_cli("job", "execute", "-m", "zombie_pipeline.definitions", "-j", "kill_zombies_job", "-c", str(_override_brake_config(homes))),
+        env, homes["cwd"], outputs, "dagster job execute",
+    )
+    assert executed.returncode == 0, executed.stderr.decode()[-3000:]
+
+    client = MongoClient(good, tz_aware=True)
+    finalized = client[QUEUE]["zombieEvents"].count_documents({})
+    assert finalized >= 12  # the run really ran, authenticated
+
+    simulate(client[QUEUE], client[CACHE], Workload(finished=0, crashed=6, never_heartbeated=0, overdue=0, running=30, waiting=0, seed=99))
+    result = in_process_run(good, outputs, "in-process job", monkeypatch)
+    assert result.success
+    assert result.output_for_node("summarize")["finalized"] == 6
+
+    store = Store.of(client[QUEUE], client[CACHE])
+    report = run_cleanup(store, ZombiePolicy(), "core-run", dry_run=True)
+    outputs.add("core report", repr(report))
+    client.close()
+
+    files = collect_homes(outputs, homes)
+    assert files > 0  # Dagster's storage at least
+    outputs.assert_clean()
+
+
+def _override_brake_config(homes: dict[str, Path]) -> Path:
+    path = homes["cwd"] / "run_config.yaml"
+    path.write_text("ops:\n  reconcile:\n    config:\n      override_brake: true\n")
+    return path
+
+
+HAS_DEMO = (REPO / "zombie_pipeline" / "demo.py").exists()
+
+
+@pytest.mark.skipif(not HAS_DEMO, reason="no zombie-pipeline demo yet")
+def test_the_demo_with_the_password_in_the_urls_leaks_it_nowhere(auth_server: AuthServer, outputs: Outputs, homes):
+    env = env_for(url(auth_server.port), homes)
+    demo = run_cli(cli("demo"), env, homes["cwd"], outputs, "cli demo")
+    assert demo.returncode in (0, 1), demo.stderr.decode()[-2000:]
+    assert b"Traceback" not in demo.stderr
+    collect_homes(outputs, homes)
+    outputs.assert_clean()
+
+
+# --- wrong password, unreachable host, malformed URL ---------------------------------------------------------
+
+
+def test_a_wrong_password_fails_cleanly_and_leaks_neither_password(auth_server: AuthServer, outputs: Outputs, homes, monkeypatch):
+    wrong = url(auth_server.port, WRONG_PASSWORD)
+    env = env_for(wrong, homes)
+
+    simulated = run_cli(cli("simulate", "--finished", "10"), env, homes["cwd"], outputs, "cli simulate, wrong password")
+    assert simulated.returncode != 0
+    assert b"Traceback" not in simulated.stderr
+    assert b"uthentication failed" in simulated.stderr, simulated.stderr
+
+    result = in_process_run(wrong, outputs, "in-process job, wrong password", monkeypatch)
+    assert not result.success
+
+    client = MongoClient(wrong, serverSelectionTimeoutMS=3_000)
+    with pytest.raises(DatabaseUnavailable) as unavailable:
+        check_reachable(client[QUEUE], wrong)
+    outputs.add("check_reachable, wrong password", str(unavailable.value))
+    with pytest.raises(Exception) as failure:
+        run_cleanup(Store.of(client[QUEUE], client[CACHE]), ZombiePolicy(), "core-wrong")
+    outputs.add("run_cleanup exception, wrong password", f"{type(failure.value).__name__}: {failure.value}")
+    client.close()
+
+    collect_homes(outputs, homes)
+    outputs.assert_clean()
+
+
+def test_an_unreachable_host_fails_cleanly_and_leaks_no_password(outputs: Outputs, homes, monkeypatch):
+    closed_port = free_port()
+    unreachable = url(closed_port)
+    env = env_for(unreachable, homes)
+
+    simulated = run_cli(cli("simulate", "--finished", "10"), env, homes["cwd"], outputs, "cli simulate, unreachable", timeout=120)
+    assert simulated.returncode != 0
+    assert b"Traceback" not in simulated.stderr
+
+    result = in_process_run(unreachable, outputs, "in-process job, unreachable", monkeypatch, timeout_ms=1_000)
+    assert not result.success
+    messages = [e.step_failure_data.error.message for e in result.all_events if e.is_step_failure]
+    assert any("cannot reach MongoDB at mongodb://***:***@127.0.0.1" in m for m in messages), messages
+
+    client = MongoClient(unreachable, serverSelectionTimeoutMS=1_000)
+    with pytest.raises(DatabaseUnavailable) as unavailable:
+        check_reachable(client[QUEUE], unreachable)
+    outputs.add("check_reachable, unreachable", str(unavailable.value))
+    client.close()
+
+    collect_homes(outputs, homes)
+    outputs.assert_clean()
+
+
+@pytest.mark.parametrize("password", [PASSWORD, WRONG_PASSWORD], ids=["right", "wrong"])
+def test_a_url_with_the_password_left_unescaped_fails_cleanly_and_leaks_nothing(auth_server: AuthServer, outputs: Outputs, homes, monkeypatch, password: str):
+    malformed = url(auth_server.port, password, escaped=False)
+    env = env_for(malformed, homes)
+
+    simulated = run_cli(cli("simulate", "--finished", "10"), env, homes["cwd"], outputs, "cli simulate, unescaped")
+    assert simulated.returncode != 0
+    assert b"Traceback" not in simulated.stderr
+
+    result = in_process_run(malformed, outputs, "in-process job, unescaped", monkeypatch, timeout_ms=1_000)
+    assert not result.success
+
+    outputs.add("redact_url, unescaped", redact_url(malformed))
+    collect_homes(outputs, homes)
+    outputs.assert_clean()
+
+
+def test_the_search_would_see_a_leak(outputs: Outputs):
+    """The net has no hole: each form of the password, planted in an output, is found."""
+    for form in variants(PASSWORD):
+        planted = Outputs()
+        planted.add("planted", f"error: could not connect with {form} as password")
+        assert planted.leaks(), form
+    assert redact(url(1), [url(1)]).count("***") >= 1
