@@ -1,0 +1,214 @@
+"""The data the benchmarks run on: simulated queues, a fast finished-history generator, and a reset.
+
+* :func:`cleanup_workload`: a queue of ``jobs`` with ``zombies`` zombies, for the simulator.
+* :func:`add_finished_history`: finished jobs only, inserted with large ``insert_many``
+  batches, with the simulator's job types and duration laws (log-normal per type,
+  killed at the maximum duration, the type's error rate). Much faster than the
+  simulator for a million jobs: no cache entries, no per-job bookkeeping.
+* :class:`Snapshot`: what a cleanup may change (the zombies, their cache entries,
+  the audit and the retries it enqueues), saved once and put back before every
+  run, so each contender and each repetition starts from the same data without
+  re-inserting the queue.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from bson import ObjectId
+from pymongo import DeleteOne, InsertOne, ReplaceOne
+from pymongo.collection import Collection
+
+from zombie_pipeline.documents import (
+    CACHE_KEY,
+    ID,
+    Cache,
+    Event,
+    Job,
+    Priority,
+    Status,
+    cache_key_of_job,
+    namespace_of,
+    unicity_id,
+    without_none,
+)
+from zombie_pipeline.simulate import HEARTBEAT_INTERVAL_SECONDS, JOB_TYPES, JobType, Simulation, Workload, truncate_ms
+from zombie_pipeline.store import Store
+
+#: Running (healthy) started jobs beside the zombies: every started job is loaded by the baseline.
+RUNNING_JOBS = 200
+HISTORY_INSERT_BATCH = 20_000
+
+
+def cleanup_workload(jobs: int, zombies: int, seed: int = 2023, running: int = RUNNING_JOBS) -> Workload:
+    """``jobs`` in all, ``zombies`` of them dead: 80 % crashed, 10 % never beat, 10 % past T2."""
+    never = zombies // 10
+    overdue = zombies // 10
+    crashed = zombies - never - overdue
+    waiting = max(10, jobs // 100)
+    finished = jobs - zombies - running - waiting
+    if finished < 0:
+        raise ValueError(f"a queue of {jobs} jobs cannot hold {zombies} zombies and {running + waiting} live jobs")
+    return Workload(
+        finished=finished,
+        crashed=crashed,
+        never_heartbeated=never,
+        overdue=overdue,
+        running=running,
+        waiting=waiting,
+        seed=seed,
+    )
+
+
+# --- finished history -------------------------------------------------------------------
+
+
+@dataclass
+class History:
+    """Finished jobs added so far, and how many finished on each UTC day."""
+
+    first_day: dt.datetime
+    days: int
+    total: int = 0
+    by_day: Counter = field(default_factory=Counter)  # ISO date -> jobs finished that day
+    chunks: int = 0
+
+    @property
+    def window(self) -> tuple[dt.datetime, dt.datetime]:
+        return self.first_day, self.first_day + dt.timedelta(days=self.days)
+
+
+def history_for(now: dt.datetime, days: int = 7) -> History:
+    """History over the ``days`` full UTC days before ``now``'s day."""
+    today = now.astimezone(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    return History(first_day=today - dt.timedelta(days=days), days=days)
+
+
+def _finished_jobs(
+    count: int,
+    history: History,
+    seed: int,
+    max_duration_seconds: int,
+    job_types: tuple[JobType, ...] = JOB_TYPES,
+) -> Iterator[dict[str, Any]]:
+    rng = random.Random(seed)
+    span = history.days * 86_400
+    prefix = (0xBE000000 + seed % 0xFFFFFF).to_bytes(4, "big")
+    for serial in range(count):
+        job_type = rng.choice(job_types)
+        duration = job_type.median_seconds * math.exp(rng.gauss(0.0, job_type.sigma))
+        killed = duration > max_duration_seconds
+        duration = min(duration, max_duration_seconds)
+        finished_at = truncate_ms(history.first_day + dt.timedelta(seconds=rng.uniform(0, span)))
+        started_at = truncate_ms(finished_at - dt.timedelta(seconds=duration))
+        created_at = truncate_ms(started_at - dt.timedelta(seconds=rng.uniform(0, 120)))
+        beats = int(duration // HEARTBEAT_INTERVAL_SECONDS)
+        dataset = f"user{rng.randrange(200)}/dataset-{rng.randrange(2_000)}"
+        config = None if job_type.level == "dataset" else rng.choice(("default", "en", "fr"))
+        split = None if job_type.level != "split" else rng.choice(("train", "test", "validation"))
+        failed = killed or rng.random() < job_type.error_rate
+        history.by_day[finished_at.date().isoformat()] += 1
+        yield without_none(
+            {
+                ID: ObjectId(int(created_at.timestamp()).to_bytes(4, "big") + prefix + serial.to_bytes(4, "big")),
+                Job.TYPE: job_type.name,
+                Job.DATASET: dataset,
+                Job.CONFIG: config,
+                Job.SPLIT: split,
+                Job.UNICITY_ID: unicity_id(job_type.name, dataset, config, split),
+                Job.NAMESPACE: namespace_of(dataset),
+                Job.FORCE: rng.random() < 0.1,
+                Job.PRIORITY: Priority.LOW if rng.random() < 0.2 else Priority.NORMAL,
+                Job.STATUS: Status.ERROR if failed else Status.SUCCESS,
+                Job.CREATED_AT: created_at,
+                Job.STARTED_AT: started_at,
+                Job.FINISHED_AT: finished_at,
+                Job.LAST_HEARTBEAT: started_at + dt.timedelta(seconds=beats * HEARTBEAT_INTERVAL_SECONDS) if beats else None,
+            }
+        )
+
+
+def add_finished_history(
+    jobs: Collection,
+    history: History,
+    count: int,
+    max_duration_seconds: int = 1200,
+    batch: int = HISTORY_INSERT_BATCH,
+) -> int:
+    """Insert ``count`` more finished jobs (each call a new seed, so ids never collide)."""
+    history.chunks += 1
+    buffer: list[dict[str, Any]] = []
+    for job in _finished_jobs(count, history, seed=1_000 + history.chunks, max_duration_seconds=max_duration_seconds):
+        buffer.append(job)
+        if len(buffer) >= batch:
+            jobs.insert_many(buffer, ordered=False)
+            buffer = []
+    if buffer:
+        jobs.insert_many(buffer, ordered=False)
+    history.total += count
+    return count
+
+
+# --- reset between runs ----------------------------------------------------------------------
+
+
+def _key_filter(key: dict[str, Any]) -> dict[str, Any]:
+    return {name: key.get(name) for name in CACHE_KEY}  # None matches a missing config/split
+
+
+@dataclass
+class Snapshot:
+    """The documents a cleanup may change, as they were before any contender ran."""
+
+    zombie_jobs: list[dict[str, Any]]
+    cache_keys: list[dict[str, Any]]  # the cache key of every zombie
+    cache_entries: list[dict[str, Any]]  # the entries that existed for those keys
+    started: int  # started jobs before a run
+
+    @classmethod
+    def take(cls, store: Store, simulation: Simulation) -> "Snapshot":
+        zombie_ids = set(simulation.zombie_ids)
+        # Zombies and running jobs were simulated with datasets of their own ("userN/live-M"):
+        # one indexed read of the started jobs finds them, without a long $in.
+        zombie_jobs = [job for job in store.jobs.find({Job.STATUS: Status.STARTED}) if job[ID] in zombie_ids]
+        if len(zombie_jobs) != len(zombie_ids):
+            raise RuntimeError(f"expected {len(zombie_ids)} zombies, found {len(zombie_jobs)} started")
+        keys = [cache_key_of_job(job) for job in zombie_jobs]
+        entries = []
+        by_kind: dict[str, list[str]] = {}
+        for key in keys:
+            by_kind.setdefault(key[Cache.KIND], []).append(key[Cache.DATASET])
+        wanted = {tuple(key.get(n) for n in CACHE_KEY) for key in keys}
+        for kind, datasets in by_kind.items():  # equality on the first key field: an index scan on any server
+            for start in range(0, len(datasets), 200):
+                query = {Cache.KIND: kind, Cache.DATASET: {"$in": datasets[start : start + 200]}}
+                for entry in store.cache.find(query):
+                    if tuple(entry.get(n) for n in CACHE_KEY) in wanted:
+                        entries.append(entry)
+        started = store.jobs.count_documents({Job.STATUS: Status.STARTED})
+        return cls(zombie_jobs=zombie_jobs, cache_keys=keys, cache_entries=entries, started=started)
+
+    def restore(self, store: Store) -> None:
+        """Put the zombies, their cache entries and an empty audit back; delete retries."""
+        retry_ids = [event[Event.RETRY_JOB_ID] for event in store.events.find({}, {Event.RETRY_JOB_ID: 1}) if Event.RETRY_JOB_ID in event]
+        operations: list[Any] = [DeleteOne({ID: retry_id}) for retry_id in retry_ids]
+        operations += [ReplaceOne({ID: job[ID]}, job) for job in self.zombie_jobs]
+        for start in range(0, len(operations), 5_000):
+            store.jobs.bulk_write(operations[start : start + 5_000], ordered=True)
+        cache_operations: list[Any] = [DeleteOne(_key_filter(key)) for key in self.cache_keys]
+        cache_operations += [InsertOne(entry) for entry in self.cache_entries]
+        for start in range(0, len(cache_operations), 5_000):
+            store.cache.bulk_write(cache_operations[start : start + 5_000], ordered=True)
+        store.events.delete_many({})
+        started = store.jobs.count_documents({Job.STATUS: Status.STARTED})
+        if started != self.started:
+            raise RuntimeError(f"reset left {started} started jobs, expected {self.started}")
+
+    def finalized_count(self, store: Store) -> int:
+        """Zombies no longer started (the contender finalized them)."""
+        return self.started - store.jobs.count_documents({Job.STATUS: Status.STARTED})

@@ -1,0 +1,443 @@
+"""Measures 2-4: detection, statistics and cleanup as the finished history grows.
+
+One queue holds the same started jobs (zombies and healthy ones) and waiting
+jobs throughout; finished jobs are added in steps (10k, 100k, 1M), and at each
+step the same measures are taken:
+
+* **detection**: :func:`zombie_pipeline.detection.detect`, its commands and
+  documents, and the server's ``explain`` of the stale query (plan, documents
+  and keys examined);
+* **statistics**: the duration statistics of the 7-day window as the Dagster
+  assets compute them (one ``read_period`` per UTC day, ``combine``, ``analyze``
+  with ``count_undated_jobs``), time split into database read and Python/pandas
+  compute, peak memory, bytes; beside a naive version that loads whole documents
+  into one DataFrame; and one daily partition alone (what it reads, what the
+  server examines);
+* **cleanup growth**: both cleanup contenders on this queue (the cache holds the
+  entries of the started jobs only, so what grows is the jobs collection);
+* **query plans** of the other queries a cleanup sends, on this server.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+from pymongo import MongoClient
+from pymongo.cursor import Cursor
+
+from benchmarks.cleanup_bench import CleanupSettings, _row, run_contenders
+from benchmarks.data import History, Snapshot, add_finished_history, history_for
+from benchmarks.harness import CommandCounter, ServerHandle, drop_if_exists, explain_find, measure, median
+from zombie_pipeline import durations
+from zombie_pipeline.detection import detect, stale_filter
+from zombie_pipeline.documents import FINISHED_STATUSES, ID, Cache, Job, Status, cache_key_of_job
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.simulate import Workload, simulate
+from zombie_pipeline.store import Store
+
+QUEUE_DB = "bench_history_queue"
+CACHE_DB = "bench_history_cache"
+
+
+@dataclass
+class HistorySettings:
+    sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)  # finished jobs
+    stats_sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)
+    zombies: int = 1_000
+    running: int = 200
+    waiting: int = 100
+    repeats: int = 3
+    stats_repeats: int = 3
+    slow_seconds: float = 120.0
+    cleanup: CleanupSettings = field(default_factory=CleanupSettings)
+    growth_cleanup: bool = True
+    growth_cleanup_sizes: tuple[int, ...] | None = None  # None: at every size
+    plans: bool = True
+
+
+# --- timing the database side of a read -------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
+class TimedCursor:
+    """A cursor whose ``next`` (network, server and BSON decoding) is timed."""
+
+    def __init__(self, cursor: Cursor, clock: Clock) -> None:
+        self._cursor = cursor
+        self._clock = clock
+
+    def __iter__(self) -> "TimedCursor":
+        return self
+
+    def __next__(self) -> Any:
+        started = time.perf_counter()
+        try:
+            return next(self._cursor)
+        finally:
+            self._clock.seconds += time.perf_counter() - started
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._cursor, name)
+        if not callable(attribute):
+            return attribute
+
+        def chained(*args: Any, **kwargs: Any) -> Any:
+            result = attribute(*args, **kwargs)
+            return TimedCursor(result, self._clock) if isinstance(result, Cursor) else result
+
+        return chained
+
+
+class TimedCollection:
+    """A collection whose every call (``find``, ``distinct``, ``count_documents``...) is timed;
+    cursors it returns are timed as they are iterated."""
+
+    def __init__(self, collection: Any, clock: Clock) -> None:
+        self._collection = collection
+        self._clock = clock
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._collection, name)
+        if not callable(attribute):
+            return attribute
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                result = attribute(*args, **kwargs)
+            finally:
+                self._clock.seconds += time.perf_counter() - started
+            return TimedCursor(result, self._clock) if isinstance(result, Cursor) else result
+
+        return timed
+
+
+def day_filters(jobs: Any, start: dt.datetime, end: dt.datetime) -> list[dict[str, Any]]:
+    """The queries ``read_period`` sends for the jobs of ``[start, end)`` (one per status in newer versions)."""
+    parameters = inspect.signature(durations.finished_jobs_filter).parameters
+    if len(parameters) == 3:
+        statuses = durations.statuses_to_read(jobs) if hasattr(durations, "statuses_to_read") else sorted(FINISHED_STATUSES)
+        return [durations.finished_jobs_filter(status, start, end) for status in statuses]
+    return [durations.finished_jobs_filter(start, end)]
+
+
+# --- statistics: ours and the naive version ------------------------------------------------
+
+
+def days_of(history: History) -> list[tuple[dt.datetime, dt.datetime]]:
+    return [
+        (history.first_day + dt.timedelta(days=i), history.first_day + dt.timedelta(days=i + 1)) for i in range(history.days)
+    ]
+
+
+def statistics_ours(jobs: Any, events: Any, history: History, policy: ZombiePolicy, clock: Clock) -> dict[str, Any]:
+    """The window as the assets compute it: a ``read_period`` per day, then ``combine`` and ``analyze``."""
+    timed_jobs, timed_events = TimedCollection(jobs, clock), TimedCollection(events, clock)
+    periods = [durations.read_period(timed_jobs, timed_events, start, end) for start, end in days_of(history)]
+    period = durations.combine(periods)
+    report = durations.analyze(period, policy, undated=durations.count_undated_jobs(timed_jobs))
+    return {"jobs_read": period.jobs_read, "types": len(report.types)}
+
+
+def statistics_naive(jobs: Any, history: History, clock: Clock) -> dict[str, Any]:
+    """Whole documents of the window into one DataFrame, then the same percentiles per type."""
+    start, end = history.window
+    timed = TimedCollection(jobs, clock)
+    documents = []
+    for status in sorted(FINISHED_STATUSES):  # the same index-friendly queries as ours, without projection
+        documents.extend(timed.find({Job.STATUS: status, Job.FINISHED_AT: {"$gte": start, "$lt": end}}))
+    frame = pd.DataFrame(documents)
+    frame["seconds"] = (frame[Job.FINISHED_AT] - frame[Job.STARTED_AT]).dt.total_seconds()
+    counts = frame.groupby([Job.TYPE, Job.STATUS]).size()
+    success = frame[frame[Job.STATUS] == Status.SUCCESS]
+    table = success.groupby(Job.TYPE)["seconds"].describe(percentiles=list(durations.PERCENTILES))
+    return {"jobs_read": len(documents), "types": len(table), "groups": len(counts)}
+
+
+def statistics_day(jobs: Any, events: Any, start: dt.datetime, end: dt.datetime, clock: Clock) -> dict[str, Any]:
+    period = durations.read_period(TimedCollection(jobs, clock), TimedCollection(events, clock), start, end)
+    return {"jobs_read": period.jobs_read}
+
+
+# --- the whole history section ----------------------------------------------------------------
+
+
+class HistoryBench:
+    def __init__(
+        self,
+        handle: ServerHandle,
+        setup_client: MongoClient,
+        measured_client: MongoClient,
+        counter: CommandCounter,
+        settings: HistorySettings,
+        log: Callable[[str], None],
+        emit: Callable[[str, list[dict[str, Any]]], None],
+    ) -> None:
+        self.handle = handle
+        self.setup_client = setup_client
+        self.measured_client = measured_client
+        self.counter = counter
+        self.settings = settings
+        self.log = log
+        self.emit = emit  # emit(section, rows): results are written as soon as they exist
+        self.policy = ZombiePolicy(max_stale_fraction=1.0, batch_size=settings.cleanup.batch_size)
+
+    def run(self) -> None:
+        s = self.settings
+        drop_if_exists(self.setup_client, QUEUE_DB, CACHE_DB)
+        setup_store = Store.of(self.setup_client[QUEUE_DB], self.setup_client[CACHE_DB])
+        setup_store.ensure_indexes()
+        never = s.zombies // 10
+        workload = Workload(
+            finished=0,
+            crashed=s.zombies - 2 * never,
+            never_heartbeated=never,
+            overdue=never,
+            running=s.running,
+            waiting=s.waiting,
+            seed=7,
+        )
+        simulation = simulate(self.setup_client[QUEUE_DB], self.setup_client[CACHE_DB], workload)
+        self.now = simulation.now
+        self.snapshot = Snapshot.take(setup_store, simulation)
+        self.setup_store = setup_store
+        self.measured_store = Store.of(self.measured_client[QUEUE_DB], self.measured_client[CACHE_DB])
+        self.history = history_for(simulation.now)
+        self.live_jobs = workload.total
+        self.log(f"history queue: {workload.total} started/waiting jobs ({s.zombies} zombies); window {self.history.window[0]:%Y-%m-%d} .. {self.history.window[1]:%Y-%m-%d}")
+        try:
+            for size in sorted(s.sizes):
+                started = time.perf_counter()
+                add_finished_history(setup_store.jobs, self.history, size - self.history.total)
+                insert_seconds = time.perf_counter() - started
+                self.log(f"  {self.history.total} finished jobs ({insert_seconds:.0f} s to add); server RSS {self.handle.rss_mb() or 0:.0f} MB")
+                self.detection(size, insert_seconds)
+                if s.plans:
+                    self.plans(size)
+                if size in s.stats_sizes:
+                    self.statistics(size)
+                if s.growth_cleanup and (s.growth_cleanup_sizes is None or size in s.growth_cleanup_sizes):
+                    self.cleanup(size)
+        finally:
+            if not self.handle.embedded:
+                drop_if_exists(self.setup_client, QUEUE_DB, CACHE_DB)
+
+    # detection -----------------------------------------------------------------------------
+
+    def detection(self, size: int, insert_seconds: float) -> None:
+        s = self.settings
+        jobs = self.measured_store.jobs
+        traced = measure(lambda: detect(jobs, self.policy, self.now), self.counter, trace_memory=True)
+        walls = []
+        for _ in range(s.repeats if traced.wall_seconds < s.slow_seconds else 0):
+            walls.append(measure(lambda: detect(jobs, self.policy, self.now), self.counter).wall_seconds)
+        walls = walls or [traced.wall_seconds]
+        explained = explain_find(self.setup_store.jobs, stale_filter(self.policy, self.now), sort={Job.STARTED_AT: 1})
+        candidates = len(traced.result.candidates)
+        row = {
+            "section": "detection",
+            "finished_jobs": size,
+            "queue_jobs": size + self.live_jobs,
+            "zombies_found": candidates,
+            "runs": len(walls),
+            "wall_seconds": [round(w, 3) for w in walls],
+            "wall_median_seconds": round(median(walls), 3),
+            "commands": traced.counts["commands"],
+            "docs_returned": traced.counts["docs_returned"],
+            "bytes_received": traced.counts["bytes_received"],
+            "peak_python_mb": round(traced.peak_python_mb, 2),
+            "docs_examined": explained["docs_examined"],
+            "keys_examined": explained["keys_examined"],
+            "plan": explained["plan"],
+            "explain_server_ms": explained["server_ms"],
+            "server_rss_mb": round(self.handle.rss_mb() or 0, 0) or None,
+            "insert_seconds": round(insert_seconds, 1),
+        }
+        self.log(
+            f"    detection: {row['wall_median_seconds']:.2f} s, {candidates} zombies, examined {row['docs_examined']} docs / "
+            f"{row['keys_examined']} keys, plan {row['plan']}"
+        )
+        self.emit("detection", [row])
+
+    # query plans of the other queries ----------------------------------------------------------
+
+    def plans(self, size: int) -> None:
+        policy, now = self.policy, self.now
+        jobs, cache = self.setup_store.jobs, self.setup_store.cache
+        zombies = self.snapshot.zombie_jobs[: policy.batch_size]
+        keys = [cache_key_of_job(job) for job in zombies]
+        cutoff = now - dt.timedelta(seconds=policy.heartbeat_timeout_seconds)
+        day_start, day_end = days_of(self.history)[len(days_of(self.history)) // 2]
+        shapes = [
+            ("detection: stale query (detect)", jobs, stale_filter(policy, now), {Job.STARTED_AT: 1}, None),
+            (
+                "detection, index fields only (alternative)",
+                jobs,
+                {Job.STATUS: Status.STARTED, Job.STARTED_AT: {"$lt": cutoff}},
+                {Job.STARTED_AT: 1},
+                None,
+            ),
+            ("statistics: one day, first query of read_period", jobs, day_filters(jobs, day_start, day_end)[0], None, None),
+            (
+                "statistics: one day, status $nin (one-query shape)",
+                jobs,
+                {Job.STATUS: {"$nin": [Status.WAITING, Status.STARTED]}, Job.FINISHED_AT: {"$gte": day_start, "$lt": day_end}},
+                None,
+                None,
+            ),
+            (
+                f"cache errors: entries of {len(keys)} jobs (kind $in, dataset $in)",
+                cache,
+                {
+                    Cache.KIND: {"$in": sorted({k[Cache.KIND] for k in keys})},
+                    Cache.DATASET: {"$in": sorted({k[Cache.DATASET] for k in keys})},
+                },
+                None,
+                None,
+            ),
+            (
+                "cache errors: same entries, one kind (alternative)",
+                cache,
+                {Cache.KIND: keys[0][Cache.KIND], Cache.DATASET: {"$in": sorted({k[Cache.DATASET] for k in keys if k[Cache.KIND] == keys[0][Cache.KIND]})}},
+                None,
+                None,
+            ),
+            (f"finalize read-back: _id $in {len(zombies)}", jobs, {ID: {"$in": [job[ID] for job in zombies]}}, None, None),
+            (
+                f"retries: unicity_id $in {len(zombies)}, status $in",
+                jobs,
+                {Job.UNICITY_ID: {"$in": sorted(job[Job.UNICITY_ID] for job in zombies)}, Job.STATUS: {"$in": [Status.WAITING, Status.STARTED]}},
+                None,
+                None,
+            ),
+            ("baseline: every started job", jobs, {Job.STATUS: Status.STARTED}, None, None),
+        ]
+        rows = []
+        for name, collection, query, sort, projection in shapes:
+            explained = explain_find(collection, query, sort=sort, projection=projection)
+            rows.append({"section": "plans", "finished_jobs": size, "query": name, **explained})
+            self.log(f"    plan {name}: {explained['plan']} examined {explained['docs_examined']} docs in {explained['explain_seconds']:.2f} s")
+        self.emit("plans", rows)
+
+    # statistics ---------------------------------------------------------------------------------
+
+    def statistics(self, size: int) -> None:
+        s = self.settings
+        jobs, events = self.measured_store.jobs, self.measured_store.events
+        history = self.history
+        rows = []
+        variants = {
+            "ours (daily partitions)": lambda clock: statistics_ours(jobs, events, history, self.policy, clock),
+            "naive (whole documents)": lambda clock: statistics_naive(jobs, history, clock),
+        }
+        for name, call in variants.items():
+            # traced run: peak memory and bytes on the wire (both slow the run down, so no time is taken from it)
+            self.counter.measure_bytes = True
+            traced_clock = Clock()
+            traced = measure(lambda: call(traced_clock), self.counter, trace_memory=True)
+            self.counter.measure_bytes = False  # re-encoding replies to size them would be timed too
+            reads, computes, walls = [], [], []
+            # at least one untraced run (tracemalloc slows Python down), unless none is asked (smoke test)
+            for _ in range(min(s.stats_repeats, max(1, s.stats_repeats if traced.wall_seconds < s.slow_seconds else 1))):
+                clock = Clock()
+                m = measure(lambda: call(clock), self.counter)
+                walls.append(m.wall_seconds)
+                reads.append(clock.seconds)
+                computes.append(m.wall_seconds - clock.seconds)
+            self.counter.measure_bytes = True
+            from_traced = not walls
+            if from_traced:
+                walls, reads, computes = [traced.wall_seconds], [traced_clock.seconds], [traced.wall_seconds - traced_clock.seconds]
+            row = {
+                "section": "statistics",
+                "finished_jobs": size,
+                "variant": name,
+                "jobs_read": traced.result["jobs_read"],
+                "runs": len(walls),
+                "wall_median_seconds": round(median(walls), 3),
+                "read_median_seconds": round(median(reads), 3),
+                "compute_median_seconds": round(median(computes), 3),
+                "compute_seconds": [round(c, 3) for c in computes],
+                "peak_python_mb": round(traced.peak_python_mb, 1),
+                "commands": traced.counts["commands"],
+                "docs_returned": traced.counts["docs_returned"],
+                "bytes_received": traced.counts["bytes_received"],
+                "traced_wall_seconds": round(traced.wall_seconds, 1),
+                "times_from_traced_run": from_traced,
+            }
+            rows.append(row)
+            self.log(
+                f"    statistics {name}: read {row['read_median_seconds']:.2f} s + compute {row['compute_median_seconds']:.2f} s, "
+                f"peak {row['peak_python_mb']:.0f} MB, {row['bytes_received'] / 1e6:.1f} MB received"
+            )
+        # one daily partition alone: what it reads, and what the server examines for it
+        day_start, day_end = days_of(history)[len(days_of(history)) // 2]
+        clock = Clock()
+        self.counter.measure_bytes = True
+        day = measure(lambda: statistics_day(jobs, events, day_start, day_end, clock), self.counter)
+        explains = [
+            explain_find(self.setup_store.jobs, query, projection=getattr(durations, "_JOB_PROJECTION", None))
+            for query in day_filters(self.setup_store.jobs, day_start, day_end)
+        ]
+        explained = {
+            "docs_examined": sum(e["docs_examined"] or 0 for e in explains),
+            "keys_examined": sum(e["keys_examined"] or 0 for e in explains),
+            "plan": f"{len(explains)} queries; first: {explains[0]['plan']}",
+        }
+        expected = history.by_day[day_start.date().isoformat()]
+        rows.append(
+            {
+                "section": "statistics",
+                "finished_jobs": size,
+                "variant": f"one daily partition ({day_start:%Y-%m-%d})",
+                "jobs_read": day.result["jobs_read"],
+                "jobs_finished_that_day": expected,
+                "runs": 1,
+                "wall_median_seconds": round(day.wall_seconds, 3),
+                "read_median_seconds": round(clock.seconds, 3),
+                "compute_median_seconds": round(day.wall_seconds - clock.seconds, 3),
+                "commands": day.counts["commands"],
+                "docs_returned": day.counts["docs_returned"],
+                "bytes_received": day.counts["bytes_received"],
+                "docs_examined": explained["docs_examined"],
+                "keys_examined": explained["keys_examined"],
+                "plan": explained["plan"],
+            }
+        )
+        self.log(
+            f"    daily partition: read {day.result['jobs_read']} jobs (that day: {expected}); server examined "
+            f"{explained['docs_examined']} docs / {explained['keys_examined']} keys ({explained['plan']})"
+        )
+        self.emit("statistics", rows)
+
+    # cleanup as the history grows ------------------------------------------------------------------
+
+    def cleanup(self, size: int) -> None:
+        label = f"history {size}"
+        results = run_contenders(
+            self.handle,
+            self.setup_store,
+            self.measured_store,
+            self.counter,
+            self.snapshot,
+            self.now,
+            self.settings.cleanup,
+            self.log,
+            label,
+        )
+        case = {
+            "queue_jobs": size + self.live_jobs,
+            "finished_jobs": size,
+            "zombies": len(self.snapshot.zombie_jobs),
+            "started_jobs": self.snapshot.started,
+        }
+        self.emit("growth_cleanup", [_row("growth_cleanup", case, name, entry, self.settings.cleanup) for name, entry in results.items()])
