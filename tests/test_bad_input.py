@@ -69,7 +69,7 @@ def make_resources(store: Store, timeout_ms: int = 10_000, **policy: Any) -> dic
 def run_job(resources: dict[str, Any], partition_key: str | None = None, **config: Any) -> tuple[dg.ExecuteInProcessResult, list]:
     """Run kill_zombies_job in process; return the result and every log record of the run."""
     run_config = {"ops": {"reconcile": {"config": config}}, "loggers": {"console": {"config": {"log_level": "ERROR"}}}}
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:  # in memory: 0.1 s instead of 1.8 s for a temporary sqlite one
         if partition_key is not None:
             instance.add_dynamic_partitions(JOB_TYPE_PARTITIONS.name, [partition_key])
         result = kill_zombies_job.execute_in_process(
@@ -326,7 +326,16 @@ BAD_POLICIES = [
 ]
 
 
-@pytest.mark.parametrize("values, field", BAD_POLICIES, ids=[f"{k}={v}" for (values, _) in BAD_POLICIES for k, v in values.items()])
+#: the issue's cases go through a whole Dagster run; every case is checked on the core policy below
+RUN_CASES = [case for case in BAD_POLICIES if next(iter(case[0])) in {
+    "heartbeat_timeout_seconds", "max_duration_seconds", "max_duration_seconds_by_type", "batch_size", "crashed_retry_limit", "claim_lease_seconds"}]
+
+
+def _case_id(case) -> str:
+    return ",".join(f"{k}={v}" for k, v in case[0].items())
+
+
+@pytest.mark.parametrize("values, field", RUN_CASES, ids=[_case_id(case) for case in RUN_CASES])
 def test_a_bad_policy_is_refused_before_any_read_or_write_with_a_message_naming_the_field(
     store: Store, mongo_url: str, monkeypatch, commands: Commands, values: dict, field: str
 ):
@@ -354,7 +363,7 @@ def test_a_bad_policy_is_refused_before_any_read_or_write_with_a_message_naming_
     assert {c.name: c.index_information() for c in (store.jobs, store.cache, store.events)} == indexes
 
 
-@pytest.mark.parametrize("values, field", BAD_POLICIES, ids=[f"{k}={v}" for (values, _) in BAD_POLICIES for k, v in values.items()])
+@pytest.mark.parametrize("values, field", BAD_POLICIES, ids=[_case_id(case) for case in BAD_POLICIES])
 def test_the_core_policy_names_the_field(values: dict, field: str):
     with pytest.raises(PolicyError, match=field.replace("[", r"\[").replace("]", r"\]")):
         ZombiePolicy(**values)

@@ -170,7 +170,7 @@ def dagster_resources(timeout_ms: int = 3_000, **policy: Any) -> dict[str, Any]:
 def run_job(resources: dict[str, Any], **config: Any) -> dg.ExecuteInProcessResult:
     """Run kill_zombies_job in process; ``result.step_seconds`` holds each op's duration from the event log."""
     run_config = {"ops": {"reconcile": {"config": config}}, "loggers": {"console": {"config": {"log_level": "ERROR"}}}}
-    with dg.instance_for_test() as instance:
+    with dg.DagsterInstance.ephemeral() as instance:  # in memory: 0.1 s instead of 1.8 s for a temporary sqlite one
         result = kill_zombies_job.execute_in_process(
             run_config=run_config, resources=resources, instance=instance, raise_on_error=False
         )
