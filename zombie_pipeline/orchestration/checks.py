@@ -131,8 +131,9 @@ def no_zombies_left(
         "job_types": dg.MetadataValue.json(list(job_types) if job_types else "all"),
         "zombies_left": len(left.candidates),
         "malformed_left": len(left.malformed),
-        "zombies": _table(rows),
     }
+    if rows:
+        metadata["zombies"] = _table(rows)
     if scope:
         metadata["cleanup_run"] = scope.run_id
     if left.malformed:
@@ -165,15 +166,17 @@ def zombies_have_cache_errors(
     store = store_of(queue_db, cache_db)
     since = utc_now() - dt.timedelta(days=config.days)
     audit = monitoring.audit_cache_errors(store, since, SAMPLE_ROWS)
+    metadata: dict[str, Any] = {
+        "since": dg.MetadataValue.timestamp(since),
+        "finalizations_checked": audit.checked,
+        "missing_entries": audit.missing,
+        "entries_without_error": audit.wrong,
+    }
+    if audit.sample:
+        metadata["offenders"] = _table(audit.sample)
     return dg.AssetCheckResult(
         passed=audit.passed,
-        metadata={
-            "since": dg.MetadataValue.timestamp(since),
-            "finalizations_checked": audit.checked,
-            "missing_entries": audit.missing,
-            "entries_without_error": audit.wrong,
-            "offenders": _table(audit.sample),
-        },
+        metadata=metadata,
         description=None
         if audit.passed
         else f"{audit.missing} finalized zombies have no cache entry, {audit.wrong} an entry without their error",
