@@ -383,6 +383,7 @@ def test_an_override_for_a_job_type_the_queue_does_not_know_warns(store: Store, 
     warnings = [r.user_message for r in logs if r.level >= 30 and "/frist-rows" in (r.user_message or "")]
     assert warnings, [r.user_message for r in logs if r.level >= 30]
     assert "/first-rows'" not in warnings[0].split("/frist-rows")[0][-40:]  # the known type is not named
+    assert metadata_of(result, "reconcile")["unknown_override_types"] == ["/frist-rows"]
     assert metadata_of(result, "summarize")["finalized"] == 2  # a warning, not a refusal
 
 

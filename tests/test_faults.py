@@ -815,7 +815,11 @@ run_cleanup(store, ZombiePolicy(**args["policy"]), args["run_id"], now=dt.dateti
 print("completed", flush=True)
 '''
 
-KILL_WORKLOAD = Workload(finished=80, crashed=50, never_heartbeated=8, overdue=8, running=20, waiting=10, seed=23)
+KILL_WORKLOAD = (
+    Workload(finished=80, crashed=50, never_heartbeated=8, overdue=8, running=20, waiting=10, seed=23)
+    if FULL
+    else Workload(finished=60, crashed=35, never_heartbeated=5, overdue=5, running=15, waiting=10, seed=23)
+)
 KILL_POLICY = dict(batch_size=3, claim_lease_seconds=0)
 KILLS = 20 if FULL else 6
 
