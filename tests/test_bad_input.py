@@ -613,3 +613,23 @@ def test_run_config_refuses_an_operator_object_as_a_job_type(store: Store, resou
             run_config={"ops": {"reconcile": {"config": {"job_types": [{"$gt": ""}]}}}}, resources=resources
         )
     assert store.events.count_documents({}) == 0
+
+
+# --- a queue that broke its own rule: two started jobs with one unicity_id -----------------------------------
+
+
+def test_two_started_zombies_with_one_unicity_id_get_a_single_retry(store: Store):
+    """At most one started job per unicity_id is the queue's rule; when a race broke it, both
+    zombies are finalized, but only one retry may be enqueued, whichever batch they fall in."""
+    first = job_document(dataset="u/twice", started_at=ago(1100), last_heartbeat=ago(1000))
+    second = job_document(dataset="u/twice", started_at=ago(1000), last_heartbeat=ago(900))
+    assert first[Job.UNICITY_ID] == second[Job.UNICITY_ID]
+    store.jobs.insert_many([first, second])
+
+    report = run_cleanup(store, ZombiePolicy(claim_lease_seconds=0), "run-1", override_brake=True)
+
+    assert report.counts["finalized"] == 2
+    waiting = list(store.jobs.find({Job.UNICITY_ID: first[Job.UNICITY_ID], Job.STATUS: Status.WAITING}))
+    assert len(waiting) == 1, f"{len(waiting)} retries enqueued for one unicity_id"
+    outcomes = sorted(event["retry_outcome"] for event in store.events.find())
+    assert outcomes == ["already_queued", "enqueued"]
