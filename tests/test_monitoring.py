@@ -2,7 +2,6 @@
 
 import datetime as dt
 import http.server
-import socket
 import threading
 import time
 
