@@ -37,7 +37,7 @@ CACHE_DB = "bench_cleanup_cache"
 class CleanupSettings:
     repeats: int = 3
     batch_size: int = 500
-    cap_seconds: float | None = 900.0  # a run longer than this is stopped and reported as such
+    cap_seconds: float | None = 2_400.0  # a run longer than this is stopped and reported as such
     slow_seconds: float = 120.0  # after a traced run this long, one run is all we take
 
 
@@ -182,6 +182,7 @@ def _row(section: str, case: dict[str, Any], name: str, entry: dict[str, Any], s
         "timed_out": entry["timed_out"],
         "commands": None if entry["timed_out"] else counts.get("commands"),
         "commands_by_name": counts.get("commands_by_name"),
+        "round_trip_seconds_by_command": counts.get("round_trip_seconds_by_command"),
         "docs_returned": None if entry["timed_out"] else counts.get("docs_returned"),
         "bytes_received": None if entry["timed_out"] else counts.get("bytes_received"),
         "bytes_sent": None if entry["timed_out"] else counts.get("bytes_sent"),

@@ -178,6 +178,8 @@ def markdown(results: dict[str, Any]) -> str:
     parts += ["## Targets", "", targets_table(results), ""]
     if results.get("cleanup"):
         parts += ["## 1. Cleanup: ours vs the 2023 baseline", "", cleanup_table(results["cleanup"]), "", "Ratios (baseline / ours):", "", ratio_table(results["cleanup"]), ""]
+    if any(r.get("round_trip_seconds_by_command") for r in results.get("cleanup", [])):
+        parts += ["Where the time goes (round-trip seconds per command and collection, as pymongo measured them; last run):", "", time_split_table(results["cleanup"]), ""]
     if results.get("detection"):
         parts += ["## 2. Detection as the finished history grows", "", detection_table(results["detection"]), ""]
     if results.get("plans"):
@@ -217,6 +219,16 @@ def cleanup_table(rows: list[dict[str, Any]]) -> str:
             for r in rows
         ],
     )
+
+
+def time_split_table(rows: list[dict[str, Any]], top: int = 5) -> str:
+    out = []
+    for r in rows:
+        split = r.get("round_trip_seconds_by_command") or {}
+        total = sum(split.values())
+        heaviest = ", ".join(f"{name} {seconds:.1f}" for name, seconds in list(split.items())[:top])
+        out.append([r["queue_jobs"], r["zombies"], r["contender"], total, heaviest])
+    return table(["queue jobs", "zombies", "contender", "sum of round trips s", f"heaviest {top}"], out)
 
 
 def ratio_table(rows: list[dict[str, Any]]) -> str:

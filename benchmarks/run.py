@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -44,6 +44,8 @@ class Config:
     cleanup: CleanupSettings = field(default_factory=CleanupSettings)
     #: the cleanup cases with at least this many jobs run after the history section
     late_cleanup_from: int = 100_000
+    #: per-case caps (seconds) replacing ``cleanup.cap_seconds``
+    case_caps: dict[tuple[int, int], float] = field(default_factory=lambda: {(100_000, 10_000): 1_200.0})
     sections: tuple[str, ...] = ("cleanup", "history")
 
     @classmethod
@@ -95,7 +97,8 @@ class Results:
         out_dir.mkdir(parents=True, exist_ok=True)
 
     def emit(self, section: str, rows: list[dict[str, Any]]) -> None:
-        self.data[section].extend(rows)
+        load = round(os.getloadavg()[0], 2)  # the machine is shared: say how busy it was
+        self.data[section].extend({**row, "load_average_1m": load} for row in rows)
         self.write()
 
     def write(self, complete: bool = False) -> None:
@@ -133,6 +136,7 @@ def run(config: Config, out_dir: Path, url: str | None = None, log: Callable[[st
                 "repeats": config.cleanup.repeats,
                 "batch_size": config.cleanup.batch_size,
                 "cap_seconds": config.cleanup.cap_seconds,
+                "case_caps": {f"{jobs}:{zombies}": cap for (jobs, zombies), cap in config.case_caps.items()},
                 "slow_seconds": config.cleanup.slow_seconds,
             },
         }
@@ -180,8 +184,11 @@ def code_state() -> dict[str, Any]:
 
 def _cleanup_cases(handle, setup_client, measured_client, counter, cases, config, results, log) -> None:
     for jobs, zombies in cases:
-        log(f"cleanup: {jobs} jobs, {zombies} zombies")
-        results.emit("cleanup", cleanup_case(handle, setup_client, measured_client, counter, jobs, zombies, config.cleanup, log))
+        settings = config.cleanup
+        if (jobs, zombies) in config.case_caps:
+            settings = replace(settings, cap_seconds=config.case_caps[(jobs, zombies)])
+        log(f"cleanup: {jobs} jobs, {zombies} zombies (cap {settings.cap_seconds} s per run)")
+        results.emit("cleanup", cleanup_case(handle, setup_client, measured_client, counter, jobs, zombies, settings, log))
 
 
 def _print_summary(data: dict[str, Any], log: Callable[[str], None]) -> None:
@@ -222,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stats-sizes", type=_sizes, help="history sizes at which statistics are measured")
     parser.add_argument("--cleanup-cases", type=_cases, help="queue_jobs:zombies,... e.g. 10000:100,100000:1000")
     parser.add_argument("--repeats", type=int, help="timed runs per contender (median); default 3")
-    parser.add_argument("--cap-seconds", type=float, help="stop a cleanup run after this long (default 900)")
+    parser.add_argument("--cap-seconds", type=float, help="stop a cleanup run after this long (default 2400; 1200 for 100000:10000)")
     parser.add_argument("--only", choices=["cleanup", "history"], help="one section only")
     parser.add_argument("--out", type=Path, help="output directory (default docs/, or build/benchmarks-quick with --quick)")
     parser.add_argument("--url", help="MongoDB URL (default: QUEUE_MONGO_URL, else an embedded SecantusDB)")
@@ -240,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.history.stats_repeats = args.repeats
     if args.cap_seconds:
         config.cleanup.cap_seconds = args.cap_seconds
+        config.case_caps = {}
     if args.only:
         config.sections = (args.only,)
     out_dir = args.out or (REPO / "build" / "benchmarks-quick" if args.quick else REPO / "docs")
