@@ -418,6 +418,7 @@ def enqueue_retries(store: Store, run_id: str, policy: ZombiePolicy, now: dt.dat
                 outcomes[event[ID]] = RetryOutcome.ALREADY_QUEUED
             elif holder is None:
                 new_jobs.append(retry_job(event, now))
+                queued[event[Event.JOB][Job.UNICITY_ID]] = event[Event.RETRY_JOB_ID]  # one retry per unicity_id in a batch too
         if new_jobs:
             try:
                 store.jobs.insert_many(new_jobs, ordered=False)
