@@ -7,6 +7,7 @@ Runs on the session server (conftest ``mongo_url``), each test in fresh database
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -100,6 +101,15 @@ def _causes(error) -> list:
         error = error.cause
         found.append(error)
     return found
+
+
+def report_figures(scenario: str, figures: dict[str, Any]) -> None:
+    line = json.dumps({"scenario": scenario, **figures}, default=str)
+    print(f"\nFIGURES {line}")
+    path = os.environ.get("ZOMBIE_FIGURES_FILE")
+    if path:
+        with open(path, "a") as out:
+            out.write(line + "\n")
 
 
 # --- malformed job documents ------------------------------------------------------------------------
@@ -218,6 +228,18 @@ def test_malformed_jobs_are_skipped_and_reported_with_their_ids_and_the_rest_is_
     for job in good[:4]:
         entry = store.cache.find_one(cache_key_of_job(job))
         assert entry is not None and entry[Cache.ERROR_CODE] == "JobManagerCrashedError"
+    report_figures(
+        "malformed_jobs",
+        {
+            "malformed_kinds": len(malformed),
+            "malformed_skipped_in_metadata": metadata["malformed_skipped"],
+            "malformed_ids_reported": len(reported),
+            "malformed_documents_changed": 0,
+            "events_for_malformed": 0,
+            "good_zombies_finalized": metadata_of(result, "summarize")["finalized"],
+            "healthy_left_started": 1,
+        },
+    )
 
 
 def test_reported_problems_name_the_field(store: Store, resources):
@@ -361,6 +383,10 @@ def test_a_bad_policy_is_refused_before_any_read_or_write_with_a_message_naming_
     assert "invalid zombie policy" in message
     assert documents(store) == before
     assert {c.name: c.index_information() for c in (store.jobs, store.cache, store.events)} == indexes
+    report_figures(
+        f"bad_policy:{_case_id((values, field))}",
+        {"refused": True, "field_named": field, "ops_started": 0, "commands_sent": len(sent), "opcounter_delta": 0},
+    )
 
 
 @pytest.mark.parametrize("values, field", BAD_POLICIES, ids=[_case_id(case) for case in BAD_POLICIES])
@@ -564,6 +590,17 @@ def test_a_full_run_over_crafted_names_touches_exactly_the_zombies_and_never_use
     allowed_keys = _allowed_keys()
     unexpected = {key for key in keys if key not in allowed_keys}
     assert not unexpected, unexpected
+    report_figures(
+        "query_injection",
+        {
+            "commands_recorded": len(recorder.commands),
+            "distinct_keys_in_commands": len(keys),
+            "keys_outside_our_field_and_operator_names": len(unexpected),
+            "crafted_names_seen_as_values": len(used_as_values),
+            "zombies_finalized": report.counts["finalized"],
+            "bystanders_and_malformed_changed": 0,
+        },
+    )
 
 
 def _allowed_keys() -> set:
