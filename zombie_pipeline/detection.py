@@ -22,6 +22,7 @@ from zombie_pipeline.documents import (
     ID,
     JOB_FIELDS,
     Job,
+    STATUSES,
     Reason,
     Status,
     as_utc,
@@ -245,7 +246,24 @@ def find_malformed_started(jobs: Collection, job_types: Iterable[str] | None = N
     found = []
     for job in jobs.find(query, {name: 1 for name in JOB_FIELDS}).limit(limit):
         found.append(Malformed(job.get(ID), problem_of(job) or "a field has an unexpected type"))
-    return found
+    return found + find_unknown_statuses(jobs, job_types, limit)
+
+
+def find_unknown_statuses(jobs: Collection, job_types: Iterable[str] | None = None, limit: int = 1_000) -> list[Malformed]:
+    """Jobs whose status is none of the queue's (or missing): no rule applies, an operator should look.
+
+    The statuses present are read from the status index, so finished history is never fetched.
+    """
+    pipeline = [{"$sort": {Job.STATUS: 1}}, {"$group": {ID: "$" + Job.STATUS}}]
+    present = _on_stale_index(lambda hint: jobs.aggregate(pipeline, **({"hint": dict(hint)} if hint else {})))
+    unknown = [group[ID] for group in present if group[ID] not in STATUSES]
+    if not unknown:
+        return []
+    query: dict[str, Any] = {Job.STATUS: {"$in": unknown}}
+    if job_types is not None:
+        query[Job.TYPE] = {"$in": sorted(job_types)}
+    odd = _on_stale_index(lambda hint: jobs.find(query, {Job.STATUS: 1}, hint=hint).limit(limit))
+    return [Malformed(job[ID], f"unknown status {job.get(Job.STATUS)!r}") for job in odd]
 
 
 @dataclass(frozen=True)
