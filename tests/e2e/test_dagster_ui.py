@@ -92,6 +92,13 @@ def add_zombies(store: Store, job_type: str, count: int) -> list:
     return [job[ID] for job in jobs]
 
 
+def workers_beat(store: Store, simulation) -> None:
+    """The simulated healthy workers are alive: without a beat they would turn stale (and trip the brake) mid-module."""
+    store.jobs.update_many(
+        {ID: {"$in": simulation.running_ids}, Job.STATUS: Status.STARTED}, {"$set": {Job.LAST_HEARTBEAT: utc_now()}}
+    )
+
+
 def status_of(store: Store, ids: list) -> set:
     return {job[Job.STATUS] for job in store.jobs.find({ID: {"$in": ids}}, {Job.STATUS: 1})}
 
@@ -118,6 +125,7 @@ def checks_of_latest_health(dev) -> dict:
 
 def test_kill_zombies_job_launched_through_graphql_finalizes_every_zombie_then_the_checks_pass(dev, client, simulated):
     store, simulation = simulated
+    workers_beat(store, simulation)
     zombies = add_zombies(store, "/splits", 2) + simulation.zombie_ids
     healthy = simulation.running_ids
     run_id = client.submit_job_execution(
@@ -147,7 +155,9 @@ def test_kill_zombies_job_launched_through_graphql_finalizes_every_zombie_then_t
     }
 
 
-def test_a_backfill_over_two_job_types_cleans_only_those_types(dev, store):
+def test_a_backfill_over_two_job_types_cleans_only_those_types(dev, simulated):
+    store, simulation = simulated
+    workers_beat(store, simulation)
     splits, first_rows, parquet = (add_zombies(store, job_type, 2) for job_type in ("/splits", "/first-rows", "/parquet"))
     # job_types_sensor (running by default) registered the types of the simulated queue as partitions
     partitions = harness.wait_for("job_types partitions", lambda: set(partition_names(dev)) >= {"/splits", "/first-rows"}, 90)
@@ -176,7 +186,9 @@ def test_a_backfill_over_two_job_types_cleans_only_those_types(dev, store):
     assert status_of(store, parquet) == {Status.STARTED}  # not in the backfill
 
 
-def test_the_stale_jobs_sensor_once_started_launches_a_cleanup(dev, store):
+def test_the_stale_jobs_sensor_once_started_launches_a_cleanup(dev, simulated):
+    store, simulation = simulated
+    workers_beat(store, simulation)
     zombies = add_zombies(store, "/sizes", 3)
     selector = {**harness.repository_selector(), "sensorName": "stale_jobs_sensor"}
     started = dev.graphql(
