@@ -54,10 +54,13 @@ def defs(resources):
     )
 
 
-def cleanup(defs, instance, partition_key=None) -> str:
+def cleanup(defs, instance, partition_key=None, job_types=None) -> str:
     if partition_key:
         instance.add_dynamic_partitions(JOB_TYPE_PARTITIONS.name, [partition_key])
-    result = defs.resolve_job_def(kill_zombies_job.name).execute_in_process(instance=instance, partition_key=partition_key)
+    run_config = {"ops": {"reconcile": {"config": {"job_types": job_types}}}} if job_types else None
+    result = defs.resolve_job_def(kill_zombies_job.name).execute_in_process(
+        instance=instance, partition_key=partition_key, run_config=run_config
+    )
     assert result.success
     return result.run_id
 
@@ -107,6 +110,14 @@ def test_a_partitioned_cleanup_is_judged_on_its_own_job_type(store, defs, instan
     run_id = cleanup(defs, instance, partition_key="/splits")
     assert check_results(defs, instance, after_cleanup=run_id)["no_zombies_left"].passed
     assert not check_results(defs, instance)["no_zombies_left"].passed  # /first-rows is still a zombie
+
+
+def test_a_cleanup_of_configured_job_types_is_judged_on_those_types(store, defs, instance):
+    store.jobs.insert_many([crashed("/splits", "user/a"), crashed("/parquet", "user/b"), crashed("/first-rows", "user/c")])
+    run_id = cleanup(defs, instance, job_types=["/splits", "/parquet"])
+    evaluation = check_results(defs, instance, after_cleanup=run_id)["no_zombies_left"]
+    assert evaluation.passed
+    assert metadata(evaluation)["job_types"] == ["/splits", "/parquet"]
 
 
 def test_a_job_that_went_stale_after_the_cleanup_started_is_not_held_against_it(store, defs, instance):
