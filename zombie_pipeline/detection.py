@@ -189,7 +189,7 @@ def detect(
     # Whole documents: the few that come back are the snapshot a retry is copied from,
     # in whatever generation the deployment wrote them.
     query = stale_filter(policy, now, job_types)
-    for job in _on_stale_index(lambda hint: jobs.find(query, hint=hint).batch_size(max(policy.batch_size, 101))):
+    for job in on_stale_index(lambda hint: jobs.find(query, hint=hint).batch_size(max(policy.batch_size, 101))):
         problem = problem_of(job)
         if problem:
             detection.malformed.append(Malformed(job.get(ID), problem))
@@ -205,16 +205,16 @@ def detect(
 def count_stale(jobs: Collection, policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> int:
     """How many zombies there are, counted on the index without fetching them (for sensors)."""
     query = stale_filter(policy, now, job_types)
-    return _on_stale_index(lambda hint: [jobs.count_documents(query, hint=hint)])[0]
+    return on_stale_index(lambda hint: [jobs.count_documents(query, hint=hint)])[0]
 
 
 def explain_stale(jobs: Collection, policy: ZombiePolicy, now: dt.datetime) -> dict[str, Any]:
     """The server's plan and execution statistics for detection's query, as detection sends it."""
     query = stale_filter(policy, now)
-    return _on_stale_index(lambda hint: [jobs.find(query, hint=hint).explain()])[0]
+    return on_stale_index(lambda hint: [jobs.find(query, hint=hint).explain()])[0]
 
 
-def _on_stale_index(run: Callable[[Any], Iterable[Any]]) -> list[Any]:
+def on_stale_index(run: Callable[[Any], Iterable[Any]]) -> list[Any]:
     """Run a query hinted to the ``(status, started_at)`` index, or unhinted when it does not exist.
 
     Some servers' planners pick a collection scan for this ``$or``; the hint keeps
@@ -255,14 +255,14 @@ def find_unknown_statuses(jobs: Collection, job_types: Iterable[str] | None = No
     The statuses present are read from the status index, so finished history is never fetched.
     """
     pipeline = [{"$sort": {Job.STATUS: 1}}, {"$group": {ID: "$" + Job.STATUS}}]
-    present = _on_stale_index(lambda hint: jobs.aggregate(pipeline, **({"hint": dict(hint)} if hint else {})))
+    present = on_stale_index(lambda hint: jobs.aggregate(pipeline, **({"hint": dict(hint)} if hint else {})))
     unknown = [group[ID] for group in present if group[ID] not in STATUSES]
     if not unknown:
         return []
     query: dict[str, Any] = {Job.STATUS: {"$in": unknown}}
     if job_types is not None:
         query[Job.TYPE] = {"$in": sorted(job_types)}
-    odd = _on_stale_index(lambda hint: jobs.find(query, {Job.STATUS: 1}, hint=hint).limit(limit))
+    odd = on_stale_index(lambda hint: jobs.find(query, {Job.STATUS: 1}, hint=hint).limit(limit))
     return [Malformed(job[ID], f"unknown status {job.get(Job.STATUS)!r}") for job in odd]
 
 

@@ -31,7 +31,8 @@ from zombie_pipeline import monitoring
 from zombie_pipeline.cleanup import utc_now
 from zombie_pipeline.documents import DEFAULT_SUGGESTIONS_COLLECTION
 from zombie_pipeline.durations import policy_with_suggestions
-from zombie_pipeline.orchestration.jobs import GROUP, _table, reconcile
+from zombie_pipeline.orchestration.jobs import GROUP, reconcile
+from zombie_pipeline.orchestration.metadata import table_metadata
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.store import Store
@@ -133,7 +134,7 @@ def no_zombies_left(
         "malformed_left": len(left.malformed),
     }
     if rows:
-        metadata["zombies"] = _table(rows)
+        metadata["zombies"] = table_metadata(rows)
     if scope:
         metadata["cleanup_run"] = scope.run_id
     if left.malformed:
@@ -173,7 +174,7 @@ def zombies_have_cache_errors(
         "entries_without_error": audit.wrong,
     }
     if audit.sample:
-        metadata["offenders"] = _table(audit.sample)
+        metadata["offenders"] = table_metadata(audit.sample)
     return dg.AssetCheckResult(
         passed=audit.passed,
         metadata=metadata,

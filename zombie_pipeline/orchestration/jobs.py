@@ -20,6 +20,7 @@ from zombie_pipeline.detection import Candidate
 from zombie_pipeline.documents import DEFAULT_SUGGESTIONS_COLLECTION, REASONS, Job
 from zombie_pipeline.durations import policy_with_suggestions
 from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable
+from zombie_pipeline.orchestration.metadata import table_metadata
 from zombie_pipeline.orchestration.partitions import JOB_TYPE_PARTITIONS
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
@@ -108,6 +109,7 @@ def reconcile(
         "queue": queue_db.describe(),
         "cache": cache_db.describe(),
         "policy": dg.MetadataValue.json(plan.policy.as_dict()),
+        **{f"policy/{name}": value for name, value in plan.policy.as_dict().items() if isinstance(value, (int, float))},
         "dry_run": plan.dry_run,
     }
     configured = zombie_policy.max_duration_seconds_by_type
@@ -144,7 +146,7 @@ def find_zombies(
     metadata: dict[str, Any] = {f"candidates/{reason}": by_reason.get(reason, 0) for reason in REASONS}
     metadata["candidates"] = len(rows)
     metadata["candidates_by_type"] = dg.MetadataValue.json(detection.count_by("job_type"))
-    metadata["evidence"] = _table(rows)
+    metadata["evidence"] = table_metadata(rows)
     metadata["malformed_skipped"] = len(detection.malformed)
     if detection.malformed:
         metadata["malformed_jobs"] = dg.MetadataValue.json(
@@ -165,7 +167,7 @@ def finalize_zombies(
     store = _store(queue_db, cache_db)
     result = cleanup.claim(store, candidates, plan.policy, plan.run_id, cleanup.utc_now())
     result.merge(cleanup.finalize(store, plan.run_id, plan.policy))
-    context.add_output_metadata({**_counts_metadata(result), "finalized_jobs": _table(result.rows)})
+    context.add_output_metadata({**_counts_metadata(result), "finalized_jobs": table_metadata(result.rows)})
     return plan.add(result)
 
 
@@ -196,35 +198,12 @@ def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: Queue
     context.add_output_metadata(
         {
             **{name.replace(":", "/"): count for name, count in sorted(summary.counts.items())},
-            "finalized_jobs": _table(summary.rows),
+            "finalized_jobs": table_metadata(summary.rows),
             "summary": dg.MetadataValue.md(summary.markdown()),
         }
     )
     context.log.info(summary.one_line())
     return dict(summary.counts)
-
-
-def _table(rows: list[dict[str, Any]]) -> dg.TableMetadataValue:
-    if not rows:
-        return dg.MetadataValue.table([], schema=dg.TableSchema(columns=[dg.TableColumn("id", "string")]))
-    columns = list(rows[0])
-    records = [dg.TableRecord({name: _cell(row.get(name)) for name in columns}) for row in rows]
-    schema = dg.TableSchema(columns=[dg.TableColumn(name, _column_type(rows[0].get(name))) for name in columns])
-    return dg.MetadataValue.table(records, schema=schema)
-
-
-def _cell(value: Any) -> Any:
-    return "" if value is None else value
-
-
-def _column_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    return "string"
 
 
 @dg.job(
@@ -234,6 +213,7 @@ def _column_type(value: Any) -> str:
         "the retry limits, and record everything in the zombieEvents audit trail."
     ),
     partitions_def=JOB_TYPE_PARTITIONS,
+    executor_def=dg.in_process_executor,  # six short steps: one process, not six imports of Dagster
     tags={"pipeline": "zombie_cleanup"},
 )
 def kill_zombies_job():
