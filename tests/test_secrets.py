@@ -273,11 +273,7 @@ FULL = os.environ.get("ZOMBIE_FAULTS_FULL") == "1"
 SLOW = [pytest.mark.slow, pytest.mark.skipif(not FULL, reason="set ZOMBIE_FAULTS_FULL=1")]
 
 
-@pytest.mark.parametrize(
-    "executor",
-    ["in_process", pytest.param("multiprocess", marks=SLOW)],  # multiprocess: each op a process, its logs captured to files
-)
-def test_a_full_run_with_the_password_in_the_urls_leaks_it_nowhere(auth_server: AuthServer, outputs: Outputs, homes, monkeypatch, executor: str):
+def test_a_full_run_with_the_password_in_the_urls_leaks_it_nowhere(auth_server: AuthServer, outputs: Outputs, homes, monkeypatch):
     good = url(auth_server.port)
     env = env_for(good, homes)
 
@@ -286,7 +282,7 @@ def test_a_full_run_with_the_password_in_the_urls_leaks_it_nowhere(auth_server: 
     assert b"***" in simulated.stdout or b"127.0.0.1" in simulated.stdout
 
     executed = run_cli(
-        dagster_cli("job", "execute", "-m", "zombie_pipeline.definitions", "-j", "kill_zombies_job", "-c", str(_run_config(homes, executor))),
+        dagster_cli("job", "execute", "-m", "zombie_pipeline.definitions", "-j", "kill_zombies_job", "-c", str(_run_config(homes))),
         env, homes["cwd"], outputs, "dagster job execute",
     )
     assert executed.returncode == 0, executed.stderr.decode()[-3000:]
@@ -307,13 +303,12 @@ def test_a_full_run_with_the_password_in_the_urls_leaks_it_nowhere(auth_server: 
 
     files = collect_homes(outputs, homes)
     assert files > 0  # Dagster's storage at least
-    outputs.assert_clean(f"full_run_{executor}")
+    outputs.assert_clean("full_run")
 
 
-def _run_config(homes: dict[str, Path], executor: str) -> Path:
+def _run_config(homes: dict[str, Path]) -> Path:
     path = homes["cwd"] / "run_config.yaml"
-    text = "ops:\n  reconcile:\n    config:\n      override_brake: true\n"
-    path.write_text(text + f"execution:\n  config:\n    {executor}: {{}}\n")
+    path.write_text("ops:\n  reconcile:\n    config:\n      override_brake: true\n")
     return path
 
 
