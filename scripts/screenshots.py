@@ -41,7 +41,6 @@ from zombie_pipeline.simulate import Workload, simulate  # noqa: E402
 from zombie_pipeline.store import Store  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
-IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
 WORKLOAD = Workload(finished=4_000, crashed=24, never_heartbeated=6, overdue=6, running=60, waiting=40, days=8, seed=0)
 STATS_DAYS = 7
 CLEANUP_RUN_TAG = "zombie_pipeline/cleanup_run_id"
@@ -145,7 +144,7 @@ class DevTools:
 
 
 def launch_and_wait(dev: harness.DagsterDev, job: str, **options) -> str:
-    run_id = harness.launch(dev, job, IN_PROCESS, **options)
+    run_id = harness.launch(dev, job, {}, **options)
     status = harness.wait_for_run(dev, run_id, timeout=300)
     print(f"  {job} {options.get('tags', {}).get('dagster/partition', '')} -> {status}")
     if status != "SUCCESS":

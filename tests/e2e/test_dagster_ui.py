@@ -25,7 +25,6 @@ import harness  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
-IN_PROCESS = {"execution": {"config": {"in_process": {}}}}  # one process per run: quicker on a small machine
 TRIGGER_TAG = "zombie_pipeline/trigger"
 CLEANUP_RUN_TAG = "zombie_pipeline/cleanup_run_id"
 
@@ -129,7 +128,7 @@ def test_kill_zombies_job_launched_through_graphql_finalizes_every_zombie_then_t
     zombies = add_zombies(store, "/splits", 2) + simulation.zombie_ids
     healthy = simulation.running_ids
     run_id = client.submit_job_execution(
-        "kill_zombies_job", repository_location_name=harness.LOCATION, repository_name=harness.REPOSITORY, run_config=IN_PROCESS
+        "kill_zombies_job", repository_location_name=harness.LOCATION, repository_name=harness.REPOSITORY, run_config={}
     )
     assert wait_for_client_run(client, run_id) == "SUCCESS"
 
@@ -169,7 +168,7 @@ def test_a_backfill_over_two_job_types_cleans_only_those_types(dev, simulated):
             "params": {
                 "selector": {"partitionSetName": "kill_zombies_job_partition_set", "repositorySelector": harness.repository_selector()},
                 "partitionNames": ["/splits", "/first-rows"],
-                "runConfigData": IN_PROCESS,  # as the UI sends it; the backfill daemon submits the runs
+                "runConfigData": {},  # as the UI sends it; the backfill daemon submits the runs
             }
         },
     )["launchPartitionBackfill"]
