@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from pymongo import MongoClient, monitoring
@@ -407,3 +408,18 @@ def test_database_commands_grow_with_zombies_over_batch_size(store, mongo_url, b
     batches = math.ceil(zombies / batch_size)
     assert len(counter.commands) <= 12 + 15 * batches, counter.commands
     assert len(counter.commands) < zombies  # never one command per zombie
+
+
+def test_a_long_step_renews_its_leases_so_no_reconcile_takes_its_work_over(store):
+    store.jobs.insert_many([crashed_job(f"user/z-{i}") for i in range(6)])
+    policy = ZombiePolicy(batch_size=2, claim_lease_seconds=3)
+    detection = detect(store.jobs, policy, utc_now())
+    cleanup.claim(store, detection.candidates, policy, "slow-run", utc_now())
+    before = {event[ID]: event[Event.LEASE_UNTIL] for event in store.events.find()}
+    batches = cleanup._drain(store, "slow-run", EventState.CLAIMED, policy)
+    next(batches)
+    time.sleep(1.2)  # a slow batch: more than a third of the 3 s lease
+    next(batches)  # the leases are renewed before the next batch is read
+    after = {event[ID]: event[Event.LEASE_UNTIL] for event in store.events.find()}
+    assert all(after[event_id] > lease for event_id, lease in before.items())
+    assert cleanup.take_over_expired(store, "other-run", utc_now(), policy) == 0

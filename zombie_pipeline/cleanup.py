@@ -26,6 +26,7 @@ a cleanup grow with zombies / batch size, not with zombies.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
@@ -175,12 +176,27 @@ def _owned(store: Store, run_id: str, state: str, limit: int, extra: Mapping[str
 
 
 def _drain(store: Store, run_id: str, state: str, policy: ZombiePolicy, extra: Mapping[str, Any] | None = None) -> Iterator[list[dict[str, Any]]]:
-    """Batches of this run's events in ``state``, until none is left; each batch must move them on."""
+    """Batches of this run's events in ``state``, until none is left; each batch must move them on.
+
+    A long step renews the run's leases before a third of them has run out, so no
+    reconcile takes over work that is still in progress.
+    """
+    renewed = time.monotonic()
     while True:
+        if policy.claim_lease_seconds and time.monotonic() - renewed > policy.claim_lease_seconds / 3:
+            renew_leases(store, run_id, policy)
+            renewed = time.monotonic()
         batch = _owned(store, run_id, state, policy.batch_size, extra)
         if not batch:
             return
         yield batch
+
+
+def renew_leases(store: Store, run_id: str, policy: ZombiePolicy) -> None:
+    store.events.update_many(
+        {Event.LEASE_OWNER: run_id, Event.STATE: {"$ne": EventState.DONE}},
+        {"$set": {Event.LEASE_UNTIL: _lease_end(utc_now(), policy)}},
+    )
 
 
 # --- finalize ---------------------------------------------------------------------

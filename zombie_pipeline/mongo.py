@@ -117,6 +117,10 @@ def check_reachable(database: Database, url: str | None) -> None:
     """Fail fast, with a clean message, when the server cannot be reached."""
     try:
         database.client.admin.command("ping")
+    except pymongo.errors.OperationFailure as error:  # reached, but refused (credentials, rights)
+        raise DatabaseUnavailable(
+            f"MongoDB at {redact_url(url)} refused the connection: {redact(str(error), [url])}"
+        ) from None
     except pymongo.errors.PyMongoError as error:
         raise DatabaseUnavailable(
             f"cannot reach MongoDB at {redact_url(url)}: {redact(str(error), [url])}"
