@@ -415,6 +415,8 @@ class HistoryBench:
                 "read_median_seconds": round(clock.seconds, 3),
                 "compute_median_seconds": round(day.wall_seconds - clock.seconds, 3),
                 "commands": day.counts["commands"],
+                "commands_by_name": day.counts["commands_by_name"],
+                "round_trip_seconds_by_command": day.counts["round_trip_seconds_by_command"],
                 "docs_returned": day.counts["docs_returned"],
                 "bytes_received": day.counts["bytes_received"],
                 "docs_examined": explained["docs_examined"],
