@@ -84,7 +84,7 @@ def _job_types(context: dg.OpExecutionContext, config: CleanupConfig) -> Optiona
     return tuple(config.job_types) if config.job_types is not None else None
 
 
-def _counts_metadata(result: StepResult) -> dict[str, Any]:
+def _counts_metadata(result: StepResult | cleanup.RunSummary) -> dict[str, Any]:
     return {name.replace(":", "/"): count for name, count in sorted(result.counts.items())}
 
 
@@ -197,7 +197,7 @@ def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: Queue
     summary = cleanup.summarize_run(store, plan.run_id, dict(plan.counts))
     context.add_output_metadata(
         {
-            **{name.replace(":", "/"): count for name, count in sorted(summary.counts.items())},
+            **_counts_metadata(summary),
             "finalized_jobs": table_metadata(summary.rows),
             "summary": dg.MetadataValue.md(summary.markdown()),
         }
