@@ -7,14 +7,13 @@ the SecantusDB server started here.
 from __future__ import annotations
 
 import os
-import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 from pymongo import MongoClient
 
-from zombie_pipeline.embedded import start_server
+from zombie_pipeline.embedded import start_server, stop_process
 from zombie_pipeline.mongo import client_for
 from zombie_pipeline.store import Store
 
@@ -33,15 +32,6 @@ def mongo_url(tmp_path_factory: pytest.TempPathFactory):
         yield info.url
     finally:
         stop_process(process)
-
-
-def stop_process(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
 
 
 @pytest.fixture

@@ -529,7 +529,7 @@ def crafted_queue(store: Store) -> dict[str, list[dict[str, Any]]]:
 
 def test_crafted_names_select_only_their_own_literal_jobs(recorded, store: Store):
     store.ensure_indexes()
-    queue = crafted_queue(store)
+    crafted_queue(store)
     recording_store, recorder = recorded
     policy = ZombiePolicy(claim_lease_seconds=0)
 
@@ -600,7 +600,7 @@ def test_a_full_run_over_crafted_names_touches_exactly_the_zombies_and_never_use
 
 def _allowed_keys() -> set:
     """Field names of our documents and the command and operator names the code uses."""
-    from zombie_pipeline.documents import JOB_FIELDS, CacheGeneration, CACHE_GENERATIONS  # noqa: F401
+    from zombie_pipeline.documents import JOB_FIELDS
 
     fields = set(JOB_FIELDS) | {ID}
     fields |= {value for name, value in vars(Cache).items() if name.isupper()}
@@ -633,7 +633,7 @@ def test_the_stale_filter_keeps_crafted_names_as_values():
 
 
 def test_a_crafted_partition_key_cleans_only_its_literal_type(store: Store, resources):
-    queue = crafted_queue(store)
+    crafted_queue(store)
     result, _ = run_job(resources, partition_key='{"$gt": ""}', override_brake=True)
     assert result.success, failure_message(result)
     assert [j[Job.DATASET] for j in store.jobs.find({Job.STATUS: Status.ERROR})] == ["u/plain"]

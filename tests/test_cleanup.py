@@ -27,7 +27,6 @@ from zombie_pipeline.documents import (
     Reason,
     RetryOutcome,
     Status,
-    cache_key_of_job,
 )
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.simulate import Workload, cache_document, job_document, simulate, utc_now

@@ -13,11 +13,8 @@ is looked for in each, raw and in every encoding a URL may carry it.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,7 +28,7 @@ from dagster._serdes import serialize_value
 from pymongo import MongoClient
 
 from zombie_pipeline.cleanup import run_cleanup
-from zombie_pipeline.embedded import _answers, find_executable, free_port, start_server
+from zombie_pipeline.embedded import _answers, find_executable, free_port, start_server, stop_process
 from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable, close_clients, redact, redact_url
 from zombie_pipeline.orchestration.jobs import kill_zombies_job
 from zombie_pipeline.orchestration.resources import (
@@ -144,7 +141,7 @@ class AuthServer:
         client = MongoClient(f"mongodb://127.0.0.1:{self.port}/?directConnection=true")
         client.admin.command("createUser", USER, pwd=PASSWORD, roles=[{"role": "root", "db": "admin"}])
         client.close()
-        _stop(process)
+        stop_process(process)
         command = [
             find_executable(), "--host", "127.0.0.1", "--port", str(self.port), "--storage-path",
             str(self.base / "secantus-data"), "--sync-on-commit", "--auth", "--log-level", "WARNING",
@@ -158,18 +155,10 @@ class AuthServer:
 
     def stop(self) -> None:
         if self.process is not None:
-            _stop(self.process)
+            stop_process(self.process)
             self.process = None
 
 
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

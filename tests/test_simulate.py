@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
-import subprocess
 import uuid
 from collections import Counter, defaultdict
 
@@ -23,7 +22,7 @@ from zombie_pipeline.documents import (
     Status,
     cache_generation_of,
 )
-from zombie_pipeline.embedded import start_server
+from zombie_pipeline.embedded import start_server, stop_process
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.simulate import HEARTBEAT_INTERVAL_SECONDS, JOB_TYPES, Workload, simulate
 
@@ -64,12 +63,7 @@ def sim_url(tmp_path_factory):
     try:
         yield info.url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop_process(process)
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,6 @@ from zombie_pipeline.documents import (
     cache_generation_of,
     cache_key_of_job,
     failed_runs_of,
-    runner_version_of,
     without_none,
 )
 from zombie_pipeline.policy import ZombiePolicy

@@ -214,6 +214,18 @@ def stop_server(base: Path | None = None, timeout_seconds: float = 30.0) -> Serv
         return info
 
 
+def stop_process(process: subprocess.Popen, timeout_seconds: float = 30.0) -> None:
+    """Stop a server process this process started: SIGTERM, then SIGKILL if it lingers."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
 def _reap(pid: int) -> None:
     """Collect the exit status when we are the parent (a zombie process still 'exists')."""
     with contextlib.suppress(ChildProcessError, OSError):
