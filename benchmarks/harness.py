@@ -265,9 +265,13 @@ def _server_version(url: str) -> str:
 # --- explain ---------------------------------------------------------------------------
 
 
-def explain_find(collection, query: dict, sort: dict | None = None, projection: dict | None = None) -> dict[str, Any]:
+def explain_find(
+    collection, query: dict, sort: dict | None = None, projection: dict | None = None, hint: list | None = None
+) -> dict[str, Any]:
     """The plan the server chose for a find, with executionStats, summarised."""
     command: dict[str, Any] = {"find": collection.name, "filter": query}
+    if hint:
+        command["hint"] = dict(hint)
     if sort:
         command["sort"] = sort
     if projection:
