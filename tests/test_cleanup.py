@@ -393,7 +393,10 @@ class CommandCounter(monitoring.CommandListener):
 
 @pytest.mark.parametrize("batch_size", [25, 120])
 def test_database_commands_grow_with_zombies_over_batch_size(store, mongo_url, batch_size):
-    """Bound: 12 fixed commands + 15 per batch of zombies (claim 1, finalize 4, cache 5, retries 4, +1 slack)."""
+    """Bound: 12 fixed commands + 15 per batch of zombies of one type.
+
+    Per batch: claim 1, finalize 4, cache 5 (2 of them per job type in the batch), retries 4, +1 slack.
+    """
     zombies = 120
     store.jobs.insert_many([crashed_job(f"user/z-{i}") for i in range(zombies)])
     counter = CommandCounter()

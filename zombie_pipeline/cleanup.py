@@ -328,19 +328,23 @@ def _key_tuple(key: Mapping[str, Any]) -> tuple:
 
 
 def _existing_entries(store: Store, events: list[Mapping[str, Any]]) -> dict[tuple, dict[str, Any]]:
-    """The current entries of the events' jobs, read in one query (type names only as values)."""
+    """The current entries of the events' jobs: one query per job type in the batch.
+
+    ``kind`` by equality keeps every query on the key index, also on servers whose
+    planner scans the collection for an ``$in`` on the first field of an index.
+    Type names are only ever values.
+    """
     keys = {_key_tuple(cache_key_of_job(event[Event.JOB])) for event in events}
-    if not keys:
-        return {}
-    query = {
-        Cache.KIND: {"$in": sorted({key[0] for key in keys})},
-        Cache.DATASET: {"$in": sorted({key[1] for key in keys})},
-    }
+    datasets_by_kind: dict[str, set[str]] = {}
+    for kind, dataset, _, _ in keys:
+        datasets_by_kind.setdefault(kind, set()).add(dataset)
     found: dict[tuple, dict[str, Any]] = {}
-    for entry in store.cache.find(query, {Cache.CONTENT: 0}).batch_size(_ENTRY_READ_BATCH):
-        key = _key_tuple(entry)
-        if key in keys:
-            found[key] = entry
+    for kind, datasets in sorted(datasets_by_kind.items()):
+        query = {Cache.KIND: kind, Cache.DATASET: {"$in": sorted(datasets)}}
+        for entry in store.cache.find(query, {Cache.CONTENT: 0}).batch_size(_ENTRY_READ_BATCH):
+            key = _key_tuple(entry)
+            if key in keys:
+                found[key] = entry
     return found
 
 
