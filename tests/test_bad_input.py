@@ -7,7 +7,6 @@ Runs on the session server (conftest ``mongo_url``), each test in fresh database
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 from bson import ObjectId
 from pymongo import MongoClient, monitoring
 
+from figures import report_figures
 from zombie_pipeline.cleanup import run_cleanup
 from zombie_pipeline.detection import stale_filter
 from zombie_pipeline.documents import CACHE_KEY, ID, Cache, Event, EventState, Job, Status, cache_key_of_job
@@ -103,13 +103,6 @@ def _causes(error) -> list:
     return found
 
 
-def report_figures(scenario: str, figures: dict[str, Any]) -> None:
-    line = json.dumps({"scenario": scenario, **figures}, default=str)
-    print(f"\nFIGURES {line}")
-    path = os.environ.get("ZOMBIE_FIGURES_FILE")
-    if path:
-        with open(path, "a") as out:
-            out.write(line + "\n")
 
 
 # --- malformed job documents ------------------------------------------------------------------------

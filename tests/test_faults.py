@@ -31,6 +31,7 @@ import pytest
 from bson import ObjectId
 from pymongo import MongoClient, monitoring
 
+from figures import report_figures
 from zombie_pipeline.cleanup import run_cleanup
 from zombie_pipeline.detection import detect, stale_filter
 from zombie_pipeline.documents import (
@@ -63,7 +64,6 @@ from zombie_pipeline.simulate import JOB_TYPES, Workload, cache_document, job_do
 from zombie_pipeline.store import Store
 
 FULL = os.environ.get("ZOMBIE_FAULTS_FULL") == "1"
-FIGURES_FILE_ENV = "ZOMBIE_FIGURES_FILE"
 QUEUE = "faults_queue"
 CACHE = "faults_cache"
 REPO = Path(__file__).resolve().parent.parent
@@ -150,13 +150,6 @@ def snapshot(client: MongoClient) -> dict[str, Any]:
     return state
 
 
-def report_figures(scenario: str, figures: dict[str, Any]) -> None:
-    line = json.dumps({"scenario": scenario, **figures}, default=str, sort_keys=False)
-    print(f"\nFIGURES {line}")
-    path = os.environ.get(FIGURES_FILE_ENV)
-    if path:
-        with open(path, "a") as out:
-            out.write(line + "\n")
 
 
 def dagster_resources(timeout_ms: int = 3_000, **policy: Any) -> dict[str, Any]:

@@ -13,7 +13,6 @@ is looked for in each, raw and in every encoding a URL may carry it.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import pytest
 from dagster._serdes import serialize_value
 from pymongo import MongoClient
 
+from figures import report_figures
 from zombie_pipeline.cleanup import run_cleanup
 from zombie_pipeline.embedded import _answers, find_executable, free_port, start_server, stop_process
 from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable, close_clients, redact, redact_url
@@ -116,13 +116,6 @@ class Outputs:
         assert leaks == {}
 
 
-def report_figures(scenario: str, figures: dict[str, Any]) -> None:
-    line = json.dumps({"scenario": scenario, **figures}, default=str)
-    print(f"\nFIGURES {line}")
-    path = os.environ.get("ZOMBIE_FIGURES_FILE")
-    if path:
-        with open(path, "a") as out:
-            out.write(line + "\n")
 
 
 # --- the server ---------------------------------------------------------------------------------------
