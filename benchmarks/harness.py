@@ -291,6 +291,22 @@ def explain_find(
     }
 
 
+def explain_command(database, command: dict) -> dict[str, Any]:
+    """Like :func:`explain_find`, for any explainable command (``distinct``, ``count``...)."""
+    started = time.perf_counter()
+    explained = database.command({"explain": command, "verbosity": "executionStats"})
+    elapsed = time.perf_counter() - started
+    stats = explained.get("executionStats", {})
+    return {
+        "plan": plan_text(explained.get("queryPlanner", {}).get("winningPlan", {})),
+        "docs_examined": stats.get("totalDocsExamined"),
+        "keys_examined": stats.get("totalKeysExamined"),
+        "returned": stats.get("nReturned"),
+        "server_ms": stats.get("executionTimeMillis"),
+        "explain_seconds": round(elapsed, 3),
+    }
+
+
 def plan_text(stage: dict[str, Any]) -> str:
     """``SORT <- FETCH <- IXSCAN(name)``; branches of OR stages in brackets."""
     if not isinstance(stage, dict) or not stage:
