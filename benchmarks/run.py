@@ -55,11 +55,19 @@ class Config:
 
     @classmethod
     def quick(cls) -> "Config":
-        cleanup = CleanupSettings(repeats=3, cap_seconds=300.0, slow_seconds=60.0)
+        """A few minutes on the embedded server: small queues, still 1,000 zombies for the targets."""
+        cleanup = CleanupSettings(repeats=2, cap_seconds=300.0, slow_seconds=60.0)
         return cls(
             mode="quick",
-            cleanup_cases=((10_000, 100), (10_000, 1_000)),
-            history=HistorySettings(sizes=(10_000, 30_000), stats_sizes=(10_000, 30_000), repeats=3, stats_repeats=2, cleanup=cleanup),
+            cleanup_cases=((2_000, 100), (5_000, 1_000)),
+            history=HistorySettings(
+                sizes=(5_000, 20_000),
+                stats_sizes=(5_000, 20_000),
+                repeats=2,
+                stats_repeats=1,
+                cleanup=cleanup,
+                growth_cleanup_sizes=(20_000,),
+            ),
             cleanup=cleanup,
         )
 
@@ -224,7 +232,7 @@ def _cases(text: str) -> tuple[tuple[int, int], ...]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few minutes: 10k-job queues, history up to 30k")
+    parser.add_argument("--quick", action="store_true", help="a few minutes: queues of 2k and 5k jobs, history up to 20k")
     parser.add_argument("--sizes", type=_sizes, help="finished-history sizes, e.g. 10000,100000,1000000")
     parser.add_argument("--stats-sizes", type=_sizes, help="history sizes at which statistics are measured")
     parser.add_argument("--cleanup-cases", type=_cases, help="queue_jobs:zombies,... e.g. 10000:100,100000:1000")
