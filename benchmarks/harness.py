@@ -35,6 +35,8 @@ import bson
 import pymongo
 from pymongo import MongoClient, monitoring
 
+from zombie_pipeline.detection import query_plan_of
+
 URL_ENV = "QUEUE_MONGO_URL"
 MB = 1024 * 1024
 
@@ -283,6 +285,25 @@ def explain_find(
     winning = explained.get("queryPlanner", {}).get("winningPlan", {})
     return {
         "plan": plan_text(winning),
+        "docs_examined": stats.get("totalDocsExamined"),
+        "keys_examined": stats.get("totalKeysExamined"),
+        "returned": stats.get("nReturned"),
+        "server_ms": stats.get("executionTimeMillis"),
+        "explain_seconds": round(elapsed, 3),
+    }
+
+
+def explain_aggregate(collection, pipeline: list[dict]) -> dict[str, Any]:
+    """Like :func:`explain_find`, for an aggregation (the plan of its first, query stage)."""
+    started = time.perf_counter()
+    explained = collection.database.command(
+        "explain", {"aggregate": collection.name, "pipeline": pipeline, "cursor": {}}, verbosity="executionStats"
+    )
+    elapsed = time.perf_counter() - started
+    planned = query_plan_of(explained)
+    stats = planned.get("executionStats", {})
+    return {
+        "plan": plan_text(planned.get("queryPlanner", {}).get("winningPlan", {})),
         "docs_examined": stats.get("totalDocsExamined"),
         "keys_examined": stats.get("totalKeysExamined"),
         "returned": stats.get("nReturned"),

@@ -606,7 +606,7 @@ def _allowed_keys() -> set:
     command_keys = {
         "find", "filter", "sort", "limit", "batchSize", "projection", "hint", "update", "updates", "q", "u", "upsert",
         "multi", "insert", "documents", "ordered", "delete", "deletes", "aggregate", "pipeline", "cursor", "$match",
-        "$group", "$sort", "$count", "count", "n", "$db", "lsid", "id", "txnNumber", "$clusterTime", "clusterTime", "signature",
+        "$group", "$sort", "$count", "$project", "count", "n", "$db", "lsid", "id", "txnNumber", "$clusterTime", "clusterTime", "signature",
         "hash", "keyId", "getMore", "collection", "listIndexes", "createIndexes", "indexes", "key", "name", "unique",
         "distinct", "query", "readConcern", "writeConcern", "singleBatch", "killCursors", "cursors", "endSessions",
         "$readPreference", "mode", "comment", "maxTimeMS", "let", "skip", "$sum", "$limit", "$skip", "apiVersion",

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
 from bson import ObjectId
-from pymongo import ReplaceOne, UpdateOne
+from pymongo import InsertOne, ReplaceOne, UpdateMany, UpdateOne
 from pymongo.errors import BulkWriteError
 
 from zombie_pipeline.detection import Candidate, Detection, brake_for, detect, find_malformed_started
@@ -198,6 +198,22 @@ def renew_leases(store: Store, run_id: str, policy: ZombiePolicy) -> None:
     )
 
 
+def _set_on_events(store: Store, run_id: str, changes: Mapping[ObjectId, Mapping[str, Any]]) -> None:
+    """Record each event's outcome: one update per distinct outcome, since a batch repeats a few."""
+    ids_by_change: dict[tuple, list[ObjectId]] = {}
+    for event_id, change in changes.items():
+        ids_by_change.setdefault(tuple(sorted(change.items())), []).append(event_id)
+    if not ids_by_change:
+        return
+    store.events.bulk_write(
+        [
+            UpdateMany({ID: {"$in": ids}, Event.LEASE_OWNER: run_id}, {"$set": dict(change)})
+            for change, ids in ids_by_change.items()
+        ],
+        ordered=False,
+    )
+
+
 # --- finalize ---------------------------------------------------------------------
 
 
@@ -210,7 +226,7 @@ def finalize(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
             job[ID]: job
             for job in store.jobs.find(
                 {ID: {"$in": [event[ID] for event in events]}}, {Job.STATUS: 1, Job.FINISHED_AT: 1}
-            ).batch_size(len(events))
+            ).batch_size(_ENTRY_READ_BATCH)
         }
         won, lost = [], []
         for event in events:
@@ -286,7 +302,7 @@ def write_cache_errors(store: Store, run_id: str, policy: ZombiePolicy, generati
     pending = {Event.CACHE_OUTCOME: {"$exists": False}}
     for events in _drain(store, run_id, EventState.FINALIZED, policy, pending):
         existing = _existing_entries(store, events)
-        operations, expected = [], {}
+        operations, expected, planned = [], {}, {}
         outcomes: dict[ObjectId, tuple[str, int]] = {}
         for event in events:
             key = _key_tuple(cache_key_of_job(event[Event.JOB]))
@@ -298,26 +314,22 @@ def write_cache_errors(store: Store, run_id: str, policy: ZombiePolicy, generati
             if entry is not None and _is_fresher(entry, event):
                 outcomes[event[ID]] = (CacheOutcome.SKIPPED_FRESHER, failed_runs_of(entry))
                 continue
-            document = error_entry(event, entry, generation, policy, failed_runs)
-            operations.append(_replace_operation(event, entry, document))
-            expected[event[ID]] = (key, failed_runs)
+            if key not in planned:  # two zombies of one key (a broken queue) share one entry
+                document = {ID: entry[ID] if entry is not None else ObjectId(), **error_entry(event, entry, generation, policy, failed_runs)}
+                operations.append(_write_operation(entry, document))
+                planned[key] = document[ID]
+            expected[event[ID]] = (planned[key], event[Event.FINALIZED_AT], failed_runs)
         if operations:
             _bulk_write_refusing_duplicates(store, operations)
-            written = _existing_entries(store, [e for e in events if e[ID] in expected])
-            for event_id, (key, failed_runs) in expected.items():
-                event = next(e for e in events if e[ID] == event_id)
-                entry = written.get(key)
-                ours = entry is not None and as_utc(entry.get(Cache.UPDATED_AT)) == event[Event.FINALIZED_AT]
+            entry_ids = [entry_id for entry_id, _, _ in expected.values()]
+            written = {entry[ID]: entry for entry in store.cache.find({ID: {"$in": entry_ids}}, {Cache.UPDATED_AT: 1}).batch_size(_ENTRY_READ_BATCH)}
+            for event_id, (entry_id, finalized_at, failed_runs) in expected.items():
+                ours = entry_id in written and as_utc(written[entry_id].get(Cache.UPDATED_AT)) == finalized_at
                 outcomes[event_id] = (CacheOutcome.WRITTEN, failed_runs) if ours else (CacheOutcome.SKIPPED_FRESHER, failed_runs - 1)
-        store.events.bulk_write(
-            [
-                UpdateOne(
-                    {ID: event_id, Event.LEASE_OWNER: run_id},
-                    {"$set": {Event.CACHE_OUTCOME: outcome, Event.FAILED_RUNS: failed_runs}},
-                )
-                for event_id, (outcome, failed_runs) in outcomes.items()
-            ],
-            ordered=False,
+        _set_on_events(
+            store,
+            run_id,
+            {event_id: {Event.CACHE_OUTCOME: outcome, Event.FAILED_RUNS: failed_runs} for event_id, (outcome, failed_runs) in outcomes.items()},
         )
         result.counts.update(f"cache_{outcome}" for outcome, _ in outcomes.values())
     return result
@@ -402,13 +414,12 @@ def error_entry(
     return without_none({name: value for name, value in entry.items() if generation.declares(name)})
 
 
-def _replace_operation(event: Mapping[str, Any], existing: Mapping[str, Any] | None, document: dict[str, Any]) -> ReplaceOne:
+def _write_operation(existing: Mapping[str, Any] | None, document: dict[str, Any]) -> ReplaceOne | InsertOne:
     if existing is not None:  # compare-and-set on the entry we read
         return ReplaceOne({ID: existing[ID], Cache.UPDATED_AT: existing.get(Cache.UPDATED_AT)}, document)
-    # No entry was there: insert, unless one appeared meanwhile (then the unique key refuses it).
-    started_at = as_utc(event[Event.JOB][Job.STARTED_AT])
-    query = {**cache_key_of_job(event[Event.JOB]), Cache.UPDATED_AT: {"$lt": started_at}}
-    return ReplaceOne(query, document, upsert=True)
+    # No entry was there: insert, with the _id chosen here; if one appeared meanwhile, the
+    # unique key refuses ours and the read-back by _id reports the entry as fresher.
+    return InsertOne(document)
 
 
 def _bulk_write_refusing_duplicates(store: Store, operations: list) -> None:
@@ -443,15 +454,10 @@ def enqueue_retries(store: Store, run_id: str, policy: ZombiePolicy, now: dt.dat
                 store.jobs.insert_many(new_jobs, ordered=False)
             except BulkWriteError as error:
                 _duplicate_indexes(error)  # inserted by an earlier attempt of this event
-        store.events.bulk_write(
-            [
-                UpdateOne(
-                    {ID: event_id, Event.LEASE_OWNER: run_id},
-                    {"$set": {Event.RETRY_OUTCOME: outcome, Event.STATE: EventState.DONE, Event.COMPLETED_AT: now}},
-                )
-                for event_id, outcome in outcomes.items()
-            ],
-            ordered=False,
+        _set_on_events(
+            store,
+            run_id,
+            {event_id: {Event.RETRY_OUTCOME: outcome, Event.STATE: EventState.DONE, Event.COMPLETED_AT: now} for event_id, outcome in outcomes.items()},
         )
         result.counts.update(f"retry_{outcome}" for outcome in outcomes.values())
     return result

@@ -1,21 +1,20 @@
 """Which started jobs are zombies, decided by one indexed MongoDB query.
 
 Every stale job started before the heartbeat cutoff (a maximum duration is never
-shorter than the heartbeat timeout), so the query walks the
+shorter than the heartbeat timeout), so the query's first stage is a range of the
 ``(status, started_at)`` index over old started jobs only: finished history, however
-long, is never examined. The per-type maximum durations are branches of the same
-``$or``. Python then only names the reason of the few jobs that come back.
+long, is never examined. The per-type maximum durations are branches of the second
+stage's ``$or``. Python then only names the reason of the few jobs that come back.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from bson import ObjectId
 from pymongo.collection import Collection
-from pymongo.errors import OperationFailure
 
 from zombie_pipeline.documents import (
     ERROR_CODE_OF_REASON,
@@ -27,7 +26,6 @@ from zombie_pipeline.documents import (
     Status,
     as_utc,
 )
-from zombie_pipeline.mongo import STALE_INDEX_KEYS
 from zombie_pipeline.policy import ZombiePolicy
 
 MAX_NAME_LENGTH = 512
@@ -103,10 +101,12 @@ class Detection:
         return counts
 
 
-def stale_filter(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> dict[str, Any]:
-    """The MongoDB filter matching every zombie under ``policy`` at ``now``.
+def stale_stages(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The stale query in two parts: the ``(status, started_at)`` index range, then which rule broke.
 
-    Job type names only ever appear as values (``$in``, equality), never as keys.
+    Every zombie started before the heartbeat cutoff, so the first part alone bounds
+    the index scan; the second only sorts out the few jobs it returns. Job type
+    names only ever appear as values (``$in``, equality), never as keys.
     """
     heartbeat_cutoff = now - dt.timedelta(seconds=policy.heartbeat_timeout_seconds)
     overrides = policy.max_duration_seconds_by_type
@@ -120,25 +120,49 @@ def stale_filter(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str
             Job.STARTED_AT: {"$lt": now - dt.timedelta(seconds=policy.max_duration_seconds)},
         }
     )
-    query: dict[str, Any] = {
-        Job.STATUS: Status.STARTED,
-        Job.STARTED_AT: {"$lt": heartbeat_cutoff},
+    index_range = {Job.STATUS: Status.STARTED, Job.STARTED_AT: {"$lt": heartbeat_cutoff}}
+    rules: dict[str, Any] = {
         "$or": [
             {Job.LAST_HEARTBEAT: {"$lt": heartbeat_cutoff}},
             {Job.LAST_HEARTBEAT: None},  # missing or null: never heartbeated
             *exceeded,
         ],
+        **_of_types(job_types),
     }
-    if job_types is not None:
-        query[Job.TYPE] = {"$in": sorted(job_types)}
-    return query
+    return index_range, rules
+
+
+def stale_filter(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> dict[str, Any]:
+    """The MongoDB filter matching every zombie under ``policy`` at ``now``, as one document."""
+    index_range, rules = stale_stages(policy, now, job_types)
+    return {**index_range, **rules}
+
+
+def on_index(index_part: Mapping[str, Any], rest: Mapping[str, Any], *stages: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An aggregation matching ``index_part`` first, then ``rest``.
+
+    MongoDB merges the two ``$match`` stages and plans them as one query; a server
+    whose planner scans the whole collection for an ``$or`` or an ``$in`` (the
+    embedded SecantusDB does, and a hint makes it slower still) keeps to the index
+    for the first stage. Either way the cost follows the jobs the index range
+    holds, never the finished history.
+    """
+    pipeline = [{"$match": dict(index_part)}]
+    if rest:
+        pipeline.append({"$match": dict(rest)})
+    return pipeline + [dict(stage) for stage in stages]
+
+
+def stale_pipeline(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    return on_index(*stale_stages(policy, now, job_types))
+
+
+def _of_types(job_types: Iterable[str] | None) -> dict[str, Any]:
+    return {} if job_types is None else {Job.TYPE: {"$in": sorted(job_types)}}
 
 
 def started_filter(job_types: Iterable[str] | None = None) -> dict[str, Any]:
-    query: dict[str, Any] = {Job.STATUS: Status.STARTED}
-    if job_types is not None:
-        query[Job.TYPE] = {"$in": sorted(job_types)}
-    return query
+    return {Job.STATUS: Status.STARTED, **_of_types(job_types)}
 
 
 def problem_of(job: Mapping[str, Any]) -> str | None:
@@ -188,8 +212,7 @@ def detect(
     detection = Detection(now=now)
     # Whole documents: the few that come back are the snapshot a retry is copied from,
     # in whatever generation the deployment wrote them.
-    query = stale_filter(policy, now, job_types)
-    for job in on_stale_index(lambda hint: jobs.find(query, hint=hint).batch_size(max(policy.batch_size, 101))):
+    for job in jobs.aggregate(stale_pipeline(policy, now, job_types), batchSize=max(policy.batch_size, 101)):
         problem = problem_of(job)
         if problem:
             detection.malformed.append(Malformed(job.get(ID), problem))
@@ -199,33 +222,32 @@ def detect(
             continue
         reason, threshold = verdict
         detection.candidates.append(Candidate(job=job, reason=reason, threshold_seconds=threshold, detected_at=now))
+    detection.candidates.sort(key=lambda candidate: (candidate.started_at, candidate.id))
     return detection
 
 
 def count_stale(jobs: Collection, policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> int:
-    """How many zombies there are, counted on the index without fetching them (for sensors)."""
-    query = stale_filter(policy, now, job_types)
-    return on_stale_index(lambda hint: [jobs.count_documents(query, hint=hint)])[0]
+    """How many zombies there are, counted by the server without fetching them (for sensors)."""
+    counted = jobs.aggregate(stale_pipeline(policy, now, job_types) + [{"$count": "stale"}])
+    return next(counted, {}).get("stale", 0)
 
 
 def explain_stale(jobs: Collection, policy: ZombiePolicy, now: dt.datetime) -> dict[str, Any]:
     """The server's plan and execution statistics for detection's query, as detection sends it."""
-    query = stale_filter(policy, now)
-    return on_stale_index(lambda hint: [jobs.find(query, hint=hint).explain()])[0]
+    command = {"aggregate": jobs.name, "pipeline": stale_pipeline(policy, now), "cursor": {}}
+    return query_plan_of(jobs.database.command("explain", command, verbosity="executionStats"))
 
 
-def on_stale_index(run: Callable[[Any], Iterable[Any]]) -> list[Any]:
-    """Run a query hinted to the ``(status, started_at)`` index, or unhinted when it does not exist.
+def query_plan_of(explained: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of an aggregation's explain output with ``queryPlanner`` and ``executionStats``.
 
-    Some servers' planners pick a collection scan for this ``$or``; the hint keeps
-    the cost independent of the finished history.
+    A pipeline the server runs as one query reports them at the top; others
+    report them in the first stage's ``$cursor``.
     """
-    try:
-        return list(run(STALE_INDEX_KEYS))
-    except OperationFailure as error:
-        if "hint" not in str(error).lower():
-            raise
-        return list(run(None))
+    if "queryPlanner" in explained:
+        return dict(explained)
+    first = (explained.get("stages") or [{}])[0]
+    return dict(first.get("$cursor", first))
 
 
 def find_malformed_started(jobs: Collection, job_types: Iterable[str] | None = None, limit: int = 1_000) -> list[Malformed]:
@@ -233,18 +255,20 @@ def find_malformed_started(jobs: Collection, job_types: Iterable[str] | None = N
 
     They are never finalized: they are reported for an operator to look at.
     """
-    query = started_filter(job_types)
-    query["$or"] = [
-        {Job.STARTED_AT: {"$not": {"$type": "date"}}},
-        {Job.LAST_HEARTBEAT: {"$exists": True, "$not": {"$type": ["date", "null"]}}},
-        {Job.TYPE: {"$not": {"$type": "string"}}},
-        {Job.DATASET: {"$not": {"$type": "string"}}},
-        {Job.UNICITY_ID: {"$not": {"$type": "string"}}},
-        {Job.CONFIG: {"$exists": True, "$not": {"$type": ["string", "null"]}}},
-        {Job.SPLIT: {"$exists": True, "$not": {"$type": ["string", "null"]}}},
-    ]
-    projection = {name: 1 for name in JOB_FIELDS}
-    odd = on_stale_index(lambda hint: jobs.find(query, projection, hint=hint).limit(limit))
+    odd_fields = {
+        "$or": [
+            {Job.STARTED_AT: {"$not": {"$type": "date"}}},
+            {Job.LAST_HEARTBEAT: {"$exists": True, "$not": {"$type": ["date", "null"]}}},
+            {Job.TYPE: {"$not": {"$type": "string"}}},
+            {Job.DATASET: {"$not": {"$type": "string"}}},
+            {Job.UNICITY_ID: {"$not": {"$type": "string"}}},
+            {Job.CONFIG: {"$exists": True, "$not": {"$type": ["string", "null"]}}},
+            {Job.SPLIT: {"$exists": True, "$not": {"$type": ["string", "null"]}}},
+        ],
+        **_of_types(job_types),
+    }
+    projection = {"$project": {name: 1 for name in JOB_FIELDS}}
+    odd = jobs.aggregate(on_index(started_filter(), odd_fields, projection, {"$limit": limit}))
     found = [Malformed(job.get(ID), problem_of(job) or "a field has an unexpected type") for job in odd]
     return found + find_unknown_statuses(jobs, job_types, limit)
 
@@ -253,18 +277,22 @@ def find_unknown_statuses(jobs: Collection, job_types: Iterable[str] | None = No
     """Jobs whose status is none of the queue's (or missing): no rule applies, an operator should look.
 
     ``distinct`` on the status, which MongoDB answers from an index with ``status``
-    first (a DISTINCT_SCAN: one key per status value, whatever the history).
+    first (a DISTINCT_SCAN: one key per status value, whatever the history), then
+    one equality on that index per unknown value.
     """
     unknown = [status for status in jobs.distinct(Job.STATUS) if status not in STATUSES]
-    if jobs.count_documents({Job.STATUS: None}, limit=1):  # distinct leaves missing statuses out
-        unknown.append(None)
-    if not unknown:
-        return []
-    query: dict[str, Any] = {Job.STATUS: {"$in": unknown}}
-    if job_types is not None:
-        query[Job.TYPE] = {"$in": sorted(job_types)}
-    odd = on_stale_index(lambda hint: jobs.find(query, {Job.STATUS: 1}, hint=hint).limit(limit))
-    return [Malformed(job[ID], f"unknown status {job.get(Job.STATUS)!r}") for job in odd]
+    if None not in unknown:
+        unknown.append(None)  # distinct leaves missing statuses out; the equality finds them
+    found: list[Malformed] = []
+    for status in unknown:
+        if len(found) >= limit:
+            break
+        stages = ({"$project": {Job.STATUS: 1}}, {"$limit": limit - len(found)})
+        found += [
+            Malformed(job[ID], f"unknown status {job.get(Job.STATUS)!r}")
+            for job in jobs.aggregate(on_index({Job.STATUS: status}, _of_types(job_types), *stages))
+        ]
+    return found
 
 
 @dataclass(frozen=True)
@@ -290,7 +318,8 @@ class Brake:
 
 
 def brake_for(jobs: Collection, detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None) -> Brake:
-    started = jobs.count_documents(started_filter(job_types))
+    counted = jobs.aggregate(on_index(started_filter(), _of_types(job_types), {"$count": "started"}))
+    started = next(counted, {}).get("started", 0)
     return Brake(
         stale=len(detection.candidates),
         started=started,

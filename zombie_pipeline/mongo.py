@@ -161,8 +161,6 @@ JOB_INDEXES = (
         "retries: is a waiting or started job already there for this unicity id",
     ),
 )
-#: Detection's and the sensor's queries are hinted to this index.
-STALE_INDEX_KEYS = list(JOB_INDEXES[0].keys)
 
 CACHE_INDEXES = (
     IndexSpec(

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from pymongo.collection import Collection
 
-from zombie_pipeline.detection import MAX_NAME_LENGTH, Detection, on_stale_index, count_stale, detect, stale_filter, started_filter
+from zombie_pipeline.detection import MAX_NAME_LENGTH, Detection, count_stale, detect, stale_pipeline, started_filter
 from zombie_pipeline.documents import (
     CACHE_KEY,
     ID,
@@ -61,8 +61,7 @@ def stale_state(jobs: Collection, policy: ZombiePolicy, now: dt.datetime, job_ty
     """A count on the index; only when it is not zero, the ids (and nothing else) of the stale jobs."""
     if count_stale(jobs, policy, now, job_types) == 0:
         return StaleState(0)
-    query = stale_filter(policy, now, job_types)
-    ids = sorted(str(job[ID]) for job in on_stale_index(lambda hint: jobs.find(query, {ID: 1}, hint=hint)))
+    ids = sorted(str(job[ID]) for job in jobs.aggregate(stale_pipeline(policy, now, job_types) + [{"$project": {ID: 1}}]))
     return StaleState(len(ids), hashlib.sha256("\n".join(ids).encode()).hexdigest())
 
 
