@@ -171,7 +171,8 @@ def _duplicate_indexes(error: BulkWriteError) -> set[int]:
 
 def _owned(store: Store, run_id: str, state: str, limit: int, extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     query = {Event.LEASE_OWNER: run_id, Event.STATE: state, **(extra or {})}
-    return list(store.events.find(query).sort(ID, 1).limit(limit).batch_size(limit))
+    without_policy = {Event.POLICY: 0}  # kept for the audit; no step reads it back
+    return list(store.events.find(query, without_policy).sort(ID, 1).limit(limit).batch_size(limit))
 
 
 def _drain(store: Store, run_id: str, state: str, policy: ZombiePolicy, extra: Mapping[str, Any] | None = None) -> Iterator[list[dict[str, Any]]]:
