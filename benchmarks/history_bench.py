@@ -34,7 +34,7 @@ from benchmarks.cleanup_bench import CleanupSettings, _row, run_contenders
 from benchmarks.data import History, Snapshot, add_finished_history, history_for
 from benchmarks.harness import CommandCounter, ServerHandle, drop_if_exists, explain_aggregate, explain_command, explain_find, measure, median
 from zombie_pipeline import durations
-from zombie_pipeline.detection import detect, stale_filter, stale_pipeline
+from zombie_pipeline.detection import detect, on_index, stale_filter, stale_pipeline
 from zombie_pipeline.documents import FINISHED_STATUSES, ID, Cache, Job, Status, cache_key_of_job
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.simulate import Workload, simulate
@@ -276,6 +276,7 @@ class HistoryBench:
         jobs, cache = self.setup_store.jobs, self.setup_store.cache
         zombies = self.snapshot.zombie_jobs[: policy.batch_size]
         keys = [cache_key_of_job(job) for job in zombies]
+        unicity_ids = sorted(job[Job.UNICITY_ID] for job in zombies)
         cutoff = now - dt.timedelta(seconds=policy.heartbeat_timeout_seconds)
         day_start, day_end = days_of(self.history)[len(days_of(self.history)) // 2]
         shapes = [
@@ -314,9 +315,16 @@ class HistoryBench:
             ),
             (f"finalize read-back: _id $in {len(zombies)}", jobs, {ID: {"$in": [job[ID] for job in zombies]}}, None, None),
             (
-                f"retries: unicity_id $in {len(zombies)}, status $in",
+                f"retries: unicity_id $in {len(zombies)}, then status $in, as sent (two $match stages)",
                 jobs,
-                {Job.UNICITY_ID: {"$in": sorted(job[Job.UNICITY_ID] for job in zombies)}, Job.STATUS: {"$in": [Status.WAITING, Status.STARTED]}},
+                on_index({Job.UNICITY_ID: {"$in": unicity_ids}}, {Job.STATUS: {"$in": [Status.WAITING, Status.STARTED]}}),
+                None,
+                None,
+            ),
+            (
+                "retries: the same as one find (not sent)",
+                jobs,
+                {Job.UNICITY_ID: {"$in": unicity_ids}, Job.STATUS: {"$in": [Status.WAITING, Status.STARTED]}},
                 None,
                 None,
             ),

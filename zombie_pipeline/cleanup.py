@@ -35,7 +35,7 @@ from bson import ObjectId
 from pymongo import InsertOne, ReplaceOne, UpdateMany, UpdateOne
 from pymongo.errors import BulkWriteError
 
-from zombie_pipeline.detection import Candidate, Detection, brake_for, detect, find_malformed_started
+from zombie_pipeline.detection import Candidate, Detection, brake_for, detect, find_malformed_started, on_index
 from zombie_pipeline.documents import (
     CACHE_GENERATIONS,
     CACHE_KEY,
@@ -477,8 +477,12 @@ def _queued_unicity_ids(store: Store, events: list[Mapping[str, Any]]) -> dict[s
     if not events:
         return {}
     unicity_ids = sorted({event[Event.JOB][Job.UNICITY_ID] for event in events})
-    query = {Job.UNICITY_ID: {"$in": unicity_ids}, Job.STATUS: {"$in": [Status.WAITING, Status.STARTED]}}
-    holders = store.jobs.find(query, {Job.UNICITY_ID: 1}).batch_size(_ENTRY_READ_BATCH)
+    pipeline = on_index(
+        {Job.UNICITY_ID: {"$in": unicity_ids}},
+        {Job.STATUS: {"$in": [Status.WAITING, Status.STARTED]}},
+        {"$project": {Job.UNICITY_ID: 1}},
+    )
+    holders = store.jobs.aggregate(pipeline, batchSize=_ENTRY_READ_BATCH)
     return {job[Job.UNICITY_ID]: job[ID] for job in holders}
 
 
