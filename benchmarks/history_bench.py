@@ -277,7 +277,6 @@ class HistoryBench:
         zombies = self.snapshot.zombie_jobs[: policy.batch_size]
         keys = [cache_key_of_job(job) for job in zombies]
         unicity_ids = sorted(job[Job.UNICITY_ID] for job in zombies)
-        cutoff = now - dt.timedelta(seconds=policy.heartbeat_timeout_seconds)
         day_start, day_end = days_of(self.history)[len(days_of(self.history)) // 2]
         shapes = [
             ("detection: stale query as detect sends it (two $match stages)", jobs, stale_pipeline(policy, now), None, None),

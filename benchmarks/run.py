@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from benchmarks import report
 from benchmarks.cleanup_bench import CleanupSettings, cleanup_case
-from benchmarks.harness import CommandCounter, ServerHandle, machine_info, new_client, now_iso, python_command, server
+from benchmarks.harness import CommandCounter, machine_info, new_client, now_iso, python_command, server
 from benchmarks.history_bench import HistoryBench, HistorySettings
 
 REPO = Path(__file__).resolve().parent.parent

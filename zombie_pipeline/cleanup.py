@@ -35,10 +35,10 @@ from bson import ObjectId
 from pymongo import InsertOne, ReplaceOne, UpdateMany, UpdateOne
 from pymongo.errors import BulkWriteError
 
+from zombie_pipeline.cache_entries import entries_of_jobs, key_of
 from zombie_pipeline.detection import Candidate, Detection, brake_for, detect, find_malformed_started, on_index
 from zombie_pipeline.documents import (
     CACHE_GENERATIONS,
-    CACHE_KEY,
     ERROR_MESSAGE_OF_CODE,
     ID,
     Cache,
@@ -306,7 +306,7 @@ def write_cache_errors(store: Store, run_id: str, policy: ZombiePolicy, generati
         operations, expected, planned = [], {}, {}
         outcomes: dict[ObjectId, tuple[str, int]] = {}
         for event in events:
-            key = _key_tuple(cache_key_of_job(event[Event.JOB]))
+            key = key_of(cache_key_of_job(event[Event.JOB]))
             entry = existing.get(key)
             failed_runs = failed_runs_of(entry) + 1
             if entry is not None and as_utc(entry.get(Cache.UPDATED_AT)) == event[Event.FINALIZED_AT]:
@@ -336,29 +336,8 @@ def write_cache_errors(store: Store, run_id: str, policy: ZombiePolicy, generati
     return result
 
 
-def _key_tuple(key: Mapping[str, Any]) -> tuple:
-    return tuple(key.get(name) for name in CACHE_KEY)
-
-
 def _existing_entries(store: Store, events: list[Mapping[str, Any]]) -> dict[tuple, dict[str, Any]]:
-    """The current entries of the events' jobs: one query per job type in the batch.
-
-    ``kind`` by equality keeps every query on the key index, also on servers whose
-    planner scans the collection for an ``$in`` on the first field of an index.
-    Type names are only ever values.
-    """
-    keys = {_key_tuple(cache_key_of_job(event[Event.JOB])) for event in events}
-    datasets_by_kind: dict[str, set[str]] = {}
-    for kind, dataset, _, _ in keys:
-        datasets_by_kind.setdefault(kind, set()).add(dataset)
-    found: dict[tuple, dict[str, Any]] = {}
-    for kind, datasets in sorted(datasets_by_kind.items()):
-        query = {Cache.KIND: kind, Cache.DATASET: {"$in": sorted(datasets)}}
-        for entry in store.cache.find(query, {Cache.CONTENT: 0}).batch_size(_ENTRY_READ_BATCH):
-            key = _key_tuple(entry)
-            if key in keys:
-                found[key] = entry
-    return found
+    return entries_of_jobs(store.cache, [event[Event.JOB] for event in events], {Cache.CONTENT: 0})
 
 
 def _is_fresher(entry: Mapping[str, Any], event: Mapping[str, Any]) -> bool:

@@ -20,9 +20,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from pymongo.collection import Collection
 
+from zombie_pipeline.cache_entries import entries_of_jobs, key_of
 from zombie_pipeline.detection import MAX_NAME_LENGTH, Detection, count_stale, detect, stale_pipeline, started_filter
 from zombie_pipeline.documents import (
-    CACHE_KEY,
     ID,
     Cache,
     CacheOutcome,
@@ -181,16 +181,11 @@ _KEY_FIELDS = (Job.TYPE, Job.DATASET, Job.CONFIG, Job.SPLIT)
 
 
 def _audit_batch(cache: Collection, events: Sequence[Mapping[str, Any]], audit: CacheErrorAudit, sample_size: int) -> None:
-    """One cache query per batch of events (type names only as values, as everywhere)."""
-    keys = {_key(cache_key_of_job(event[Event.JOB])) for event in events}
-    query = {
-        Cache.KIND: {"$in": sorted({key[0] for key in keys})},
-        Cache.DATASET: {"$in": sorted({key[1] for key in keys})},
-    }
-    entries = {_key(entry): entry for entry in cache.find(query, {name: 1 for name in (*CACHE_KEY, Cache.ERROR_CODE, Cache.UPDATED_AT)})}
+    """The cache entries of a batch of events: one query per job type among them."""
+    entries = entries_of_jobs(cache, [event[Event.JOB] for event in events], {Cache.ERROR_CODE: 1, Cache.UPDATED_AT: 1})
     for event in events:
         audit.checked += 1
-        entry = entries.get(_key(cache_key_of_job(event[Event.JOB])))
+        entry = entries.get(key_of(cache_key_of_job(event[Event.JOB])))
         if entry is None:
             audit.missing += 1
         elif entry.get(Cache.ERROR_CODE) == event[Event.ERROR_CODE] or _newer(entry, event):
@@ -204,10 +199,6 @@ def _audit_batch(cache: Collection, events: Sequence[Mapping[str, Any]], audit: 
 def _newer(entry: Mapping[str, Any], event: Mapping[str, Any]) -> bool:
     updated_at = as_utc(entry.get(Cache.UPDATED_AT))
     return updated_at is not None and updated_at > as_utc(event[Event.FINALIZED_AT])
-
-
-def _key(document: Mapping[str, Any]) -> tuple:
-    return tuple(document.get(name) for name in CACHE_KEY)
 
 
 def _audit_row(event: Mapping[str, Any], entry: Mapping[str, Any] | None) -> dict[str, Any]:
