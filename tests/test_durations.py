@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
+import zoneinfo
+from collections import Counter
 
 import numpy as np
 import pytest
+import pandas as pd
 from bson import ObjectId
+from bson.tz_util import utc as bson_utc
 from pymongo import MongoClient, monitoring
 
 from zombie_pipeline.documents import (
@@ -28,6 +33,7 @@ from zombie_pipeline.durations import (
     analyze,
     analyze_window,
     binomial_cdf,
+    classify_job,
     combine,
     count_undated_jobs,
     latest_suggested_max_durations,
@@ -231,6 +237,166 @@ def test_only_the_needed_fields_leave_the_database_in_batches(mongo_url, store):
     assert finds and all(set(command["projection"]) == {ID, Job.TYPE, Job.STATUS, Job.STARTED_AT, Job.FINISHED_AT} for command in finds)
     assert all(command.get("batchSize") == 10 for command in finds)
     assert sum(1 for command in listener.commands if "getMore" in command) >= 2  # 25 documents of one status, 10 a batch
+
+
+# --- a batch classified on arrays, as one document at a time ------------------------------
+
+
+class Served:
+    """A stand-in collection: ``find`` hands out these documents once, whatever the query.
+
+    read_period sends one query per status; this feeds its batches documents
+    no date-range query would return (no ``finished_at``, or a string).
+    """
+
+    def __init__(self, documents=()):
+        self.documents = list(documents)
+
+    def distinct(self, key):
+        return []
+
+    def find(self, *query, **options):
+        documents, self.documents = self.documents, []
+        return iter(documents)
+
+
+def without(document: dict, name: str) -> dict:
+    return {key: value for key, value in document.items() if key != name}
+
+
+def every_kind_of_job() -> list[dict]:
+    """Good jobs of two types, jobs that never started, and each kind of bad job data, interleaved."""
+    good = [job("/a", Status.SUCCESS, seconds) for seconds in (1, 2.5, 3600, 0)]
+    good += [job("/b", Status.ERROR, 7), job("/a", Status.ERROR, 0.001), job("/b", Status.SUCCESS, 86_400 * 3)]
+    good += [job("/a", Status.CANCELLED, None), job("/b", Status.SKIPPED, None), job("/a", Status.CANCELLED, 12)]
+    good += [without(job("/b", Status.CANCELLED, None), Job.FINISHED_AT)]  # never started: its end does not matter
+    bad = [
+        job("/a", Status.SUCCESS, None),  # missing started_at
+        job("/a", Status.ERROR, None, **{Job.STARTED_AT: None}),
+        job("/a", Status.SUCCESS, None, **{Job.STARTED_AT: "2024-03-05T11:00:00"}),
+        job("/a", Status.SUCCESS, None, **{Job.STARTED_AT: 1709636400}),
+        job("/a", Status.SUCCESS, None, **{Job.STARTED_AT: [NOON]}),
+        job("/a", Status.SUCCESS, -30),  # finished before started
+        job("/a", "exploded", 10),
+        job("/a", None, 10),
+        job("/a", Status.STARTED, 10),
+        without(job("/a", Status.SUCCESS, 10), Job.STATUS),
+        without(job("/a", Status.SUCCESS, 10), Job.TYPE),
+        job("", Status.SUCCESS, 10),
+        job(None, Status.ERROR, 10),
+        job(["/a"], Status.SUCCESS, 10),
+        job(7, Status.SUCCESS, 10),
+        job("/a", Status.SUCCESS, None, **{Job.STARTED_AT: NOON, Job.FINISHED_AT: "2024-03-05T12:00:00"}),
+        without(job("/a", Status.ERROR, 10), Job.FINISHED_AT),
+    ]
+    return [document for pair in itertools.zip_longest(good, bad) for document in pair if document is not None]
+
+
+def one_by_one(documents: list[dict]) -> tuple[dict, Counter]:
+    """The tallies and bad data as classify_job makes them, a document at a time: the rule the batches follow."""
+    tallies, bad_data = {}, Counter()
+    for document in documents:
+        outcome = classify_job(document)
+        if isinstance(outcome, str):
+            bad_data[outcome] += 1
+            continue
+        job_type, status, seconds = outcome
+        statuses, started, success, error = tallies.setdefault(job_type, (Counter(), [], [], []))
+        statuses[status] += 1
+        if seconds is not None:
+            started.append(seconds)
+            {Status.SUCCESS: success, Status.ERROR: error}.get(status, []).append(seconds)
+    return {
+        job_type: (dict(statuses), len(started), np.float32(success).tolist(), np.float32(error).tolist())
+        for job_type, (statuses, started, success, error) in tallies.items()
+    }, bad_data
+
+
+def batched(documents: list[dict], batch_size: int) -> tuple[dict, Counter]:
+    period = read_period(Served(documents), Served(), DAY, NEXT_DAY, batch_size=batch_size)
+    assert all(tally.success.dtype == np.float32 and tally.error.dtype == np.float32 for tally in period.tallies.values())
+    return {
+        job_type: (dict(tally.statuses), tally.started, tally.success.tolist(), tally.error.tolist())
+        for job_type, tally in period.tallies.items()
+    }, period.bad_data
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 1000])
+def test_a_batch_of_every_kind_of_job_is_tallied_as_each_job_alone(batch_size):
+    documents = every_kind_of_job()
+
+    tallies, bad_data = batched(documents, batch_size)
+
+    assert (tallies, bad_data) == one_by_one(documents)
+    assert set(bad_data) == {kind for name, kind in vars(BadData).items() if name.isupper()} - {BadData.INCOMPLETE_AUDIT_EVENT}
+    assert tallies["/a"][0] == {Status.SUCCESS: 4, Status.ERROR: 1, Status.CANCELLED: 2}
+
+
+def test_durations_are_utc_whatever_the_zone_of_the_dates():
+    paris = zoneinfo.ZoneInfo("Europe/Paris")
+    summer_time = dt.datetime(2024, 3, 31, 1, 30, tzinfo=UTC)  # 02:00 in Paris became 03:00 at 01:00 UTC
+
+    def pair(job_type, started, finished):
+        return {**job(job_type, Status.SUCCESS, None), Job.STARTED_AT: started, Job.FINISHED_AT: finished}
+
+    start, end = NOON - dt.timedelta(seconds=90), NOON
+    documents = [
+        pair("/utc", start, end),
+        pair("/naive", start.replace(tzinfo=None), end.replace(tzinfo=None)),  # read as UTC
+        pair("/offsets", start.astimezone(dt.timezone(dt.timedelta(hours=-5))), end.astimezone(bson_utc)),
+        pair("/naive-and-aware", start.replace(tzinfo=None), end),  # each alone is fine; the pair is not subtractable in Python
+        pair("/timestamp", pd.Timestamp(start), end),
+        pair("/paris", (summer_time - dt.timedelta(hours=1)).astimezone(paris), summer_time.astimezone(paris)),
+    ]
+
+    for batch_size in (1, 2, 100):  # alone, in pairs, together
+        tallies, bad_data = batched(documents, batch_size)
+        assert (tallies, bad_data) == one_by_one(documents)
+    assert tallies["/paris"][2] == [3600.0]  # one hour of UTC, two on the wall clock
+    assert all(tallies[job_type][2] == [90.0] for job_type in ("/utc", "/naive", "/offsets", "/naive-and-aware", "/timestamp"))
+
+
+def test_an_audited_job_in_a_batch_counts_once_and_a_bad_one_counts_as_gone():
+    successes = [job("/a", Status.SUCCESS, 60) for _ in range(3)]
+    overrun, crashed = job("/a", Status.ERROR, 1300), job("/a", Status.ERROR, 400)
+    backwards = job("/a", Status.ERROR, -5)  # bad data: its event is all that counts
+    events = [event(overrun, Reason.EXCEEDED_MAX_DURATION), event(crashed, Reason.MISSING_HEARTBEAT)]
+    events += [{**event(job("/a", Status.ERROR, 50), Reason.NEVER_HEARTBEATED), ID: backwards[ID]}]
+
+    period = read_period(Served(successes + [backwards, overrun, crashed]), Served(events), DAY, NEXT_DAY, batch_size=2)
+
+    a = period.tallies["/a"]
+    assert (a.statuses, a.started) == ({Status.SUCCESS: 3, Status.ERROR: 3}, 6)
+    assert (a.success.tolist(), a.error.tolist(), a.killed.tolist()) == ([60.0] * 3, [400.0], [1300.0])
+    assert a.zombies == {Reason.EXCEEDED_MAX_DURATION: 1, Reason.MISSING_HEARTBEAT: 1, Reason.NEVER_HEARTBEATED: 1}
+    assert period.bad_data == {BadData.FINISHED_BEFORE_STARTED: 1}
+
+
+@pytest.mark.parametrize("n", [1, 30, 299, 300, 5_000, 200_000])
+@pytest.mark.parametrize("quantile", [0.5, 0.99])
+def test_the_quantile_interval_reads_only_likely_counts_and_agrees_with_the_whole_binomial_law(n, quantile):
+    cdf = binomial_cdf(n, quantile)[:n]  # every count
+    low, high = np.nonzero(cdf <= 0.025)[0], np.nonzero(cdf >= 0.975)[0]
+
+    assert quantile_interval(np.arange(n, dtype=np.float64), quantile, 0.95) == (
+        float(low[-1]) if len(low) else None,
+        float(high[0]) if len(high) else None,
+    )
+
+
+def test_combining_many_periods_joins_each_type_in_order():
+    days = [
+        Period(start=DAY + dt.timedelta(days=day), end=DAY + dt.timedelta(days=day + 1))
+        for day in range(30)
+    ]
+    for day, period in enumerate(days):
+        period.tallies["/a"] = tally([float(day)], killed=[day + 0.5])
+
+    a = combine(reversed(days)).tallies["/a"]
+
+    assert a.success.tolist() == [float(day) for day in range(30)]
+    assert a.killed.tolist() == [day + 0.5 for day in range(30)]
+    assert (a.statuses, a.started) == ({Status.SUCCESS: 30, Status.ERROR: 30}, 60)
 
 
 # --- suggestion rules ---------------------------------------------------------------------

@@ -3,9 +3,9 @@
 Reading. A period (one UTC day for a Dagster partition, or any window) is read
 with indexed queries: finished jobs by ``(status, finished_at)``, one status at
 a time, and audit events by ``finalized_at``, each projected to the few fields
-needed and read in batches. Each batch becomes a small pandas frame folded into
-a :class:`Tally` per job type; memory grows with the jobs of the period only,
-by four bytes per job.
+needed and read in batches. Each batch is read once into columns, checked and
+timed on whole arrays, and folded into a :class:`Tally` per job type; memory
+grows with the jobs of the period only, by four bytes per job.
 
 Storing durations, and why exactly. A tally keeps the durations themselves,
 as float32 arrays (success, error, stopped-for-exceeding-T2), rather than a
@@ -51,9 +51,10 @@ import dataclasses
 import datetime as dt
 import itertools
 import math
+import operator
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -125,13 +126,18 @@ class Tally:
     zombies: Counter = field(default_factory=Counter)  # reason -> audited zombies
 
     def __add__(self, other: "Tally") -> "Tally":
-        return Tally(
-            statuses=Counter(self.statuses) + Counter(other.statuses),
-            started=self.started + other.started,
-            success=np.concatenate([self.success, other.success]),
-            error=np.concatenate([self.error, other.error]),
-            killed=np.concatenate([self.killed, other.killed]),
-            zombies=Counter(self.zombies) + Counter(other.zombies),
+        return Tally.total([self, other])
+
+    @classmethod
+    def total(cls, tallies: Sequence["Tally"]) -> "Tally":
+        """The tallies as one, each array joined once: adding them in turn would copy the running total every time."""
+        return cls(
+            statuses=sum((Counter(tally.statuses) for tally in tallies), Counter()),
+            started=sum(tally.started for tally in tallies),
+            success=np.concatenate([_EMPTY, *(tally.success for tally in tallies)]),
+            error=np.concatenate([_EMPTY, *(tally.error for tally in tallies)]),
+            killed=np.concatenate([_EMPTY, *(tally.killed for tally in tallies)]),
+            zombies=sum((Counter(tally.zombies) for tally in tallies), Counter()),
         )
 
     def stopped_at(self, max_duration_seconds: float) -> np.ndarray:
@@ -160,12 +166,14 @@ def combine(periods: Iterable[Period]) -> Period:
     if not periods:
         raise ValueError("combine needs at least one period")
     result = Period(start=periods[0].start, end=max(period.end for period in periods))
+    by_type: dict[str, list[Tally]] = {}
     for period in periods:
         for job_type, tally in period.tallies.items():
-            result.tallies[job_type] = result.tallies[job_type] + tally if job_type in result.tallies else tally
+            by_type.setdefault(job_type, []).append(tally)
         result.bad_data += Counter(period.bad_data)
         result.jobs_read += period.jobs_read
         result.events_read += period.events_read
+    result.tallies = {job_type: Tally.total(tallies) for job_type, tallies in by_type.items()}
     return result
 
 
@@ -206,14 +214,10 @@ def events_filter(start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
     }
 
 
-def _batches(cursor: Iterable[Mapping[str, Any]], size: int) -> Iterator[list[Mapping[str, Any]]]:
-    batch: list[Mapping[str, Any]] = []
-    for document in cursor:
-        batch.append(document)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
+def _batches(documents: Iterable[Mapping[str, Any]], size: int) -> Iterator[list[Mapping[str, Any]]]:
+    """Lists of up to ``size`` documents; ``islice`` keeps the per-document loop out of Python code."""
+    iterator = iter(documents)
+    while batch := list(itertools.islice(iterator, size)):
         yield batch
 
 
@@ -230,7 +234,9 @@ def _date_problem(value: Any) -> str | None:
 def classify_job(job: Mapping[str, Any]) -> tuple[str, str, float | None] | str:
     """``(type, status, seconds)`` of a finished job, or the :class:`BadData` reason to skip it.
 
-    ``seconds`` is None for a job cancelled or skipped before it started.
+    ``seconds`` is None for a job cancelled or skipped before it started. This
+    is the rule; :func:`_classify` applies it to a whole batch at once, and
+    calls it for the odd documents its array checks leave aside.
     """
     status = job.get(Job.STATUS)
     if status not in FINISHED_STATUSES:
@@ -253,22 +259,196 @@ def classify_job(job: Mapping[str, Any]) -> tuple[str, str, float | None] | str:
     return job_type, status, seconds
 
 
-def _fold_jobs(period: Period, rows: list[tuple[str, str, float | None]]) -> None:
-    """Fold one batch of classified jobs into the tallies, a group per type."""
-    if not rows:
-        return
-    frame = pd.DataFrame(rows, columns=["type", "status", "seconds"])
-    for job_type, group in frame.groupby("type", sort=False):
-        tally = period.tally(job_type)
-        tally.statuses.update(group["status"].value_counts().to_dict())
-        ran = group[group["seconds"].notna()]
-        tally.started += len(ran)
-        success = ran.loc[ran["status"] == Status.SUCCESS, "seconds"].to_numpy()
-        error = ran.loc[ran["status"] == Status.ERROR, "seconds"].to_numpy()
-        if len(success):
-            tally.success = np.concatenate([tally.success, _durations(success)])
-        if len(error):
-            tally.error = np.concatenate([tally.error, _durations(error)])
+_NONE = type(None)
+_TZINFO = operator.attrgetter("tzinfo")
+_ID = operator.itemgetter(ID)
+#: Stands for every value that cannot be hashed (a list or a document where a string belongs).
+_UNHASHABLE = object()
+#: Job id -> (type, reason) of the zombies audited in a period; they are few.
+_Audited = Mapping[Any, tuple[str, str]]
+#: The tally array each status's durations go to; other statuses keep no duration.
+_DURATIONS_OF_STATUS = {Status.SUCCESS: "success", Status.ERROR: "error"}
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        return _UNHASHABLE
+    return value
+
+
+def _codes(documents: Sequence[Mapping[str, Any]], name: str) -> tuple[np.ndarray, list[Any]]:
+    """A field of every document as codes into its distinct values: rules are then asked once per distinct value.
+
+    Values that cannot be hashed share one stand-in: whatever they hold,
+    they are not a job type or a status.
+    """
+    distinct: dict[Any, int] = {}
+    try:
+        codes = [distinct.setdefault(document.get(name), len(distinct)) for document in documents]
+    except TypeError:
+        distinct = {}
+        codes = [distinct.setdefault(_hashable(document.get(name)), len(distinct)) for document in documents]
+    return np.fromiter(codes, dtype=np.intp, count=len(codes)), list(distinct)
+
+
+@dataclass
+class _Batch:
+    """A batch of job documents as columns: each field read once; types and statuses as codes."""
+
+    documents: Sequence[Mapping[str, Any]]
+    types: np.ndarray  # codes into type_names
+    type_names: list[Any]
+    statuses: np.ndarray  # codes into status_names
+    status_names: list[Any]
+    started: list[Any]  # the values as stored
+    finished: list[Any]
+
+    @classmethod
+    def of(cls, documents: Sequence[Mapping[str, Any]]) -> "_Batch":
+        types, type_names = _codes(documents, Job.TYPE)
+        statuses, status_names = _codes(documents, Job.STATUS)
+        started = [document.get(Job.STARTED_AT) for document in documents]
+        finished = [document.get(Job.FINISHED_AT) for document in documents]
+        return cls(documents, types, type_names, statuses, status_names, started, finished)
+
+    def type_is(self, rule: Callable[[Any], bool]) -> np.ndarray:
+        return _holds(self.types, self.type_names, rule)
+
+    def status_is(self, rule: Callable[[Any], bool]) -> np.ndarray:
+        return _holds(self.statuses, self.status_names, rule)
+
+
+def _holds(codes: np.ndarray, distinct: list[Any], rule: Callable[[Any], bool]) -> np.ndarray:
+    """``rule`` of each value, asked once per distinct value."""
+    return np.fromiter(map(rule, distinct), dtype=bool, count=len(distinct))[codes]
+
+
+def _is_job_type(value: Any) -> bool:
+    return isinstance(value, str) and value != ""
+
+
+def _of_type(values: list[Any], kind: type) -> np.ndarray:
+    """Which values are exactly of ``kind``; a subclass is left to :func:`classify_job`."""
+    return np.fromiter(map(type, values), dtype=object, count=len(values)) == kind
+
+
+def _seconds_between(started: list[dt.datetime], finished: list[dt.datetime]) -> np.ndarray | None:
+    """``finished - started`` in seconds, as :func:`classify_job` computes it from UTC dates.
+
+    Python subtracts two dates of one time zone on their wall clocks, which is
+    UTC arithmetic only for a fixed offset (or naive dates, read as UTC): with
+    a zone that has daylight saving, or a naive date beside an aware one, the
+    answer is None and the caller falls back to :func:`classify_job`. Dates
+    of two zones are converted to UTC by Python, so the zones of ``started``
+    alone tell.
+    """
+    zones = set(map(_TZINFO, started))
+    if not all(zone is None or zone.utcoffset(None) is not None for zone in zones):
+        return None
+    try:
+        deltas = map(operator.sub, finished, started)
+        return np.fromiter(map(dt.timedelta.total_seconds, deltas), dtype=np.float64, count=len(started))
+    except TypeError:  # naive beside aware
+        return None
+
+
+def _classify(batch: _Batch) -> tuple[np.ndarray, np.ndarray, Counter]:
+    """:func:`classify_job` over a batch: which documents count, their seconds (NaN: never started), the bad data.
+
+    The common documents (a type, a finished status, and two dates, or no
+    start for a status that may never start) are checked and timed on whole
+    arrays; any other document, rare, goes through :func:`classify_job` itself.
+    """
+    named = batch.type_is(_is_job_type) & batch.status_is(FINISHED_STATUSES.__contains__)
+    timed = named & _of_type(batch.started, dt.datetime) & _of_type(batch.finished, dt.datetime)
+    never_started = named & batch.status_is(NEVER_STARTED_STATUSES.__contains__)
+    never_started[never_started] = _of_type([batch.started[index] for index in np.flatnonzero(never_started)], _NONE)
+    seconds = np.full(len(batch.documents), np.nan)
+    selected = timed.tolist()
+    started, finished = (list(itertools.compress(dates, selected)) for dates in (batch.started, batch.finished))
+    durations = _seconds_between(started, finished)
+    if durations is None:
+        timed[:] = False
+    else:
+        seconds[timed] = durations
+    backwards = seconds < 0  # False for NaN
+    valid = (timed & ~backwards) | never_started
+    bad_data = Counter({BadData.FINISHED_BEFORE_STARTED: int(np.count_nonzero(backwards))})
+    for index in np.flatnonzero(~(timed | never_started)):
+        outcome = classify_job(batch.documents[index])
+        if isinstance(outcome, str):
+            bad_data[outcome] += 1
+        else:
+            valid[index] = True
+            seconds[index] = np.nan if outcome[2] is None else outcome[2]
+    return valid, seconds, +bad_data
+
+
+def _stopped_at_t2(batch: _Batch, valid: np.ndarray, audited: _Audited, found: set[Any]) -> np.ndarray:
+    """Which valid jobs are audited as stopped for exceeding T2; every valid audited job is added to ``found``."""
+    stopped = np.zeros(len(batch.documents), dtype=bool)
+    if not audited:
+        return stopped
+    rows = np.flatnonzero(valid)
+    ids = map(_ID, itertools.compress(batch.documents, valid.tolist()))
+    for row in rows[np.fromiter(map(audited.__contains__, ids), dtype=bool, count=len(rows))]:
+        job_id = batch.documents[row][ID]
+        found.add(job_id)
+        stopped[row] = audited[job_id][1] == Reason.EXCEEDED_MAX_DURATION
+    return stopped
+
+
+def _groups(codes: np.ndarray, values: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """``(code, its values)`` for each code present; values keep their order."""
+    order = np.argsort(codes, kind="stable")
+    codes, values = codes[order], values[order]
+    starts = np.flatnonzero(np.diff(codes, prepend=-1))
+    return zip(codes[starts].tolist(), np.split(values, starts[1:]))
+
+
+class _Pieces:
+    """Durations gathered batch by batch and joined once per tally: appending at each batch would copy it each time."""
+
+    def __init__(self) -> None:
+        self._pieces: dict[tuple[str, str], list[np.ndarray]] = {}
+
+    def add(self, job_type: str, kind: str, seconds: Iterable[float] | np.ndarray) -> None:
+        self._pieces.setdefault((job_type, kind), []).append(_durations(seconds))
+
+    def join_into(self, period: Period) -> None:
+        for (job_type, kind), pieces in self._pieces.items():
+            tally = period.tally(job_type)
+            setattr(tally, kind, np.concatenate([getattr(tally, kind), *pieces]))
+
+
+def _fold(period: Period, pieces: _Pieces, batch: _Batch, audited: _Audited, found: set[Any]) -> None:
+    """Count one batch of jobs per (type, status), jobs started per type, and gather their durations.
+
+    A job audited as stopped for exceeding T2 already has its duration in
+    ``killed``, from its event: it counts as started, without a duration here.
+    """
+    valid, seconds, bad_data = _classify(batch)
+    period.bad_data.update(bad_data)
+    stopped = _stopped_at_t2(batch, valid, audited, found)
+    ran = ~np.isnan(seconds)
+    width = len(batch.status_names)
+    pairs = np.bincount(batch.types[valid] * width + batch.statuses[valid], minlength=len(batch.type_names) * width)
+    pairs = pairs.reshape(len(batch.type_names), width)
+    started = np.bincount(batch.types[valid & (ran | stopped)], minlength=len(batch.type_names))
+    for code in np.flatnonzero(pairs.sum(axis=1)):
+        tally = period.tally(batch.type_names[code])
+        tally.statuses.update({status: int(count) for status, count in zip(batch.status_names, pairs[code]) if count})
+        tally.started += int(started[code])
+    timed = valid & ran & ~stopped
+    for status_code, status in enumerate(batch.status_names):
+        kind = _DURATIONS_OF_STATUS.get(status)
+        if kind is None:
+            continue
+        chosen = timed & (batch.statuses == status_code)
+        for code, values in _groups(batch.types[chosen], seconds[chosen]):
+            pieces.add(batch.type_names[code], kind, values)
 
 
 def read_period(
@@ -288,6 +468,7 @@ def read_period(
     if start is None or end is None or not start < end:
         raise ValueError("read_period needs two dates, start before end")
     period = Period(start=start, end=end)
+    pieces = _Pieces()
     audited: dict[Any, tuple[str, str]] = {}  # job id -> (type, reason); zombies are few
     for event in events.find(events_filter(start, end), _EVENT_PROJECTION, batch_size=batch_size):
         period.events_read += 1
@@ -301,8 +482,7 @@ def read_period(
             if started_at is None or finalized_at is None or finalized_at < started_at:
                 period.bad_data[BadData.INCOMPLETE_AUDIT_EVENT] += 1
                 continue
-            tally = period.tally(job_type)
-            tally.killed = np.concatenate([tally.killed, _durations([(finalized_at - started_at).total_seconds()])])
+            pieces.add(job_type, "killed", [(finalized_at - started_at).total_seconds()])
         period.tally(job_type).zombies[reason] += 1
         audited[event[ID]] = (job_type, reason)
 
@@ -311,23 +491,10 @@ def read_period(
         jobs.find(finished_jobs_filter(status, start, end), _JOB_PROJECTION, batch_size=batch_size)
         for status in statuses_to_read(jobs)
     )
-    for batch in _batches(itertools.chain.from_iterable(cursors), batch_size):
-        rows = []
-        for job in batch:
-            period.jobs_read += 1
-            outcome = classify_job(job)
-            if isinstance(outcome, str):
-                period.bad_data[outcome] += 1
-                continue
-            audit = audited.get(job[ID])
-            if audit is not None:
-                found.add(job[ID])
-                if audit[1] == Reason.EXCEEDED_MAX_DURATION:  # its duration is already in `killed`
-                    period.tally(outcome[0]).statuses[outcome[1]] += 1
-                    period.tally(outcome[0]).started += 1
-                    continue
-            rows.append(outcome)
-        _fold_jobs(period, rows)
+    for documents in _batches(itertools.chain.from_iterable(cursors), batch_size):
+        period.jobs_read += len(documents)
+        _fold(period, pieces, _Batch.of(documents), audited, found)
+    pieces.join_into(period)
     for job_id, (job_type, _) in audited.items():
         if job_id not in found:  # the job document is gone (TTL): the event says it ran and ended in error
             period.tally(job_type).started += 1
@@ -372,13 +539,29 @@ def success_statistics(durations: np.ndarray) -> dict[str, float | int | None]:
     }
 
 
-def binomial_cdf(n: int, p: float) -> np.ndarray:
-    """``P(B <= k)`` for ``k = 0..n``, ``B ~ Binomial(n, p)``; log-space, so large n is fine."""
-    k = np.arange(n, dtype=np.float64)
+def binomial_cdf(n: int, p: float, counts: range | None = None) -> np.ndarray:
+    """``P(B <= k)`` for ``k`` in ``counts`` (all of ``0..n`` by default), ``B ~ Binomial(n, p)``; log-space.
+
+    Given a range that leaves out only tails of negligible mass
+    (:func:`_likely_counts`), the probabilities are those within the range and
+    cost its length rather than n: at a million durations, a few thousand.
+    """
+    counts = range(n + 1) if counts is None else counts
+    k = np.arange(counts.start, counts.stop - 1, dtype=np.float64)
     steps = np.log(n - k) - np.log(k + 1) + math.log(p) - math.log1p(-p)
-    log_pmf = np.concatenate([[n * math.log1p(-p)], n * math.log1p(-p) + np.cumsum(steps)])
+    log_pmf = np.concatenate([[0.0], np.cumsum(steps)])  # up to a constant: normalized below
     pmf = np.exp(log_pmf - log_pmf.max())
     return np.minimum(np.cumsum(pmf) / pmf.sum(), 1.0)
+
+
+def _likely_counts(n: int, p: float) -> range:
+    """The counts of ``Binomial(n, p)`` outside which lies less than 1e-30 of its mass.
+
+    Thirteen standard deviations and 50 on each side of the mean: Bernstein's
+    inequality bounds each tail by ``exp(-75)``.
+    """
+    spread = 13 * math.sqrt(n * p * (1 - p)) + 50
+    return range(max(0, math.floor(n * p - spread)), min(n, math.ceil(n * p + spread)) + 1)
 
 
 def quantile_interval(
@@ -389,15 +572,18 @@ def quantile_interval(
     ``[X(l), X(u)]`` covers the true quantile with probability at least
     ``confidence``, the ranks chosen from the binomial law of how many
     durations fall below it. A side is None when the data cannot bound it
-    (an upper bound for p99 needs a few hundred durations).
+    (an upper bound for p99 needs a few hundred durations). Both ranks lie
+    among the :func:`_likely_counts`, the only ones computed.
     """
     n = len(sorted_durations)
     if n == 0:
         return None, None
     alpha = 1.0 - confidence
-    cdf = binomial_cdf(n, quantile)  # cdf[k] = P(fewer than k+1 durations below the quantile)
-    low_ranks = np.nonzero(cdf[:n] <= alpha / 2)[0]  # l - 1 with P(B <= l-1) <= alpha/2
-    high_ranks = np.nonzero(cdf[:n] >= 1 - alpha / 2)[0]  # u - 1 with P(B <= u-1) >= 1-alpha/2
+    counts = _likely_counts(n, quantile)
+    cdf = binomial_cdf(n, quantile, counts)  # P(fewer than k+1 durations below the quantile), k in counts
+    ranks = np.arange(counts.start, counts.stop)
+    low_ranks = ranks[(ranks < n) & (cdf <= alpha / 2)]  # l - 1 with P(B <= l-1) <= alpha/2
+    high_ranks = ranks[(ranks < n) & (cdf >= 1 - alpha / 2)]  # u - 1 with P(B <= u-1) >= 1-alpha/2
     low = float(sorted_durations[low_ranks[-1]]) if len(low_ranks) else None
     high = float(sorted_durations[high_ranks[0]]) if len(high_ranks) else None
     return low, high
