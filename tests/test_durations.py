@@ -43,6 +43,8 @@ from zombie_pipeline.durations import (
     readable_round_up,
     save_suggestions,
     suggest,
+    tally_events,
+    tally_jobs,
 )
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.simulate import Workload, simulate
@@ -156,6 +158,7 @@ def test_bad_data_is_counted_and_skipped_never_fatal(store):
         job("/a", "exploded", 10),
         {k: v for k, v in job("/a", Status.SUCCESS, 10).items() if k != Job.STATUS},
         job("/a", None, 10),
+        job("/a", [Status.SUCCESS], 10),  # an array: the success query returns it
         {k: v for k, v in job("/a", Status.SUCCESS, 10).items() if k != Job.TYPE},
         job("/a", Status.SUCCESS, None, **{Job.FINISHED_AT: "2024-03-05T12:00:00"}),
         {k: v for k, v in job("/a", Status.ERROR, None).items() if k != Job.FINISHED_AT},
@@ -172,7 +175,7 @@ def test_bad_data_is_counted_and_skipped_never_fatal(store):
         BadData.STARTED_AT_AS_STRING: 1,
         BadData.STARTED_AT_NOT_A_DATE: 1,
         BadData.FINISHED_BEFORE_STARTED: 1,
-        BadData.UNKNOWN_STATUS: 3,
+        BadData.UNKNOWN_STATUS: 4,
         BadData.MISSING_TYPE: 1,
         BadData.FINISHED_AT_AS_STRING: 1,
         BadData.MISSING_FINISHED_AT: 1,
@@ -242,24 +245,6 @@ def test_only_the_needed_fields_leave_the_database_in_batches(mongo_url, store):
 # --- a batch classified on arrays, as one document at a time ------------------------------
 
 
-class Served:
-    """A stand-in collection: ``find`` hands out these documents once, whatever the query.
-
-    read_period sends one query per status; this feeds its batches documents
-    no date-range query would return (no ``finished_at``, or a string).
-    """
-
-    def __init__(self, documents=()):
-        self.documents = list(documents)
-
-    def distinct(self, key):
-        return []
-
-    def find(self, *query, **options):
-        documents, self.documents = self.documents, []
-        return iter(documents)
-
-
 def without(document: dict, name: str) -> dict:
     return {key: value for key, value in document.items() if key != name}
 
@@ -279,6 +264,7 @@ def every_kind_of_job() -> list[dict]:
         job("/a", Status.SUCCESS, -30),  # finished before started
         job("/a", "exploded", 10),
         job("/a", None, 10),
+        job("/a", [Status.SUCCESS], 10),  # an array matches the status query
         job("/a", Status.STARTED, 10),
         without(job("/a", Status.SUCCESS, 10), Job.STATUS),
         without(job("/a", Status.SUCCESS, 10), Job.TYPE),
@@ -313,7 +299,7 @@ def one_by_one(documents: list[dict]) -> tuple[dict, Counter]:
 
 
 def batched(documents: list[dict], batch_size: int) -> tuple[dict, Counter]:
-    period = read_period(Served(documents), Served(), DAY, NEXT_DAY, batch_size=batch_size)
+    period = tally_jobs(Period(start=DAY, end=NEXT_DAY), documents, batch_size=batch_size)
     assert all(tally.success.dtype == np.float32 and tally.error.dtype == np.float32 for tally in period.tallies.values())
     return {
         job_type: (dict(tally.statuses), tally.started, tally.success.tolist(), tally.error.tolist())
@@ -363,7 +349,8 @@ def test_an_audited_job_in_a_batch_counts_once_and_a_bad_one_counts_as_gone():
     events = [event(overrun, Reason.EXCEEDED_MAX_DURATION), event(crashed, Reason.MISSING_HEARTBEAT)]
     events += [{**event(job("/a", Status.ERROR, 50), Reason.NEVER_HEARTBEATED), ID: backwards[ID]}]
 
-    period = read_period(Served(successes + [backwards, overrun, crashed]), Served(events), DAY, NEXT_DAY, batch_size=2)
+    period = Period(start=DAY, end=NEXT_DAY)
+    tally_jobs(period, successes + [backwards, overrun, crashed], tally_events(period, events), batch_size=2)
 
     a = period.tallies["/a"]
     assert (a.statuses, a.started) == ({Status.SUCCESS: 3, Status.ERROR: 3}, 6)

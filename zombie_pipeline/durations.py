@@ -239,7 +239,7 @@ def classify_job(job: Mapping[str, Any]) -> tuple[str, str, float | None] | str:
     calls it for the odd documents its array checks leave aside.
     """
     status = job.get(Job.STATUS)
-    if status not in FINISHED_STATUSES:
+    if not isinstance(status, str) or status not in FINISHED_STATUSES:  # an array would not even hash
         return BadData.UNKNOWN_STATUS
     job_type = job.get(Job.TYPE)
     if not isinstance(job_type, str) or not job_type:
@@ -458,19 +458,27 @@ def read_period(
     end: dt.datetime,
     batch_size: int = READ_BATCH_SIZE,
 ) -> Period:
-    """Tallies of the jobs finished and the zombies finalized in ``[start, end)``.
-
-    A job audited as stopped for exceeding T2 is counted once, from its event
-    (which outlives the job document's 7-day TTL): its duration goes to
-    ``killed``, never also to ``error``.
-    """
+    """Tallies of the jobs finished and the zombies finalized in ``[start, end)``."""
     start, end = as_utc(start), as_utc(end)
     if start is None or end is None or not start < end:
         raise ValueError("read_period needs two dates, start before end")
     period = Period(start=start, end=end)
-    pieces = _Pieces()
-    audited: dict[Any, tuple[str, str]] = {}  # job id -> (type, reason); zombies are few
-    for event in events.find(events_filter(start, end), _EVENT_PROJECTION, batch_size=batch_size):
+    audited = tally_events(period, events.find(events_filter(start, end), _EVENT_PROJECTION, batch_size=batch_size))
+    cursors = (
+        jobs.find(finished_jobs_filter(status, start, end), _JOB_PROJECTION, batch_size=batch_size)
+        for status in statuses_to_read(jobs)
+    )
+    return tally_jobs(period, itertools.chain.from_iterable(cursors), audited, batch_size)
+
+
+def tally_events(period: Period, events: Iterable[Mapping[str, Any]]) -> _Audited:
+    """Count the period's audited zombies; return ``job id -> (type, reason)`` for :func:`tally_jobs`.
+
+    The duration of a job stopped for exceeding T2 comes from its event, which
+    outlives the job document's 7-day TTL.
+    """
+    audited: dict[Any, tuple[str, str]] = {}  # zombies are few
+    for event in events:
         period.events_read += 1
         snapshot = event.get(Event.JOB) if isinstance(event.get(Event.JOB), Mapping) else {}
         job_type, reason = snapshot.get(Job.TYPE), event.get(Event.REASON)
@@ -482,21 +490,33 @@ def read_period(
             if started_at is None or finalized_at is None or finalized_at < started_at:
                 period.bad_data[BadData.INCOMPLETE_AUDIT_EVENT] += 1
                 continue
-            pieces.add(job_type, "killed", [(finalized_at - started_at).total_seconds()])
+            tally = period.tally(job_type)
+            tally.killed = np.concatenate([tally.killed, _durations([(finalized_at - started_at).total_seconds()])])
         period.tally(job_type).zombies[reason] += 1
         audited[event[ID]] = (job_type, reason)
+    return audited
 
-    found: set[Any] = set()
-    cursors = (
-        jobs.find(finished_jobs_filter(status, start, end), _JOB_PROJECTION, batch_size=batch_size)
-        for status in statuses_to_read(jobs)
-    )
-    for documents in _batches(itertools.chain.from_iterable(cursors), batch_size):
-        period.jobs_read += len(documents)
-        _fold(period, pieces, _Batch.of(documents), audited, found)
+
+def tally_jobs(
+    period: Period,
+    documents: Iterable[Mapping[str, Any]],
+    audited: _Audited | None = None,
+    batch_size: int = READ_BATCH_SIZE,
+) -> Period:
+    """Fold the period's finished jobs into its tallies, a batch at a time, as :func:`classify_job` rules.
+
+    A job audited as stopped for exceeding T2 is counted once: its duration is
+    already in ``killed``, never also in ``error``. An audited job whose
+    document is gone (TTL) counts as started and ended in error.
+    """
+    audited = audited or {}
+    pieces, found = _Pieces(), set()
+    for batch in _batches(documents, batch_size):
+        period.jobs_read += len(batch)
+        _fold(period, pieces, _Batch.of(batch), audited, found)
     pieces.join_into(period)
     for job_id, (job_type, _) in audited.items():
-        if job_id not in found:  # the job document is gone (TTL): the event says it ran and ended in error
+        if job_id not in found:
             period.tally(job_type).started += 1
             period.tally(job_type).statuses[Status.ERROR] += 1
     return period
