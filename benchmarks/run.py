@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 from benchmarks import report
 from benchmarks.cleanup_bench import CleanupSettings, cleanup_case
+from benchmarks.compute_bench import compute_case
 from benchmarks.harness import CommandCounter, machine_info, new_client, now_iso, python_command, server
 from benchmarks.history_bench import HistoryBench, HistorySettings
 
@@ -46,7 +47,9 @@ class Config:
     late_cleanup_from: int = 100_000
     #: per-case caps (seconds) replacing ``cleanup.cap_seconds``
     case_caps: dict[tuple[int, int], float] = field(default_factory=lambda: {(100_000, 10_000): 1_200.0})
-    sections: tuple[str, ...] = ("cleanup", "history")
+    #: statistics step fed from memory (``compute_bench``): its compute target is at 1M jobs
+    compute_sizes: tuple[int, ...] = (1_000_000,)
+    sections: tuple[str, ...] = ("cleanup", "history", "compute")
 
     @classmethod
     def full(cls) -> "Config":
@@ -69,6 +72,7 @@ class Config:
                 growth_cleanup_sizes=(20_000,),
             ),
             cleanup=cleanup,
+            compute_sizes=(100_000,),
         )
 
     @classmethod
@@ -91,6 +95,7 @@ class Config:
                 plans=False,
             ),
             cleanup=cleanup,
+            compute_sizes=(2_000,),
         )
 
 
@@ -101,7 +106,7 @@ class Results:
         self.out_dir = out_dir
         self.log = log
         self._chart_written = -1e9
-        self.data: dict[str, Any] = {"meta": meta, "cleanup": [], "detection": [], "plans": [], "statistics": [], "growth_cleanup": []}
+        self.data: dict[str, Any] = {"meta": meta, "cleanup": [], "detection": [], "plans": [], "statistics": [], "compute": [], "growth_cleanup": []}
         out_dir.mkdir(parents=True, exist_ok=True)
 
     def emit(self, section: str, rows: list[dict[str, Any]]) -> None:
@@ -162,6 +167,10 @@ def run(config: Config, out_dir: Path, url: str | None = None, log: Callable[[st
                 HistoryBench(handle, setup_client, measured_client, counter, config.history, log, results.emit).run()
             if "cleanup" in config.sections:
                 _cleanup_cases(handle, setup_client, measured_client, counter, late, config, results, log)
+            if "compute" in config.sections:
+                log("the statistics step without the server")
+                for size in config.compute_sizes:
+                    results.emit("compute", [compute_case(size, config.history.stats_repeats, log)])
             results.data["meta"]["total_seconds"] = round(time.perf_counter() - started, 1)
             results.write(complete=True)
         finally:
@@ -238,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cleanup-cases", type=_cases, help="queue_jobs:zombies,... e.g. 10000:100,100000:1000")
     parser.add_argument("--repeats", type=int, help="timed runs per contender (median); default 3")
     parser.add_argument("--cap-seconds", type=float, help="stop a cleanup run after this long (default 2400; 1200 for 100000:10000)")
-    parser.add_argument("--only", choices=["cleanup", "history"], help="one section only")
+    parser.add_argument("--only", choices=["cleanup", "history", "compute"], help="one section only")
     parser.add_argument("--out", type=Path, help="output directory (default docs/, or build/benchmarks-quick with --quick)")
     parser.add_argument("--url", help="MongoDB URL (default: QUEUE_MONGO_URL, else an embedded SecantusDB)")
     args = parser.parse_args(argv)

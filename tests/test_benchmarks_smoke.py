@@ -33,6 +33,8 @@ def test_harness_produces_figures_and_ours_sends_fewer_commands(mongo_url: str, 
     assert set(variants) == {"ours", "naive", "one"}
     assert variants["one"]["jobs_read"] == variants["one"]["jobs_finished_that_day"]
     assert len(results["growth_cleanup"]) == 2 and results["growth"]
+    (compute,) = results["compute"]
+    assert compute["jobs_read"] == 2_000 and compute["compute_median_seconds"] > 0 and compute["peak_python_mb"] > 0
     assert any("commands" in target["target"] for target in results["targets"])
 
     written = json.loads((tmp_path / RESULTS_JSON).read_text())
