@@ -166,7 +166,7 @@ CACHE_INDEXES = (
     IndexSpec(
         "key",
         tuple((field, pymongo.ASCENDING) for field in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)),
-        "cache errors: read and upsert the entry of a finalized job; unique, as in the deployment",
+        "cache errors: read the entries of a batch, one job type at a time; unique, as in the deployment",
         unique=True,
     ),
 )
