@@ -278,48 +278,23 @@ def explain_find(
         command["sort"] = sort
     if projection:
         command["projection"] = projection
-    started = time.perf_counter()
-    explained = collection.database.command("explain", command, verbosity="executionStats")
-    elapsed = time.perf_counter() - started
-    stats = explained.get("executionStats", {})
-    winning = explained.get("queryPlanner", {}).get("winningPlan", {})
-    return {
-        "plan": plan_text(winning),
-        "docs_examined": stats.get("totalDocsExamined"),
-        "keys_examined": stats.get("totalKeysExamined"),
-        "returned": stats.get("nReturned"),
-        "server_ms": stats.get("executionTimeMillis"),
-        "explain_seconds": round(elapsed, 3),
-    }
+    return explain_command(collection.database, command)
 
 
 def explain_aggregate(collection, pipeline: list[dict]) -> dict[str, Any]:
     """Like :func:`explain_find`, for an aggregation (the plan of its first, query stage)."""
+    return explain_command(collection.database, {"aggregate": collection.name, "pipeline": pipeline, "cursor": {}})
+
+
+def explain_command(database, command: dict) -> dict[str, Any]:
+    """The summarised plan of any explainable command (``find``, ``aggregate``, ``distinct``, ``count``...)."""
     started = time.perf_counter()
-    explained = collection.database.command(
-        "explain", {"aggregate": collection.name, "pipeline": pipeline, "cursor": {}}, verbosity="executionStats"
-    )
+    explained = database.command({"explain": command, "verbosity": "executionStats"})
     elapsed = time.perf_counter() - started
     planned = query_plan_of(explained)
     stats = planned.get("executionStats", {})
     return {
         "plan": plan_text(planned.get("queryPlanner", {}).get("winningPlan", {})),
-        "docs_examined": stats.get("totalDocsExamined"),
-        "keys_examined": stats.get("totalKeysExamined"),
-        "returned": stats.get("nReturned"),
-        "server_ms": stats.get("executionTimeMillis"),
-        "explain_seconds": round(elapsed, 3),
-    }
-
-
-def explain_command(database, command: dict) -> dict[str, Any]:
-    """Like :func:`explain_find`, for any explainable command (``distinct``, ``count``...)."""
-    started = time.perf_counter()
-    explained = database.command({"explain": command, "verbosity": "executionStats"})
-    elapsed = time.perf_counter() - started
-    stats = explained.get("executionStats", {})
-    return {
-        "plan": plan_text(explained.get("queryPlanner", {}).get("winningPlan", {})),
         "docs_examined": stats.get("totalDocsExamined"),
         "keys_examined": stats.get("totalKeysExamined"),
         "returned": stats.get("nReturned"),
