@@ -24,7 +24,7 @@ from benchmarks.data import _finished_jobs, history_for
 from benchmarks.harness import measure, median
 from benchmarks.history_bench import Clock, days_of
 from zombie_pipeline import durations
-from zombie_pipeline.documents import Job
+from zombie_pipeline.documents import ID, Job
 from zombie_pipeline.policy import ZombiePolicy
 
 #: what ``zombie_pipeline.mongo.client_for`` decodes with
@@ -42,7 +42,7 @@ def encoded_days(size: int, now: dt.datetime, seed: int = 7) -> dict[tuple[dt.da
         batches = by_day[day]
         if len(batches[-1]) >= durations.READ_BATCH_SIZE:
             batches.append([])
-        batches[-1].append(bson.encode({name: job[name] for name in ("_id", *PROJECTED) if name in job}))
+        batches[-1].append(bson.encode({name: job[name] for name in (ID, *PROJECTED) if name in job}))
     return {day: [b"".join(batch) for batch in batches if batch] for day, batches in by_day.items()}
 
 
