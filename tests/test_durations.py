@@ -75,13 +75,13 @@ def event(job_document: dict, reason: str, state: str = EventState.DONE) -> dict
     }
 
 
-def tally(success=(), error=(), killed=()) -> Tally:
+def tally(success=(), error=(), stopped=()) -> Tally:
     return Tally(
-        statuses={Status.SUCCESS: len(success), Status.ERROR: len(error) + len(killed)},
-        started=len(success) + len(error) + len(killed),
+        statuses={Status.SUCCESS: len(success), Status.ERROR: len(error) + len(stopped)},
+        started=len(success) + len(error) + len(stopped),
         success=np.asarray(success, dtype=np.float32),
         error=np.asarray(error, dtype=np.float32),
-        killed=np.asarray(killed, dtype=np.float32),
+        stopped=np.asarray(stopped, dtype=np.float32),
     )
 
 
@@ -145,7 +145,7 @@ def test_zombies_are_counted_per_reason_with_their_rate_among_started_jobs(store
     assert a.started == 14 + 4 + 1 + 1  # successes, zombies, the lost claim's job, the expired job
     assert a.zombie_rate == pytest.approx(5 / 20)
     assert a.statuses == {Status.SUCCESS: 14, Status.ERROR: 6}
-    assert a.stopped_at_t2 == 2  # both audited overruns, each counted once
+    assert a.stopped == 2  # both audited overruns, each counted once
 
 
 def test_bad_data_is_counted_and_skipped_never_fatal(store):
@@ -205,7 +205,7 @@ def test_days_combined_equal_one_pass_over_the_window(store):
     for job_type, expected in one_pass.tallies.items():
         got = combined.tallies[job_type]
         assert (got.statuses, got.started, got.zombies) == (expected.statuses, expected.started, expected.zombies)
-        for name in ("success", "error", "killed"):
+        for name in ("success", "error", "stopped"):
             assert np.array_equal(np.sort(getattr(got, name)), np.sort(getattr(expected, name))), (job_type, name)
     policy = ZombiePolicy()
     frame = analyze(combined, policy, computed_at=end).statistics_frame()
@@ -354,7 +354,7 @@ def test_an_audited_job_in_a_batch_counts_once_and_a_bad_one_counts_as_gone():
 
     a = period.tallies["/a"]
     assert (a.statuses, a.started) == ({Status.SUCCESS: 3, Status.ERROR: 3}, 6)
-    assert (a.success.tolist(), a.error.tolist(), a.killed.tolist()) == ([60.0] * 3, [400.0], [1300.0])
+    assert (a.success.tolist(), a.error.tolist(), a.stopped.tolist()) == ([60.0] * 3, [400.0], [1300.0])
     assert a.zombies == {Reason.EXCEEDED_MAX_DURATION: 1, Reason.MISSING_HEARTBEAT: 1, Reason.NEVER_HEARTBEATED: 1}
     assert period.bad_data == {BadData.FINISHED_BEFORE_STARTED: 1}
 
@@ -377,12 +377,12 @@ def test_combining_many_periods_joins_each_type_in_order():
         for day in range(30)
     ]
     for day, period in enumerate(days):
-        period.tallies["/a"] = tally([float(day)], killed=[day + 0.5])
+        period.tallies["/a"] = tally([float(day)], stopped=[day + 0.5])
 
     a = combine(reversed(days)).tallies["/a"]
 
     assert a.success.tolist() == [float(day) for day in range(30)]
-    assert a.killed.tolist() == [day + 0.5 for day in range(30)]
+    assert a.stopped.tolist() == [day + 0.5 for day in range(30)]
     assert (a.statuses, a.started) == ({Status.SUCCESS: 30, Status.ERROR: 30}, 60)
 
 
@@ -438,15 +438,15 @@ def test_a_type_with_fewer_than_min_samples_keeps_its_current_t2():
     assert suggest("/rare", tally([5.0] * 29), 1800, 300, SuggestionRules(min_samples=10)).enough_data
 
 
-def test_many_jobs_stopped_at_t2_make_the_suggestion_a_lower_bound_that_never_lowers_t2():
+def test_many_jobs_stopped_make_the_suggestion_a_lower_bound_that_never_lowers_t2():
     successes = [float(value) for value in range(1, 201)]  # p99 199.01 s -> 300 s floor
 
     few = suggest("/a", tally(successes, error=[1200.0]), 1200, 300)  # 1 of 201 stopped: 0.5 % < 1 %
-    many = suggest("/a", tally(successes, error=[1200.0, 1250.0], killed=[1300.0]), 1200, 300)  # 3 of 203
-    audited_only = suggest("/a", tally(successes, killed=[1300.0, 1400.0, 1500.0]), 1200, 300)
+    many = suggest("/a", tally(successes, error=[1200.0, 1250.0], stopped=[1300.0]), 1200, 300)  # 3 of 203
+    audited_only = suggest("/a", tally(successes, stopped=[1300.0, 1400.0, 1500.0]), 1200, 300)
 
     assert not few.censored and few.suggested_t2_seconds == 300
-    assert many.censored and many.stopped_at_t2 == 3 and many.stopped_share == pytest.approx(3 / 203)
+    assert many.censored and many.stopped == 3 and many.stopped_share == pytest.approx(3 / 203)
     assert many.suggested_t2_seconds == 1200
     assert any("lower bound" in flag and "raise T2 and measure again" in flag for flag in many.flags)
     assert audited_only.censored
@@ -456,7 +456,7 @@ def test_many_jobs_stopped_at_t2_make_the_suggestion_a_lower_bound_that_never_lo
 def test_errors_shorter_than_the_current_t2_are_not_counted_as_stopped():
     report = suggest("/a", tally([10.0] * 100, error=[30.0] * 50 + [1199.0]), 1200, 300)
 
-    assert report.stopped_at_t2 == 0 and not report.censored
+    assert report.stopped == 0 and not report.censored
 
 
 def test_the_quantile_interval_comes_from_order_statistics():
@@ -492,8 +492,8 @@ def test_backtest_counts_successes_the_suggestion_would_kill_and_how_much_sooner
     report = suggest("/a", tally(successes, error=[30.0, 1200.0, 1500.0]), 1200, 300, rules)
 
     assert report.suggested_t2_seconds == 960
-    assert report.backtest_successes_killed == 4  # 970, 980, 990, 1000 s
-    assert report.backtest_successes_killed_share == pytest.approx(0.04)
+    assert report.backtest_successes_stopped == 4  # 970, 980, 990, 1000 s
+    assert report.backtest_successes_stopped_share == pytest.approx(0.04)
     assert report.backtest_stopped_sooner == 2
     assert report.backtest_seconds_saved == pytest.approx((1200 - 960) + (1500 - 960))
     assert report.backtest_given_more_time == 0
@@ -506,7 +506,7 @@ def test_backtest_counts_stopped_jobs_a_higher_t2_would_have_let_run():
     report = suggest("/a", tally(successes, error=[600.0, 700.0, 1500.0]), 600, 300, rules)
 
     assert (report.suggested_t2_seconds, report.change) == (960, "raise")
-    assert report.stopped_at_t2 == 3
+    assert report.stopped == 3
     assert report.backtest_given_more_time == 2
     assert (report.backtest_stopped_sooner, report.backtest_seconds_saved) == (1, pytest.approx(540.0))
 

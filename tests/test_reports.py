@@ -112,7 +112,7 @@ def test_an_empty_window_still_makes_a_report(tmp_path):
     files = write_reports(report, tmp_path)
 
     frame = pd.read_csv(files.csv)
-    assert frame.empty and {"type", "suggested_t2_seconds", "backtest_successes_killed"} <= set(frame.columns)
+    assert frame.empty and {"type", "suggested_t2_seconds", "backtest_successes_stopped"} <= set(frame.columns)
     assert files.chart.exists()
     assert "max_duration_seconds_by_type: {}" in policy_snippet(report)
     assert yaml.safe_load(policy_snippet(report))["resources"]["zombie_policy"]["config"] == {"max_duration_seconds_by_type": {}}

@@ -38,24 +38,29 @@ from pymongo.errors import BulkWriteError
 from zombie_pipeline.cache_entries import entries_of_jobs, key_of
 from zombie_pipeline.detection import Candidate, Detection, brake_for, detect, find_malformed_started, on_index
 from zombie_pipeline.documents import (
-    CACHE_GENERATIONS,
     ERROR_MESSAGE_OF_CODE,
     ID,
     Cache,
-    CacheGeneration,
     CacheOutcome,
     Event,
     EventState,
-    NEWEST_CACHE_GENERATION,
     Job,
     Reason,
     RetryOutcome,
     Status,
     as_utc,
-    cache_generation_of,
     cache_key_of_job,
-    failed_runs_of,
+    job_row,
+    utc_now,
     without_none,
+)
+from zombie_pipeline.generations import (
+    CACHE_GENERATIONS,
+    NEWEST_CACHE_GENERATION,
+    CacheGeneration,
+    cache_generation_of,
+    failed_runs_of,
+    stored_failed_runs,
 )
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.store import Store
@@ -69,12 +74,6 @@ _ENTRY_READ_BATCH = 10_000  # entries come back in one reply, not one getMore pe
 
 class BrakeEngaged(RuntimeError):
     """Too many started jobs look dead at once; nothing was written."""
-
-
-def utc_now() -> dt.datetime:
-    """Now at BSON's millisecond precision: a stamp read back compares equal."""
-    now = dt.datetime.now(dt.timezone.utc)
-    return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
 def batched(items: list, size: int) -> Iterator[list]:
@@ -139,7 +138,7 @@ def _event_of(
         Event.REASON: candidate.reason,
         Event.ERROR_CODE: candidate.error_code,
         Event.THRESHOLD_SECONDS: candidate.threshold_seconds,
-        Event.POLICY: _policy_snapshot(policy),
+        Event.POLICY: policy.as_document(),
         Event.DETECTED_AT: candidate.detected_at,
         Event.FINALIZED_AT: finalized_at,
         Event.RUN_ID: run_id,
@@ -148,15 +147,6 @@ def _event_of(
         Event.LEASE_UNTIL: _lease_end(now, policy),
         Event.RETRY_JOB_ID: ObjectId(),
     }
-
-
-def _policy_snapshot(policy: ZombiePolicy) -> dict[str, Any]:
-    """The policy as stored: job type names become values, never field names."""
-    snapshot = policy.as_dict()
-    snapshot["max_duration_seconds_by_type"] = [
-        {"type": job_type, "seconds": seconds} for job_type, seconds in sorted(policy.max_duration_seconds_by_type.items())
-    ]
-    return snapshot
 
 
 def _duplicate_indexes(error: BulkWriteError) -> set[int]:
@@ -267,16 +257,13 @@ def _finalize_operation(event: Mapping[str, Any]) -> UpdateOne:
 
 def _finalized_row(event: Mapping[str, Any]) -> dict[str, Any]:
     job = event[Event.JOB]
-    return {
-        "id": str(event[ID]),
-        "type": job[Job.TYPE],
-        "dataset": job[Job.DATASET],
-        "config": job.get(Job.CONFIG),
-        "split": job.get(Job.SPLIT),
-        "reason": event[Event.REASON],
-        "threshold_seconds": event[Event.THRESHOLD_SECONDS],
-        "ran_seconds": round((event[Event.FINALIZED_AT] - as_utc(job[Job.STARTED_AT])).total_seconds(), 1),
-    }
+    return job_row(
+        event[ID],
+        job,
+        reason=event[Event.REASON],
+        threshold_seconds=event[Event.THRESHOLD_SECONDS],
+        ran_seconds=round((event[Event.FINALIZED_AT] - as_utc(job[Job.STARTED_AT])).total_seconds(), 1),
+    )
 
 
 # --- cache errors -----------------------------------------------------------------
@@ -310,7 +297,7 @@ def write_cache_errors(store: Store, run_id: str, policy: ZombiePolicy, generati
             entry = existing.get(key)
             failed_runs = failed_runs_of(entry) + 1
             if entry is not None and as_utc(entry.get(Cache.UPDATED_AT)) == event[Event.FINALIZED_AT]:
-                outcomes[event[ID]] = (CacheOutcome.WRITTEN, _stored_failed_runs(entry))  # a previous attempt wrote it
+                outcomes[event[ID]] = (CacheOutcome.WRITTEN, stored_failed_runs(entry))  # a previous attempt wrote it
                 continue
             if entry is not None and _is_fresher(entry, event):
                 outcomes[event[ID]] = (CacheOutcome.SKIPPED_FRESHER, failed_runs_of(entry))
@@ -344,13 +331,6 @@ def _is_fresher(entry: Mapping[str, Any], event: Mapping[str, Any]) -> bool:
     """An entry updated after the zombie started holds a newer result than the zombie could give."""
     updated_at = as_utc(entry.get(Cache.UPDATED_AT))
     return updated_at is not None and updated_at > as_utc(event[Event.JOB][Job.STARTED_AT])
-
-
-def _stored_failed_runs(entry: Mapping[str, Any]) -> int:
-    value = entry.get(Cache.FAILED_RUNS)
-    if value is None and isinstance(entry.get(Cache.DETAILS), Mapping):
-        value = entry[Cache.DETAILS].get(Cache.FAILED_RUNS)
-    return value if isinstance(value, int) else 0
 
 
 def error_entry(
@@ -391,7 +371,7 @@ def error_entry(
             entry[name] = value
         else:
             details[name] = value
-    return without_none({name: value for name, value in entry.items() if generation.declares(name)})
+    return generation.keep_declared(entry)
 
 
 def _write_operation(existing: Mapping[str, Any] | None, document: dict[str, Any]) -> ReplaceOne | InsertOne:
@@ -491,6 +471,11 @@ class CleanupReport:
         return [candidate.evidence() for candidate in (self.detection.candidates if self.detection else [])]
 
 
+def finalize_zombies(store: Store, candidates: list[Candidate], policy: ZombiePolicy, run_id: str, now: dt.datetime) -> StepResult:
+    """Claim the candidates, then finalize the ones claimed."""
+    return claim(store, candidates, policy, run_id, now).merge(finalize(store, run_id, policy))
+
+
 def complete(store: Store, run_id: str, policy: ZombiePolicy, generation: CacheGeneration | None = None) -> StepResult:
     """Drive every event this run owns to done: finalize, cache errors, retries."""
     result = finalize(store, run_id, policy)
@@ -535,7 +520,7 @@ def run_cleanup(
     dry_run: bool = False,
     override_brake: bool = False,
 ) -> CleanupReport:
-    """The whole cleanup in one call (the Dagster job runs the same steps as ops)."""
+    """The whole cleanup in one call: the steps of ``kill_zombies_job``'s ops, in their order."""
     job_types = list(job_types) if job_types is not None else None
     report = CleanupReport(run_id=run_id, dry_run=dry_run)
     if not dry_run:
@@ -544,8 +529,9 @@ def run_cleanup(
     report.malformed = report.detection.malformed
     if dry_run:
         return report
-    report.steps.merge(claim(store, report.detection.candidates, policy, run_id, now or utc_now()))
-    report.steps.merge(complete(store, run_id, policy))
+    report.steps.merge(finalize_zombies(store, report.detection.candidates, policy, run_id, now or utc_now()))
+    report.steps.merge(write_cache_errors(store, run_id, policy))
+    report.steps.merge(enqueue_retries(store, run_id, policy))
     return report
 
 

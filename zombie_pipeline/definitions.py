@@ -1,25 +1,43 @@
 """The code location: every job, asset, check, schedule and sensor, with the resources from the environment.
 
-Asset groups: ``zombie_cleanup`` (``queue_health`` and its checks, the state a
-cleanup leaves) and ``duration_statistics`` (daily tallies, window statistics,
-T2 suggestions). Jobs: ``kill_zombies_job`` (the cleanup, partitioned by job
-type), ``queue_health_job`` and ``duration_statistics_job``.
+Grouped by domain, as ``orchestration/`` is: the cleanup (``kill_zombies_job``,
+partitioned by job type), the queue's health after a cleanup (``queue_health``
+and its checks), and the duration statistics (daily tallies, window statistics,
+T2 suggestions), then the automation that runs them.
 """
 
 import dagster as dg
 
-from zombie_pipeline.orchestration.assets import ASSETS, STATS_JOBS
-from zombie_pipeline.orchestration.checks import ASSET_CHECKS, CHECK_JOBS, HEALTH_ASSETS
-from zombie_pipeline.orchestration.jobs import JOBS
+from zombie_pipeline.orchestration import health, statistics
+from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import resources_from_env
-from zombie_pipeline.orchestration.schedules import SCHEDULES
-from zombie_pipeline.orchestration.sensors import SENSORS, FailureWebhook
+from zombie_pipeline.orchestration.schedules import duration_stats_schedule, kill_zombies_schedule
+from zombie_pipeline.orchestration.sensors import (
+    cleanup_checks_sensor,
+    job_types_sensor,
+    pipeline_failure_sensor,
+    stale_jobs_sensor,
+)
 
-defs = dg.Definitions(
-    assets=[*ASSETS, *HEALTH_ASSETS],
-    asset_checks=ASSET_CHECKS,
-    jobs=[*JOBS, *CHECK_JOBS, *STATS_JOBS],
-    schedules=SCHEDULES,
-    sensors=SENSORS,
-    resources={**resources_from_env(), "failure_webhook": FailureWebhook()},
+cleanup_defs = dg.Definitions(jobs=[kill_zombies_job])
+health_defs = dg.Definitions(
+    assets=[health.queue_health],
+    asset_checks=[health.no_zombies_left, health.zombies_have_cache_errors],
+    jobs=[health.queue_health_job],
+)
+statistics_defs = dg.Definitions(
+    assets=[statistics.job_duration_tallies, statistics.job_duration_statistics],
+    jobs=[statistics.duration_statistics_job],
+)
+automation_defs = dg.Definitions(
+    schedules=[kill_zombies_schedule, duration_stats_schedule],
+    sensors=[stale_jobs_sensor, job_types_sensor, cleanup_checks_sensor, pipeline_failure_sensor],
+)
+
+defs = dg.Definitions.merge(
+    cleanup_defs,
+    health_defs,
+    statistics_defs,
+    automation_defs,
+    dg.Definitions(resources=resources_from_env()),
 )

@@ -19,16 +19,16 @@ from pymongo.collection import Collection
 from zombie_pipeline.documents import (
     ERROR_CODE_OF_REASON,
     ID,
-    JOB_FIELDS,
-    Job,
     STATUSES,
+    Job,
     Reason,
     Status,
     as_utc,
+    job_row,
+    job_type_problem,
+    name_problem,
 )
 from zombie_pipeline.policy import ZombiePolicy
-
-MAX_NAME_LENGTH = 512
 
 
 @dataclass(frozen=True)
@@ -66,17 +66,14 @@ class Candidate:
 
     def evidence(self) -> dict[str, Any]:
         """One row of the dry-run table."""
-        return {
-            "id": str(self.id),
-            "type": self.job_type,
-            "dataset": self.job[Job.DATASET],
-            "config": self.job.get(Job.CONFIG),
-            "split": self.job.get(Job.SPLIT),
-            "reason": self.reason,
-            "age_seconds": round(self.age_seconds, 1),
-            "last_heartbeat": self.last_heartbeat.isoformat() if self.last_heartbeat else None,
-            "threshold_seconds": self.threshold_seconds,
-        }
+        return job_row(
+            self.id,
+            self.job,
+            reason=self.reason,
+            age_seconds=round(self.age_seconds, 1),
+            last_heartbeat=self.last_heartbeat.isoformat() if self.last_heartbeat else None,
+            threshold_seconds=self.threshold_seconds,
+        )
 
 
 @dataclass(frozen=True)
@@ -167,16 +164,13 @@ def started_filter(job_types: Iterable[str] | None = None) -> dict[str, Any]:
 
 def problem_of(job: Mapping[str, Any]) -> str | None:
     """Why a started job cannot be handled safely, or None when it can."""
-    for name in (Job.TYPE, Job.DATASET, Job.UNICITY_ID):
-        value = job.get(name)
-        if not isinstance(value, str) or not value:
-            return f"{name} is missing or not a non-empty string"
-        if len(value) > MAX_NAME_LENGTH:
-            return f"{name} is longer than {MAX_NAME_LENGTH} characters"
-        if value.startswith("$"):
-            return f"{name} starts with '$'"
-    if "." in job[Job.TYPE]:
-        return "type contains a dot"
+    problem = (
+        job_type_problem(job.get(Job.TYPE))
+        or name_problem(Job.DATASET, job.get(Job.DATASET))
+        or name_problem(Job.UNICITY_ID, job.get(Job.UNICITY_ID))
+    )
+    if problem:
+        return problem
     for name in (Job.CONFIG, Job.SPLIT):
         value = job.get(name)
         if value is not None and not isinstance(value, str):
@@ -267,7 +261,8 @@ def find_malformed_started(jobs: Collection, job_types: Iterable[str] | None = N
         ],
         **_of_types(job_types),
     }
-    projection = {"$project": {name: 1 for name in JOB_FIELDS}}
+    checked = (Job.TYPE, Job.DATASET, Job.UNICITY_ID, Job.CONFIG, Job.SPLIT, Job.STARTED_AT, Job.LAST_HEARTBEAT)
+    projection = {"$project": {name: 1 for name in checked}}
     odd = jobs.aggregate(on_index(started_filter(), odd_fields, projection, {"$limit": limit}))
     found = [Malformed(job.get(ID), problem_of(job) or "a field has an unexpected type") for job in odd]
     return found + find_unknown_statuses(jobs, job_types, limit)
@@ -326,3 +321,9 @@ def brake_for(jobs: Collection, detection: Detection, policy: ZombiePolicy, job_
         max_stale_fraction=policy.max_stale_fraction,
         min_started=policy.min_started_for_brake,
     )
+
+
+def unknown_job_types(jobs: Collection, job_types: Iterable[str]) -> list[str]:
+    """Those of ``job_types`` that no job of the queue has: an override for one applies to nothing (a typo?)."""
+    wanted = set(job_types)
+    return sorted(wanted - set(jobs.distinct(Job.TYPE))) if wanted else []

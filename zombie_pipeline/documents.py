@@ -1,18 +1,16 @@
-"""The shapes of the documents this project reads and writes, defined once.
+"""The vocabulary of the documents this project reads and writes, defined once.
 
-Field names, status values, error codes, cache generations and default names
-of the datasets-server (dataset-viewer) queue and cache. Every other module
-takes its names from here, so that a rename in the deployment is a one-line
-change. The deployment reads these collections through strict models that
-refuse undeclared fields: :data:`JOB_FIELDS` and :data:`CACHE_GENERATIONS`
-are the lists of what may be written.
+Field names, status values, error codes, collection names and the shapes of our
+own documents. Every other module takes its names from here, so that a rename in
+the deployment is a one-line change. Which fields each *generation* of the
+deployment declares lives beside, in :mod:`zombie_pipeline.generations`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
-from typing import Any, Mapping
+from enum import StrEnum
+from typing import Any, Mapping, TypedDict
 
 # --- names -----------------------------------------------------------------
 
@@ -23,12 +21,15 @@ DEFAULT_CACHE_COLLECTION = "cachedResponsesBlue"
 #: Our own bookkeeping lives in collections the deployment never reads.
 DEFAULT_EVENTS_COLLECTION = "zombieEvents"
 DEFAULT_FAILURES_COLLECTION = "zombiePipelineFailures"
+DEFAULT_SUGGESTIONS_COLLECTION = "zombieT2Suggestions"
 
 ID = "_id"
+#: The longest type, dataset or unicity id we accept (a longer one is not a name, it is an accident).
+MAX_NAME_LENGTH = 512
 
 
 class Job:
-    """Field names of a job document (early-2023 shape)."""
+    """Field names of a job document, across every generation (see ``generations.QUEUE_GENERATIONS``)."""
 
     TYPE = "type"
     DATASET = "dataset"
@@ -45,13 +46,7 @@ class Job:
     LAST_HEARTBEAT = "last_heartbeat"
 
 
-#: Every top-level field a job document may carry (besides ``_id``).
-JOB_FIELDS: frozenset[str] = frozenset(
-    value for name, value in vars(Job).items() if name.isupper()
-)
-
-
-class Status:
+class Status(StrEnum):
     WAITING = "waiting"
     STARTED = "started"
     SUCCESS = "success"
@@ -60,13 +55,11 @@ class Status:
     SKIPPED = "skipped"
 
 
-STATUSES: frozenset[str] = frozenset(
-    value for name, value in vars(Status).items() if name.isupper()
-)
+STATUSES: frozenset[str] = frozenset(Status)
 FINISHED_STATUSES: frozenset[str] = STATUSES - {Status.WAITING, Status.STARTED}
 
 
-class Priority:
+class Priority(StrEnum):
     LOW = "low"
     NORMAL = "normal"
     HIGH = "high"
@@ -96,7 +89,7 @@ class Cache:
 CACHE_KEY = (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)
 
 
-class ErrorCode:
+class ErrorCode(StrEnum):
     CRASHED = "JobManagerCrashedError"
     EXCEEDED_MAX_DURATION = "JobManagerExceededMaximumDurationError"
 
@@ -104,7 +97,8 @@ class ErrorCode:
 HTTP_OK = 200
 DEFAULT_ZOMBIE_HTTP_STATUS = 501  # what datasets-server writes for a killed job
 
-class Reason:
+
+class Reason(StrEnum):
     """Why a started job is a zombie; each reason maps to the error code users see."""
 
     MISSING_HEARTBEAT = "missing_heartbeat"
@@ -112,7 +106,7 @@ class Reason:
     EXCEEDED_MAX_DURATION = "exceeded_max_duration"
 
 
-REASONS = (Reason.MISSING_HEARTBEAT, Reason.NEVER_HEARTBEATED, Reason.EXCEEDED_MAX_DURATION)
+REASONS = tuple(Reason)
 ERROR_CODE_OF_REASON = {
     Reason.MISSING_HEARTBEAT: ErrorCode.CRASHED,
     Reason.NEVER_HEARTBEATED: ErrorCode.CRASHED,
@@ -125,6 +119,9 @@ ERROR_MESSAGE_OF_CODE = {
     ErrorCode.EXCEEDED_MAX_DURATION: "This job ran longer than the maximum duration allowed for its type "
     "and was stopped by the zombie cleanup.",
 }
+
+
+# --- our audit trail ----------------------------------------------------------
 
 
 class Event:
@@ -152,7 +149,7 @@ class Event:
     COMPLETED_AT = "completed_at"
 
 
-class EventState:
+class EventState(StrEnum):
     """Where a finalization stands; every step after ``claimed`` is idempotent."""
 
     CLAIMED = "claimed"  # ours to finalize; the job update may not have happened
@@ -160,16 +157,57 @@ class EventState:
     DONE = "done"
 
 
-class CacheOutcome:
+class CacheOutcome(StrEnum):
     WRITTEN = "written"
     SKIPPED_FRESHER = "skipped_fresher"
 
 
-class RetryOutcome:
+class RetryOutcome(StrEnum):
     ENQUEUED = "enqueued"
     ALREADY_QUEUED = "already_queued"
     LIMIT_REACHED = "limit_reached"
     NOT_RETRIED = "not_retried"
+
+
+class JobSnapshot(TypedDict, total=False):
+    """A job document as detection read it (only the fields its generation has are present)."""
+
+    _id: Any
+    type: str
+    dataset: str
+    config: str | None
+    split: str | None
+    unicity_id: str
+    namespace: str
+    force: bool
+    priority: str
+    status: str
+    created_at: dt.datetime
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+    last_heartbeat: dt.datetime | None
+
+
+class ZombieEvent(TypedDict, total=False):
+    """One document of ``zombieEvents`` (the keys are the :class:`Event` names)."""
+
+    _id: Any
+    job: JobSnapshot
+    reason: Reason
+    error_code: ErrorCode
+    threshold_seconds: int
+    policy: dict[str, Any]
+    detected_at: dt.datetime
+    finalized_at: dt.datetime
+    run_id: str
+    state: EventState
+    lease_owner: str
+    lease_until: dt.datetime
+    cache_outcome: CacheOutcome
+    failed_runs: int
+    retry_job_id: Any
+    retry_outcome: RetryOutcome
+    completed_at: dt.datetime
 
 
 class Failure:
@@ -181,141 +219,6 @@ class Failure:
     MESSAGE = "message"
     FAILED_STEPS = "failed_steps"
     WEBHOOK_OUTCOME = "webhook_outcome"
-
-
-# --- cache generations -----------------------------------------------------
-
-_CACHE_BASE = frozenset(
-    {
-        Cache.KIND,
-        Cache.DATASET,
-        Cache.CONFIG,
-        Cache.SPLIT,
-        Cache.HTTP_STATUS,
-        Cache.ERROR_CODE,
-        Cache.CONTENT,
-        Cache.DETAILS,
-        Cache.DATASET_GIT_REVISION,
-        Cache.UPDATED_AT,
-    }
-)
-
-
-@dataclass(frozen=True)
-class CacheGeneration:
-    """One version of the cache entry model, named by the month it shipped."""
-
-    name: str
-    fields: frozenset[str]
-
-    @property
-    def version_field(self) -> str:
-        if Cache.JOB_RUNNER_VERSION in self.fields:
-            return Cache.JOB_RUNNER_VERSION
-        return Cache.WORKER_VERSION
-
-    def declares(self, field: str) -> bool:
-        return field in self.fields
-
-
-CACHE_GENERATIONS: dict[str, CacheGeneration] = {
-    generation.name: generation
-    for generation in (
-        CacheGeneration("2023-01", _CACHE_BASE | {Cache.WORKER_VERSION}),
-        CacheGeneration("2023-03", _CACHE_BASE | {Cache.JOB_RUNNER_VERSION}),
-        CacheGeneration("2023-04", _CACHE_BASE | {Cache.JOB_RUNNER_VERSION, Cache.PROGRESS}),
-        CacheGeneration(
-            "2024-01",
-            _CACHE_BASE | {Cache.JOB_RUNNER_VERSION, Cache.PROGRESS, Cache.FAILED_RUNS},
-        ),
-        CacheGeneration(
-            "2024-07",
-            _CACHE_BASE
-            | {Cache.JOB_RUNNER_VERSION, Cache.PROGRESS, Cache.FAILED_RUNS, Cache.DURATION},
-        ),
-    )
-}
-OLDEST_CACHE_GENERATION = "2023-01"
-NEWEST_CACHE_GENERATION = "2024-07"
-
-
-def cache_generation_of(field_names: set[str]) -> CacheGeneration:
-    """The oldest generation that declares every field seen in existing entries.
-
-    mongoengine omits fields whose value is None, so absence proves little;
-    presence of a field proves the generation is at least the one adding it.
-    """
-    for generation in CACHE_GENERATIONS.values():
-        if field_names - {ID} <= generation.fields:
-            return generation
-    return CACHE_GENERATIONS[NEWEST_CACHE_GENERATION]
-
-
-# --- reading documents of any generation -------------------------------------
-
-
-def as_utc(value: Any) -> dt.datetime | None:
-    """A stored date as an aware UTC datetime; None for anything that is not a date."""
-    if not isinstance(value, dt.datetime):
-        return None
-    if value.tzinfo is None:
-        return value.replace(tzinfo=dt.timezone.utc)
-    return value.astimezone(dt.timezone.utc)
-
-
-def optional_str(document: Mapping[str, Any], field: str) -> str | None:
-    """``config`` and ``split``: mongoengine stores no key for None, so missing == null."""
-    return document.get(field)
-
-
-def cache_key_of_job(job: Mapping[str, Any]) -> dict[str, Any]:
-    """The cache entry key a job writes to: ``kind`` is the job type."""
-    return {
-        Cache.KIND: job[Job.TYPE],
-        Cache.DATASET: job[Job.DATASET],
-        Cache.CONFIG: optional_str(job, Job.CONFIG),
-        Cache.SPLIT: optional_str(job, Job.SPLIT),
-    }
-
-
-def runner_version_of(entry: Mapping[str, Any]) -> Any:
-    """The runner version of a cache entry, whichever generation wrote it."""
-    if Cache.JOB_RUNNER_VERSION in entry:
-        return entry[Cache.JOB_RUNNER_VERSION]
-    return entry.get(Cache.WORKER_VERSION)
-
-
-def failed_runs_of(entry: Mapping[str, Any] | None) -> int:
-    """Failed runs so far: the field when the generation has it, else ``details``.
-
-    A successful entry resets the count, as the deployment does.
-    """
-    if not entry or entry.get(Cache.HTTP_STATUS) == HTTP_OK:
-        return 0
-    value = entry.get(Cache.FAILED_RUNS)
-    if value is None:
-        details = entry.get(Cache.DETAILS)
-        value = details.get(Cache.FAILED_RUNS) if isinstance(details, Mapping) else None
-    return value if isinstance(value, int) and value >= 0 else 0
-
-
-def unicity_id(job_type: str, dataset: str, config: str | None, split: str | None) -> str:
-    """The unicity id format of early-2023 datasets-server."""
-    return f"Job[{job_type}][{dataset}][{config}][{split}]"
-
-
-def namespace_of(dataset: str) -> str:
-    return dataset.split("/", 1)[0]
-
-
-def without_none(document: Mapping[str, Any]) -> dict[str, Any]:
-    """Drop None values, as mongoengine does when it saves a document."""
-    return {key: value for key, value in document.items() if value is not None}
-
-
-# --- T2 suggestions (our own collection, beside the queue) --------------------
-
-DEFAULT_SUGGESTIONS_COLLECTION = "zombieT2Suggestions"
 
 
 class T2Suggestion:
@@ -336,3 +239,90 @@ class T2Suggestion:
     ENOUGH_DATA = "enough_data"
     CENSORED = "censored"
     SAMPLES = "samples"
+
+
+# --- reading and writing values of any generation ------------------------------
+
+
+def utc_now() -> dt.datetime:
+    """Now at BSON's millisecond precision: a stamp written and read back compares equal."""
+    return truncate_ms(dt.datetime.now(dt.timezone.utc))
+
+
+def truncate_ms(moment: dt.datetime) -> dt.datetime:
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+def as_utc(value: Any) -> dt.datetime | None:
+    """A stored date as an aware UTC datetime; None for anything that is not a date."""
+    if not isinstance(value, dt.datetime):
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=dt.timezone.utc)
+    return value.astimezone(dt.timezone.utc)
+
+
+def name_problem(field: str, value: Any) -> str | None:
+    """Why ``value`` cannot be used as a type, dataset or unicity id, or None.
+
+    Such names only ever travel as values in our queries, but one that starts
+    with ``$`` or is absurdly long is a sign of a broken writer, not a job.
+    """
+    if not isinstance(value, str) or not value:
+        return f"{field} is missing or not a non-empty string"
+    if len(value) > MAX_NAME_LENGTH:
+        return f"{field} is longer than {MAX_NAME_LENGTH} characters"
+    if value.startswith("$"):
+        return f"{field} starts with '$'"
+    return None
+
+
+def job_type_problem(value: Any) -> str | None:
+    """Why ``value`` is not a job type we act on (it also names a Dagster partition and a metadata key)."""
+    problem = name_problem(Job.TYPE, value)
+    if problem:
+        return problem
+    if "." in value:
+        return "type contains a dot"
+    if not value.isprintable():
+        return "type contains a control character"
+    return None
+
+
+def cache_key_of_job(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The cache entry key a job writes to: ``kind`` is the job type.
+
+    mongoengine stores no key for a None ``config`` or ``split``: missing and null are one.
+    """
+    return {
+        Cache.KIND: job[Job.TYPE],
+        Cache.DATASET: job[Job.DATASET],
+        Cache.CONFIG: job.get(Job.CONFIG),
+        Cache.SPLIT: job.get(Job.SPLIT),
+    }
+
+
+def job_row(job_id: Any, job: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    """A job as one row of a table (dry-run evidence, finalized jobs, check offenders)."""
+    return {
+        "job_id": str(job_id),
+        "type": job.get(Job.TYPE),
+        "dataset": job.get(Job.DATASET),
+        "config": job.get(Job.CONFIG),
+        "split": job.get(Job.SPLIT),
+        **extra,
+    }
+
+
+def unicity_id(job_type: str, dataset: str, config: str | None, split: str | None) -> str:
+    """The unicity id format of early-2023 datasets-server."""
+    return f"Job[{job_type}][{dataset}][{config}][{split}]"
+
+
+def namespace_of(dataset: str) -> str:
+    return dataset.split("/", 1)[0]
+
+
+def without_none(document: Mapping[str, Any]) -> dict[str, Any]:
+    """Drop None values, as mongoengine does when it saves a document."""
+    return {key: value for key, value in document.items() if value is not None}

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-HOME_ENV = "ZOMBIE_PIPELINE_HOME"
+from zombie_pipeline.config import home
+
 SERVER_EXECUTABLE = "secantusd-py"
 INSTALL_HINT = (
     "No MongoDB URL is set (QUEUE_MONGO_URL / CACHE_MONGO_URL) and the embedded server is not "
@@ -46,17 +47,6 @@ class ServerInfo:
     @property
     def url(self) -> str:
         return f"mongodb://127.0.0.1:{self.port}/?directConnection=true"
-
-
-def home() -> Path:
-    """Project-local state: ``$ZOMBIE_PIPELINE_HOME``, else ``.zombie_pipeline`` in the project."""
-    configured = os.environ.get(HOME_ENV)
-    if configured:
-        return Path(configured).resolve()
-    package_parent = Path(__file__).resolve().parent.parent
-    if (package_parent / "pyproject.toml").exists():  # a source checkout (editable install)
-        return package_parent / ".zombie_pipeline"
-    return Path.cwd() / ".zombie_pipeline"
 
 
 def _state_file(base: Path) -> Path:

@@ -1,5 +1,8 @@
 """MongoDB connections: one client per URL per process, credentials kept out of sight.
 
+Every masking of a secret lives here: :func:`redact_url` for a URL shown on
+purpose, :func:`redact` and :func:`scrub` for any text that may quote one.
+
 Also the indexes the pipeline's own queries need. Each index is named with our
 prefix, so :func:`ensure_indexes` can tell ours from the deployment's and never
 touches an index it did not create.
@@ -8,6 +11,7 @@ touches an index it did not create.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 from dataclasses import dataclass
 from typing import Iterable
@@ -21,9 +25,6 @@ from pymongo.database import Database
 
 from zombie_pipeline.documents import Cache, Event, Job
 
-#: The deployment's own environment variable names for its MongoDB URLs.
-QUEUE_URL_ENV = "QUEUE_MONGO_URL"
-CACHE_URL_ENV = "CACHE_MONGO_URL"
 INDEX_PREFIX = "zombie_pipeline_"
 DEFAULT_SERVER_SELECTION_TIMEOUT_MS = 10_000
 
@@ -107,6 +108,14 @@ def redact(text: str, urls: Iterable[str | None]) -> str:
         for secret in url_secrets(url):
             text = text.replace(secret, "***")
     return text
+
+
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+
+
+def scrub(text: str, urls: Iterable[str | None] = ()) -> str:
+    """``text`` without the credentials of ``urls``, nor any ``user:password@`` of any URL in it."""
+    return _USERINFO.sub(r"\g<scheme>***@", redact(text, urls))
 
 
 class DatabaseUnavailable(RuntimeError):

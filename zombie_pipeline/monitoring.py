@@ -1,4 +1,4 @@
-"""What the sensors and asset checks read, and the record of a failed run.
+"""What the sensors and asset checks read.
 
 Plain Python and pymongo: the Dagster wiring in ``orchestration/`` calls these.
 Every read here is meant to run every minute against a production queue, so
@@ -11,30 +11,26 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
-import re
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from pymongo.collection import Collection
 
 from zombie_pipeline.cache_entries import entries_of_jobs, key_of
-from zombie_pipeline.detection import MAX_NAME_LENGTH, Detection, count_stale, detect, stale_pipeline, started_filter
+from zombie_pipeline.detection import Detection, count_stale, detect, stale_pipeline, started_filter
 from zombie_pipeline.documents import (
     ID,
     Cache,
     CacheOutcome,
     Event,
     EventState,
-    Failure,
     Job,
     Status,
     as_utc,
     cache_key_of_job,
+    job_row,
+    job_type_problem,
 )
-from zombie_pipeline.mongo import redact
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.store import Store
 
@@ -77,19 +73,11 @@ class JobTypes:
 def job_types_in_queue(jobs: Collection) -> JobTypes:
     """The distinct ``type`` values of the jobs collection (one ``distinct``, served by any index led by type).
 
-    A type is refused when detection would call a job of it malformed, or when
-    it holds a control character (Dagster refuses those in partition keys).
+    A type is refused when detection would call a job of it malformed.
     """
     valid, refused = [], []
     for value in jobs.distinct(Job.TYPE):
-        ok = (
-            isinstance(value, str)
-            and 0 < len(value) <= MAX_NAME_LENGTH
-            and not value.startswith("$")
-            and "." not in value
-            and value.isprintable()
-        )
-        (valid if ok else refused).append(value)
+        (refused if job_type_problem(value) else valid).append(value)
     return JobTypes(tuple(sorted(valid)), tuple(refused))
 
 
@@ -202,95 +190,12 @@ def _newer(entry: Mapping[str, Any], event: Mapping[str, Any]) -> bool:
 
 
 def _audit_row(event: Mapping[str, Any], entry: Mapping[str, Any] | None) -> dict[str, Any]:
-    job = event[Event.JOB]
     updated_at = as_utc(entry.get(Cache.UPDATED_AT)) if entry else None
-    return {
-        "job_id": str(event[ID]),
-        "kind": job.get(Job.TYPE),
-        "dataset": job.get(Job.DATASET),
-        "config": job.get(Job.CONFIG),
-        "split": job.get(Job.SPLIT),
-        "expected_error_code": event[Event.ERROR_CODE],
-        "found_error_code": entry.get(Cache.ERROR_CODE) if entry else None,
-        "finalized_at": as_utc(event[Event.FINALIZED_AT]).isoformat(),
-        "entry_updated_at": updated_at.isoformat() if updated_at else None,
-    }
-
-
-# --- run failures ------------------------------------------------------------------------
-
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
-
-
-def scrub(text: str, urls: Iterable[str | None] = ()) -> str:
-    """``text`` without the credentials of ``urls``, nor any ``user:password@`` of any URL in it."""
-    return _USERINFO.sub(r"\g<scheme>***@", redact(text, urls))
-
-
-@dataclass(frozen=True)
-class FailureRecord:
-    """A failed run of the pipeline, as the failure sensor reports it everywhere."""
-
-    run_id: str
-    job_name: str
-    failed_at: dt.datetime
-    message: str
-    partition_key: str | None = None
-    failed_steps: tuple[str, ...] = ()
-
-    def log_line(self) -> str:
-        partition = f" partition {self.partition_key!r}" if self.partition_key else ""
-        steps = f" (failed steps: {', '.join(self.failed_steps)})" if self.failed_steps else ""
-        return f"zombie-pipeline run FAILED: job {self.job_name}{partition}, run {self.run_id}{steps}: {self.message}"
-
-    def document(self, webhook_outcome: str) -> dict[str, Any]:
-        return {
-            ID: self.run_id,
-            Failure.JOB_NAME: self.job_name,
-            Failure.PARTITION_KEY: self.partition_key,
-            Failure.FAILED_AT: self.failed_at,
-            Failure.MESSAGE: self.message,
-            Failure.FAILED_STEPS: list(self.failed_steps),
-            Failure.WEBHOOK_OUTCOME: webhook_outcome,
-        }
-
-    def payload(self) -> dict[str, Any]:
-        """The webhook body; ``text`` is what chat incoming-webhooks (Slack, Mattermost) display."""
-        return {
-            "text": self.log_line(),
-            "run_id": self.run_id,
-            Failure.JOB_NAME: self.job_name,
-            Failure.PARTITION_KEY: self.partition_key,
-            Failure.FAILED_AT: self.failed_at.isoformat(),
-            Failure.MESSAGE: self.message,
-            Failure.FAILED_STEPS: list(self.failed_steps),
-        }
-
-
-def record_failure(failures: Collection, record: FailureRecord, webhook_outcome: str) -> None:
-    """Upsert by run id: a sensor tick evaluated twice leaves one document."""
-    failures.replace_one({ID: record.run_id}, record.document(webhook_outcome), upsert=True)
-
-
-WEBHOOK_NOT_CONFIGURED = "not configured"
-
-
-def post_json(url: str | None, payload: Mapping[str, Any], timeout_seconds: float) -> str:
-    """POST ``payload``; the outcome as text, never an exception (an alert must not fail the sensor)."""
-    if not url:
-        return WEBHOOK_NOT_CONFIGURED
-    if not url.lower().startswith(("http://", "https://")):
-        return "failed: the webhook URL must start with http:// or https://"
-    try:
-        request = urllib.request.Request(
-            url,
-            data=json.dumps(payload, default=str).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=timeout_seconds) as response:
-            return f"sent (HTTP {response.status})"
-    except urllib.error.HTTPError as error:
-        return f"failed: HTTP {error.code}"
-    except Exception as error:  # noqa: BLE001 - a bad URL, a refused connection, a timeout: all reported alike
-        return scrub(f"failed: {type(error).__name__}: {error}", [url]).replace(url, "<webhook>")
+    return job_row(
+        event[ID],
+        event[Event.JOB],
+        expected_error_code=event[Event.ERROR_CODE],
+        found_error_code=entry.get(Cache.ERROR_CODE) if entry else None,
+        finalized_at=as_utc(event[Event.FINALIZED_AT]).isoformat(),
+        entry_updated_at=updated_at.isoformat() if updated_at else None,
+    )

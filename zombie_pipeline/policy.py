@@ -1,79 +1,81 @@
-"""The thresholds and limits of a cleanup, validated before anything is read or written."""
+"""The rules of a cleanup and of the T2 suggestions: validated models, defined once.
+
+Dagster's resource and run config inherit these models (``orchestration/``), the
+simulator takes a :class:`ZombiePolicy`, and a bad value fails before anything
+is read or written, with every offending field named at once.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Optional
 
-from zombie_pipeline.documents import CACHE_GENERATIONS, DEFAULT_ZOMBIE_HTTP_STATUS, ErrorCode
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from zombie_pipeline.documents import DEFAULT_ZOMBIE_HTTP_STATUS, ErrorCode, job_type_problem
+from zombie_pipeline.generations import CACHE_GENERATIONS
+
+#: What a bad policy or bad rules raise; its message names each offending field.
+PolicyError = ValidationError
 
 
-class PolicyError(ValueError):
-    """A policy value is out of range; the message names the field."""
+class ZombiePolicy(BaseModel):
+    """When a started job is a zombie, and how a cleanup finalizes it."""
 
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-@dataclass(frozen=True)
-class ZombiePolicy:
-    heartbeat_timeout_seconds: int = 300
-    max_duration_seconds: int = 1200
-    max_duration_seconds_by_type: dict[str, int] = field(default_factory=dict)
-    max_stale_fraction: float = 0.5
-    min_started_for_brake: int = 20
-    crashed_retry_limit: int = 3
-    exceeded_retry_limit: int = 0
-    http_status: int = DEFAULT_ZOMBIE_HTTP_STATUS
-    batch_size: int = 500
-    claim_lease_seconds: int = 300
-    cache_generation: str | None = None  # None: detect from the existing entries
+    heartbeat_timeout_seconds: int = Field(
+        default=300, gt=0, description="A job is dead after this long without a heartbeat (or, never heartbeated, since its start)."
+    )
+    max_duration_seconds: int = Field(default=1200, gt=0, description="Default maximum duration (T2) of a job.")
+    max_duration_seconds_by_type: dict[str, int] = Field(
+        default_factory=dict, description="T2 per job type, overriding max_duration_seconds."
+    )
+    max_stale_fraction: float = Field(
+        default=0.5, gt=0, le=1, description="Brake: refuse to act when more than this share of started jobs look dead."
+    )
+    min_started_for_brake: int = Field(default=20, ge=0, description="The brake applies from this many started jobs on.")
+    crashed_retry_limit: int = Field(default=3, ge=0, description="Automatic retries after JobManagerCrashedError.")
+    exceeded_retry_limit: int = Field(
+        default=0, ge=0, description="Automatic retries after JobManagerExceededMaximumDurationError."
+    )
+    http_status: int = Field(
+        default=DEFAULT_ZOMBIE_HTTP_STATUS, ge=400, le=599, description="http_status of the cache error entry."
+    )
+    batch_size: int = Field(default=500, gt=0, description="Documents per bulk write.")
+    claim_lease_seconds: int = Field(
+        default=300, ge=0, description="After this long, an unfinished finalization of a crashed run is taken over."
+    )
+    cache_generation: Optional[str] = Field(
+        default=None, description=f"Cache document generation to write ({', '.join(CACHE_GENERATIONS)}); unset: detected."
+    )
+    use_suggested_max_durations: bool = Field(
+        default=False, description="Take per-type T2 from the latest statistics suggestions (opt-in)."
+    )
 
-    def __post_init__(self) -> None:
-        problems = self.problems()
-        if problems:
-            raise PolicyError("invalid zombie policy: " + "; ".join(problems))
-
-    def problems(self) -> list[str]:
+    @model_validator(mode="after")
+    def _consistent(self) -> "ZombiePolicy":
         problems = []
-
-        def positive(name: str, value: Any) -> None:
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                problems.append(f"{name} must be a positive integer, got {value!r}")
-
-        def non_negative(name: str, value: Any) -> None:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                problems.append(f"{name} must be a non-negative integer, got {value!r}")
-
-        positive("heartbeat_timeout_seconds", self.heartbeat_timeout_seconds)
-        positive("max_duration_seconds", self.max_duration_seconds)
-        positive("batch_size", self.batch_size)
-        non_negative("claim_lease_seconds", self.claim_lease_seconds)
-        non_negative("min_started_for_brake", self.min_started_for_brake)
-        non_negative("crashed_retry_limit", self.crashed_retry_limit)
-        non_negative("exceeded_retry_limit", self.exceeded_retry_limit)
         timeout = self.heartbeat_timeout_seconds
         limits = {"max_duration_seconds": self.max_duration_seconds} | {
-            f"max_duration_seconds_by_type[{job_type!r}]": value
-            for job_type, value in self.max_duration_seconds_by_type.items()
+            f"max_duration_seconds_by_type[{job_type!r}]": value for job_type, value in self.max_duration_seconds_by_type.items()
         }
         for name, value in limits.items():
-            if name != "max_duration_seconds":
-                positive(name, value)
-            if isinstance(value, int) and isinstance(timeout, int) and 0 < value < timeout:
+            if value <= 0:
+                problems.append(f"{name} must be positive, got {value}")
+            elif value < timeout:
                 problems.append(
                     f"{name} ({value} s) is shorter than heartbeat_timeout_seconds ({timeout} s): "
                     "a job would be killed for running long before a missing heartbeat could be seen"
                 )
         for job_type in self.max_duration_seconds_by_type:
-            if not isinstance(job_type, str) or not job_type:
-                problems.append(f"max_duration_seconds_by_type has an empty or non-string job type: {job_type!r}")
-        if not isinstance(self.max_stale_fraction, (int, float)) or not 0 < self.max_stale_fraction <= 1:
-            problems.append(f"max_stale_fraction must be in (0, 1], got {self.max_stale_fraction!r}")
-        if not isinstance(self.http_status, int) or not 400 <= self.http_status <= 599:
-            problems.append(f"http_status must be an HTTP error status (400-599), got {self.http_status!r}")
+            problem = job_type_problem(job_type)
+            if problem:
+                problems.append(f"max_duration_seconds_by_type has a job type that is not one: {problem} ({job_type!r})")
         if self.cache_generation is not None and self.cache_generation not in CACHE_GENERATIONS:
-            problems.append(
-                f"cache_generation must be one of {sorted(CACHE_GENERATIONS)} or unset, got {self.cache_generation!r}"
-            )
-        return problems
+            problems.append(f"cache_generation must be one of {sorted(CACHE_GENERATIONS)} or unset, got {self.cache_generation!r}")
+        if problems:
+            raise ValueError("invalid zombie policy: " + "; ".join(problems))
+        return self
 
     def max_duration_of(self, job_type: str) -> int:
         return self.max_duration_seconds_by_type.get(job_type, self.max_duration_seconds)
@@ -83,5 +85,52 @@ class ZombiePolicy:
             return self.exceeded_retry_limit
         return self.crashed_retry_limit
 
+    def with_max_durations(self, by_type: dict[str, int]) -> "ZombiePolicy":
+        """This policy with ``by_type`` replacing the configured T2 of those types."""
+        return self.model_copy(update={"max_duration_seconds_by_type": {**self.max_duration_seconds_by_type, **by_type}})
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
+
+    def as_document(self) -> dict[str, Any]:
+        """The policy as stored in an audit event: job type names become values, never field names."""
+        document = self.model_dump()
+        document["max_duration_seconds_by_type"] = [
+            {"type": job_type, "seconds": seconds} for job_type, seconds in sorted(self.max_duration_seconds_by_type.items())
+        ]
+        return document
+
+
+def policy_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` that are policy fields (a Dagster resource carries more)."""
+    return {name: value for name, value in values.items() if name in ZombiePolicy.model_fields}
+
+
+class SuggestionRules(BaseModel):
+    """How a suggested T2 is derived from the durations of a window (see ``statistics.suggest``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    quantile: float = Field(default=0.99, ge=0.5, lt=1.0, description="Quantile of successful durations the T2 is based on.")
+    margin: float = Field(default=1.5, ge=1.0, le=10.0, description="Safety factor applied to the quantile.")
+    min_samples: int = Field(default=30, ge=1, description="Successful jobs needed for a suggestion; fewer keep the current T2.")
+    confidence: float = Field(default=0.95, gt=0.0, lt=1.0, description="Confidence level of the quantile's interval.")
+    censored_fraction: Optional[float] = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="Share of jobs stopped at T2 from which the suggestion is a lower bound; unset: 1 - quantile.",
+    )
+
+    @property
+    def censoring_threshold(self) -> float:
+        """Stopped jobs from this share on may hide the quantile itself beyond T2."""
+        return self.censored_fraction if self.censored_fraction is not None else 1.0 - self.quantile
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.model_dump(include=set(SuggestionRules.model_fields)), "censored_fraction": self.censoring_threshold}
+
+    @classmethod
+    def of(cls, values: dict[str, Any]) -> "SuggestionRules":
+        """The rules among ``values`` (a Dagster config carries more)."""
+        return cls(**{name: value for name, value in values.items() if name in cls.model_fields})

@@ -17,26 +17,27 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from bson import ObjectId
-from pymongo.database import Database
 
+from zombie_pipeline.cache_entries import key_of
 from zombie_pipeline.documents import (
-    CACHE_GENERATIONS,
     DEFAULT_ZOMBIE_HTTP_STATUS,
     HTTP_OK,
-    NEWEST_CACHE_GENERATION,
     Cache,
     ErrorCode,
     Job,
     Priority,
     Status,
     namespace_of,
+    truncate_ms,
     unicity_id,
+    utc_now,
     without_none,
 )
+from zombie_pipeline.generations import CACHE_GENERATIONS, NEWEST_CACHE_GENERATION
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.store import Store
 
 HEARTBEAT_INTERVAL_SECONDS = 60
-DEFAULT_HEARTBEAT_TIMEOUT_SECONDS = 300
-DEFAULT_MAX_DURATION_SECONDS = 1200
 INSERT_BATCH_SIZE = 5_000
 
 
@@ -76,9 +77,7 @@ class Workload:
     waiting: int = 50
     days: float = 7.0
     seed: int = 0
-    heartbeat_timeout_seconds: int = DEFAULT_HEARTBEAT_TIMEOUT_SECONDS
-    max_duration_seconds: int = DEFAULT_MAX_DURATION_SECONDS
-    max_duration_seconds_by_type: dict[str, int] = field(default_factory=dict)
+    policy: ZombiePolicy = field(default_factory=ZombiePolicy)  # the thresholds the simulated zombies break
     cache_generation: str = NEWEST_CACHE_GENERATION
     job_types: tuple[JobType, ...] = JOB_TYPES
 
@@ -110,8 +109,6 @@ class Workload:
     def total(self) -> int:
         return self.finished + self.crashed + self.never_heartbeated + self.overdue + self.running + self.waiting
 
-    def max_duration_of(self, job_type: str) -> int:
-        return self.max_duration_seconds_by_type.get(job_type, self.max_duration_seconds)
 
 
 @dataclass
@@ -131,15 +128,6 @@ class Simulation:
     @property
     def zombie_ids(self) -> list[ObjectId]:
         return self.crashed_ids + self.never_heartbeated_ids + self.overdue_ids
-
-
-def utc_now() -> dt.datetime:
-    """Now, at BSON's millisecond precision, so stored and in-memory values compare equal."""
-    return truncate_ms(dt.datetime.now(dt.timezone.utc))
-
-
-def truncate_ms(moment: dt.datetime) -> dt.datetime:
-    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
 class _Generator:
@@ -206,7 +194,7 @@ class _Generator:
             job_type = self.rng.choice(w.job_types)
             finished_ago = self.rng.uniform(60, span)  # history is in the past, however long the job ran
             duration = self.duration(job_type)
-            limit = w.max_duration_of(job_type.name)
+            limit = w.policy.max_duration_of(job_type.name)
             killed = duration > limit  # the history's own killer stopped it: a censored duration
             duration = min(duration, limit)
             started_at = self.seconds_ago(finished_ago + duration)
@@ -245,13 +233,13 @@ class _Generator:
             Cache.DURATION: round(duration, 3),
             Cache.FAILED_RUNS: 1 if failed else 0,
         }
-        return without_none({key: value for key, value in entry.items() if generation.declares(key)})
+        return generation.keep_declared(entry)
 
     def started_job(self, kind: str) -> dict[str, Any]:
         w = self.workload
         job_type = self.rng.choice(w.job_types)
-        limit = w.max_duration_of(job_type.name)
-        timeout = w.heartbeat_timeout_seconds
+        limit = w.policy.max_duration_of(job_type.name)
+        timeout = w.policy.heartbeat_timeout_seconds
         if kind == "overdue":  # alive and beating, but far too long
             age = self.rng.uniform(1.2, 3.0) * limit
             last_beat_age = self.rng.uniform(0, HEARTBEAT_INTERVAL_SECONDS)
@@ -283,22 +271,14 @@ class _Generator:
         return self.job(job_type, Status.WAITING, created_at=self.seconds_ago(self.rng.uniform(0, 3_600)))
 
 
-def simulate(
-    queue_db: Database,
-    cache_db: Database,
-    workload: Workload = Workload(),
-    jobs_collection: str = "jobsBlue",
-    cache_collection: str = "cachedResponsesBlue",
-    now: dt.datetime | None = None,
-) -> Simulation:
-    """Write ``workload`` into the two databases and say what was written."""
+def simulate(store: Store, workload: Workload = Workload(), now: dt.datetime | None = None) -> Simulation:
+    """Write ``workload`` into the store's jobs and cache and say what was written."""
     if workload.cache_generation not in CACHE_GENERATIONS:
         raise ValueError(f"cache_generation must be one of {sorted(CACHE_GENERATIONS)}")
     now = truncate_ms(now or utc_now())
     generator = _Generator(workload, now)
     result = Simulation(now=now)
-    jobs = queue_db[jobs_collection]
-    cache = cache_db[cache_collection]
+    jobs, cache = store.jobs, store.cache
 
     job_batch: list[dict[str, Any]] = []
     latest_entries: dict[tuple, dict[str, Any]] = {}
@@ -318,7 +298,7 @@ def simulate(
 
     for job, entry in generator.finished_jobs():
         add(job)
-        key = tuple(entry.get(name) for name in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT))
+        key = key_of(entry)
         if key not in latest_entries or latest_entries[key][Cache.UPDATED_AT] < entry[Cache.UPDATED_AT]:
             latest_entries[key] = entry
     for kind, ids, count in (
@@ -334,7 +314,7 @@ def simulate(
             if generator.rng.random() < 0.5:  # an older result of the same step, from an earlier run
                 updated_at = job[Job.STARTED_AT] - dt.timedelta(days=generator.rng.uniform(1, 30))
                 entry = generator.cache_entry(job, truncate_ms(updated_at), 10.0, None)
-                latest_entries[tuple(entry.get(n) for n in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT))] = entry
+                latest_entries[key_of(entry)] = entry
     for _ in range(workload.waiting):
         add(generator.waiting_job())
     flush_jobs()
@@ -408,5 +388,4 @@ def cache_document(
         Cache.DURATION: 12.5,
         Cache.FAILED_RUNS: failed_runs,
     }
-    fields = CACHE_GENERATIONS[generation].fields
-    return without_none({key: value for key, value in entry.items() if key in fields})
+    return CACHE_GENERATIONS[generation].keep_declared(entry)

@@ -1,4 +1,4 @@
-"""The collections a cleanup works on, resolved once from names and databases."""
+"""The collections a pipeline works on, resolved once from names and databases."""
 
 from __future__ import annotations
 
@@ -12,18 +12,20 @@ from zombie_pipeline.documents import (
     DEFAULT_EVENTS_COLLECTION,
     DEFAULT_FAILURES_COLLECTION,
     DEFAULT_JOBS_COLLECTION,
+    DEFAULT_SUGGESTIONS_COLLECTION,
 )
 from zombie_pipeline.mongo import CACHE_INDEXES, EVENT_INDEXES, JOB_INDEXES, ensure_indexes
 
 
 @dataclass(frozen=True)
 class Store:
-    """Queue and cache may live on different clusters; our audit sits beside the queue."""
+    """Queue and cache may live on different clusters; our own collections sit beside the queue."""
 
     jobs: Collection
     events: Collection
     cache: Collection
     failures: Collection
+    suggestions: Collection
 
     @classmethod
     def of(
@@ -34,13 +36,20 @@ class Store:
         cache_collection: str = DEFAULT_CACHE_COLLECTION,
         events_collection: str = DEFAULT_EVENTS_COLLECTION,
         failures_collection: str = DEFAULT_FAILURES_COLLECTION,
+        suggestions_collection: str = DEFAULT_SUGGESTIONS_COLLECTION,
     ) -> "Store":
         return cls(
             jobs=queue_db[jobs_collection],
             events=queue_db[events_collection],
             cache=cache_db[cache_collection],
             failures=queue_db[failures_collection],
+            suggestions=queue_db[suggestions_collection],
         )
+
+    @property
+    def ours(self) -> tuple[Collection, ...]:
+        """The collections this project owns; the deployment never reads them."""
+        return (self.events, self.failures, self.suggestions)
 
     def ensure_indexes(self) -> list[str]:
         """Create the indexes our queries need (see ``mongo.JOB_INDEXES`` ...); idempotent."""

@@ -8,15 +8,16 @@ message that names the variable, rather than a schedule that never fires.
 
 from __future__ import annotations
 
-import os
-from typing import Optional
+from typing import Mapping, Optional
 
 import dagster as dg
 
-from zombie_pipeline.orchestration.assets import STATS_JOBS
-from zombie_pipeline.orchestration.jobs import kill_zombies_job
+from zombie_pipeline import config
+from zombie_pipeline.config import KILL_CRON_ENV
+from zombie_pipeline.orchestration.cleanup import kill_zombies_job
+from zombie_pipeline.orchestration.statistics import duration_statistics_job
+from zombie_pipeline.orchestration.tags import TRIGGER_TAG
 
-KILL_CRON_ENV = "ZOMBIE_KILL_CRON"
 DEFAULT_KILL_CRON = "*/10 * * * *"
 TIMEZONE = "UTC"
 
@@ -25,10 +26,9 @@ class ScheduleConfigError(ValueError):
     """A schedule setting from the environment is invalid; the message names the variable."""
 
 
-def kill_zombies_cron(environ: Optional[dict] = None) -> str:
+def kill_zombies_cron(environ: Optional[Mapping[str, str]] = None) -> str:
     """The cleanup's cron: ``$ZOMBIE_KILL_CRON`` when set and not blank, else every 10 minutes."""
-    value = (os.environ if environ is None else environ).get(KILL_CRON_ENV, "").strip()
-    return value or DEFAULT_KILL_CRON
+    return config.kill_cron(environ) or DEFAULT_KILL_CRON
 
 
 def build_kill_zombies_schedule(cron: Optional[str] = None) -> dg.ScheduleDefinition:
@@ -40,7 +40,7 @@ def build_kill_zombies_schedule(cron: Optional[str] = None) -> dg.ScheduleDefini
             job_name=kill_zombies_job.name,
             execution_timezone=TIMEZONE,
             default_status=dg.DefaultScheduleStatus.STOPPED,
-            tags={"zombie_pipeline/trigger": "kill_zombies_schedule"},
+            tags={TRIGGER_TAG: "kill_zombies_schedule"},
             description=(
                 f"Runs kill_zombies_job over every job type on '{cron}' (UTC; set ${KILL_CRON_ENV} to change, "
                 f"default '{DEFAULT_KILL_CRON}'). stale_jobs_sensor reacts sooner; this is the safety net that also "
@@ -55,16 +55,15 @@ def build_kill_zombies_schedule(cron: Optional[str] = None) -> dg.ScheduleDefini
         ) from None
 
 
-def build_duration_stats_schedule(job=None) -> dg.ScheduleDefinition:
+def build_duration_stats_schedule() -> dg.ScheduleDefinition:
     """Daily at 00:30 UTC, for the UTC day that just ended (the job's daily partition)."""
-    job = job if job is not None else STATS_JOBS[0]
     return dg.build_schedule_from_partitioned_job(
-        job,
+        duration_statistics_job,
         name="duration_stats_schedule",
         hour_of_day=0,
         minute_of_hour=30,
         default_status=dg.DefaultScheduleStatus.STOPPED,
-        tags={"zombie_pipeline/trigger": "duration_stats_schedule"},
+        tags={TRIGGER_TAG: "duration_stats_schedule"},
         description=(
             "Every day at 00:30 UTC, materializes the previous UTC day: its duration tallies, then the statistics "
             "and suggested maximum durations of the window ending that day. Older days: backfill the partitions "
@@ -75,5 +74,3 @@ def build_duration_stats_schedule(job=None) -> dg.ScheduleDefinition:
 
 kill_zombies_schedule = build_kill_zombies_schedule()
 duration_stats_schedule = build_duration_stats_schedule()
-
-SCHEDULES: list = [kill_zombies_schedule, duration_stats_schedule]

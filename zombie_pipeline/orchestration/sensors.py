@@ -15,40 +15,25 @@
 """
 
 
-import os
 from typing import Optional
 
 import dagster as dg
-from pydantic import Field
 from pymongo.errors import PyMongoError
 
-from zombie_pipeline import monitoring
-from zombie_pipeline.cleanup import utc_now
-from zombie_pipeline.mongo import check_reachable
-from zombie_pipeline.orchestration.checks import CLEANUP_RUN_TAG, PARTITION_TAG, cleanup_policy, cleanup_scope, queue_health_job
-from zombie_pipeline.orchestration.jobs import kill_zombies_job
-from zombie_pipeline.orchestration.partitions import JOB_TYPE_PARTITIONS
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
-
-WEBHOOK_URL_ENV = "ZOMBIE_FAILURE_WEBHOOK_URL"
-TRIGGER_TAG = "zombie_pipeline/trigger"
-STALE_COUNT_TAG = "zombie_pipeline/stale_jobs"
+from zombie_pipeline import alerts, monitoring
+from zombie_pipeline.config import WEBHOOK_URL_ENV
+from zombie_pipeline.documents import utc_now
+from zombie_pipeline.mongo import check_reachable, scrub
+from zombie_pipeline.orchestration.cleanup import kill_zombies_job
+from zombie_pipeline.orchestration.health import cleanup_scope, queue_health_job
+from zombie_pipeline.orchestration.resources import CacheDatabase, FailureWebhook, QueueDatabase, ZombiePolicyResource, store_of
+from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, JOB_TYPE_PARTITIONS, PARTITION_TAG, STALE_COUNT_TAG, TRIGGER_TAG
 _ACTIVE_STATUSES = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
     dg.DagsterRunStatus.STARTING,
     dg.DagsterRunStatus.STARTED,
 ]
-
-
-class FailureWebhook(dg.ConfigurableResource):
-    """Where run failures are POSTed as JSON. The URL stays in the environment: it often carries a token."""
-
-    url_env_var: str = Field(default=WEBHOOK_URL_ENV, description="Environment variable holding the webhook URL; unset: no POST.")
-    timeout_seconds: float = Field(default=5.0, gt=0, le=30, description="A slow webhook must not hold the sensor.")
-
-    def url(self) -> Optional[str]:
-        return os.environ.get(self.url_env_var) or None
 
 
 @dg.sensor(
@@ -67,7 +52,7 @@ def stale_jobs_sensor(
 ):
     store = store_of(queue_db, cache_db)
     check_reachable(store.jobs.database, queue_db.url())
-    state = monitoring.stale_state(store.jobs, cleanup_policy(zombie_policy, store), utc_now())
+    state = monitoring.stale_state(store.jobs, zombie_policy.in_force(store), utc_now())
     if state.count == 0:
         return dg.SkipReason("no started job is past its thresholds")
     in_flight = context.instance.get_run_records(
@@ -138,17 +123,17 @@ def cleanup_checks_sensor(context: dg.RunStatusSensorContext):
 def pipeline_failure_sensor(context: dg.RunFailureSensorContext, queue_db: QueueDatabase, failure_webhook: FailureWebhook):
     record = failure_record(context, [queue_db.url(), failure_webhook.url()])
     context.log.error(record.log_line())
-    outcome = monitoring.post_json(failure_webhook.url(), record.payload(), failure_webhook.timeout_seconds)
+    outcome = alerts.post_json(failure_webhook.url(), record.payload(), failure_webhook.timeout_seconds)
     if outcome.startswith("failed"):
         context.log.warning(f"failure webhook: {outcome}")
     try:
         database = queue_db.get_database()
-        monitoring.record_failure(database[queue_db.failures_collection], record, outcome)
+        alerts.record_failure(database[queue_db.failures_collection], record, outcome)
     except PyMongoError as error:  # the database may be why the run failed: the log line and webhook remain
-        context.log.error(f"could not record the failure: {monitoring.scrub(str(error), [queue_db.url()])}")
+        context.log.error(f"could not record the failure: {scrub(str(error), [queue_db.url()])}")
 
 
-def failure_record(context: dg.RunFailureSensorContext, secrets: list[Optional[str]]) -> monitoring.FailureRecord:
+def failure_record(context: dg.RunFailureSensorContext, secrets: list[Optional[str]]) -> alerts.FailureRecord:
     """The failure as one message: the run's failure, then each failed step's error, scrubbed."""
     run = context.dagster_run
     steps = context.get_step_failure_events()
@@ -157,8 +142,8 @@ def failure_record(context: dg.RunFailureSensorContext, secrets: list[Optional[s
         error = getattr(event.event_specific_data, "error", None)
         if error is not None:
             parts.append(f"{event.step_key}: {error.message.strip()}")
-    message = monitoring.scrub("\n".join(parts), secrets)
-    return monitoring.FailureRecord(
+    message = scrub("\n".join(parts), secrets)
+    return alerts.FailureRecord(
         run_id=run.run_id,
         job_name=run.job_name,
         failed_at=utc_now(),
@@ -167,5 +152,3 @@ def failure_record(context: dg.RunFailureSensorContext, secrets: list[Optional[s
         failed_steps=tuple(event.step_key for event in steps if event.step_key),
     )
 
-
-SENSORS: list = [stale_jobs_sensor, job_types_sensor, cleanup_checks_sensor, pipeline_failure_sensor]

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import datetime as dt
-import os
 import time
 from pathlib import Path
 
 import dagster as dg
 
+from zombie_pipeline import config
 from zombie_pipeline.cleanup import summarize_run
 from zombie_pipeline.detection import count_stale
-from zombie_pipeline.durations import DEFAULT_WINDOW_DAYS, analyze_window
-from zombie_pipeline.orchestration.assets import job_duration_statistics, job_duration_tallies
-from zombie_pipeline.reports import ReportFiles, summary_text
-from zombie_pipeline.orchestration.jobs import kill_zombies_job
+from zombie_pipeline.documents import utc_now
+from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import resources_from_env, store_of
-from zombie_pipeline.simulate import Workload, simulate, utc_now
+from zombie_pipeline.orchestration.statistics import job_duration_statistics, job_duration_tallies
+from zombie_pipeline.simulate import Workload, simulate
+from zombie_pipeline.statistics.reports import ReportFiles, summary_text
+from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze_window
 
 
 QUIET = {"console": {"config": {"log_level": "WARNING"}}}  # the summary printed says it all
@@ -24,7 +25,7 @@ QUIET = {"console": {"config": {"log_level": "WARNING"}}}  # the summary printed
 
 def _instance() -> dg.DagsterInstance:
     """The Dagster instance of ``$DAGSTER_HOME`` (runs then show in the UI), else a throwaway one."""
-    if os.environ.get("DAGSTER_HOME"):
+    if config.dagster_home_is_set():
         return dg.DagsterInstance.get()
     return dg.DagsterInstance.ephemeral()
 
@@ -115,11 +116,5 @@ def _fill(store, finished: int, seed: int, policy) -> None:
         print("no zombies left from earlier demos: simulating workers that crashed since ...")
     else:
         return
-    simulate(
-        store.jobs.database,
-        store.cache.database,
-        workload,
-        jobs_collection=store.jobs.name,
-        cache_collection=store.cache.name,
-    )
+    simulate(store, workload)
 

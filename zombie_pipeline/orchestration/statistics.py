@@ -1,4 +1,4 @@
-"""Dagster assets: duration statistics and T2 suggestions, wired around ``zombie_pipeline.durations``.
+"""Dagster assets: duration statistics and T2 suggestions, wired around ``zombie_pipeline.statistics``.
 
 Two assets share one daily partitioning (UTC days):
 
@@ -23,27 +23,15 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
-from zombie_pipeline.documents import DEFAULT_SUGGESTIONS_COLLECTION
-from zombie_pipeline.durations import (
-    DEFAULT_CONFIDENCE,
-    DEFAULT_MARGIN,
-    DEFAULT_MIN_SAMPLES,
-    DEFAULT_QUANTILE,
-    DEFAULT_WINDOW_DAYS,
-    READ_BATCH_SIZE,
-    Period,
-    SuggestionRules,
-    analyze,
-    combine,
-    count_undated_jobs,
-    policy_with_suggestions,
-    read_period,
-    save_suggestions,
-)
-from zombie_pipeline.orchestration.resources import QueueDatabase, ZombiePolicyResource
-from zombie_pipeline.reports import default_reports_dir, markdown_table, policy_snippet, write_reports
+from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
+from zombie_pipeline.orchestration.tags import STATISTICS_GROUP
+from zombie_pipeline.policy import SuggestionRules
+from zombie_pipeline.statistics.reports import markdown_table, policy_snippet, write_reports
+from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze
+from zombie_pipeline.statistics.suggestions import save_suggestions
+from zombie_pipeline.statistics.tallies import READ_BATCH_SIZE, Period, combine, count_undated_jobs, read_period
 
-GROUP = "duration_statistics"
+GROUP = STATISTICS_GROUP
 PARTITIONS_START = "2024-01-01"
 MAX_WINDOW_DAYS = 28
 SUGGESTED_T2_METADATA_PREFIX = "suggested_t2_seconds/"
@@ -61,25 +49,11 @@ class DailyTalliesConfig(dg.Config):
     )
 
 
-class DurationStatisticsConfig(dg.Config):
+class DurationStatisticsConfig(dg.Config, SuggestionRules):
+    """The suggestion rules (``policy.SuggestionRules``), the window, and where the report goes."""
+
     window_days: int = Field(
         default=DEFAULT_WINDOW_DAYS, ge=1, le=MAX_WINDOW_DAYS, description="Days in the window, ending with the partition's day."
-    )
-    quantile: float = Field(
-        default=DEFAULT_QUANTILE, ge=0.5, lt=1.0, description="Quantile of successful durations the T2 is based on."
-    )
-    margin: float = Field(default=DEFAULT_MARGIN, ge=1.0, le=10.0, description="Safety factor applied to the quantile.")
-    min_samples: int = Field(
-        default=DEFAULT_MIN_SAMPLES, ge=1, description="Successful jobs needed for a suggestion; fewer keep the current T2."
-    )
-    confidence: float = Field(
-        default=DEFAULT_CONFIDENCE, gt=0.0, lt=1.0, description="Confidence level of the quantile's interval."
-    )
-    censored_fraction: Optional[float] = Field(
-        default=None,
-        gt=0.0,
-        lt=1.0,
-        description="Share of jobs stopped at T2 from which the suggestion is a lower bound; unset: 1 - quantile.",
     )
     reports_dir: Optional[str] = Field(
         default=None, description="Where the CSV, JSON, Markdown and PNG go; unset: reports/ (or $ZOMBIE_PIPELINE_HOME/reports)."
@@ -89,18 +63,12 @@ class DurationStatisticsConfig(dg.Config):
     )
 
     def rules(self) -> SuggestionRules:
-        return SuggestionRules(
-            quantile=self.quantile,
-            margin=self.margin,
-            min_samples=self.min_samples,
-            confidence=self.confidence,
-            censored_fraction=self.censored_fraction,
-        )
+        return SuggestionRules.of(self.model_dump())
 
 
 @dg.asset(group_name=GROUP, partitions_def=DAILY_PARTITIONS, kinds={"mongodb", "pandas"})
 def job_duration_tallies(
-    context: dg.AssetExecutionContext, config: DailyTalliesConfig, queue_db: QueueDatabase
+    context: dg.AssetExecutionContext, config: DailyTalliesConfig, queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> dg.Output[Period]:
     """Per job type, one UTC day: final statuses, durations (float32) and audited zombies.
 
@@ -109,10 +77,8 @@ def job_duration_tallies(
     combine these instead of reading old jobs again.
     """
     window = context.partition_time_window
-    database = queue_db.get_database()
-    period = read_period(
-        database[queue_db.jobs_collection], database[queue_db.events_collection], window.start, window.end, config.batch_size
-    )
+    store = store_of(queue_db, cache_db)
+    period = read_period(store.jobs, store.events, window.start, window.end, config.batch_size)
     rows = ["| type | jobs | successful | zombies |", "|---|---|---|---|"]
     for job_type, tally in sorted(period.tallies.items()):
         rows.append(f"| `{job_type}` | {sum(tally.statuses.values())} | {len(tally.success)} | {sum(tally.zombies.values())} |")
@@ -153,6 +119,7 @@ def job_duration_statistics(
     context: dg.AssetExecutionContext,
     config: DurationStatisticsConfig,
     queue_db: QueueDatabase,
+    cache_db: CacheDatabase,
     zombie_policy: ZombiePolicyResource,
     tallies: dict[str, Period],
 ) -> dg.MaterializeResult:
@@ -165,11 +132,8 @@ def job_duration_statistics(
     cleanup's opt-in ``use_suggested_max_durations``.
     """
     rules = config.rules()
-    database = queue_db.get_database()
-    suggestions = database[DEFAULT_SUGGESTIONS_COLLECTION]
-    policy = zombie_policy.policy()
-    if zombie_policy.use_suggested_max_durations:  # "current T2" is the one the cleanup applies
-        policy = policy_with_suggestions(policy, suggestions)
+    store = store_of(queue_db, cache_db)
+    policy = zombie_policy.in_force(store)  # "current T2" is the one the cleanup applies
     window = context.partition_time_window
     wanted = window_days_of(context.partition_key, config.window_days)
     loaded = [tallies[day] for day in wanted if day in (tallies or {})]
@@ -182,12 +146,12 @@ def job_duration_statistics(
         period,
         policy,
         rules,
-        undated=count_undated_jobs(database[queue_db.jobs_collection]),
+        undated=count_undated_jobs(store.jobs),
         missing_days=missing,
     )
-    files = write_reports(report, config.reports_dir or default_reports_dir())
+    files = write_reports(report, config.reports_dir)
     if config.save_suggestions:
-        save_suggestions(suggestions, report)
+        save_suggestions(store.suggestions, report)
     if missing:
         context.log.warning(f"{len(missing)} of {len(wanted)} days have no tallies yet: {', '.join(missing)}")
     suggested = {
@@ -215,11 +179,8 @@ def job_duration_statistics(
     )
 
 
-ASSETS: list = [job_duration_tallies, job_duration_statistics]
-
 duration_statistics_job = dg.define_asset_job(
     "duration_statistics_job",
     selection=dg.AssetSelection.groups(GROUP),
     description="One day's tallies, then the statistics and T2 suggestions of the window ending that day.",
 )
-STATS_JOBS: list = [duration_statistics_job]

@@ -16,17 +16,12 @@ from pydantic import Field
 
 from zombie_pipeline import cleanup
 from zombie_pipeline.cleanup import BrakeEngaged, StepResult
-from zombie_pipeline.detection import Candidate
-from zombie_pipeline.documents import DEFAULT_SUGGESTIONS_COLLECTION, REASONS, Job
-from zombie_pipeline.durations import policy_with_suggestions
-from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable
-from zombie_pipeline.orchestration.metadata import table_metadata
-from zombie_pipeline.orchestration.partitions import JOB_TYPE_PARTITIONS
+from zombie_pipeline.detection import Candidate, unknown_job_types
+from zombie_pipeline.documents import REASONS, utc_now
+from zombie_pipeline.orchestration.metadata import counts_metadata, malformed_metadata, table_metadata
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
-from zombie_pipeline.policy import PolicyError, ZombiePolicy
-from zombie_pipeline.store import Store
-
-GROUP = "zombie_cleanup"
+from zombie_pipeline.orchestration.tags import CLEANUP_GROUP, JOB_TYPE_PARTITIONS
+from zombie_pipeline.policy import ZombiePolicy
 
 
 class CleanupConfig(dg.Config):
@@ -57,35 +52,10 @@ class CleanupPlan:
         return replace(self, counts=tuple(sorted(merged.items())))
 
 
-def _store(queue_db: QueueDatabase, cache_db: CacheDatabase) -> Store:
-    store = store_of(queue_db, cache_db)
-    try:
-        check_reachable(store.jobs.database, queue_db.url())
-        check_reachable(store.cache.database, cache_db.url())
-    except DatabaseUnavailable as error:
-        raise dg.Failure(str(error)) from None
-    return store
-
-
-def _policy(context: dg.OpExecutionContext, zombie_policy: ZombiePolicyResource, store: Store) -> ZombiePolicy:
-    try:
-        policy = zombie_policy.policy()
-    except PolicyError as error:
-        raise dg.Failure(str(error)) from None
-    if zombie_policy.use_suggested_max_durations:  # opt-in: T2 per type from the latest statistics
-        policy = policy_with_suggestions(policy, store.jobs.database[DEFAULT_SUGGESTIONS_COLLECTION])
-        context.log.info(f"suggested maximum durations in force: {policy.max_duration_seconds_by_type}")
-    return policy
-
-
 def _job_types(context: dg.OpExecutionContext, config: CleanupConfig) -> Optional[tuple[str, ...]]:
     if context.has_partition_key:
         return tuple(context.partition_keys)
     return tuple(config.job_types) if config.job_types is not None else None
-
-
-def _counts_metadata(result: StepResult | cleanup.RunSummary) -> dict[str, Any]:
-    return {name.replace(":", "/"): count for name, count in sorted(result.counts.items())}
 
 
 @dg.op(description="Complete the finalizations that crashed runs left half done (their leases expired).")
@@ -96,14 +66,17 @@ def reconcile(
     cache_db: CacheDatabase,
     zombie_policy: ZombiePolicyResource,
 ) -> CleanupPlan:
-    store = _store(queue_db, cache_db)
+    store = store_of(queue_db, cache_db, check=True)
+    policy = zombie_policy.in_force(store)
+    if zombie_policy.use_suggested_max_durations:
+        context.log.info(f"suggested maximum durations in force: {policy.max_duration_seconds_by_type}")
     plan = CleanupPlan(
         run_id=context.run_id,
-        policy=_policy(context, zombie_policy, store),
+        policy=policy,
         dry_run=config.dry_run,
         override_brake=config.override_brake,
         job_types=_job_types(context, config),
-        started_at=cleanup.utc_now(),
+        started_at=utc_now(),
     )
     metadata: dict[str, Any] = {
         "queue": queue_db.describe(),
@@ -112,20 +85,18 @@ def reconcile(
         **{f"policy/{name}": value for name, value in plan.policy.as_dict().items() if isinstance(value, (int, float))},
         "dry_run": plan.dry_run,
     }
-    configured = zombie_policy.max_duration_seconds_by_type
-    if configured:  # a misspelt type silently leaves its jobs on the default maximum duration
-        unknown = sorted(set(configured) - set(store.jobs.distinct(Job.TYPE)))
-        if unknown:
-            metadata["unknown_override_types"] = dg.MetadataValue.json(unknown)
-            context.log.warning(
-                f"max_duration_seconds_by_type names job types the queue does not hold: {unknown}; "
-                "their maximum duration applies to no job (a misspelt type?)"
-            )
+    unknown = unknown_job_types(store.jobs, zombie_policy.max_duration_seconds_by_type)
+    if unknown:
+        metadata["unknown_override_types"] = dg.MetadataValue.json(unknown)
+        context.log.warning(
+            f"max_duration_seconds_by_type names job types the queue does not hold: {unknown}; "
+            "their maximum duration applies to no job (a misspelt type?)"
+        )
     if not plan.dry_run:
         store.ensure_indexes()
         result = cleanup.reconcile(store, plan.run_id, plan.policy)
         plan = plan.add(result)
-        metadata.update(_counts_metadata(result))
+        metadata.update(counts_metadata(result.counts))
         if result.counts["taken_over"]:
             context.log.warning(f"completed {result.counts['taken_over']} finalizations left by crashed runs")
     context.add_output_metadata(metadata)
@@ -136,7 +107,7 @@ def reconcile(
 def find_zombies(
     context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> list[Candidate]:
-    store = _store(queue_db, cache_db)
+    store = store_of(queue_db, cache_db, check=True)
     try:
         detection = cleanup.find_zombies(store, plan.policy, None, plan.job_types, plan.override_brake)
     except BrakeEngaged as error:
@@ -147,11 +118,8 @@ def find_zombies(
     metadata["candidates"] = len(rows)
     metadata["candidates_by_type"] = dg.MetadataValue.json(detection.count_by("job_type"))
     metadata["evidence"] = table_metadata(rows)
-    metadata["malformed_skipped"] = len(detection.malformed)
+    metadata.update(malformed_metadata(detection.malformed))
     if detection.malformed:
-        metadata["malformed_jobs"] = dg.MetadataValue.json(
-            [{"id": str(item.id), "problem": item.problem} for item in detection.malformed]
-        )
         context.log.warning(f"{len(detection.malformed)} started jobs are malformed and were left alone")
     context.add_output_metadata(metadata)
     if plan.dry_run:
@@ -164,10 +132,9 @@ def find_zombies(
 def finalize_zombies(
     context: dg.OpExecutionContext, plan: CleanupPlan, candidates: list[Candidate], queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> CleanupPlan:
-    store = _store(queue_db, cache_db)
-    result = cleanup.claim(store, candidates, plan.policy, plan.run_id, cleanup.utc_now())
-    result.merge(cleanup.finalize(store, plan.run_id, plan.policy))
-    context.add_output_metadata({**_counts_metadata(result), "finalized_jobs": table_metadata(result.rows)})
+    store = store_of(queue_db, cache_db, check=True)
+    result = cleanup.finalize_zombies(store, candidates, plan.policy, plan.run_id, utc_now())
+    context.add_output_metadata({**counts_metadata(result.counts), "finalized_jobs": table_metadata(result.rows)})
     return plan.add(result)
 
 
@@ -175,9 +142,9 @@ def finalize_zombies(
 def write_cache_errors(
     context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> CleanupPlan:
-    store = _store(queue_db, cache_db)
+    store = store_of(queue_db, cache_db, check=True)
     result = cleanup.write_cache_errors(store, plan.run_id, plan.policy)
-    context.add_output_metadata(_counts_metadata(result))
+    context.add_output_metadata(counts_metadata(result.counts))
     return plan.add(result)
 
 
@@ -185,19 +152,19 @@ def write_cache_errors(
 def enqueue_retries(
     context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> CleanupPlan:
-    store = _store(queue_db, cache_db)
+    store = store_of(queue_db, cache_db, check=True)
     result = cleanup.enqueue_retries(store, plan.run_id, plan.policy)
-    context.add_output_metadata(_counts_metadata(result))
+    context.add_output_metadata(counts_metadata(result.counts))
     return plan.add(result)
 
 
 @dg.op(description="Summarize the run from the audit trail: what was finalized, why, and what was skipped.")
 def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase) -> dict:
-    store = _store(queue_db, cache_db)
+    store = store_of(queue_db, cache_db, check=True)
     summary = cleanup.summarize_run(store, plan.run_id, dict(plan.counts))
     context.add_output_metadata(
         {
-            **_counts_metadata(summary),
+            **counts_metadata(summary.counts),
             "finalized_jobs": table_metadata(summary.rows),
             "summary": dg.MetadataValue.md(summary.markdown()),
         }
@@ -214,7 +181,7 @@ def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: Queue
     ),
     partitions_def=JOB_TYPE_PARTITIONS,
     executor_def=dg.in_process_executor,  # six short steps: one process, not six imports of Dagster
-    tags={"pipeline": "zombie_cleanup"},
+    tags={"pipeline": CLEANUP_GROUP},
 )
 def kill_zombies_job():
     plan = reconcile()
@@ -222,4 +189,3 @@ def kill_zombies_job():
     summarize(enqueue_retries(write_cache_errors(finalized)))
 
 
-JOBS = [kill_zombies_job]

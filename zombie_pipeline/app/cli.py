@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Sequence
 
-from zombie_pipeline import embedded
-from zombie_pipeline.documents import CACHE_GENERATIONS, NEWEST_CACHE_GENERATION
-from zombie_pipeline.mongo import CACHE_URL_ENV, QUEUE_URL_ENV, DatabaseUnavailable, close_clients, redact
+from zombie_pipeline import config, embedded
+from zombie_pipeline.generations import CACHE_GENERATIONS, NEWEST_CACHE_GENERATION
+from zombie_pipeline.mongo import DatabaseUnavailable, close_clients, redact
 from zombie_pipeline.simulate import Workload, simulate
 
 # Dagster is imported only by the commands that need it: `db` answers in a fraction of a second.
@@ -49,13 +48,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             days=args.days,
             cache_generation=args.cache_generation,
         )
-    result = simulate(
-        store.jobs.database,
-        store.cache.database,
-        workload,
-        jobs_collection=store.jobs.name,
-        cache_collection=store.cache.name,
-    )
+    result = simulate(store, workload)
     print(f"queue: {resources['queue_db'].describe()}  cache: {resources['cache_db'].describe()}")
     print(f"wrote {workload.total} jobs and {result.cache_entries} cache entries in {result.insert_commands} inserts")
     for status, count in sorted(result.jobs_by_status.items()):
@@ -84,7 +77,7 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from zombie_pipeline.demo import run_demo
+    from zombie_pipeline.app.demo import run_demo
 
     return run_demo(finished=args.finished, seed=args.seed, fresh=args.fresh)
 
@@ -128,8 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"zombie-pipeline: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # keep credentials out of whatever reaches the terminal
-        urls = [os.environ.get(QUEUE_URL_ENV), os.environ.get(CACHE_URL_ENV)]
-        print(f"zombie-pipeline: {type(error).__name__}: {redact(str(error), urls)}", file=sys.stderr)
+        print(f"zombie-pipeline: {type(error).__name__}: {redact(str(error), config.configured_urls())}", file=sys.stderr)
         return 1
     finally:
         close_clients()

@@ -1,6 +1,6 @@
 """The duration report as people read it: a Markdown table, a YAML snippet, CSV, JSON and a chart.
 
-Everything here formats a :class:`~zombie_pipeline.durations.DurationReport`;
+Everything here formats a :class:`~zombie_pipeline.statistics.suggest.DurationReport`;
 nothing reads the database. No Dagster either: the assets put these strings and
 paths into metadata, the CLI prints :func:`summary_text`.
 """
@@ -9,29 +9,21 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from zombie_pipeline import embedded
+from zombie_pipeline import config
 from zombie_pipeline.documents import REASONS, Status
-from zombie_pipeline.durations import DurationReport, TypeReport, percentile_name
+from zombie_pipeline.statistics.quantiles import percentile_name
+from zombie_pipeline.statistics.suggest import DurationReport, TypeReport
 
-REPORTS_DIR_NAME = "reports"
 CHART_COLUMNS = 3
 _TIME_TICKS = {
     0.1: "0.1 s", 1: "1 s", 10: "10 s", 60: "1 min", 600: "10 min", 3_600: "1 h", 36_000: "10 h", 86_400: "1 d"
 }
-
-
-def default_reports_dir() -> Path:
-    """``$ZOMBIE_PIPELINE_HOME/reports`` when set, else ``reports/`` beside the project (or the cwd)."""
-    if os.environ.get(embedded.HOME_ENV):
-        return embedded.home() / REPORTS_DIR_NAME
-    return embedded.home().parent / REPORTS_DIR_NAME
 
 
 @dataclass(frozen=True)
@@ -77,7 +69,7 @@ def _interval(entry: TypeReport) -> str:
 def _backtest(entry: TypeReport) -> str:
     if not entry.enough_data:
         return "–"
-    parts = [f"kills {entry.backtest_successes_killed}/{entry.successes} successes"]
+    parts = [f"kills {entry.backtest_successes_stopped}/{entry.successes} successes"]
     if entry.backtest_stopped_sooner:
         parts.append(
             f"stops {entry.backtest_stopped_sooner} overruns sooner "
@@ -126,7 +118,7 @@ def markdown_table(report: DurationReport) -> str:
             format_duration(entry.current_t2_seconds),
             suggested,
             _interval(entry),
-            f"{entry.stopped_at_t2} ({_share(entry.stopped_share)})" if entry.stopped_at_t2 else "0",
+            f"{entry.stopped} ({_share(entry.stopped_share)})" if entry.stopped else "0",
             _backtest(entry),
             "; ".join(entry.flags) or "–",
         ]
@@ -178,7 +170,7 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
         if entry.enough_data:
             lines.append(
                 f"    T2 {format_duration(entry.current_t2_seconds)} -> {format_duration(entry.suggested_t2_seconds)} "
-                f"({entry.change}); {q} {_interval(entry)}; would kill {entry.backtest_successes_killed} of "
+                f"({entry.change}); {q} {_interval(entry)}; would kill {entry.backtest_successes_stopped} of "
                 f"{entry.successes} successes"
                 + (
                     f", stop {entry.backtest_stopped_sooner} overruns {format_duration(entry.backtest_seconds_saved)} sooner"
@@ -238,7 +230,7 @@ def report_json(report: DurationReport) -> dict[str, Any]:
 
 def write_reports(report: DurationReport, directory: Path | str | None = None) -> ReportFiles:
     """Write Markdown, CSV, JSON and the chart, named after the window's end; return their paths."""
-    directory = Path(directory) if directory is not None else default_reports_dir()
+    directory = Path(directory) if directory is not None else config.reports_dir()
     directory.mkdir(parents=True, exist_ok=True)
     stem = f"durations_{report.window_end:%Y-%m-%dT%H%M}"
     files = ReportFiles(

@@ -28,27 +28,13 @@ import dagster as dg
 from pydantic import Field
 
 from zombie_pipeline import monitoring
-from zombie_pipeline.cleanup import utc_now
-from zombie_pipeline.documents import DEFAULT_SUGGESTIONS_COLLECTION
-from zombie_pipeline.durations import policy_with_suggestions
-from zombie_pipeline.orchestration.jobs import GROUP, reconcile
-from zombie_pipeline.orchestration.metadata import table_metadata
+from zombie_pipeline.documents import utc_now
+from zombie_pipeline.orchestration.cleanup import reconcile
+from zombie_pipeline.orchestration.metadata import malformed_metadata, table_metadata
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.store import Store
+from zombie_pipeline.orchestration.tags import CLEANUP_GROUP, CLEANUP_RUN_TAG, PARTITION_TAG
 
-#: Tag of a ``queue_health_job`` run: the cleanup run whose result it checks.
-CLEANUP_RUN_TAG = "zombie_pipeline/cleanup_run_id"
-PARTITION_TAG = "dagster/partition"
 SAMPLE_ROWS = 20
-
-
-def cleanup_policy(zombie_policy: ZombiePolicyResource, store: Store) -> ZombiePolicy:
-    """The policy a cleanup would use now, suggested maximum durations included when opted in."""
-    policy = zombie_policy.policy()
-    if zombie_policy.use_suggested_max_durations:
-        policy = policy_with_suggestions(policy, store.jobs.database[DEFAULT_SUGGESTIONS_COLLECTION])
-    return policy
 
 
 @dataclass(frozen=True)
@@ -83,7 +69,7 @@ def _checked_cleanup(context: dg.AssetCheckExecutionContext) -> Optional[Cleanup
 
 
 @dg.asset(
-    group_name=GROUP,
+    group_name=CLEANUP_GROUP,
     kinds={"mongodb"},
     description=(
         "The job queue as a cleanup leaves it: started, waiting and stale jobs, finalizations a crashed "
@@ -96,7 +82,7 @@ def queue_health(
     context: dg.AssetExecutionContext, queue_db: QueueDatabase, cache_db: CacheDatabase, zombie_policy: ZombiePolicyResource
 ) -> dg.MaterializeResult:
     store = store_of(queue_db, cache_db)
-    policy = cleanup_policy(zombie_policy, store)
+    policy = zombie_policy.in_force(store)
     snapshot = monitoring.queue_snapshot(store, policy, utc_now())
     metadata: dict[str, Any] = {
         **snapshot.as_dict(),
@@ -121,7 +107,7 @@ def no_zombies_left(
     context: dg.AssetCheckExecutionContext, queue_db: QueueDatabase, cache_db: CacheDatabase, zombie_policy: ZombiePolicyResource
 ) -> dg.AssetCheckResult:
     store = store_of(queue_db, cache_db)
-    policy = cleanup_policy(zombie_policy, store)
+    policy = zombie_policy.in_force(store)
     scope = _checked_cleanup(context)
     as_of = scope.started_at if scope and scope.started_at else utc_now()
     job_types = scope.job_types if scope else None
@@ -131,16 +117,12 @@ def no_zombies_left(
         "as_of": dg.MetadataValue.timestamp(as_of),
         "job_types": dg.MetadataValue.json(list(job_types) if job_types else "all"),
         "zombies_left": len(left.candidates),
-        "malformed_left": len(left.malformed),
     }
     if rows:
         metadata["zombies"] = table_metadata(rows)
     if scope:
         metadata["cleanup_run"] = scope.run_id
-    if left.malformed:
-        metadata["malformed_jobs"] = dg.MetadataValue.json(
-            [{"id": str(item.id), "problem": item.problem} for item in left.malformed[:SAMPLE_ROWS]]
-        )
+    metadata.update(malformed_metadata(left.malformed, SAMPLE_ROWS))
     count = len(left.candidates) + len(left.malformed)
     return dg.AssetCheckResult(
         passed=count == 0,
@@ -184,14 +166,11 @@ def zombies_have_cache_errors(
     )
 
 
-ASSET_CHECKS: list = [no_zombies_left, zombies_have_cache_errors]
-HEALTH_ASSETS: list = [queue_health]
 
 queue_health_job = dg.define_asset_job(
     "queue_health_job",
     selection=dg.AssetSelection.assets(queue_health),
     description="Materialize queue_health and run its checks; launched after every successful kill_zombies_job run.",
-    tags={"pipeline": GROUP},
+    tags={"pipeline": CLEANUP_GROUP},
     executor_def=dg.in_process_executor,  # three small queries: a process per step would cost more than they do
 )
-CHECK_JOBS: list = [queue_health_job]

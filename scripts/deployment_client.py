@@ -1,0 +1,347 @@
+"""Set up the deployment's real client (dataset-viewer's ``libs/libcommon``) for the compatibility tests.
+
+The tests in ``tests/test_deployment_client.py`` drive the deployment's own ``libcommon`` at pinned
+commits of huggingface/dataset-viewer (formerly datasets-server). No code of that project is kept
+in this repository: this script extracts ``libs/libcommon`` from a git directory of it (a clone or
+a bare mirror) into a cache folder, makes a dedicated virtualenv there and pip-installs libcommon
+with the dependencies its modules import, pinned to the versions of that commit's ``poetry.lock``.
+
+    python scripts/deployment_client.py setup --git-dir PATH/TO/dataset-viewer.git --label current
+    python scripts/deployment_client.py setup --git-dir PATH/TO/dataset-viewer.git --label 2023
+    python scripts/deployment_client.py status
+
+Layout: ``$ZOMBIE_DEPLOYMENT_CACHE/<label>/`` (default ``.cache/deployment/<label>/`` in this
+repository) holds ``source/`` (``libs/libcommon`` at the commit), ``venv/``, ``requirements.txt``
+(what was pinned) and ``deployment.json`` (the manifest, written last: its presence means ready).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import tomllib
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE_ENV = "ZOMBIE_DEPLOYMENT_CACHE"
+DRIVER = REPO / "tests" / "deployment" / "driver.py"
+LIBCOMMON_PATH = "libs/libcommon"
+MANIFEST = "deployment.json"
+
+# The pinned commits. ``--commit`` sets up any other one under any label.
+KNOWN_LABELS: dict[str, dict[str, str]] = {
+    "current": {
+        "commit": "f62009e0555b1274e7f6ddc7058dc796993f28b6",
+        "why": "main in 2026-08 (f62009e05): finished jobs are deleted; locks, pastJobs, datasetBlockages, "
+        "jobTotalMetric, workerTypeJobCounts, cacheTotalMetric; terminated_at",
+    },
+    "2023": {
+        "commit": "28d339e40889d091fd5c34796fd0eee37e55ecbf",
+        "why": "2023-03-23 'Kill long jobs (#977)': jobs kept after they finish (success/error/cancelled/"
+        "skipped, finished_at, 7-day TTL), last_heartbeat, the deployment's own get_zombies/kill_zombies/"
+        "kill_long_job; cache entries with job_runner_version, dataset_git_revision, progress",
+    },
+}
+
+# Distributions that the modules the tests use import (libcommon/__init__, queue, simple_cache,
+# resources, constants, dtos, utils and what they import), at one commit or another. A name is
+# installed when the commit's pyproject declares it, pinned to the version of its poetry.lock.
+NEEDED = (
+    "mongoengine",
+    "pymongo",
+    "pytz",
+    "orjson",
+    "huggingface-hub",
+    "requests",
+    "appdirs",
+    "pandas",
+    "numpy",
+    "pyarrow",
+    "pymongoarrow",
+    "datasets",
+    "fsspec",
+)
+# Imported too, but only reached through another dependency: pinned when the lock has them.
+NEEDED_IF_LOCKED = ("python-dateutil", "dnspython")
+
+
+class SetupError(RuntimeError):
+    pass
+
+
+def cache_root() -> Path:
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured).resolve() if configured else REPO / ".cache" / "deployment"
+
+
+def label_dir(label: str) -> Path:
+    return cache_root() / label
+
+
+def venv_python(directory: Path) -> Path:
+    return directory / "venv" / "bin" / "python"
+
+
+def log(message: str) -> None:
+    print(f"[deployment_client] {message}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# git
+
+
+def resolve_git_dir(path: Path) -> Path:
+    if (path / ".git").exists():
+        path = path / ".git"
+    if not (path / "HEAD").exists() or not (path / "objects").exists():
+        raise SetupError(f"{path} is not a git directory (a clone or a bare mirror of dataset-viewer)")
+    return path
+
+
+def git(git_dir: Path, *args: str) -> bytes:
+    done = subprocess.run(["git", "--git-dir", str(git_dir), *args], capture_output=True)
+    if done.returncode != 0:
+        raise SetupError(f"git {' '.join(args)} failed: {done.stderr.decode(errors='replace').strip()}")
+    return done.stdout
+
+
+def resolve_commit(git_dir: Path, commit: str) -> dict[str, str]:
+    sha = git(git_dir, "rev-parse", "--verify", f"{commit}^{{commit}}").decode().strip()
+    date, subject = git(git_dir, "log", "-1", "--format=%cI%x00%s", sha).decode().strip().split("\x00", 1)
+    return {"commit": sha, "date": date, "subject": subject}
+
+
+def extract_libcommon(git_dir: Path, sha: str, destination: Path) -> None:
+    """``libs/libcommon`` at ``sha`` into ``destination`` (without the libs/libcommon prefix)."""
+    archive = git(git_dir, "archive", "--format=tar", sha, LIBCOMMON_PATH)
+    prefix = LIBCOMMON_PATH + "/"
+    destination.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        members = []
+        for member in tar.getmembers():
+            if not member.name.startswith(prefix):
+                continue
+            member.name = member.name[len(prefix):]
+            members.append(member)
+        tar.extractall(destination, members=members, filter="data")
+    if not (destination / "pyproject.toml").exists():
+        raise SetupError(f"{LIBCOMMON_PATH}/pyproject.toml not found at {sha}")
+
+
+# ---------------------------------------------------------------------------------------------
+# requirements from the commit's own pyproject and lock
+
+
+def canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def declared_dependencies(pyproject: dict) -> tuple[set[str], str | None]:
+    poetry = pyproject.get("tool", {}).get("poetry", {})
+    if "dependencies" in poetry:
+        dependencies = poetry["dependencies"]
+        python = dependencies.get("python")
+        return {canonical(name) for name in dependencies if name != "python"}, python
+    project = pyproject.get("project", {})
+    names = set()
+    for requirement in project.get("dependencies", []):
+        name = requirement.split(";")[0]
+        for separator in "<>=!~[ (@":
+            name = name.split(separator)[0]
+        names.add(canonical(name))
+    return names, project.get("requires-python")
+
+
+def locked_versions(lock: dict) -> dict[str, dict]:
+    return {canonical(package["name"]): package for package in lock.get("package", [])}
+
+
+def pinned_requirements(source: Path, extra: list[str]) -> tuple[list[str], list[dict], str | None]:
+    """The requirement lines to install, the deviations from the lock (with reasons), python."""
+    pyproject = tomllib.loads((source / "pyproject.toml").read_text())
+    declared, python = declared_dependencies(pyproject)
+    lock_path = source / "poetry.lock"
+    locked = locked_versions(tomllib.loads(lock_path.read_text())) if lock_path.exists() else {}
+    deviations: list[dict] = []
+    requirements: dict[str, str] = {}
+    for name in NEEDED + NEEDED_IF_LOCKED:
+        if name in NEEDED and name not in declared:
+            continue
+        package = locked.get(name)
+        if package is None:
+            if name in NEEDED:
+                requirements[name] = name
+                deviations.append({"package": name, "installed": "newest", "reason": "not in poetry.lock"})
+            continue
+        version = package["version"]
+        source_type = package.get("source", {}).get("type")
+        if source_type in ("git", "url", "directory", "file"):
+            # a git revision is not on PyPI: the release it was developed towards
+            release = version.split(".dev")[0].split("+")[0]
+            deviations.append({
+                "package": name,
+                "locked": f"{version} ({source_type} {package['source'].get('url', '')}"
+                f"@{package['source'].get('resolved_reference', package['source'].get('reference', ''))})",
+                "installed": release,
+                "reason": "the lock takes it from git; the nearest PyPI release is installed",
+            })
+            version = release
+        requirements[name] = f"{name}=={version}"
+    for line in extra:
+        name = canonical(line.split(";")[0].split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip())
+        if name in requirements:
+            deviations.append({"package": name, "locked": requirements[name], "installed": line,
+                               "reason": "--extra"})
+        requirements[name] = line
+    return sorted(requirements.values()), deviations, python
+
+
+# ---------------------------------------------------------------------------------------------
+# setup
+
+
+def run(command: list[str], what: str) -> None:
+    log(f"{what}: {' '.join(command)}")
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-30:])
+        raise SetupError(f"{what} failed:\n{tail}")
+
+
+def directory_size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            file = Path(root) / name
+            if not file.is_symlink():
+                total += file.stat().st_size
+    return total
+
+
+def setup(git_dir: Path, label: str, commit: str | None, python: str, extra: list[str], force: bool) -> dict:
+    started = time.monotonic()
+    if commit is None:
+        if label not in KNOWN_LABELS:
+            raise SetupError(f"label {label!r} has no pinned commit: give --commit (known: {sorted(KNOWN_LABELS)})")
+        commit = KNOWN_LABELS[label]["commit"]
+    git_dir = resolve_git_dir(git_dir)
+    resolved = resolve_commit(git_dir, commit)
+    directory = label_dir(label)
+    manifest_path = directory / MANIFEST
+    if manifest_path.exists() and not force:
+        existing = json.loads(manifest_path.read_text())
+        if existing.get("commit") == resolved["commit"]:
+            log(f"{label}: already set up at {resolved['commit'][:9]} in {directory} (--force to redo)")
+            return existing
+    if directory.exists():
+        log(f"{label}: removing {directory}")
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+
+    source = directory / "source"
+    log(f"{label}: extracting {LIBCOMMON_PATH} at {resolved['commit'][:9]} ({resolved['date']}, {resolved['subject']})")
+    extract_libcommon(git_dir, resolved["commit"], source)
+    requirements, deviations, declared_python = pinned_requirements(source, extra)
+    (directory / "requirements.txt").write_text(
+        f"# dependencies of libcommon at {resolved['commit']}, pinned to its poetry.lock\n"
+        + "\n".join(requirements) + "\n"
+    )
+
+    run([python, "-m", "venv", str(directory / "venv")], f"{label}: virtualenv")
+    interpreter = venv_python(directory)
+    pip = [str(interpreter), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    run(pip + ["-r", str(directory / "requirements.txt")], f"{label}: dependencies")
+    # libcommon itself, from the extracted source; its pyproject pins one exact Python
+    # (3.9.15 in 2023, 3.14.5 in 2026) and the tests run it on this one.
+    run(pip + ["--no-deps", "--ignore-requires-python", str(source)], f"{label}: libcommon")
+
+    check = subprocess.run([str(interpreter), str(DRIVER), "--check"], capture_output=True, text=True)
+    if check.returncode != 0:
+        tail = "\n".join(check.stderr.strip().splitlines()[-20:])
+        raise SetupError(
+            f"{label}: libcommon does not import in {directory / 'venv'}:\n{tail}\n"
+            "Add what is missing with --extra 'package==version' and run setup again."
+        )
+    description = json.loads(check.stdout)["result"]
+    freeze = subprocess.run(
+        [str(interpreter), "-m", "pip", "freeze", "--disable-pip-version-check"], capture_output=True, text=True
+    ).stdout.split()
+    manifest = {
+        "label": label,
+        "commit": resolved["commit"],
+        "commit_date": resolved["date"],
+        "commit_subject": resolved["subject"],
+        "why": KNOWN_LABELS.get(label, {}).get("why") if commit == KNOWN_LABELS.get(label, {}).get("commit") else None,
+        "declared_python": declared_python,
+        "python": description["python"],
+        "mongoengine": description["mongoengine"],
+        "pymongo": description["pymongo"],
+        "collections": description["models"],
+        "generation": description["generation"],
+        "requirements": requirements,
+        "deviations_from_lock": deviations,
+        "installed": freeze,
+        "install_seconds": round(time.monotonic() - started, 1),
+        "size_bytes": directory_size(directory),
+        "created_at": datetime.now(timezone.utc).isoformat(),
+    }
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    log(
+        f"{label}: ready in {manifest['install_seconds']} s, {manifest['size_bytes'] / 1e6:.0f} MB; "
+        f"mongoengine {manifest['mongoengine']}, pymongo {manifest['pymongo']}, Python {manifest['python']}; "
+        f"collections: {', '.join(sorted(manifest['collections']))}"
+    )
+    return manifest
+
+
+def status() -> int:
+    root = cache_root()
+    labels = sorted(set(KNOWN_LABELS) | ({p.name for p in root.iterdir() if p.is_dir()} if root.exists() else set()))
+    for label in labels:
+        manifest_path = label_dir(label) / MANIFEST
+        if manifest_path.exists():
+            manifest = json.loads(manifest_path.read_text())
+            print(
+                f"{label}: ready, {manifest['commit'][:9]} ({manifest['commit_date'][:10]}), "
+                f"mongoengine {manifest['mongoengine']}, pymongo {manifest['pymongo']}, "
+                f"{manifest['size_bytes'] / 1e6:.0f} MB, {label_dir(label)}"
+            )
+        else:
+            print(f"{label}: not set up ({label_dir(label)})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    make = commands.add_parser("setup", help="extract libcommon at a commit and install it in its own venv")
+    make.add_argument("--git-dir", required=True, type=Path,
+                      help="a git directory of huggingface/dataset-viewer (clone or bare mirror)")
+    make.add_argument("--label", required=True, help=f"cache folder name; pinned commits: {sorted(KNOWN_LABELS)}")
+    make.add_argument("--commit", help="commit to set up (default: the label's pinned commit)")
+    make.add_argument("--python", default="python3.11", help="interpreter for the venv (default: python3.11)")
+    make.add_argument("--extra", action="append", default=[],
+                      help="an extra or replacing requirement, e.g. 'pymongo==4.6.3' (repeatable)")
+    make.add_argument("--force", action="store_true", help="rebuild even when already set up at that commit")
+    commands.add_parser("status", help="what is set up, where")
+    options = parser.parse_args(argv)
+    if options.command == "status":
+        return status()
+    try:
+        setup(options.git_dir, options.label, options.commit, options.python, options.extra, options.force)
+    except SetupError as error:
+        print(f"[deployment_client] error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

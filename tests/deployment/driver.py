@@ -1,0 +1,784 @@
+"""Drive the deployment's real ``libcommon`` (dataset-viewer / datasets-server) against a MongoDB.
+
+This program runs INSIDE a deployment virtualenv made by ``scripts/deployment_client.py setup``:
+it imports that commit's ``libcommon``, connects through the library's own mongo resources, and
+executes actions described in JSON, answering in JSON. It imports nothing of zombie-pipeline and
+must stay runnable by the Python of any pinned commit (3.9 syntax at most).
+
+Usage::
+
+    python driver.py --check                                   # import libcommon, describe it
+    python driver.py --mongo-url URL --queue-db Q --cache-db C '{"action": "state"}'
+    python driver.py --mongo-url URL --queue-db Q --cache-db C '[{"action": ...}, ...]'
+    python driver.py --mongo-url URL --queue-db Q --cache-db C --serve   # JSON lines on stdin
+
+Every request is ``{"action": NAME, "args": {...}}`` (``"id"`` is echoed back); every answer is
+``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {"type", "message", "traceback"}}``.
+In ``--serve`` mode one answer line is written per request line, and nothing else reaches stdout
+(anything printed by the library goes to stderr).
+
+Actions (arguments in parentheses, all optional unless marked *):
+
+- ``info``: commit generation, library versions, the models and the collections they declare.
+- ``connect`` (queue_db*, cache_db*, mongo_url): switch databases (re-creates the connections).
+- ``create_jobs`` (jobs*: [{type*, dataset*, revision, config, split, difficulty, priority, force}],
+  method: auto|add_job|upsert_job|create_jobs): enqueue through ``Queue``; returns the new ids.
+- ``start_job`` (difficulty_min, difficulty_max, only_job_types, max_jobs_per_namespace): start the
+  next job as a worker does (takes the lock where the commit has locks).
+- ``heartbeat`` (job_id*), ``set_terminated`` (job_id*) where the commit has it.
+- ``finish_job`` (job_id*, status: success|error|skipped where the commit takes one).
+- ``upsert_response`` (kind*, dataset*, content*, http_status*, config, split, error_code, details,
+  job_runner_version, worker_version, dataset_git_revision, progress, duration, failed_runs,
+  updated_at): write a cache entry through ``simple_cache.upsert_response``.
+- ``find_stuck`` (max_seconds_without_heartbeat*): what the deployment's own killer would pick
+  (``get_stuck_jobs`` or ``get_zombies``).
+- ``load_all`` (collections): load every document of every model collection through the models
+  (iteration, per-document load, ``validate()``, ``to_dict()``/``info()``) and the library's
+  readers; errors by collection.
+- ``recount_metrics``: every metric collection against a recount of the documents, with the
+  library's own recount functions where it has them.
+- ``state``: jobs, status counts, locks (owner per key), pastJobs, blockages, cache keys (raw reads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import enum
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import sys
+import traceback
+from collections import Counter
+from typing import Any, Callable, Dict, List, Optional
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+
+
+def to_jsonable(value: Any) -> Any:
+    """Convert library values (datetimes, ObjectIds, enums, tuples, sets) into JSON values."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        if isinstance(value, enum.Enum):  # str/int enums (Status, Priority, HTTPStatus)
+            return value.value
+        return value
+    if isinstance(value, enum.Enum):
+        return to_jsonable(value.value)
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:  # mongo returns naive UTC datetimes
+            value = value.replace(tzinfo=dt.timezone.utc)
+        return value.isoformat()
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in value]
+    type_name = type(value).__name__
+    if type_name in ("ObjectId", "Decimal128", "UUID"):
+        return str(value)
+    return repr(value)
+
+
+def parse_datetime(value: Any) -> Any:
+    if isinstance(value, str):
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+    return value
+
+
+def describe_error(error: BaseException) -> Dict[str, Any]:
+    return {"type": type(error).__name__, "message": str(error)[:2000]}
+
+
+class ActionError(Exception):
+    """A request the driver cannot map onto this commit's API (bad or unsupported arguments)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The library, whatever its generation
+
+
+class Library:
+    """What this commit's libcommon provides, found by import and introspection."""
+
+    def __init__(self) -> None:
+        import libcommon
+
+        self.libcommon = libcommon
+        self.modules: Dict[str, Any] = {}
+        queue_pkg = importlib.import_module("libcommon.queue")
+        self.modules["libcommon.queue"] = queue_pkg
+        if hasattr(queue_pkg, "__path__"):  # a package since 2024: queue/jobs.py, lock.py, ...
+            for info in pkgutil.iter_modules(queue_pkg.__path__):
+                name = "libcommon.queue." + info.name
+                self.modules[name] = importlib.import_module(name)
+        for name in ("libcommon.simple_cache", "libcommon.resources", "libcommon.constants"):
+            self.modules[name] = importlib.import_module(name)
+        for name in ("libcommon.dtos", "libcommon.utils"):
+            try:
+                self.modules[name] = importlib.import_module(name)
+            except ImportError:
+                pass
+
+        self.queue_module = self.modules.get("libcommon.queue.jobs", queue_pkg)
+        self.Queue = self.queue_module.Queue
+        status_home = self.modules.get("libcommon.dtos")
+        self.Status = getattr(status_home, "Status", None) or self.queue_module.Status
+        self.Priority = getattr(status_home, "Priority", None) or self.queue_module.Priority
+        self.simple_cache = self.modules["libcommon.simple_cache"]
+        self.resources = self.modules["libcommon.resources"]
+        self.constants = self.modules["libcommon.constants"]
+        self.metrics = self.modules.get("libcommon.queue.metrics")
+
+    # -- models ------------------------------------------------------------------------------
+
+    def models(self) -> List[Any]:
+        """Every mongoengine Document declared by the imported libcommon modules."""
+        from mongoengine import Document
+
+        found: Dict[str, Any] = {}
+        for module in self.modules.values():
+            for value in vars(module).values():
+                if (
+                    inspect.isclass(value)
+                    and issubclass(value, Document)
+                    and value is not Document
+                    and value.__module__.startswith("libcommon")
+                    and not value._meta.get("abstract")
+                ):
+                    found[value.__module__ + "." + value.__name__] = value
+        return sorted(found.values(), key=lambda model: (self.alias_of(model), model._get_collection_name()))
+
+    @staticmethod
+    def alias_of(model: Any) -> str:
+        return model._meta.get("db_alias") or "default"
+
+    def models_by_collection(self) -> Dict[str, Any]:
+        return {model._get_collection_name(): model for model in self.models()}
+
+    def model_for(self, collection: str) -> Optional[Any]:
+        return self.models_by_collection().get(collection)
+
+    def queue_alias(self) -> str:
+        return getattr(self.constants, "QUEUE_MONGOENGINE_ALIAS", "queue")
+
+    def cache_alias(self) -> str:
+        return getattr(self.constants, "CACHE_MONGOENGINE_ALIAS", "cache")
+
+    def generation(self) -> Dict[str, Any]:
+        job_model = self.job_model()
+        fields = sorted(job_model._fields) if job_model is not None else []
+        return {
+            "queue_is_package": hasattr(self.modules["libcommon.queue"], "__path__"),
+            "statuses": [status.value for status in self.Status],
+            "priorities": [priority.value for priority in self.Priority],
+            "job_fields": fields,
+            "keeps_finished_jobs": "finished_at" in fields,
+            "has_locks": self.model_for("locks") is not None,
+            "queue_methods": sorted(
+                name
+                for name in ("add_job", "upsert_job", "create_jobs", "start_job", "finish_job", "heartbeat",
+                             "set_terminated", "get_stuck_jobs", "get_zombies", "kill_zombies", "kill_long_job")
+                if hasattr(self.Queue, name)
+            ),
+        }
+
+    def job_model(self) -> Optional[Any]:
+        return self.model_for(getattr(self.constants, "QUEUE_COLLECTION_JOBS", "jobsBlue"))
+
+    def cache_model(self) -> Optional[Any]:
+        return self.model_for(getattr(self.constants, "CACHE_COLLECTION_RESPONSES", "cachedResponsesBlue"))
+
+    def describe(self) -> Dict[str, Any]:
+        from importlib import metadata
+
+        return {
+            "libcommon_file": self.libcommon.__file__,
+            "python": sys.version.split()[0],
+            "mongoengine": metadata.version("mongoengine"),
+            "pymongo": metadata.version("pymongo"),
+            "modules": sorted(self.modules),
+            "models": {
+                model._get_collection_name(): {
+                    "class": model.__name__,
+                    "module": model.__module__,
+                    "alias": self.alias_of(model),
+                    "fields": sorted(model._fields),
+                }
+                for model in self.models()
+            },
+            "generation": self.generation(),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Connections
+
+
+class Connections:
+    """The queue and cache connections, made the way the deployment makes them."""
+
+    def __init__(self, library: Library) -> None:
+        self.library = library
+        self.resources: List[Any] = []
+        self.mongo_url: Optional[str] = None
+        self.queue_db: Optional[str] = None
+        self.cache_db: Optional[str] = None
+
+    def connect(self, mongo_url: str, queue_db: str, cache_db: str) -> None:
+        self.close()
+        resources = self.library.resources
+        queue_resource = getattr(resources, "QueueMongoResource", None)
+        cache_resource = getattr(resources, "CacheMongoResource", None)
+        if queue_resource is not None and cache_resource is not None:
+            self.resources = [
+                queue_resource(database=queue_db, host=mongo_url, server_selection_timeout_ms=10_000),
+                cache_resource(database=cache_db, host=mongo_url, server_selection_timeout_ms=10_000),
+            ]
+        else:  # before 2023-02 the services called mongoengine.connect themselves
+            from mongoengine import connect
+
+            connect(db=queue_db, host=mongo_url, alias=self.library.queue_alias())
+            connect(db=cache_db, host=mongo_url, alias=self.library.cache_alias())
+        # a model keeps its collection object: forget it, the database may have changed
+        for model in self.library.models():
+            model._collection = None
+        self.mongo_url, self.queue_db, self.cache_db = mongo_url, queue_db, cache_db
+
+    def close(self) -> None:
+        for resource in self.resources:
+            resource.release()
+        if not self.resources and self.mongo_url is not None:
+            from mongoengine import disconnect
+
+            disconnect(alias=self.library.queue_alias())
+            disconnect(alias=self.library.cache_alias())
+        self.resources = []
+        for model in self.library.models():
+            model._collection = None
+
+    def raw_collection(self, model: Any) -> Any:
+        """The model's collection through pymongo, without codecs or models (for summaries)."""
+        from mongoengine.connection import get_db
+
+        return get_db(self.library.alias_of(model))[model._get_collection_name()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers for calling an API whose signature changed across commits
+
+
+def call_with_supported(function: Callable[..., Any], kwargs: Dict[str, Any], what: str) -> Any:
+    """Call ``function`` with the non-null arguments; refuse one it does not take at this commit."""
+    parameters = inspect.signature(function).parameters
+    accepted = {}
+    for name, value in kwargs.items():
+        if value is None:  # the library's own default applies
+            continue
+        if name in parameters:
+            accepted[name] = value
+        else:
+            raise ActionError(f"{what} at this commit takes no argument {name!r} (got {value!r})")
+    return function(**accepted)
+
+
+def accepts(function: Callable[..., Any], name: str) -> bool:
+    return name in inspect.signature(function).parameters
+
+
+# ---------------------------------------------------------------------------------------------
+# Actions
+
+
+class Driver:
+    def __init__(self, library: Library) -> None:
+        self.library = library
+        self.connections = Connections(library)
+        self.actions: Dict[str, Callable[[Dict[str, Any]], Any]] = {
+            "info": self.info,
+            "connect": self.connect,
+            "create_jobs": self.create_jobs,
+            "start_job": self.start_job,
+            "heartbeat": self.heartbeat,
+            "set_terminated": self.set_terminated,
+            "finish_job": self.finish_job,
+            "upsert_response": self.upsert_response,
+            "find_stuck": self.find_stuck,
+            "load_all": self.load_all,
+            "recount_metrics": self.recount_metrics,
+            "state": self.state,
+        }
+
+    # -- protocol ----------------------------------------------------------------------------
+
+    def handle(self, request: Any) -> Dict[str, Any]:
+        answer: Dict[str, Any] = {}
+        if isinstance(request, dict) and "id" in request:
+            answer["id"] = request["id"]
+        try:
+            if not isinstance(request, dict) or not isinstance(request.get("action"), str):
+                raise ActionError('a request is {"action": NAME, "args": {...}}')
+            action = self.actions.get(request["action"])
+            if action is None:
+                raise ActionError(f"unknown action {request['action']!r}; known: {sorted(self.actions)}")
+            args = request.get("args") or {}
+            if not isinstance(args, dict):
+                raise ActionError("args must be an object")
+            if request["action"] not in ("info", "connect") and self.connections.mongo_url is None:
+                raise ActionError("not connected: give --mongo-url/--queue-db/--cache-db or call connect")
+            answer["ok"] = True
+            answer["result"] = to_jsonable(action(args))
+        except Exception as error:  # every failure is an answer, the driver keeps serving
+            answer["ok"] = False
+            answer["error"] = dict(describe_error(error), traceback=traceback.format_exc()[-4000:])
+        return answer
+
+    # -- actions -----------------------------------------------------------------------------
+
+    def info(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        return self.library.describe()
+
+    def connect(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        mongo_url = args.get("mongo_url") or self.connections.mongo_url
+        if not mongo_url or not args.get("queue_db") or not args.get("cache_db"):
+            raise ActionError("connect needs queue_db, cache_db (and mongo_url unless given at start)")
+        self.connections.connect(mongo_url, args["queue_db"], args["cache_db"])
+        return {"queue_db": args["queue_db"], "cache_db": args["cache_db"]}
+
+    def _queue(self, args: Dict[str, Any]) -> Any:
+        kwargs = {}
+        if "max_jobs_per_namespace" in args:
+            kwargs["max_jobs_per_namespace"] = args["max_jobs_per_namespace"]
+        return call_with_supported(self.library.Queue, kwargs, "Queue()")
+
+    def _priority(self, value: Any) -> Any:
+        return None if value is None else self.library.Priority(value)
+
+    def _job_ids(self) -> List[str]:
+        model = self.library.job_model()
+        return [str(doc["_id"]) for doc in self.connections.raw_collection(model).find({}, {"_id": 1})]
+
+    def create_jobs(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        jobs = args.get("jobs")
+        if not isinstance(jobs, list) or not jobs:
+            raise ActionError("create_jobs needs jobs: a non-empty list of {type, dataset, ...}")
+        queue = self._queue(args)
+        method = args.get("method") or "auto"
+        if method == "auto":
+            method = next(name for name in ("add_job", "upsert_job", "create_jobs") if hasattr(queue, name))
+        if not hasattr(queue, method):
+            raise ActionError(f"Queue at this commit has no method {method!r}")
+        default_difficulty = getattr(self.library.constants, "DEFAULT_DIFFICULTY", 50)
+        specs = []
+        for job in jobs:
+            unknown = set(job) - {"type", "dataset", "revision", "config", "split", "difficulty", "priority", "force"}
+            if unknown or "type" not in job or "dataset" not in job:
+                raise ActionError(f"a job is {{type, dataset, revision, config, split, difficulty, priority, force}}: {job}")
+            specs.append(job)
+        if method == "create_jobs":
+            before = set(self._job_ids())
+            job_infos = [
+                {
+                    "job_id": "not used",
+                    "type": job["type"],
+                    "params": {
+                        "dataset": job["dataset"],
+                        "revision": job.get("revision", "main"),
+                        "config": job.get("config"),
+                        "split": job.get("split"),
+                    },
+                    "priority": self._priority(job.get("priority", "low")),
+                    "difficulty": job.get("difficulty", default_difficulty),
+                }
+                for job in specs
+            ]
+            created = queue.create_jobs(job_infos)
+            if created != len(job_infos):
+                raise ActionError(f"Queue.create_jobs created {created} of {len(job_infos)} jobs")
+            return {"method": method, "job_ids": sorted(set(self._job_ids()) - before)}
+        function = getattr(queue, method)
+        job_ids = []
+        for job in specs:
+            kwargs = {
+                "job_type": job["type"],
+                "dataset": job["dataset"],
+                "config": job.get("config"),
+                "split": job.get("split"),
+                "priority": self._priority(job.get("priority")),
+                "force": job.get("force"),
+                "revision": job.get("revision"),
+                "difficulty": job.get("difficulty"),
+            }
+            if accepts(function, "revision") and kwargs["revision"] is None:
+                kwargs["revision"] = "main"
+            if accepts(function, "difficulty") and kwargs["difficulty"] is None:
+                kwargs["difficulty"] = default_difficulty
+            if kwargs["force"] is False and not accepts(function, "force"):
+                kwargs["force"] = None
+            created = call_with_supported(function, kwargs, f"Queue.{method}")
+            job_ids.append(str(created.pk))
+        return {"method": method, "job_ids": job_ids}
+
+    def start_job(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        queue = self._queue(args)
+        kwargs = {name: args.get(name) for name in ("difficulty_min", "difficulty_max", "only_job_types")}
+        try:
+            info = call_with_supported(queue.start_job, kwargs, "Queue.start_job")
+        except ActionError:
+            raise
+        except Exception as error:  # EmptyQueueError, AlreadyStartedJobError, LockTimeoutError, ...
+            return {"started": False, "exception": type(error).__name__, "message": str(error)}
+        return {"started": True, "job_id": info["job_id"], "info": info}
+
+    def heartbeat(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        self._queue(args).heartbeat(job_id=self._required(args, "job_id"))
+        return {"job_id": args["job_id"]}
+
+    def set_terminated(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        queue = self._queue(args)
+        if not hasattr(queue, "set_terminated"):
+            raise ActionError("Queue at this commit has no set_terminated")
+        queue.set_terminated(job_id=self._required(args, "job_id"))
+        return {"job_id": args["job_id"]}
+
+    def finish_job(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        queue = self._queue(args)
+        job_id = self._required(args, "job_id")
+        status = args.get("status")
+        if accepts(queue.finish_job, "finished_status"):  # 2023: success / error / skipped
+            returned = queue.finish_job(job_id=job_id, finished_status=self.library.Status(status or "success"))
+            return {"job_id": job_id, "status": status or "success", "returned": returned}
+        if accepts(queue.finish_job, "is_success"):  # mid-2023: a boolean
+            returned = queue.finish_job(job_id=job_id, is_success=(status or "success") == "success")
+            return {"job_id": job_id, "status": status or "success", "returned": returned}
+        # since 2023-12 the job is deleted; success or error only reaches the cache
+        returned = queue.finish_job(job_id=job_id)
+        return {"job_id": job_id, "status": None, "status_ignored": status is not None, "returned": returned}
+
+    def upsert_response(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        from http import HTTPStatus
+
+        for name in ("kind", "dataset", "content", "http_status"):
+            self._required(args, name)
+        kwargs = dict(args)
+        kwargs["http_status"] = HTTPStatus(int(args["http_status"]))
+        if "updated_at" in kwargs:
+            kwargs["updated_at"] = parse_datetime(kwargs["updated_at"])
+        call_with_supported(self.library.simple_cache.upsert_response, kwargs, "simple_cache.upsert_response")
+        return {"kind": args["kind"], "dataset": args["dataset"], "config": args.get("config"),
+                "split": args.get("split")}
+
+    def find_stuck(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        queue = self._queue(args)
+        seconds = self._required(args, "max_seconds_without_heartbeat")
+        if hasattr(queue, "get_stuck_jobs"):
+            stuck = queue.get_stuck_jobs(max_seconds_without_heartbeat=seconds)
+            return {"method": "get_stuck_jobs",
+                    "jobs": [{"job_id": info["job_id"], "reason": reason} for info, reason in stuck]}
+        if hasattr(queue, "get_zombies"):
+            zombies = queue.get_zombies(max_seconds_without_heartbeat=seconds)
+            return {"method": "get_zombies",
+                    "jobs": [{"job_id": info["job_id"], "reason": "missing heartbeats"} for info in zombies]}
+        raise ActionError("Queue at this commit finds no stuck jobs")
+
+    # -- load_all ----------------------------------------------------------------------------
+
+    def load_all(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        wanted = args.get("collections")
+        collections: Dict[str, Any] = {}
+        for model in self.library.models():
+            name = model._get_collection_name()
+            if wanted is not None and name not in wanted:
+                continue
+            collections[name] = self._load_collection(model)
+        readers = self._run_readers() if wanted is None else {}
+        errors = {
+            name: sorted({f"{error['type']}: {error['message']}" for error in report["errors"]})
+            for name, report in collections.items()
+            if report["errors"]
+        }
+        reader_errors = {name: f"{r['type']}: {r['message']}" for name, r in readers.items() if not r["ok"]}
+        return {
+            "ok": not errors and not reader_errors,
+            "collections": collections,
+            "errors": errors,
+            "error_types": {
+                name: sorted({error["type"] for error in report["errors"]})
+                for name, report in collections.items()
+                if report["errors"]
+            },
+            "readers": readers,
+            "reader_errors": reader_errors,
+        }
+
+    def _load_collection(self, model: Any) -> Dict[str, Any]:
+        report: Dict[str, Any] = {
+            "model": model.__name__,
+            "database": "queue" if self.library.alias_of(model) == self.library.queue_alias() else "cache",
+            "documents": 0,
+            "loaded": 0,
+            "errors": [],
+        }
+        # 1. as the deployment reads: iterate the queryset (the first bad document aborts it)
+        try:
+            iterated = sum(1 for _ in model.objects())
+            report["iterated"] = iterated
+        except Exception as error:
+            report["errors"].append(dict(describe_error(error), stage="iterate"))
+        # 2. document by document, to name every bad one
+        raw_documents = list(model._get_collection().find())
+        report["documents"] = len(raw_documents)
+        for raw in raw_documents:
+            document_id = to_jsonable(raw.get("_id"))
+            stage = "load"
+            try:
+                document = model._from_son(raw)
+                stage = "validate"
+                document.validate()
+                for method in ("to_dict", "info", "flat_info"):
+                    if callable(getattr(document, method, None)):
+                        stage = method
+                        getattr(document, method)()
+                report["loaded"] += 1
+            except Exception as error:
+                report["errors"].append(dict(describe_error(error), stage=stage, _id=document_id))
+        return report
+
+    def _run_readers(self) -> Dict[str, Any]:
+        """The library's own readers of whole documents, on every job type and cache kind present."""
+        readers: Dict[str, Any] = {}
+
+        def attempt(name: str, function: Callable[[], Any]) -> None:
+            try:
+                value = function()
+                readers[name] = {"ok": True, "items": len(value) if hasattr(value, "__len__") else None}
+            except Exception as error:
+                readers[name] = dict(describe_error(error), ok=False)
+
+        queue = self.library.Queue()
+        job_model = self.library.job_model()
+        if job_model is not None and hasattr(queue, "get_dump_by_pending_status"):
+            for job_type in sorted(self.connections.raw_collection(job_model).distinct("type")):
+                attempt(f"Queue.get_dump_by_pending_status({job_type})",
+                        lambda job_type=job_type: queue.get_dump_by_pending_status(job_type=job_type))
+        cache_model = self.library.cache_model()
+        reports = getattr(self.library.simple_cache, "get_cache_reports_with_content", None)
+        if cache_model is not None and reports is not None:
+            for kind in sorted(self.connections.raw_collection(cache_model).distinct("kind")):
+                attempt(f"simple_cache.get_cache_reports_with_content({kind})",
+                        lambda kind=kind: reports(kind=kind, cursor=None, limit=1000)["cache_reports_with_content"])
+        return readers
+
+    # -- recount_metrics ---------------------------------------------------------------------
+
+    def recount_metrics(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        metrics: Dict[str, Any] = {}
+        metrics_module = self.library.metrics
+        if metrics_module is not None and hasattr(metrics_module, "JobTotalMetricDocument"):
+            metrics["jobTotalMetric"] = self._job_total_metric(metrics_module.JobTotalMetricDocument)
+        if metrics_module is not None and hasattr(metrics_module, "WorkerSizeJobsCountDocument"):
+            metrics["workerTypeJobCounts"] = self._worker_size_metric(metrics_module.WorkerSizeJobsCountDocument)
+        cache_metric = getattr(self.library.simple_cache, "CacheTotalMetricDocument", None)
+        if cache_metric is not None:
+            metrics["cacheTotalMetric"] = self._cache_total_metric(cache_metric)
+        return {
+            "ok": all(not report["differences"] for report in metrics.values()),
+            "metrics": metrics,
+            "differences": {name: report["differences"] for name, report in metrics.items() if report["differences"]},
+        }
+
+    @staticmethod
+    def _compare(stored: Dict[Any, int], recount: Dict[Any, int], key_names: List[str]) -> List[Dict[str, Any]]:
+        """Rows where the stored counter and the recount differ; an absent counter counts as 0."""
+        differences = []
+        for key in sorted(set(stored) | set(recount), key=lambda k: json.dumps(to_jsonable(k))):
+            if stored.get(key, 0) != recount.get(key, 0):
+                values = key if isinstance(key, tuple) else (key,)
+                row = dict(zip(key_names, to_jsonable(list(values))))
+                row.update(stored=stored.get(key), recount=recount.get(key, 0))
+                differences.append(row)
+        return differences
+
+    @staticmethod
+    def _rows(counts: Dict[Any, int], key_names: List[str]) -> List[Dict[str, Any]]:
+        rows = []
+        for key, total in counts.items():
+            values = key if isinstance(key, tuple) else (key,)
+            rows.append(dict(zip(key_names, to_jsonable(list(values))), total=total))
+        return sorted(rows, key=lambda row: json.dumps(row, sort_keys=True))
+
+    def _job_total_metric(self, model: Any) -> Dict[str, Any]:
+        keys = ["job_type", "status", "dataset_status"]
+        stored = {(m.job_type, m.status, m.dataset_status): m.total for m in model.objects()}
+        recount = dict(self.library.Queue().get_jobs_total_by_type_status_and_dataset_status())
+        return {
+            "recount_by": "Queue.get_jobs_total_by_type_status_and_dataset_status",
+            "stored": self._rows(stored, keys),
+            "recount": self._rows(recount, keys),
+            "differences": self._compare(stored, recount, keys),
+        }
+
+    def _worker_size_metric(self, model: Any) -> Dict[str, Any]:
+        # The counters are kept by every insert/start/finish for WAITING jobs of datasets that are not
+        # blocked (metrics.increase_metric / decrease_metric); the library's periodic recount
+        # (Queue.get_jobs_count_by_worker_size, run by cache_maintenance) counts waiting AND started
+        # jobs. Both are reported; "differences" is against what the incremental updates maintain.
+        stored = {to_jsonable(m.worker_size): m.jobs_count for m in model.objects()}
+        blocked = set()
+        blockages = self.library.modules.get("libcommon.queue.dataset_blockages")
+        if blockages is not None:
+            blocked = set(blockages.get_blocked_datasets())
+        waiting: Counter = Counter()
+        job_model = self.library.job_model()
+        for job in self.connections.raw_collection(job_model).find(
+            {"status": self.library.Status.WAITING.value}, {"dataset": 1, "difficulty": 1}
+        ):
+            if job.get("dataset") in blocked:
+                continue
+            difficulty = job.get("difficulty")
+            size = "no difficulty" if difficulty is None else to_jsonable(model.get_worker_size(difficulty=difficulty))
+            waiting[size] += 1
+        library_recount = {}
+        if hasattr(self.library.Queue, "get_jobs_count_by_worker_size"):
+            library_recount = dict(self.library.Queue().get_jobs_count_by_worker_size())
+        return {
+            "recount_by": "waiting jobs of unblocked datasets by WorkerSizeJobsCountDocument.get_worker_size",
+            "stored": self._rows(stored, ["worker_size"]),
+            "recount": self._rows(dict(waiting), ["worker_size"]),
+            "library_recount": self._rows(library_recount, ["worker_size"]),
+            "differences": self._compare(stored, dict(waiting), ["worker_size"]),
+            "differences_from_library_recount": self._compare(stored, library_recount, ["worker_size"]),
+        }
+
+    def _cache_total_metric(self, model: Any) -> Dict[str, Any]:
+        keys = ["kind", "http_status", "error_code"]
+        stored = {(m.kind, m.http_status, m.error_code): m.total for m in model.objects()}
+        recount = dict(self.library.simple_cache.get_responses_count_by_kind_status_and_error_code())
+        return {
+            "recount_by": "simple_cache.get_responses_count_by_kind_status_and_error_code",
+            "stored": self._rows(stored, keys),
+            "recount": self._rows(recount, keys),
+            "differences": self._compare(stored, recount, keys),
+        }
+
+    # -- state -------------------------------------------------------------------------------
+
+    def state(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        """A summary from raw reads, so that it works on documents the models refuse."""
+        library = self.library
+        by_collection = library.models_by_collection()
+
+        def raw(name: str) -> Optional[Any]:
+            model = by_collection.get(name)
+            return None if model is None else self.connections.raw_collection(model)
+
+        result: Dict[str, Any] = {}
+        jobs = raw(getattr(library.constants, "QUEUE_COLLECTION_JOBS", "jobsBlue"))
+        job_rows = []
+        for doc in jobs.find().sort("created_at", 1):
+            row = {"id": doc["_id"]}
+            for field in ("type", "dataset", "revision", "config", "split", "status", "unicity_id", "priority",
+                          "difficulty", "created_at", "started_at", "last_heartbeat", "finished_at",
+                          "terminated_at"):
+                if field in doc:
+                    row[field] = doc[field]
+            extra = sorted(set(doc) - set(row) - {"_id", "namespace", "force"})
+            if extra:
+                row["undeclared_or_other_fields"] = extra
+            job_rows.append(row)
+        result["jobs"] = job_rows
+        result["job_status_counts"] = dict(Counter(str(row.get("status")) for row in job_rows))
+
+        locks = raw(getattr(library.constants, "QUEUE_COLLECTION_LOCKS", "locks"))
+        if locks is None:
+            result["locks"] = None
+            result["lock_details"] = None
+        else:
+            details = list(locks.find().sort("_id", 1))
+            result["locks"] = {str(doc["_id"]): doc.get("owner") for doc in details}
+            result["lock_details"] = details
+        past_jobs = raw(getattr(library.constants, "QUEUE_COLLECTION_PAST_JOBS", "pastJobs"))
+        result["past_jobs"] = None if past_jobs is None else [
+            {k: v for k, v in doc.items() if k != "_id"} for doc in past_jobs.find().sort("finished_at", 1)
+        ]
+        blockages = raw(getattr(library.constants, "QUEUE_COLLECTION_DATASET_BLOCKAGES", "datasetBlockages"))
+        result["blockages"] = None if blockages is None else [
+            {k: v for k, v in doc.items() if k != "_id"} for doc in blockages.find().sort("blocked_at", 1)
+        ]
+        cache = self.connections.raw_collection(library.cache_model())
+        result["cache"] = [
+            {k: doc.get(k) for k in ("kind", "dataset", "config", "split", "http_status", "error_code")}
+            for doc in cache.find({}, {"content": 0, "details": 0}).sort([("kind", 1), ("dataset", 1)])
+        ]
+        return result
+
+    @staticmethod
+    def _required(args: Dict[str, Any], name: str) -> Any:
+        if args.get(name) is None:
+            raise ActionError(f"argument {name!r} is required")
+        return args[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mongo-url")
+    parser.add_argument("--queue-db")
+    parser.add_argument("--cache-db")
+    parser.add_argument("--check", action="store_true", help="import libcommon, print its description, exit")
+    parser.add_argument("--serve", action="store_true", help="answer JSON-lines requests read from stdin")
+    parser.add_argument("requests", nargs="?", help="a JSON request or list of requests ('-' or absent: stdin)")
+    options = parser.parse_args(argv)
+
+    # stdout carries answers only: whatever else writes to it (prints, C libraries) goes to stderr
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def answer(value: Any) -> None:
+        answers.write(json.dumps(value, default=str) + "\n")
+        answers.flush()
+
+    library = Library()
+    driver = Driver(library)
+    if options.check:
+        answer({"ok": True, "result": to_jsonable(library.describe())})
+        return 0
+    if options.mongo_url or options.queue_db or options.cache_db:
+        if not (options.mongo_url and options.queue_db and options.cache_db):
+            parser.error("--mongo-url, --queue-db and --cache-db go together")
+        driver.connections.connect(options.mongo_url, options.queue_db, options.cache_db)
+    try:
+        if options.serve:
+            for line in sys.stdin:
+                if not line.strip():
+                    continue
+                try:
+                    request = json.loads(line)
+                except ValueError as error:
+                    answer({"ok": False, "error": describe_error(error)})
+                    continue
+                answer(driver.handle(request))
+            return 0
+        text = options.requests if options.requests not in (None, "-") else sys.stdin.read()
+        requests = json.loads(text)
+        if isinstance(requests, list):
+            results = [driver.handle(request) for request in requests]
+            answer(results)
+            return 0 if all(result["ok"] for result in results) else 1
+        result = driver.handle(requests)
+        answer(result)
+        return 0 if result["ok"] else 1
+    finally:
+        driver.connections.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""pytest fixtures for the deployment's real client; import them into a test module::
+
+    from deployment.fixtures import deployment, deployment_session  # noqa: F401
+
+``deployment`` is a :class:`~deployment.DeploymentClient` connected to the test's fresh
+``queue_db`` / ``cache_db`` (fixtures of tests/conftest.py), once per label of ``LABELS``; a test
+for one label only: ``@pytest.mark.parametrize("deployment_session", ["2023"], indirect=True)``.
+A label that is not set up skips with the command that sets it up.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from deployment import LABELS, DeploymentClient, missing_reason
+
+
+@pytest.fixture(scope="session", params=LABELS)
+def deployment_session(request: pytest.FixtureRequest):
+    """One driver process per label for the whole session (the current libcommon imports in ~3 s)."""
+    label = request.param
+    reason = missing_reason(label)
+    if reason:
+        pytest.skip(reason)  # before the server starts: a machine without the caches pays nothing
+    mongo_url = request.getfixturevalue("mongo_url")
+    client = DeploymentClient(label, mongo_url, queue_db="deployment_idle_queue", cache_db="deployment_idle_cache")
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def deployment(deployment_session: DeploymentClient, queue_db, cache_db) -> DeploymentClient:
+    deployment_session.use(queue_db.name, cache_db.name)
+    return deployment_session

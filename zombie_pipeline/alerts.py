@@ -1,0 +1,87 @@
+"""A failed run of the pipeline, told once: logged, recorded beside the queue, POSTed to a webhook.
+
+Every message is scrubbed of credentials before it leaves (``mongo.scrub``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from pymongo.collection import Collection
+
+from zombie_pipeline.documents import ID, Failure
+from zombie_pipeline.mongo import scrub
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """A failed run of the pipeline, as the failure sensor reports it everywhere."""
+
+    run_id: str
+    job_name: str
+    failed_at: dt.datetime
+    message: str
+    partition_key: str | None = None
+    failed_steps: tuple[str, ...] = ()
+
+    def log_line(self) -> str:
+        partition = f" partition {self.partition_key!r}" if self.partition_key else ""
+        steps = f" (failed steps: {', '.join(self.failed_steps)})" if self.failed_steps else ""
+        return f"zombie-pipeline run FAILED: job {self.job_name}{partition}, run {self.run_id}{steps}: {self.message}"
+
+    def document(self, webhook_outcome: str) -> dict[str, Any]:
+        return {
+            ID: self.run_id,
+            Failure.JOB_NAME: self.job_name,
+            Failure.PARTITION_KEY: self.partition_key,
+            Failure.FAILED_AT: self.failed_at,
+            Failure.MESSAGE: self.message,
+            Failure.FAILED_STEPS: list(self.failed_steps),
+            Failure.WEBHOOK_OUTCOME: webhook_outcome,
+        }
+
+    def payload(self) -> dict[str, Any]:
+        """The webhook body; ``text`` is what chat incoming-webhooks (Slack, Mattermost) display."""
+        return {
+            "text": self.log_line(),
+            "run_id": self.run_id,
+            Failure.JOB_NAME: self.job_name,
+            Failure.PARTITION_KEY: self.partition_key,
+            Failure.FAILED_AT: self.failed_at.isoformat(),
+            Failure.MESSAGE: self.message,
+            Failure.FAILED_STEPS: list(self.failed_steps),
+        }
+
+
+def record_failure(failures: Collection, record: FailureRecord, webhook_outcome: str) -> None:
+    """Upsert by run id: a sensor tick evaluated twice leaves one document."""
+    failures.replace_one({ID: record.run_id}, record.document(webhook_outcome), upsert=True)
+
+
+WEBHOOK_NOT_CONFIGURED = "not configured"
+
+
+def post_json(url: str | None, payload: Mapping[str, Any], timeout_seconds: float) -> str:
+    """POST ``payload``; the outcome as text, never an exception (an alert must not fail the sensor)."""
+    if not url:
+        return WEBHOOK_NOT_CONFIGURED
+    if not url.lower().startswith(("http://", "https://")):
+        return "failed: the webhook URL must start with http:// or https://"
+    try:
+        request = urllib.request.Request(
+            url,
+            data=json.dumps(payload, default=str).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=timeout_seconds) as response:
+            return f"sent (HTTP {response.status})"
+    except urllib.error.HTTPError as error:
+        return f"failed: HTTP {error.code}"
+    except Exception as error:  # noqa: BLE001 - a bad URL, a refused connection, a timeout: all reported alike
+        return scrub(f"failed: {type(error).__name__}: {error}", [url]).replace(url, "<webhook>")

@@ -1,0 +1,81 @@
+"""Every environment variable the pipeline reads, read here and nowhere else.
+
+The names of the database variables are the deployment's own, so a
+datasets-server environment works unchanged. Values are read when asked for,
+never cached: a URL may carry a password, so it is never stored in Dagster
+config either.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+from zombie_pipeline.documents import DEFAULT_CACHE_DATABASE, DEFAULT_QUEUE_DATABASE
+
+QUEUE_URL_ENV = "QUEUE_MONGO_URL"
+CACHE_URL_ENV = "CACHE_MONGO_URL"
+QUEUE_DATABASE_ENV = "QUEUE_MONGO_DATABASE"
+CACHE_DATABASE_ENV = "CACHE_MONGO_DATABASE"
+#: Where the embedded server keeps its data, log and state, and where reports go.
+HOME_ENV = "ZOMBIE_PIPELINE_HOME"
+KILL_CRON_ENV = "ZOMBIE_KILL_CRON"
+WEBHOOK_URL_ENV = "ZOMBIE_FAILURE_WEBHOOK_URL"
+DAGSTER_HOME_ENV = "DAGSTER_HOME"
+
+#: The project directory of a source checkout (editable install), else None.
+_CHECKOUT = Path(__file__).resolve().parent.parent
+SOURCE_CHECKOUT: Path | None = _CHECKOUT if (_CHECKOUT / "pyproject.toml").exists() else None
+
+
+def setting(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of an environment variable; None when unset or blank."""
+    value = (os.environ if environ is None else environ).get(name, "").strip()
+    return value or None
+
+
+def queue_url() -> str | None:
+    """The queue's MongoDB URL; None means the embedded default."""
+    return setting(QUEUE_URL_ENV)
+
+
+def cache_url() -> str | None:
+    return setting(CACHE_URL_ENV)
+
+
+def configured_urls() -> list[str | None]:
+    """Every database URL of the environment, for masking their credentials."""
+    return [queue_url(), cache_url()]
+
+
+def queue_database() -> str:
+    return setting(QUEUE_DATABASE_ENV) or DEFAULT_QUEUE_DATABASE
+
+
+def cache_database() -> str:
+    return setting(CACHE_DATABASE_ENV) or DEFAULT_CACHE_DATABASE
+
+
+def home() -> Path:
+    """Project-local state: ``$ZOMBIE_PIPELINE_HOME``, else ``.zombie_pipeline`` in the checkout (or the cwd)."""
+    configured = setting(HOME_ENV)
+    if configured:
+        return Path(configured).resolve()
+    return (SOURCE_CHECKOUT or Path.cwd()) / ".zombie_pipeline"
+
+
+def reports_dir() -> Path:
+    """``$ZOMBIE_PIPELINE_HOME/reports`` when set, else ``reports/`` beside the project (or the cwd)."""
+    if setting(HOME_ENV):
+        return home() / "reports"
+    return home().parent / "reports"
+
+
+def kill_cron(environ: Mapping[str, str] | None = None) -> str | None:
+    """The cleanup schedule's cron when one is set (validated by the schedule)."""
+    return setting(KILL_CRON_ENV, environ)
+
+
+def dagster_home_is_set() -> bool:
+    return setting(DAGSTER_HOME_ENV) is not None

@@ -1,0 +1,105 @@
+"""Percentiles, their confidence interval, and readable durations.
+
+Percentiles are the linear interpolation between order statistics (pandas' and
+numpy's default, Hyndman-Fan type 7). The interval of a quantile is
+distribution-free, from order statistics and the binomial law.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+#: The percentiles every report shows, beside the mean and the maximum.
+PERCENTILES = (0.50, 0.90, 0.95, 0.99)
+DEFAULT_CONFIDENCE = 0.95
+#: (upper bound in seconds, step in seconds) of :func:`readable_round_up`.
+READABLE_STEPS = ((600, 30), (1_800, 60), (7_200, 300), (43_200, 900), (math.inf, 3_600))
+
+
+def percentile_name(quantile: float) -> str:
+    """``0.99`` -> ``"p99"``, ``0.995`` -> ``"p99.5"``."""
+    return "p" + f"{quantile * 100:.4f}".rstrip("0").rstrip(".")
+
+
+def success_statistics(durations: np.ndarray) -> dict[str, float | int | None]:
+    """Count, mean, :data:`PERCENTILES` and max; None for each value when there are no durations."""
+    values = pd.Series(durations, dtype="float64")
+    names = [percentile_name(q) for q in PERCENTILES]
+    if values.empty:
+        return {"count": 0, "mean": None, **{name: None for name in names}, "max": None}
+    quantiles = values.quantile(list(PERCENTILES))
+    return {
+        "count": int(values.size),
+        "mean": float(values.mean()),
+        **{name: float(quantiles.loc[q]) for name, q in zip(names, PERCENTILES)},
+        "max": float(values.max()),
+    }
+
+
+def binomial_cdf(n: int, p: float, counts: range | None = None) -> np.ndarray:
+    """``P(B <= k)`` for ``k`` in ``counts`` (all of ``0..n`` by default), ``B ~ Binomial(n, p)``; log-space.
+
+    Given a range that leaves out only tails of negligible mass
+    (:func:`_likely_counts`), the probabilities are those within the range and
+    cost its length rather than n: at a million durations, a few thousand.
+    """
+    counts = range(n + 1) if counts is None else counts
+    k = np.arange(counts.start, counts.stop - 1, dtype=np.float64)
+    steps = np.log(n - k) - np.log(k + 1) + math.log(p) - math.log1p(-p)
+    log_pmf = np.concatenate([[0.0], np.cumsum(steps)])  # up to a constant: normalized below
+    pmf = np.exp(log_pmf - log_pmf.max())
+    return np.minimum(np.cumsum(pmf) / pmf.sum(), 1.0)
+
+
+def _likely_counts(n: int, p: float) -> range:
+    """The counts of ``Binomial(n, p)`` outside which lies less than 1e-30 of its mass.
+
+    Thirteen standard deviations and 50 on each side of the mean: Bernstein's
+    inequality bounds each tail by ``exp(-75)``.
+    """
+    spread = 13 * math.sqrt(n * p * (1 - p)) + 50
+    return range(max(0, math.floor(n * p - spread)), min(n, math.ceil(n * p + spread)) + 1)
+
+
+def quantile_interval(
+    sorted_durations: np.ndarray, quantile: float, confidence: float = DEFAULT_CONFIDENCE
+) -> tuple[float | None, float | None]:
+    """A distribution-free confidence interval for a quantile, from order statistics.
+
+    ``[X(l), X(u)]`` covers the true quantile with probability at least
+    ``confidence``, the ranks chosen from the binomial law of how many
+    durations fall below it. A side is None when the data cannot bound it
+    (an upper bound for p99 needs a few hundred durations). Both ranks lie
+    among the :func:`_likely_counts`, the only ones computed.
+    """
+    n = len(sorted_durations)
+    if n == 0:
+        return None, None
+    alpha = 1.0 - confidence
+    counts = _likely_counts(n, quantile)
+    cdf = binomial_cdf(n, quantile, counts)  # P(fewer than k+1 durations below the quantile), k in counts
+    ranks = np.arange(counts.start, counts.stop)
+    low_ranks = ranks[(ranks < n) & (cdf <= alpha / 2)]  # l - 1 with P(B <= l-1) <= alpha/2
+    high_ranks = ranks[(ranks < n) & (cdf >= 1 - alpha / 2)]  # u - 1 with P(B <= u-1) >= 1-alpha/2
+    low = float(sorted_durations[low_ranks[-1]]) if len(low_ranks) else None
+    high = float(sorted_durations[high_ranks[0]]) if len(high_ranks) else None
+    return low, high
+
+
+def readable_round_up(seconds: float) -> int:
+    """Up to a value an operator reads at a glance, at most about 17 % above ``seconds``.
+
+    Multiples of 30 s up to 10 min, of 1 min up to 30 min, of 5 min up to 2 h,
+    of 15 min up to 12 h, then of 1 h. Decimal 1-2-5 steps would overshoot by
+    up to 100 %, and durations are read in minutes anyway.
+    """
+    if seconds <= 0:
+        return 0
+    for upper, step in READABLE_STEPS:
+        if seconds <= upper:
+            return int(math.ceil(seconds / step - 1e-9) * step)
+    raise AssertionError("unreachable: the last step has no upper bound")
+

@@ -1,0 +1,268 @@
+"""The suggested T2 of each job type, with the evidence an operator needs to trust it.
+
+The configured quantile of the successful durations, times a safety margin,
+rounded up to a readable value (:func:`~.quantiles.readable_round_up`), never
+below the heartbeat timeout. Only successful durations are used: error
+durations include the hangs a T2 is there to catch. Below ``min_samples``
+successes the suggestion is "not enough data" and the current T2 stays.
+
+Censoring: when the jobs stopped at T2 are at least ``1 - quantile`` of the
+jobs (by default), the true quantile may lie beyond T2: the suggestion is
+flagged as a lower bound, never lowers T2, and the advice is to raise T2 and
+measure again.
+
+Backtest: how many of the window's successful jobs ran longer than the
+suggested T2 (they would have been stopped), and for the stopped jobs, how many
+would have been stopped sooner and how many seconds of worker time that saves
+(or, for a higher T2, how many would have been given more time).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from pymongo.collection import Collection
+
+from zombie_pipeline.documents import FINISHED_STATUSES, REASONS, as_utc
+from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
+from zombie_pipeline.statistics.quantiles import percentile_name, quantile_interval, readable_round_up, success_statistics
+from zombie_pipeline.statistics.tallies import EMPTY_DURATIONS, READ_BATCH_SIZE, Period, Tally, count_undated_jobs, read_period
+
+DEFAULT_WINDOW_DAYS = 7
+
+
+@dataclass
+class TypeReport:
+    """Statistics, suggestion, backtest and flags of one job type over the window."""
+
+    job_type: str
+    statuses: dict[str, int]
+    started: int
+    statistics: dict[str, float | int | None]
+    zombies: dict[str, int]
+    current_t2_seconds: int
+    suggested_t2_seconds: int
+    enough_data: bool
+    quantile_seconds: float | None
+    quantile_low_seconds: float | None
+    quantile_high_seconds: float | None
+    stopped: int
+    stopped_share: float | None
+    censored: bool
+    backtest_successes_stopped: int
+    backtest_successes_stopped_share: float | None
+    backtest_stopped_sooner: int
+    backtest_seconds_saved: float
+    backtest_given_more_time: int
+    flags: list[str]
+    success_durations: np.ndarray = field(repr=False, default_factory=lambda: EMPTY_DURATIONS)
+    stopped_durations: np.ndarray = field(repr=False, default_factory=lambda: EMPTY_DURATIONS)
+
+    @property
+    def successes(self) -> int:
+        return int(self.statistics["count"] or 0)
+
+    @property
+    def zombie_count(self) -> int:
+        return sum(self.zombies.values())
+
+    @property
+    def zombie_rate(self) -> float | None:
+        return self.zombie_count / self.started if self.started else None
+
+    @property
+    def change(self) -> str:
+        """``keep``, ``raise`` or ``lower``: what the suggestion does to the current T2."""
+        if self.suggested_t2_seconds > self.current_t2_seconds:
+            return "raise"
+        if self.suggested_t2_seconds < self.current_t2_seconds:
+            return "lower"
+        return "keep"
+
+    def as_record(self, quantile: float) -> dict[str, Any]:
+        """One flat row: the CSV line, the JSON entry."""
+        q = percentile_name(quantile)
+        return {
+            "type": self.job_type,
+            **{f"jobs_{status}": self.statuses.get(status, 0) for status in sorted(FINISHED_STATUSES)},
+            "started": self.started,
+            **{f"success_{name}": value for name, value in self.statistics.items()},
+            **{f"zombies_{reason}": self.zombies.get(reason, 0) for reason in REASONS},
+            "zombie_rate": self.zombie_rate,
+            "current_t2_seconds": self.current_t2_seconds,
+            "suggested_t2_seconds": self.suggested_t2_seconds,
+            "change": self.change,
+            "enough_data": self.enough_data,
+            f"{q}_seconds": self.quantile_seconds,
+            f"{q}_low_seconds": self.quantile_low_seconds,
+            f"{q}_high_seconds": self.quantile_high_seconds,
+            "stopped": self.stopped,
+            "stopped_share": self.stopped_share,
+            "censored": self.censored,
+            "backtest_successes_stopped": self.backtest_successes_stopped,
+            "backtest_successes_stopped_share": self.backtest_successes_stopped_share,
+            "backtest_stopped_sooner": self.backtest_stopped_sooner,
+            "backtest_seconds_saved": self.backtest_seconds_saved,
+            "backtest_given_more_time": self.backtest_given_more_time,
+            "flags": "; ".join(self.flags),
+        }
+
+
+def suggest(
+    job_type: str,
+    tally: Tally,
+    current_t2_seconds: int,
+    heartbeat_timeout_seconds: int,
+    rules: SuggestionRules = SuggestionRules(),
+) -> TypeReport:
+    """The suggested T2 of one type, with its evidence (see the module docstring for the rules)."""
+    success = np.sort(tally.success)
+    stopped = tally.stopped_at(current_t2_seconds)
+    statistics = success_statistics(success)
+    n = len(success)
+    enough_data = n >= rules.min_samples
+    q_value = float(pd.Series(success, dtype="float64").quantile(rules.quantile)) if n else None
+    low, high = quantile_interval(success, rules.quantile, rules.confidence)
+    stopped_share = len(stopped) / (n + len(stopped)) if n + len(stopped) else None
+    censored = bool(len(stopped)) and stopped_share >= rules.censoring_threshold
+    flags = []
+    if enough_data:
+        suggested = max(readable_round_up(q_value * rules.margin), heartbeat_timeout_seconds)
+        if suggested == heartbeat_timeout_seconds:
+            flags.append("at the heartbeat-timeout floor")
+        if censored and suggested < current_t2_seconds:
+            suggested = current_t2_seconds  # a lower bound cannot justify cutting a tail we never saw
+    else:
+        suggested = current_t2_seconds
+        flags.append(f"not enough data: {n} successful jobs, {rules.min_samples} needed; current T2 kept")
+    if censored:
+        flags.append(
+            f"censored: {len(stopped)} jobs ({stopped_share:.1%}) were stopped at the current T2, their true "
+            "durations unknown; the suggestion is a lower bound: raise T2 and measure again"
+        )
+    stopped_successes = int(np.count_nonzero(success > suggested))
+    sooner = stopped[stopped > suggested]
+    return TypeReport(
+        job_type=job_type,
+        statuses=dict(tally.statuses),
+        started=tally.started,
+        statistics=statistics,
+        zombies=dict(tally.zombies),
+        current_t2_seconds=int(current_t2_seconds),
+        suggested_t2_seconds=int(suggested),
+        enough_data=enough_data,
+        quantile_seconds=q_value,
+        quantile_low_seconds=low,
+        quantile_high_seconds=high,
+        stopped=int(len(stopped)),
+        stopped_share=stopped_share,
+        censored=censored,
+        backtest_successes_stopped=stopped_successes,
+        backtest_successes_stopped_share=stopped_successes / n if n else None,
+        backtest_stopped_sooner=int(len(sooner)),
+        backtest_seconds_saved=float(np.sum(sooner.astype(np.float64) - suggested)),
+        backtest_given_more_time=int(np.count_nonzero(stopped <= suggested)) if suggested > current_t2_seconds else 0,
+        flags=flags,
+        success_durations=success,
+        stopped_durations=np.sort(stopped),
+    )
+
+
+@dataclass
+class DurationReport:
+    """Everything a report shows about one window."""
+
+    window_start: dt.datetime
+    window_end: dt.datetime
+    computed_at: dt.datetime
+    rules: SuggestionRules
+    heartbeat_timeout_seconds: int
+    default_t2_seconds: int
+    configured_t2_by_type: dict[str, int]
+    types: list[TypeReport]
+    bad_data: dict[str, int]
+    missing_days: list[str] = field(default_factory=list)
+    jobs_read: int = 0
+    events_read: int = 0
+
+    def type_report(self, job_type: str) -> TypeReport:
+        for report in self.types:
+            if report.job_type == job_type:
+                return report
+        raise KeyError(job_type)
+
+    def records(self) -> list[dict[str, Any]]:
+        return [report.as_record(self.rules.quantile) for report in self.types]
+
+    def statistics_frame(self) -> pd.DataFrame:
+        """One row per job type: the table written to CSV (with its header even when empty)."""
+        columns = list(suggest("", Tally(), 1, 1, self.rules).as_record(self.rules.quantile))
+        return pd.DataFrame.from_records(self.records(), columns=columns)
+
+    def suggested_max_durations(self) -> dict[str, int]:
+        """T2 per type where the data was enough; other types keep their current T2."""
+        return {report.job_type: report.suggested_t2_seconds for report in self.types if report.enough_data}
+
+    def policy_max_durations(self) -> dict[str, int]:
+        """The complete ``max_duration_seconds_by_type`` to configure: overrides kept, suggestions applied.
+
+        The mapping replaces the configured one, so types without a suggestion keep their override.
+        """
+        return dict(sorted({**self.configured_t2_by_type, **self.suggested_max_durations()}.items()))
+
+
+def analyze(
+    period: Period,
+    policy: ZombiePolicy,
+    rules: SuggestionRules = SuggestionRules(),
+    undated: Mapping[str, int] | None = None,
+    missing_days: Sequence[str] = (),
+    computed_at: dt.datetime | None = None,
+) -> DurationReport:
+    """Statistics and suggestions for every type seen in the period or configured in the policy."""
+    job_types = sorted(set(period.tallies) | set(policy.max_duration_seconds_by_type))
+    empty = Tally()
+    return DurationReport(
+        window_start=period.start,
+        window_end=period.end,
+        computed_at=computed_at or dt.datetime.now(dt.timezone.utc),
+        rules=rules,
+        heartbeat_timeout_seconds=policy.heartbeat_timeout_seconds,
+        default_t2_seconds=policy.max_duration_seconds,
+        configured_t2_by_type=dict(policy.max_duration_seconds_by_type),
+        types=[
+            suggest(
+                job_type,
+                period.tallies.get(job_type, empty),
+                policy.max_duration_of(job_type),
+                policy.heartbeat_timeout_seconds,
+                rules,
+            )
+            for job_type in job_types
+        ],
+        bad_data=dict(sorted((Counter(period.bad_data) + Counter(undated or {})).items())),
+        missing_days=list(missing_days),
+        jobs_read=period.jobs_read,
+        events_read=period.events_read,
+    )
+
+
+def analyze_window(
+    jobs: Collection,
+    events: Collection,
+    policy: ZombiePolicy,
+    end: dt.datetime,
+    window_days: float = DEFAULT_WINDOW_DAYS,
+    rules: SuggestionRules = SuggestionRules(),
+    batch_size: int = READ_BATCH_SIZE,
+) -> DurationReport:
+    """One pass over the ``window_days`` before ``end``: the report without Dagster (the CLI demo)."""
+    end = as_utc(end)
+    period = read_period(jobs, events, end - dt.timedelta(days=window_days), end, batch_size)
+    return analyze(period, policy, rules, undated=count_undated_jobs(jobs))
+
