@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 
 from zombie_pipeline.documents import CACHE_KEY, Cache, cache_key_of_job
@@ -16,7 +17,12 @@ def key_of(document: Mapping[str, Any]) -> tuple:
     return tuple(document.get(name) for name in CACHE_KEY)
 
 
-def entries_of_jobs(cache: Collection, jobs: Iterable[Mapping[str, Any]], projection: Mapping[str, Any]) -> dict[tuple, dict[str, Any]]:
+def entries_of_jobs(
+    cache: Collection,
+    jobs: Iterable[Mapping[str, Any]],
+    projection: Mapping[str, Any],
+    session: ClientSession | None = None,
+) -> dict[tuple, dict[str, Any]]:
     """The current entry of each job that has one, by key: one query per job type.
 
     ``kind`` by equality keeps every query on the key index, also on servers whose
@@ -32,7 +38,7 @@ def entries_of_jobs(cache: Collection, jobs: Iterable[Mapping[str, Any]], projec
     found: dict[tuple, dict[str, Any]] = {}
     for kind, datasets in sorted(datasets_by_kind.items()):
         query = {Cache.KIND: kind, Cache.DATASET: {"$in": sorted(datasets)}}
-        for entry in cache.find(query, dict(projection)).batch_size(_READ_BATCH):
+        for entry in cache.find(query, dict(projection), session=session).batch_size(_READ_BATCH):
             if key_of(entry) in keys:
                 found[key_of(entry)] = entry
     return found

@@ -57,6 +57,10 @@ class Candidate:
         return self.job.get(Job.LAST_HEARTBEAT)
 
     @property
+    def terminated_at(self) -> dt.datetime | None:
+        return self.job.get(Job.TERMINATED_AT)
+
+    @property
     def error_code(self) -> str:
         return ERROR_CODE_OF_REASON[self.reason]
 
@@ -72,6 +76,7 @@ class Candidate:
             reason=self.reason,
             age_seconds=round(self.age_seconds, 1),
             last_heartbeat=self.last_heartbeat.isoformat() if self.last_heartbeat else None,
+            terminated_at=self.terminated_at.isoformat() if self.terminated_at else None,
             threshold_seconds=self.threshold_seconds,
         )
 
@@ -101,7 +106,8 @@ class Detection:
 def stale_stages(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The stale query in two parts: the ``(status, started_at)`` index range, then which rule broke.
 
-    Every zombie started before the heartbeat cutoff, so the first part alone bounds
+    Every zombie started before the heartbeat cutoff (a job is terminated after
+    it started), so the first part alone bounds
     the index scan; the second only sorts out the few jobs it returns. Job type
     names only ever appear as values (``$in``, equality), never as keys.
     """
@@ -120,8 +126,10 @@ def stale_stages(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str
     index_range = {Job.STATUS: Status.STARTED, Job.STARTED_AT: {"$lt": heartbeat_cutoff}}
     rules: dict[str, Any] = {
         "$or": [
-            {Job.LAST_HEARTBEAT: {"$lt": heartbeat_cutoff}},
-            {Job.LAST_HEARTBEAT: None},  # missing or null: never heartbeated
+            {Job.TERMINATED_AT: {"$lt": heartbeat_cutoff}},  # SIGTERM long ago (only 2026-05 on has the field)
+            # A job terminated recently is not judged on its heartbeats, as the deployment decides.
+            {Job.TERMINATED_AT: None, Job.LAST_HEARTBEAT: {"$lt": heartbeat_cutoff}},
+            {Job.TERMINATED_AT: None, Job.LAST_HEARTBEAT: None},  # missing or null: never heartbeated
             *exceeded,
         ],
         **_of_types(job_types),
@@ -177,19 +185,29 @@ def problem_of(job: Mapping[str, Any]) -> str | None:
             return f"{name} is neither a string nor null"
     if as_utc(job.get(Job.STARTED_AT)) is None:
         return "started_at is missing or not a date"
-    if job.get(Job.LAST_HEARTBEAT) is not None and as_utc(job[Job.LAST_HEARTBEAT]) is None:
-        return "last_heartbeat is neither a date nor null"
+    for name in (Job.LAST_HEARTBEAT, Job.TERMINATED_AT):
+        if job.get(name) is not None and as_utc(job[name]) is None:
+            return f"{name} is neither a date nor null"
     return None
 
 
 def reason_of(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.datetime) -> tuple[str, int] | None:
-    """The reason a well-formed started job is a zombie, with the threshold it broke."""
+    """The reason a well-formed started job is a zombie, with the threshold it broke.
+
+    A job terminated by its platform is judged on that first, as the
+    deployment does: it was stopped from outside, whatever its duration.
+    """
     started_at = as_utc(job[Job.STARTED_AT])
+    timeout = policy.heartbeat_timeout_seconds
+    cutoff = now - dt.timedelta(seconds=timeout)
+    terminated_at = as_utc(job.get(Job.TERMINATED_AT))
+    if terminated_at is not None and terminated_at < cutoff:
+        return Reason.TERMINATED, timeout
     limit = policy.max_duration_of(job[Job.TYPE])
     if started_at < now - dt.timedelta(seconds=limit):
         return Reason.EXCEEDED_MAX_DURATION, limit
-    timeout = policy.heartbeat_timeout_seconds
-    cutoff = now - dt.timedelta(seconds=timeout)
+    if terminated_at is not None:
+        return None
     last_heartbeat = as_utc(job.get(Job.LAST_HEARTBEAT))
     if last_heartbeat is None:
         return (Reason.NEVER_HEARTBEATED, timeout) if started_at < cutoff else None
@@ -253,6 +271,7 @@ def find_malformed_started(jobs: Collection, job_types: Iterable[str] | None = N
         "$or": [
             {Job.STARTED_AT: {"$not": {"$type": "date"}}},
             {Job.LAST_HEARTBEAT: {"$exists": True, "$not": {"$type": ["date", "null"]}}},
+            {Job.TERMINATED_AT: {"$exists": True, "$not": {"$type": ["date", "null"]}}},
             {Job.TYPE: {"$not": {"$type": "string"}}},
             {Job.DATASET: {"$not": {"$type": "string"}}},
             {Job.UNICITY_ID: {"$not": {"$type": "string"}}},
@@ -261,7 +280,7 @@ def find_malformed_started(jobs: Collection, job_types: Iterable[str] | None = N
         ],
         **_of_types(job_types),
     }
-    checked = (Job.TYPE, Job.DATASET, Job.UNICITY_ID, Job.CONFIG, Job.SPLIT, Job.STARTED_AT, Job.LAST_HEARTBEAT)
+    checked = (Job.TYPE, Job.DATASET, Job.UNICITY_ID, Job.CONFIG, Job.SPLIT, Job.STARTED_AT, Job.LAST_HEARTBEAT, Job.TERMINATED_AT)
     projection = {"$project": {name: 1 for name in checked}}
     odd = jobs.aggregate(on_index(started_filter(), odd_fields, projection, {"$limit": limit}))
     found = [Malformed(job.get(ID), problem_of(job) or "a field has an unexpected type") for job in odd]
@@ -327,3 +346,21 @@ def unknown_job_types(jobs: Collection, job_types: Iterable[str]) -> list[str]:
     """Those of ``job_types`` that no job of the queue has: an override for one applies to nothing (a typo?)."""
     wanted = set(job_types)
     return sorted(wanted - set(jobs.distinct(Job.TYPE))) if wanted else []
+
+
+#: What must be unchanged for a job to be finalized: a worker that beat, finished or got SIGTERM since wins.
+_AS_SEEN = (Job.STARTED_AT, Job.LAST_HEARTBEAT, Job.TERMINATED_AT)
+
+
+def as_seen_filter(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The filter matching ``job`` only while it is still started exactly as detection saw it (None matches missing)."""
+    return {ID: job[ID], Job.STATUS: Status.STARTED, **{name: job.get(name) for name in _AS_SEEN}}
+
+
+def is_as_seen(current: Mapping[str, Any] | None, job: Mapping[str, Any]) -> bool:
+    """:func:`as_seen_filter`, asked of a document already read."""
+    return (
+        current is not None
+        and current.get(Job.STATUS) == Status.STARTED
+        and all(as_utc(current.get(name)) == as_utc(job.get(name)) for name in _AS_SEEN)
+    )

@@ -22,6 +22,13 @@ DEFAULT_CACHE_COLLECTION = "cachedResponsesBlue"
 DEFAULT_EVENTS_COLLECTION = "zombieEvents"
 DEFAULT_FAILURES_COLLECTION = "zombiePipelineFailures"
 DEFAULT_SUGGESTIONS_COLLECTION = "zombieT2Suggestions"
+#: The deployment's collections beside the queue and the cache (which generation has which: ``generations``).
+LOCKS_COLLECTION = "locks"
+JOB_METRICS_COLLECTION = "jobTotalMetric"
+WORKER_SIZE_METRICS_COLLECTION = "workerTypeJobCounts"
+PAST_JOBS_COLLECTION = "pastJobs"
+BLOCKAGES_COLLECTION = "datasetBlockages"
+CACHE_METRICS_COLLECTION = "cacheTotalMetric"
 
 ID = "_id"
 #: The longest type, dataset or unicity id we accept (a longer one is not a name, it is an accident).
@@ -33,6 +40,7 @@ class Job:
 
     TYPE = "type"
     DATASET = "dataset"
+    REVISION = "revision"
     CONFIG = "config"
     SPLIT = "split"
     UNICITY_ID = "unicity_id"
@@ -40,10 +48,16 @@ class Job:
     FORCE = "force"
     PRIORITY = "priority"
     STATUS = "status"
+    DIFFICULTY = "difficulty"
     CREATED_AT = "created_at"
     STARTED_AT = "started_at"
     FINISHED_AT = "finished_at"
     LAST_HEARTBEAT = "last_heartbeat"
+    TERMINATED_AT = "terminated_at"  # the worker got SIGTERM
+
+
+#: Fields of one run of a job: a re-enqueued job never inherits them.
+RUN_FIELDS = frozenset({Job.STATUS, Job.CREATED_AT, Job.STARTED_AT, Job.FINISHED_AT, Job.LAST_HEARTBEAT, Job.TERMINATED_AT})
 
 
 class Status(StrEnum):
@@ -89,6 +103,62 @@ class Cache:
 CACHE_KEY = (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)
 
 
+class Lock:
+    """Field names of ``locks`` (2023-06 on): ``_id`` is the lock's key, a job's ``unicity_id`` for its start."""
+
+    OWNER = "owner"
+    TTL = "ttl"
+    JOB_ID = "job_id"  # the owner's name before 2023-06-26
+    CREATED_AT = "created_at"
+    UPDATED_AT = "updated_at"
+
+
+class JobMetric:
+    """Field names of ``jobTotalMetric``: started, waiting ... jobs per type, kept in step by the deployment."""
+
+    JOB_TYPE = "job_type"
+    STATUS = "status"
+    DATASET_STATUS = "dataset_status"  # from 2024-07-31; incremental updates always use "normal"
+    TOTAL = "total"
+    CREATED_AT = "created_at"
+
+
+DATASET_STATUS_NORMAL = "normal"
+
+
+class WorkerSizeMetric:
+    """Field names of ``workerTypeJobCounts``: waiting jobs per worker size (the autoscaler reads it)."""
+
+    WORKER_SIZE = "worker_size"
+    JOBS_COUNT = "jobs_count"
+    CREATED_AT = "created_at"
+
+
+class PastJob:
+    """Field names of ``pastJobs``: the runs of the last hour, for the deployment's rate limiter."""
+
+    DATASET = "dataset"
+    DURATION = "duration"  # whole seconds
+    FINISHED_AT = "finished_at"
+
+
+class Blockage:
+    """Field names of ``datasetBlockages``: datasets whose jobs are not picked for a while."""
+
+    DATASET = "dataset"
+    BLOCKED_AT = "blocked_at"
+
+
+class CacheMetric:
+    """Field names of ``cacheTotalMetric``: cache entries per (kind, http_status, error_code)."""
+
+    KIND = "kind"
+    HTTP_STATUS = "http_status"
+    ERROR_CODE = "error_code"
+    TOTAL = "total"
+    CREATED_AT = "created_at"
+
+
 class ErrorCode(StrEnum):
     CRASHED = "JobManagerCrashedError"
     EXCEEDED_MAX_DURATION = "JobManagerExceededMaximumDurationError"
@@ -103,6 +173,7 @@ class Reason(StrEnum):
 
     MISSING_HEARTBEAT = "missing_heartbeat"
     NEVER_HEARTBEATED = "never_heartbeated"
+    TERMINATED = "terminated"  # SIGTERM recorded, then silence
     EXCEEDED_MAX_DURATION = "exceeded_max_duration"
 
 
@@ -110,13 +181,19 @@ REASONS = tuple(Reason)
 ERROR_CODE_OF_REASON = {
     Reason.MISSING_HEARTBEAT: ErrorCode.CRASHED,
     Reason.NEVER_HEARTBEATED: ErrorCode.CRASHED,
+    Reason.TERMINATED: ErrorCode.CRASHED,
     Reason.EXCEEDED_MAX_DURATION: ErrorCode.EXCEEDED_MAX_DURATION,
 }
+_CRASHED_MESSAGE = (
+    "The worker running this job stopped sending heartbeats and is presumed dead; the job was stopped by the zombie cleanup."
+)
 #: The message users read in the cache entry, in our own words.
-ERROR_MESSAGE_OF_CODE = {
-    ErrorCode.CRASHED: "The worker running this job stopped sending heartbeats and is presumed dead; "
-    "the job was stopped by the zombie cleanup.",
-    ErrorCode.EXCEEDED_MAX_DURATION: "This job ran longer than the maximum duration allowed for its type "
+ERROR_MESSAGE_OF_REASON = {
+    Reason.MISSING_HEARTBEAT: _CRASHED_MESSAGE,
+    Reason.NEVER_HEARTBEATED: _CRASHED_MESSAGE,
+    Reason.TERMINATED: "The worker running this job was terminated by its platform (for instance to free resources) "
+    "and did not finish it; the job was stopped by the zombie cleanup and may run again later.",
+    Reason.EXCEEDED_MAX_DURATION: "This job ran longer than the maximum duration allowed for its type "
     "and was stopped by the zombie cleanup.",
 }
 
@@ -147,19 +224,32 @@ class Event:
     RETRY_JOB_ID = "retry_job_id"
     RETRY_OUTCOME = "retry_outcome"
     COMPLETED_AT = "completed_at"
+    QUEUE_GENERATION = "queue_generation"  # the generation the finalization follows, to its end
+    CACHE_GENERATION = "cache_generation"
+    PREVIOUS_ENTRY = "previous_entry"  # what the cache knew before our error entry (small fields only)
+    EFFECTS = "effects"  # what was done around the finish, as the deployment does it (counters, locks, ...)
 
 
 class EventState(StrEnum):
     """Where a finalization stands; every step after ``claimed`` is idempotent."""
 
-    CLAIMED = "claimed"  # ours to finalize; the job update may not have happened
-    FINALIZED = "finalized"  # the job is error; cache entry and retry may be missing
+    CLAIMED = "claimed"  # ours to finalize; the job may still be started
+    FINALIZED = "finalized"  # the job is finished (error, or deleted) by us; the retry may be missing
     DONE = "done"
 
 
 class CacheOutcome(StrEnum):
     WRITTEN = "written"
     SKIPPED_FRESHER = "skipped_fresher"
+
+
+class Effect(StrEnum):
+    """What the deployment does around a finish, as recorded on the event once done."""
+
+    JOB_METRICS = "job_metrics"  # jobTotalMetric: started -1 (and error +1 where finished jobs are kept)
+    PAST_JOB = "past_job"  # a pastJobs record (runs of at least 30 s)
+    BLOCKED_DATASET = "blocked_dataset"  # a datasetBlockages entry, worker-size counters lowered
+    LOCKS_RELEASED = "locks_released"
 
 
 class RetryOutcome(StrEnum):
@@ -175,6 +265,7 @@ class JobSnapshot(TypedDict, total=False):
     _id: Any
     type: str
     dataset: str
+    revision: str
     config: str | None
     split: str | None
     unicity_id: str
@@ -182,10 +273,12 @@ class JobSnapshot(TypedDict, total=False):
     force: bool
     priority: str
     status: str
+    difficulty: int
     created_at: dt.datetime
     started_at: dt.datetime
     finished_at: dt.datetime | None
     last_heartbeat: dt.datetime | None
+    terminated_at: dt.datetime | None
 
 
 class ZombieEvent(TypedDict, total=False):
@@ -208,6 +301,10 @@ class ZombieEvent(TypedDict, total=False):
     retry_job_id: Any
     retry_outcome: RetryOutcome
     completed_at: dt.datetime
+    queue_generation: str
+    cache_generation: str
+    previous_entry: dict[str, Any] | None
+    effects: list[str]
 
 
 class Failure:

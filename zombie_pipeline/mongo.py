@@ -14,18 +14,20 @@ import datetime as dt
 import re
 import threading
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable, TypeVar
 from urllib.parse import unquote, unquote_plus, urlsplit
 
 import pymongo
 from bson.codec_options import CodecOptions
 from pymongo import MongoClient
+from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 from pymongo.database import Database
 
 from zombie_pipeline.documents import Cache, Event, Job
 
 INDEX_PREFIX = "zombie_pipeline_"
+T = TypeVar("T")
 DEFAULT_SERVER_SELECTION_TIMEOUT_MS = 10_000
 
 _clients: dict[tuple[str, int], MongoClient] = {}
@@ -136,20 +138,66 @@ def check_reachable(database: Database, url: str | None) -> None:
         ) from None
 
 
+# --- transactions ---------------------------------------------------------------
+
+_transactions: dict[int, bool] = {}
+
+
+def supports_transactions(client: MongoClient) -> bool:
+    """Whether the server runs transactions: a replica set or a sharded cluster does, a standalone does not."""
+    key = id(client)
+    if key not in _transactions:
+        hello = client.admin.command("hello")
+        _transactions[key] = bool(hello.get("setName")) or hello.get("msg") == "isdbgrid"
+    return _transactions[key]
+
+
+class Conflict(Exception):
+    """Raised by a transaction's work when a concurrent writer got there first: the work is done again."""
+
+
+def atomically(client: MongoClient, work: Callable[[ClientSession | None], T], enabled: bool = True, attempts: int = 5) -> T:
+    """``work(session)`` in one transaction where the server has them, else ``work(None)``.
+
+    ``work`` may run more than once (a write conflict with a worker retries the
+    whole transaction, as does a :class:`Conflict` it raises), so it computes
+    everything from what it reads.
+    """
+    if not (enabled and supports_transactions(client)):
+        return work(None)
+    for attempt in range(attempts):
+        try:
+            with client.start_session() as session:
+                return session.with_transaction(work)
+        except Conflict:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 # --- indexes -------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class IndexSpec:
-    """An index one of our queries needs, and which query."""
+    """An index one of our queries needs, and which query.
+
+    ``as_deployment``: the deployment declares the same index; it is then
+    created exactly as the deployment's own models would (default name, same
+    options), so that their index creation finds it identical instead of
+    failing on a conflict of names.
+    """
 
     name: str
     keys: tuple[tuple[str, int], ...]
     used_by: str
     unique: bool = False
+    as_deployment: bool = False
 
     @property
     def full_name(self) -> str:
+        if self.as_deployment:
+            return "_".join(f"{key}_{direction}" for key, direction in self.keys)
         return INDEX_PREFIX + self.name
 
 
@@ -177,6 +225,7 @@ CACHE_INDEXES = (
         tuple((field, pymongo.ASCENDING) for field in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)),
         "cache errors: read the entries of a batch, one job type at a time; unique, as in the deployment",
         unique=True,
+        as_deployment=True,
     ),
 )
 EVENT_INDEXES = (

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from zombie_pipeline.documents import DEFAULT_ZOMBIE_HTTP_STATUS, ErrorCode, job_type_problem
-from zombie_pipeline.generations import CACHE_GENERATIONS
+from zombie_pipeline.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, QueueGeneration
 
 #: What a bad policy or bad rules raise; its message names each offending field.
 PolicyError = ValidationError
@@ -45,8 +45,22 @@ class ZombiePolicy(BaseModel):
     claim_lease_seconds: int = Field(
         default=300, ge=0, description="After this long, an unfinished finalization of a crashed run is taken over."
     )
+    queue_generation: Optional[str] = Field(
+        default=None,
+        description=f"Queue generation of the deployment ({', '.join(QUEUE_GENERATIONS)}); unset: detected from the database.",
+    )
     cache_generation: Optional[str] = Field(
         default=None, description=f"Cache document generation to write ({', '.join(CACHE_GENERATIONS)}); unset: detected."
+    )
+    enqueue_retries: Optional[bool] = Field(
+        default=None,
+        description="Re-enqueue crashed jobs below their retry limit; unset: as the generation does (yes before 2023-12, "
+        "no after: the deployment's backfill re-creates failed jobs).",
+    )
+    transactions: bool = Field(
+        default=True,
+        description="Finish a batch and keep the deployment's counters in step in one transaction, where the server "
+        "has them (a replica set); off: one write after the other.",
     )
     use_suggested_max_durations: bool = Field(
         default=False, description="Take per-type T2 from the latest statistics suggestions (opt-in)."
@@ -71,6 +85,8 @@ class ZombiePolicy(BaseModel):
             problem = job_type_problem(job_type)
             if problem:
                 problems.append(f"max_duration_seconds_by_type has a job type that is not one: {problem} ({job_type!r})")
+        if self.queue_generation is not None and self.queue_generation not in QUEUE_GENERATIONS:
+            problems.append(f"queue_generation must be one of {sorted(QUEUE_GENERATIONS)} or unset, got {self.queue_generation!r}")
         if self.cache_generation is not None and self.cache_generation not in CACHE_GENERATIONS:
             problems.append(f"cache_generation must be one of {sorted(CACHE_GENERATIONS)} or unset, got {self.cache_generation!r}")
         if problems:
@@ -84,6 +100,10 @@ class ZombiePolicy(BaseModel):
         if error_code == ErrorCode.EXCEEDED_MAX_DURATION:
             return self.exceeded_retry_limit
         return self.crashed_retry_limit
+
+    def retries_in(self, generation: QueueGeneration) -> bool:
+        """Whether this cleanup re-enqueues crashed jobs in a queue of ``generation``."""
+        return generation.retries_by_default if self.enqueue_retries is None else self.enqueue_retries
 
     def with_max_durations(self, by_type: dict[str, int]) -> "ZombiePolicy":
         """This policy with ``by_type`` replacing the configured T2 of those types."""

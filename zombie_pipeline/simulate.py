@@ -1,10 +1,14 @@
-"""A workload simulator: a queue and a cache that look like a real deployment's.
+"""A workload simulator: a queue and a cache as a deployment of any generation leaves them.
 
 Finished history spread over days with heavy-tailed, type-specific durations,
 workers heartbeating every minute, and every kind of started job the pipeline
-must tell apart: healthy, crashed (stale heartbeat), never heartbeated, and
-running past its type's maximum duration. Seeded, so a test, the demo and a
-benchmark get the same queue every time; written with bulk inserts.
+must tell apart: healthy, crashed (stale heartbeat), never heartbeated,
+terminated (SIGTERM, then silence) and running past its type's maximum
+duration. Each document has exactly the fields of its generation; where
+finished jobs are deleted, the history lives in the cache entries (and the
+last hour in ``pastJobs``); the locks, counters and indexes are the ones that
+generation's deployment keeps. Seeded, so a test, the demo and a benchmark get
+the same queue every time; written with bulk inserts.
 """
 
 from __future__ import annotations
@@ -16,29 +20,42 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import pymongo
 from bson import ObjectId
 
+from zombie_pipeline import counters
 from zombie_pipeline.cache_entries import key_of
 from zombie_pipeline.documents import (
     DEFAULT_ZOMBIE_HTTP_STATUS,
     HTTP_OK,
+    ID,
     Cache,
     ErrorCode,
     Job,
+    Lock,
+    PastJob,
     Priority,
     Status,
     namespace_of,
     truncate_ms,
-    unicity_id,
     utc_now,
     without_none,
 )
-from zombie_pipeline.generations import CACHE_GENERATIONS, NEWEST_CACHE_GENERATION
+from zombie_pipeline.finish_effects import PAST_JOB_MIN_SECONDS
+from zombie_pipeline.generations import (
+    CACHE_GENERATIONS,
+    NEWEST_QUEUE_GENERATION,
+    QUEUE_GENERATIONS,
+    QueueGeneration,
+)
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.store import Store
 
 HEARTBEAT_INTERVAL_SECONDS = 60
 INSERT_BATCH_SIZE = 5_000
+START_LOCK_TTL_SECONDS = 600
+GIT_BRANCH_LOCK_TTL_SECONDS = 3_600
+PAST_JOBS_WINDOW_SECONDS = 3_600
 
 
 @dataclass(frozen=True)
@@ -50,36 +67,59 @@ class JobType:
     median_seconds: float
     sigma: float
     error_rate: float
+    difficulty: int = 50
 
 
 JOB_TYPES: tuple[JobType, ...] = (
-    JobType("/config-names", "dataset", 4, 0.7, 0.05),
-    JobType("/split-names-from-streaming", "config", 25, 1.0, 0.10),
-    JobType("/splits", "dataset", 30, 1.1, 0.08),
-    JobType("/first-rows", "split", 70, 1.2, 0.12),
-    JobType("/parquet-and-dataset-info", "dataset", 280, 1.0, 0.15),
-    JobType("/parquet", "dataset", 3, 0.6, 0.02),  # sigma >= 0.6: p99/p50 = exp(2.33 sigma) > 4
-    JobType("/dataset-info", "dataset", 3, 0.6, 0.02),
-    JobType("/sizes", "dataset", 2, 0.6, 0.01),
-    JobType("/split-names-from-dataset-info", "config", 5, 0.6, 0.03),
+    JobType("/config-names", "dataset", 4, 0.7, 0.05, 50),
+    JobType("/split-names-from-streaming", "config", 25, 1.0, 0.10, 60),
+    JobType("/splits", "dataset", 30, 1.1, 0.08, 50),
+    JobType("/first-rows", "split", 70, 1.2, 0.12, 70),
+    JobType("/parquet-and-dataset-info", "dataset", 280, 1.0, 0.15, 90),
+    JobType("/parquet", "dataset", 3, 0.6, 0.02, 20),  # sigma >= 0.6: p99/p50 = exp(2.33 sigma) > 4
+    JobType("/dataset-info", "dataset", 3, 0.6, 0.02, 20),
+    JobType("/sizes", "dataset", 2, 0.6, 0.01, 20),
+    JobType("/split-names-from-dataset-info", "config", 5, 0.6, 0.03, 20),
 )
+STARTED_KINDS = ("crashed", "never_heartbeated", "terminated", "overdue", "running")
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot be simulated; the message names the field."""
 
 
 @dataclass(frozen=True)
 class Workload:
-    """How many jobs of each kind to create."""
+    """How many jobs of each kind to create, in which generation."""
 
     finished: int = 2_000
     crashed: int = 20  # started, heartbeat stopped long ago
     never_heartbeated: int = 5  # started, no heartbeat at all
+    terminated: int = 3  # started, SIGTERM recorded long ago (only where jobs carry terminated_at)
     overdue: int = 5  # started, alive, but past its type's maximum duration
     running: int = 50  # started, healthy
     waiting: int = 50
     days: float = 7.0
     seed: int = 0
     policy: ZombiePolicy = field(default_factory=ZombiePolicy)  # the thresholds the simulated zombies break
-    cache_generation: str = NEWEST_CACHE_GENERATION
+    generation: str = NEWEST_QUEUE_GENERATION
+    cache_generation: str | None = None  # None: the one the queue generation's deployment writes
     job_types: tuple[JobType, ...] = JOB_TYPES
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name} must be a non-negative integer, got {getattr(self, name)!r}"
+            for name in ("finished", "crashed", "never_heartbeated", "terminated", "overdue", "running", "waiting", "seed")
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0
+        ]
+        if not isinstance(self.days, (int, float)) or not self.days > 0:
+            problems.append(f"days must be positive, got {self.days!r}")
+        if self.generation not in QUEUE_GENERATIONS:
+            problems.append(f"generation must be one of {', '.join(QUEUE_GENERATIONS)}, got {self.generation!r}")
+        if self.cache_generation is not None and self.cache_generation not in CACHE_GENERATIONS:
+            problems.append(f"cache_generation must be one of {', '.join(CACHE_GENERATIONS)}, got {self.cache_generation!r}")
+        if problems:
+            raise WorkloadError("invalid workload: " + "; ".join(problems))
 
     @classmethod
     def from_fractions(
@@ -93,22 +133,46 @@ class Workload:
         **options: Any,
     ) -> "Workload":
         """``jobs`` in all; the fractions say which share of them is in which state."""
-        counts = {
-            "crashed": round(jobs * crashed_fraction),
-            "never_heartbeated": round(jobs * never_heartbeated_fraction),
-            "overdue": round(jobs * overdue_fraction),
-            "running": round(jobs * running_fraction),
-            "waiting": round(jobs * waiting_fraction),
+        if not isinstance(jobs, int) or jobs < 0:
+            raise WorkloadError(f"invalid workload: jobs must be a non-negative integer, got {jobs!r}")
+        fractions = {
+            "crashed": crashed_fraction,
+            "never_heartbeated": never_heartbeated_fraction,
+            "overdue": overdue_fraction,
+            "running": running_fraction,
+            "waiting": waiting_fraction,
         }
+        bad = [f"{name}_fraction must be in [0, 1], got {value!r}" for name, value in fractions.items() if not 0 <= value <= 1]
+        if bad:
+            raise WorkloadError("invalid workload: " + "; ".join(bad))
+        counts = {name: round(jobs * fraction) for name, fraction in fractions.items()}
         finished = jobs - sum(counts.values())
         if finished < 0:
-            raise ValueError("the fractions add up to more than 1")
-        return cls(finished=finished, **counts, **options)
+            raise WorkloadError("invalid workload: the fractions add up to more than 1")
+        return cls(finished=finished, terminated=0, **counts, **options)
+
+    @property
+    def queue_generation(self) -> QueueGeneration:
+        return QUEUE_GENERATIONS[self.generation]
+
+    @property
+    def cache(self):
+        return CACHE_GENERATIONS[self.cache_generation or self.queue_generation.cache_generation]
+
+    @property
+    def terminated_jobs(self) -> int:
+        """Terminated jobs exist only where jobs carry ``terminated_at``."""
+        return self.terminated if self.queue_generation.declares(Job.TERMINATED_AT) else 0
+
+    @property
+    def started(self) -> int:
+        return self.crashed + self.never_heartbeated + self.terminated_jobs + self.overdue + self.running
 
     @property
     def total(self) -> int:
-        return self.finished + self.crashed + self.never_heartbeated + self.overdue + self.running + self.waiting
-
+        """Job documents written: the finished history stays in the queue only where finished jobs are kept."""
+        kept = self.finished if self.queue_generation.keeps_finished_jobs else 0
+        return kept + self.started + self.waiting
 
 
 @dataclass
@@ -116,23 +180,43 @@ class Simulation:
     """What was written: counts, and the ids of the started jobs by kind, for checks."""
 
     now: dt.datetime
+    generation: str
     jobs_by_status: Counter = field(default_factory=Counter)
     jobs_by_type: Counter = field(default_factory=Counter)
     cache_entries: int = 0
-    crashed_ids: list[ObjectId] = field(default_factory=list)
-    never_heartbeated_ids: list[ObjectId] = field(default_factory=list)
-    overdue_ids: list[ObjectId] = field(default_factory=list)
-    running_ids: list[ObjectId] = field(default_factory=list)
+    past_jobs: int = 0
+    ids: dict[str, list[ObjectId]] = field(default_factory=lambda: {kind: [] for kind in STARTED_KINDS})
     insert_commands: int = 0
 
     @property
+    def crashed_ids(self) -> list[ObjectId]:
+        return self.ids["crashed"]
+
+    @property
+    def never_heartbeated_ids(self) -> list[ObjectId]:
+        return self.ids["never_heartbeated"]
+
+    @property
+    def terminated_ids(self) -> list[ObjectId]:
+        return self.ids["terminated"]
+
+    @property
+    def overdue_ids(self) -> list[ObjectId]:
+        return self.ids["overdue"]
+
+    @property
+    def running_ids(self) -> list[ObjectId]:
+        return self.ids["running"]
+
+    @property
     def zombie_ids(self) -> list[ObjectId]:
-        return self.crashed_ids + self.never_heartbeated_ids + self.overdue_ids
+        return self.crashed_ids + self.never_heartbeated_ids + self.terminated_ids + self.overdue_ids
 
 
 class _Generator:
     def __init__(self, workload: Workload, now: dt.datetime) -> None:
         self.workload = workload
+        self.generation = workload.queue_generation
         self.now = now
         self.rng = random.Random(workload.seed)
         self.serial = 0
@@ -160,21 +244,21 @@ class _Generator:
     def job(self, job_type: JobType, status: str, unique: bool = False, **dates: dt.datetime | None) -> dict[str, Any]:
         dataset, config, split = self.target(job_type, unique)
         created_at = dates.pop("created_at")
-        document = {
-            "_id": self.object_id(created_at),
-            Job.TYPE: job_type.name,
-            Job.DATASET: dataset,
-            Job.CONFIG: config,
-            Job.SPLIT: split,
-            Job.UNICITY_ID: unicity_id(job_type.name, dataset, config, split),
-            Job.NAMESPACE: namespace_of(dataset),
-            Job.FORCE: self.rng.random() < 0.1,
-            Job.PRIORITY: Priority.LOW if self.rng.random() < 0.2 else Priority.NORMAL,
-            Job.STATUS: status,
-            Job.CREATED_AT: created_at,
-            **{name: value for name, value in dates.items()},
-        }
-        return without_none(document)
+        return job_document(
+            job_type.name,
+            dataset,
+            config,
+            split,
+            status=status,
+            generation=self.generation,
+            revision=f"{self.rng.getrandbits(40):010x}",
+            difficulty=job_type.difficulty,
+            force=self.rng.random() < 0.1,
+            priority=Priority.LOW if self.rng.random() < 0.2 else Priority.NORMAL,
+            created_at=created_at,
+            _id=self.object_id(created_at),
+            **dates,
+        )
 
     def duration(self, job_type: JobType) -> float:
         return job_type.median_seconds * math.exp(self.rng.gauss(0.0, job_type.sigma))
@@ -211,45 +295,37 @@ class _Generator:
             error_code = ErrorCode.EXCEEDED_MAX_DURATION if killed else ("UnexpectedError" if failed else None)
             yield job, self.cache_entry(job, finished_at, duration, error_code)
 
-    def cache_entry(
-        self, job: dict[str, Any], updated_at: dt.datetime, duration: float, error_code: str | None
-    ) -> dict[str, Any]:
-        generation = CACHE_GENERATIONS[self.workload.cache_generation]
+    def cache_entry(self, job: dict[str, Any], updated_at: dt.datetime, duration: float, error_code: str | None) -> dict[str, Any]:
         failed = error_code is not None
-        entry = {
-            Cache.KIND: job[Job.TYPE],
-            Cache.DATASET: job[Job.DATASET],
-            Cache.CONFIG: job.get(Job.CONFIG),
-            Cache.SPLIT: job.get(Job.SPLIT),
-            Cache.HTTP_STATUS: DEFAULT_ZOMBIE_HTTP_STATUS if failed else HTTP_OK,
-            Cache.ERROR_CODE: error_code,
-            Cache.CONTENT: {"error": "simulated failure"} if failed else {"rows": self.rng.randrange(1000)},
-            Cache.DETAILS: {"error": "simulated failure"} if failed else {},
-            Cache.WORKER_VERSION: "1.0.0",
-            Cache.JOB_RUNNER_VERSION: 1,
-            Cache.DATASET_GIT_REVISION: f"{self.rng.getrandbits(40):010x}",
-            Cache.PROGRESS: 1.0,
-            Cache.UPDATED_AT: updated_at,
-            Cache.DURATION: round(duration, 3),
-            Cache.FAILED_RUNS: 1 if failed else 0,
-        }
-        return generation.keep_declared(entry)
+        return cache_document(
+            job,
+            updated_at,
+            http_status=DEFAULT_ZOMBIE_HTTP_STATUS if failed else HTTP_OK,
+            error_code=error_code,
+            generation=self.workload.cache.name,
+            failed_runs=1 if failed else 0,
+            duration=round(duration, 3),
+            content={"error": "simulated failure"} if failed else {"rows": self.rng.randrange(1000)},
+        )
 
     def started_job(self, kind: str) -> dict[str, Any]:
         w = self.workload
         job_type = self.rng.choice(w.job_types)
         limit = w.policy.max_duration_of(job_type.name)
         timeout = w.policy.heartbeat_timeout_seconds
+        terminated_at = None
         if kind == "overdue":  # alive and beating, but far too long
             age = self.rng.uniform(1.2, 3.0) * limit
             last_beat_age = self.rng.uniform(0, HEARTBEAT_INTERVAL_SECONDS)
         elif kind == "running":
             age = self.rng.uniform(0, 0.8 * min(limit, 10 * timeout))
             last_beat_age = min(age, self.rng.uniform(0, HEARTBEAT_INTERVAL_SECONDS))
-        else:  # crashed or never heartbeated: dead for more than twice the timeout, not yet overdue
+        else:  # crashed, never heartbeated or terminated: dead for more than twice the timeout, not yet overdue
             low = 2 * timeout + 2 * HEARTBEAT_INTERVAL_SECONDS
             age = self.rng.uniform(low, max(low, 0.9 * limit))
             last_beat_age = self.rng.uniform(2 * timeout, age - HEARTBEAT_INTERVAL_SECONDS)
+            if kind == "terminated":
+                terminated_at = self.seconds_ago(last_beat_age - self.rng.uniform(0, HEARTBEAT_INTERVAL_SECONDS))
         started_at = self.seconds_ago(age)
         last_heartbeat = None
         if kind != "never_heartbeated" and age - last_beat_age >= HEARTBEAT_INTERVAL_SECONDS:
@@ -261,31 +337,54 @@ class _Generator:
             created_at=self.seconds_ago(age + self.rng.uniform(0, 300)),
             started_at=started_at,
             last_heartbeat=last_heartbeat,
+            terminated_at=terminated_at,
         )
-        if kind == "never_heartbeated" and self.rng.random() < 0.5:
-            job[Job.LAST_HEARTBEAT] = None  # some writers store an explicit null
+        if kind == "never_heartbeated" and self.rng.random() < 0.5 and not self.generation.keeps_finished_jobs:
+            job[Job.LAST_HEARTBEAT] = None  # an explicit null, as an update that set None writes it
         return job
 
     def waiting_job(self) -> dict[str, Any]:
         job_type = self.rng.choice(self.workload.job_types)
         return self.job(job_type, Status.WAITING, created_at=self.seconds_ago(self.rng.uniform(0, 3_600)))
 
+    def start_lock(self, job: dict[str, Any]) -> dict[str, Any] | None:
+        """The lock a start leaves behind: released as soon as the job started (2023-06-26 on)."""
+        fields = self.generation.lock_fields
+        if Lock.OWNER not in fields:
+            return None
+        lock = {ID: job[Job.UNICITY_ID], Lock.OWNER: None, Lock.UPDATED_AT: job[Job.STARTED_AT]}
+        if Lock.TTL in fields:
+            lock[Lock.TTL] = START_LOCK_TTL_SECONDS
+        return lock
+
+    def git_branch_lock(self, job: dict[str, Any]) -> dict[str, Any]:
+        """A lock a job holds while it writes to its dataset's git branch (a crashed job never frees it)."""
+        fields = self.generation.lock_fields
+        owner = Lock.OWNER if Lock.OWNER in fields else Lock.JOB_ID
+        lock = {ID: f'{{"dataset": "{job[Job.DATASET]}", "branch": "refs/convert/parquet"}}', owner: str(job[ID])}
+        lock[Lock.UPDATED_AT] = job[Job.STARTED_AT]
+        if Lock.TTL in fields:
+            lock[Lock.TTL] = GIT_BRANCH_LOCK_TTL_SECONDS
+        if Lock.CREATED_AT in fields and Lock.OWNER not in fields:
+            lock[Lock.CREATED_AT] = job[Job.STARTED_AT]
+        return lock
+
 
 def simulate(store: Store, workload: Workload = Workload(), now: dt.datetime | None = None) -> Simulation:
-    """Write ``workload`` into the store's jobs and cache and say what was written."""
-    if workload.cache_generation not in CACHE_GENERATIONS:
-        raise ValueError(f"cache_generation must be one of {sorted(CACHE_GENERATIONS)}")
+    """Write ``workload`` into the store's collections, as its generation's deployment would, and say what was written."""
     now = truncate_ms(now or utc_now())
     generator = _Generator(workload, now)
-    result = Simulation(now=now)
-    jobs, cache = store.jobs, store.cache
-
+    generation = workload.queue_generation
+    result = Simulation(now=now, generation=generation.name)
     job_batch: list[dict[str, Any]] = []
     latest_entries: dict[tuple, dict[str, Any]] = {}
+    past_jobs: list[dict[str, Any]] = []
+    locks: list[dict[str, Any]] = []
+    holder: dict[str, Any] | None = None  # a crashed job that dies holding a git-branch lock
 
     def flush_jobs() -> None:
         if job_batch:
-            jobs.insert_many(job_batch, ordered=False)
+            store.jobs.insert_many(job_batch, ordered=False)
             result.insert_commands += 1
             job_batch.clear()
 
@@ -297,34 +396,65 @@ def simulate(store: Store, workload: Workload = Workload(), now: dt.datetime | N
             flush_jobs()
 
     for job, entry in generator.finished_jobs():
-        add(job)
+        if generation.keeps_finished_jobs:
+            add(job)
+        else:
+            past_jobs += _past_job(job, entry[Cache.UPDATED_AT], now)
         key = key_of(entry)
         if key not in latest_entries or latest_entries[key][Cache.UPDATED_AT] < entry[Cache.UPDATED_AT]:
             latest_entries[key] = entry
-    for kind, ids, count in (
-        ("crashed", result.crashed_ids, workload.crashed),
-        ("never_heartbeated", result.never_heartbeated_ids, workload.never_heartbeated),
-        ("overdue", result.overdue_ids, workload.overdue),
-        ("running", result.running_ids, workload.running),
-    ):
+    for kind in STARTED_KINDS:
+        count = workload.terminated_jobs if kind == "terminated" else getattr(workload, kind)
         for _ in range(count):
             job = generator.started_job(kind)
-            ids.append(job["_id"])
+            result.ids[kind].append(job[ID])
+            holder = holder or (job if kind == "crashed" else None)
             add(job)
+            lock = generator.start_lock(job)
+            if lock is not None:
+                locks.append(lock)
             if generator.rng.random() < 0.5:  # an older result of the same step, from an earlier run
                 updated_at = job[Job.STARTED_AT] - dt.timedelta(days=generator.rng.uniform(1, 30))
                 entry = generator.cache_entry(job, truncate_ms(updated_at), 10.0, None)
                 latest_entries[key_of(entry)] = entry
+    if holder is not None and generation.lock_fields:
+        locks.append(generator.git_branch_lock(holder))
     for _ in range(workload.waiting):
         add(generator.waiting_job())
     flush_jobs()
 
     entries = list(latest_entries.values())
     for start in range(0, len(entries), INSERT_BATCH_SIZE):
-        cache.insert_many(entries[start : start + INSERT_BATCH_SIZE], ordered=False)
+        store.cache.insert_many(entries[start : start + INSERT_BATCH_SIZE], ordered=False)
         result.insert_commands += 1
     result.cache_entries = len(entries)
+    _write_side(store, generation, locks, past_jobs)
+    result.past_jobs = len(past_jobs)
     return result
+
+
+def _past_job(job: dict[str, Any], finished_at: dt.datetime, now: dt.datetime) -> list[dict[str, Any]]:
+    """The ``pastJobs`` record of a run that finished within the last hour and lasted long enough."""
+    seconds = int((finished_at - job[Job.STARTED_AT]).total_seconds())
+    if (now - finished_at).total_seconds() > PAST_JOBS_WINDOW_SECONDS or seconds < PAST_JOB_MIN_SECONDS:
+        return []
+    return [{ID: ObjectId(), PastJob.DATASET: job[Job.DATASET], PastJob.DURATION: seconds, PastJob.FINISHED_AT: finished_at}]
+
+
+def _write_side(store: Store, generation: QueueGeneration, locks: list[dict[str, Any]], past_jobs: list[dict[str, Any]]) -> None:
+    """The deployment's collections around the queue: locks, rate limiter, counters, and the indexes it declares."""
+    existing = store.queue_collection_names()
+    for name in generation.side_collections - existing - {store.cache_metrics.name}:
+        store.jobs.database.create_collection(name)
+    if generation.cache_metrics and not store.has_cache_metrics():
+        store.cache.database.create_collection(store.cache_metrics.name)
+    if locks:
+        store.locks.insert_many(locks)
+    if past_jobs and generation.keeps(store.past_jobs.name):
+        store.past_jobs.insert_many(past_jobs)
+    if generation.cache_updated_index:
+        store.cache.create_index([(Cache.KIND, pymongo.ASCENDING), (Cache.UPDATED_AT, pymongo.ASCENDING), (Cache.DATASET, pymongo.ASCENDING)], name="kind_updated")
+    counters.write_recount(store, generation)
 
 
 def job_document(
@@ -333,33 +463,43 @@ def job_document(
     config: str | None = None,
     split: str | None = None,
     status: str = Status.STARTED,
+    generation: QueueGeneration | str = NEWEST_QUEUE_GENERATION,
+    revision: str = "abc123",
+    difficulty: int = 50,
+    force: bool = False,
+    priority: str = Priority.NORMAL,
     created_at: dt.datetime | None = None,
     started_at: dt.datetime | None = None,
     finished_at: dt.datetime | None = None,
     last_heartbeat: dt.datetime | None = None,
-    priority: str = Priority.NORMAL,
+    terminated_at: dt.datetime | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """One job in the deployment's own shape, for scenarios that need exact dates."""
+    """One job exactly as ``generation``'s deployment stores it (None values omitted, as mongoengine does)."""
+    generation = QUEUE_GENERATIONS[generation] if isinstance(generation, str) else generation
     created_at = truncate_ms(created_at or started_at or utc_now())
-    document = {
-        "_id": ObjectId(),
+    values = {
         Job.TYPE: job_type,
         Job.DATASET: dataset,
+        Job.REVISION: revision,
         Job.CONFIG: config,
         Job.SPLIT: split,
-        Job.UNICITY_ID: unicity_id(job_type, dataset, config, split),
+        Job.UNICITY_ID: generation.unicity_id(job_type, dataset, revision, config, split),
         Job.NAMESPACE: namespace_of(dataset),
-        Job.FORCE: False,
+        Job.FORCE: force,
         Job.PRIORITY: priority,
         Job.STATUS: status,
+        Job.DIFFICULTY: difficulty,
         Job.CREATED_AT: created_at,
         Job.STARTED_AT: truncate_ms(started_at) if started_at else None,
         Job.FINISHED_AT: truncate_ms(finished_at) if finished_at else None,
         Job.LAST_HEARTBEAT: truncate_ms(last_heartbeat) if last_heartbeat else None,
-        **extra,
+        Job.TERMINATED_AT: truncate_ms(terminated_at) if terminated_at else None,
     }
-    return without_none(document)
+    document = {ID: extra.pop(ID, None) or ObjectId()}
+    document.update(without_none({name: value for name, value in values.items() if generation.declares(name)}))
+    document.update(extra)
+    return document
 
 
 def cache_document(
@@ -367,10 +507,13 @@ def cache_document(
     updated_at: dt.datetime,
     http_status: int = HTTP_OK,
     error_code: str | None = None,
-    generation: str = NEWEST_CACHE_GENERATION,
+    generation: str = "2024-07",
     failed_runs: int = 0,
+    duration: float = 12.5,
+    content: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The cache entry a worker would have written for ``job``, in ``generation``'s fields."""
+    failed = http_status != HTTP_OK
     entry = {
         Cache.KIND: job[Job.TYPE],
         Cache.DATASET: job[Job.DATASET],
@@ -378,14 +521,14 @@ def cache_document(
         Cache.SPLIT: job.get(Job.SPLIT),
         Cache.HTTP_STATUS: http_status,
         Cache.ERROR_CODE: error_code,
-        Cache.CONTENT: {"result": "ok"} if http_status == HTTP_OK else {"error": "failed"},
-        Cache.DETAILS: {} if http_status == HTTP_OK else {"error": "failed", Cache.FAILED_RUNS: failed_runs},
+        Cache.CONTENT: content if content is not None else ({"error": "failed"} if failed else {"result": "ok"}),
+        Cache.DETAILS: {"error": "failed", Cache.FAILED_RUNS: failed_runs} if failed else {},
         Cache.WORKER_VERSION: "2.0.0",
         Cache.JOB_RUNNER_VERSION: 2,
-        Cache.DATASET_GIT_REVISION: "abc123",
+        Cache.DATASET_GIT_REVISION: job.get(Job.REVISION, "abc123"),
         Cache.PROGRESS: 1.0,
         Cache.UPDATED_AT: truncate_ms(updated_at),
-        Cache.DURATION: 12.5,
+        Cache.DURATION: duration,
         Cache.FAILED_RUNS: failed_runs,
     }
     return CACHE_GENERATIONS[generation].keep_declared(entry)

@@ -8,6 +8,12 @@ from pymongo.collection import Collection
 from pymongo.database import Database
 
 from zombie_pipeline.documents import (
+    BLOCKAGES_COLLECTION,
+    CACHE_METRICS_COLLECTION,
+    JOB_METRICS_COLLECTION,
+    LOCKS_COLLECTION,
+    PAST_JOBS_COLLECTION,
+    WORKER_SIZE_METRICS_COLLECTION,
     DEFAULT_CACHE_COLLECTION,
     DEFAULT_EVENTS_COLLECTION,
     DEFAULT_FAILURES_COLLECTION,
@@ -19,13 +25,25 @@ from zombie_pipeline.mongo import CACHE_INDEXES, EVENT_INDEXES, JOB_INDEXES, ens
 
 @dataclass(frozen=True)
 class Store:
-    """Queue and cache may live on different clusters; our own collections sit beside the queue."""
+    """Queue and cache may live on different clusters; our own collections sit beside the queue.
+
+    Beside them, the deployment's collections around a job's life (locks,
+    counters, rate limiter): which ones a generation keeps is
+    ``generations.QueueGeneration.side_collections``, and we only ever write to
+    those that exist.
+    """
 
     jobs: Collection
     events: Collection
     cache: Collection
     failures: Collection
     suggestions: Collection
+    locks: Collection
+    job_metrics: Collection
+    worker_size_metrics: Collection
+    past_jobs: Collection
+    blockages: Collection
+    cache_metrics: Collection
 
     @classmethod
     def of(
@@ -44,12 +62,25 @@ class Store:
             cache=cache_db[cache_collection],
             failures=queue_db[failures_collection],
             suggestions=queue_db[suggestions_collection],
+            locks=queue_db[LOCKS_COLLECTION],
+            job_metrics=queue_db[JOB_METRICS_COLLECTION],
+            worker_size_metrics=queue_db[WORKER_SIZE_METRICS_COLLECTION],
+            past_jobs=queue_db[PAST_JOBS_COLLECTION],
+            blockages=queue_db[BLOCKAGES_COLLECTION],
+            cache_metrics=cache_db[CACHE_METRICS_COLLECTION],
         )
 
     @property
     def ours(self) -> tuple[Collection, ...]:
         """The collections this project owns; the deployment never reads them."""
         return (self.events, self.failures, self.suggestions)
+
+    def queue_collection_names(self) -> frozenset[str]:
+        return frozenset(self.jobs.database.list_collection_names())
+
+    def has_cache_metrics(self) -> bool:
+        """Whether the cache keeps ``cacheTotalMetric`` (from August 2023): we keep it in step, never create it."""
+        return self.cache_metrics.name in self.cache.database.list_collection_names()
 
     def ensure_indexes(self) -> list[str]:
         """Create the indexes our queries need (see ``mongo.JOB_INDEXES`` ...); idempotent."""

@@ -1,8 +1,8 @@
 """``kill_zombies_job``: the cleanup as ops, each a thin call into ``zombie_pipeline.cleanup``.
 
-The ops pass a :class:`CleanupPlan` along (run options and the policy) and
-work on the audit collection, which is the cleanup's state: with the
-multiprocess executor nothing is shared in memory between ops.
+The ops pass a :class:`CleanupPlan` along (run options, the policy and the
+queue's generation) and work on the audit collection, which is the cleanup's
+state: with the multiprocess executor nothing is shared in memory between ops.
 """
 
 
@@ -15,9 +15,11 @@ import dagster as dg
 from pydantic import Field
 
 from zombie_pipeline import cleanup
-from zombie_pipeline.cleanup import BrakeEngaged, StepResult
+from zombie_pipeline.cleanup import BrakeEngaged, GenerationUnknown
 from zombie_pipeline.detection import Candidate, unknown_job_types
 from zombie_pipeline.documents import REASONS, utc_now
+from zombie_pipeline.events import StepResult
+from zombie_pipeline.generations import QUEUE_GENERATIONS, QueueVerdict
 from zombie_pipeline.orchestration.metadata import counts_metadata, malformed_metadata, table_metadata
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
 from zombie_pipeline.orchestration.tags import CLEANUP_GROUP, JOB_TYPE_PARTITIONS
@@ -44,6 +46,8 @@ class CleanupPlan:
     override_brake: bool
     job_types: Optional[tuple[str, ...]]
     started_at: dt.datetime
+    generation: Optional[str]  # None: undecided, and ``generation_problem`` says why
+    generation_problem: Optional[str] = None
     counts: tuple[tuple[str, int], ...] = ()  # what the steps so far did
 
     def add(self, result: StepResult) -> "CleanupPlan":
@@ -58,7 +62,14 @@ def _job_types(context: dg.OpExecutionContext, config: CleanupConfig) -> Optiona
     return tuple(config.job_types) if config.job_types is not None else None
 
 
-@dg.op(description="Complete the finalizations that crashed runs left half done (their leases expired).")
+def _generation_metadata(verdict: QueueVerdict) -> dict[str, Any]:
+    return {
+        "queue_generation": verdict.generation.name if verdict.generation else "undecided",
+        "queue_generation_evidence": dg.MetadataValue.json(verdict.evidence()),
+    }
+
+
+@dg.op(description="Tell the queue's generation, and complete the finalizations that crashed runs left half done.")
 def reconcile(
     context: dg.OpExecutionContext,
     config: CleanupConfig,
@@ -70,6 +81,7 @@ def reconcile(
     policy = zombie_policy.in_force(store)
     if zombie_policy.use_suggested_max_durations:
         context.log.info(f"suggested maximum durations in force: {policy.max_duration_seconds_by_type}")
+    verdict = cleanup.queue_verdict(store, policy)
     plan = CleanupPlan(
         run_id=context.run_id,
         policy=policy,
@@ -77,6 +89,8 @@ def reconcile(
         override_brake=config.override_brake,
         job_types=_job_types(context, config),
         started_at=utc_now(),
+        generation=verdict.generation.name if verdict.generation else None,
+        generation_problem=verdict.problem,
     )
     metadata: dict[str, Any] = {
         "queue": queue_db.describe(),
@@ -84,7 +98,10 @@ def reconcile(
         "policy": dg.MetadataValue.json(plan.policy.as_dict()),
         **{f"policy/{name}": value for name, value in plan.policy.as_dict().items() if isinstance(value, (int, float))},
         "dry_run": plan.dry_run,
+        **_generation_metadata(verdict),
     }
+    if verdict.problem:
+        context.log.warning(verdict.problem)
     unknown = unknown_job_types(store.jobs, zombie_policy.max_duration_seconds_by_type)
     if unknown:
         metadata["unknown_override_types"] = dg.MetadataValue.json(unknown)
@@ -93,7 +110,8 @@ def reconcile(
             "their maximum duration applies to no job (a misspelt type?)"
         )
     if not plan.dry_run:
-        store.ensure_indexes()
+        if verdict.generation is not None:
+            store.ensure_indexes()
         result = cleanup.reconcile(store, plan.run_id, plan.policy)
         plan = plan.add(result)
         metadata.update(counts_metadata(result.counts))
@@ -103,7 +121,7 @@ def reconcile(
     return plan
 
 
-@dg.op(description="Find started jobs past their heartbeat timeout or maximum duration, in one indexed query.")
+@dg.op(description="Find started jobs past their heartbeat timeout, SIGTERM or maximum duration, in one indexed query.")
 def find_zombies(
     context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> list[Candidate]:
@@ -128,32 +146,30 @@ def find_zombies(
     return detection.candidates
 
 
-@dg.op(description="Claim each zombie in the audit trail, then compare-and-set it to error in batches.")
+@dg.op(
+    description="Claim each zombie in the audit trail, then finish it as the queue's generation does (set to error, "
+    "or error entry then deletion), by compare-and-set, with the deployment's counters, rate limiter and locks."
+)
 def finalize_zombies(
     context: dg.OpExecutionContext, plan: CleanupPlan, candidates: list[Candidate], queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> CleanupPlan:
     store = store_of(queue_db, cache_db, check=True)
-    result = cleanup.finalize_zombies(store, candidates, plan.policy, plan.run_id, utc_now())
+    if candidates and plan.generation is None:
+        raise dg.Failure(str(GenerationUnknown(plan.generation_problem)))
+    result = StepResult()
+    if candidates:
+        generation = QUEUE_GENERATIONS[plan.generation]
+        result = cleanup.finalize_zombies(store, candidates, plan.policy, plan.run_id, utc_now(), generation)
     context.add_output_metadata({**counts_metadata(result.counts), "finalized_jobs": table_metadata(result.rows)})
     return plan.add(result)
 
 
-@dg.op(description="Write JobManagerCrashedError / ExceededMaximumDuration cache entries for the jobs finalized.")
-def write_cache_errors(
-    context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
-) -> CleanupPlan:
-    store = store_of(queue_db, cache_db, check=True)
-    result = cleanup.write_cache_errors(store, plan.run_id, plan.policy)
-    context.add_output_metadata(counts_metadata(result.counts))
-    return plan.add(result)
-
-
-@dg.op(description="Re-enqueue finalized jobs below their retry limit, once each; close their audit events.")
+@dg.op(description="Re-enqueue finalized jobs below their retry limit where the generation wants it, once each; close their events.")
 def enqueue_retries(
     context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> CleanupPlan:
     store = store_of(queue_db, cache_db, check=True)
-    result = cleanup.enqueue_retries(store, plan.run_id, plan.policy)
+    result = cleanup.retry(store, plan.run_id, plan.policy)
     context.add_output_metadata(counts_metadata(result.counts))
     return plan.add(result)
 
@@ -176,16 +192,14 @@ def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: Queue
 @dg.job(
     description=(
         "Find zombie jobs (started, worker gone or running past its maximum duration), finalize each exactly "
-        "once without clobbering a live worker, write the error users see into the cache, re-enqueue within "
-        "the retry limits, and record everything in the zombieEvents audit trail."
+        "once as the queue's generation does, without clobbering a live worker, write the error users see into "
+        "the cache, keep the deployment's counters, rate limiter and locks in step, re-enqueue within the retry "
+        "limits, and record everything in the zombieEvents audit trail."
     ),
     partitions_def=JOB_TYPE_PARTITIONS,
-    executor_def=dg.in_process_executor,  # six short steps: one process, not six imports of Dagster
+    executor_def=dg.in_process_executor,  # five short steps: one process, not five imports of Dagster
     tags={"pipeline": CLEANUP_GROUP},
 )
 def kill_zombies_job():
     plan = reconcile()
-    finalized = finalize_zombies(plan, find_zombies(plan))
-    summarize(enqueue_retries(write_cache_errors(finalized)))
-
-
+    summarize(enqueue_retries(finalize_zombies(plan, find_zombies(plan))))

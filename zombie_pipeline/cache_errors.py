@@ -1,0 +1,242 @@
+"""The error users see: a finalized zombie's cache entry, written as the deployment writes it.
+
+One entry per cache key, in the cache's own document generation (only the
+fields it declares), never over a fresher result: an entry updated after the
+zombie started holds what a newer run computed. The entry carries the job's
+``revision`` as ``dataset_git_revision`` where jobs have one, the runner version
+the worker left (we never invent one), the run's ``duration``, and
+``failed_runs`` counted as the deployment counts it
+(:func:`~zombie_pipeline.generations.failed_runs_after_crash`); ``cacheTotalMetric``
+is kept in step where the cache has it.
+
+Idempotent: an entry that already carries this job's id in its ``details`` was
+written for it by an earlier attempt, and is recognized rather than rewritten.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Mapping
+
+from bson import ObjectId
+from pymongo import InsertOne, ReplaceOne, UpdateOne
+from pymongo.client_session import ClientSession
+from pymongo.errors import BulkWriteError
+
+from zombie_pipeline.cache_entries import entries_of_jobs, key_of
+from zombie_pipeline.documents import (
+    ERROR_MESSAGE_OF_REASON,
+    ID,
+    Cache,
+    CacheMetric,
+    CacheOutcome,
+    Event,
+    Job,
+    as_utc,
+    cache_key_of_job,
+)
+from zombie_pipeline.events import READ_BATCH, duplicate_indexes
+from zombie_pipeline.generations import (
+    CACHE_GENERATIONS,
+    NEWEST_CACHE_GENERATION,
+    CacheGeneration,
+    cache_generation_of,
+    failed_runs_after_crash,
+    runner_version_of,
+    stored_failed_runs,
+)
+from zombie_pipeline.mongo import Conflict
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.store import Store
+
+_GENERATION_SAMPLE = 200
+#: Our own keys in an entry's ``details`` (a free dictionary in every generation).
+DETAIL_JOB_ID = "job_id"
+DETAIL_PREVIOUS = "previous_entry"
+
+
+def detect_cache_generation(store: Store, policy: ZombiePolicy) -> CacheGeneration:
+    """The configured generation, else the one the newest existing entries were written in."""
+    if policy.cache_generation:
+        return CACHE_GENERATIONS[policy.cache_generation]
+    seen: set[str] = set()
+    recent = store.cache.find({}, {Cache.CONTENT: 0, Cache.DETAILS: 0}).sort("$natural", -1).limit(_GENERATION_SAMPLE)
+    for entry in recent:
+        seen.update(entry)
+    if not seen:  # an empty cache: assume the newest deployment
+        return CACHE_GENERATIONS[NEWEST_CACHE_GENERATION]
+    return cache_generation_of(seen)
+
+
+def summary_of(entry: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What an entry told users before our error replaced it: the small fields, never the content."""
+    if entry is None:
+        return None
+    return {
+        Cache.UPDATED_AT: as_utc(entry.get(Cache.UPDATED_AT)),
+        Cache.HTTP_STATUS: entry.get(Cache.HTTP_STATUS),
+        Cache.ERROR_CODE: entry.get(Cache.ERROR_CODE),
+        Cache.FAILED_RUNS: stored_failed_runs(entry),
+        Cache.DATASET_GIT_REVISION: entry.get(Cache.DATASET_GIT_REVISION),
+        "runner_version": runner_version_of(entry),
+    }
+
+
+def written_for(entry: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool:
+    """Whether ``entry`` is the error entry written for this event's job (by this or an earlier attempt)."""
+    details = entry.get(Cache.DETAILS) if entry else None
+    return (
+        isinstance(details, Mapping)
+        and details.get(DETAIL_JOB_ID) == str(event[ID])
+        and entry.get(Cache.ERROR_CODE) == event[Event.ERROR_CODE]
+    )
+
+
+def is_fresher(entry: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
+    """An entry updated after the zombie started holds a newer result than the zombie could give."""
+    updated_at = as_utc(entry.get(Cache.UPDATED_AT))
+    return updated_at is not None and updated_at > as_utc(job[Job.STARTED_AT])
+
+
+def error_entry(
+    event: Mapping[str, Any],
+    existing: Mapping[str, Any] | None,
+    generation: CacheGeneration,
+    policy: ZombiePolicy,
+    failed_runs: int,
+) -> dict[str, Any]:
+    """The cache entry telling users why the job failed, with only the generation's fields."""
+    job = event[Event.JOB]
+    message = ERROR_MESSAGE_OF_REASON[event[Event.REASON]]
+    finalized_at = event[Event.FINALIZED_AT]
+    last_heartbeat = as_utc(job.get(Job.LAST_HEARTBEAT))
+    details: dict[str, Any] = {
+        "error": message,
+        "reason": event[Event.REASON],
+        "last_heartbeat": last_heartbeat.isoformat() if last_heartbeat else None,
+        "threshold_seconds": event[Event.THRESHOLD_SECONDS],
+        "run_id": event[Event.RUN_ID],
+        DETAIL_JOB_ID: str(event[ID]),
+        DETAIL_PREVIOUS: _jsonable(summary_of(existing)),
+    }
+    entry: dict[str, Any] = {
+        **cache_key_of_job(job),
+        Cache.HTTP_STATUS: policy.http_status,
+        Cache.ERROR_CODE: event[Event.ERROR_CODE],
+        Cache.CONTENT: {"error": message},
+        Cache.DETAILS: details,
+        Cache.UPDATED_AT: finalized_at,
+        # the job's revision where jobs carry one, else what the worker left
+        Cache.DATASET_GIT_REVISION: job.get(Job.REVISION) or (existing or {}).get(Cache.DATASET_GIT_REVISION),
+    }
+    if existing is not None:  # keep what the worker knew; never invent a version
+        entry[generation.version_field] = runner_version_of(existing)
+    duration = round((finalized_at - as_utc(job[Job.STARTED_AT])).total_seconds(), 3)
+    for name, value in ((Cache.DURATION, duration), (Cache.FAILED_RUNS, failed_runs)):
+        if generation.declares(name):
+            entry[name] = value
+        else:
+            details[name] = value
+    return generation.keep_declared(entry)
+
+
+def _jsonable(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    if summary is None:
+        return None
+    updated_at = summary[Cache.UPDATED_AT]
+    return {**summary, Cache.UPDATED_AT: updated_at.isoformat() if updated_at else None}
+
+
+def write_batch(
+    store: Store,
+    events: list[Mapping[str, Any]],
+    generation: CacheGeneration,
+    policy: ZombiePolicy,
+    session: ClientSession | None = None,
+) -> dict[ObjectId, dict[str, Any]]:
+    """Write the error entries of a batch of events; each event's outcome, failed runs and previous entry.
+
+    In a transaction (``session``) the entries and ``cacheTotalMetric`` change
+    together or not at all; a worker writing the same entry meanwhile makes the
+    transaction start again, and its entry is then fresher.
+    """
+    existing = entries_of_jobs(store.cache, [event[Event.JOB] for event in events], {Cache.CONTENT: 0}, session)
+    outcomes: dict[ObjectId, dict[str, Any]] = {}
+    operations, planned, expected, replaced = [], {}, {}, {}
+    for event in events:
+        job = event[Event.JOB]
+        key = key_of(cache_key_of_job(job))
+        entry = existing.get(key)
+        if written_for(entry, event):  # an earlier attempt wrote it
+            previous = entry.get(Cache.DETAILS, {}).get(DETAIL_PREVIOUS)
+            outcomes[event[ID]] = _outcome(CacheOutcome.WRITTEN, stored_failed_runs(entry), previous)
+        elif entry is not None and is_fresher(entry, job):
+            outcomes[event[ID]] = _outcome(CacheOutcome.SKIPPED_FRESHER, stored_failed_runs(entry), _jsonable(summary_of(entry)))
+        else:
+            failed_runs = failed_runs_after_crash(entry, job)
+            if key not in planned:  # two zombies of one key (a broken queue) share one entry
+                document = {ID: entry[ID] if entry is not None else ObjectId(), **error_entry(event, entry, generation, policy, failed_runs)}
+                operations.append(_write_operation(entry, document))
+                planned[key] = document
+                replaced[key] = entry
+            expected[event[ID]] = (key, failed_runs, _jsonable(summary_of(entry)))
+    if not operations:
+        return outcomes
+    _write(store, operations, session)
+    entry_ids = [document[ID] for document in planned.values()]
+    stored = {entry[ID]: entry for entry in store.cache.find({ID: {"$in": entry_ids}}, {Cache.UPDATED_AT: 1}, session=session).batch_size(READ_BATCH)}
+    ours = {
+        key
+        for key, document in planned.items()
+        if document[ID] in stored and as_utc(stored[document[ID]].get(Cache.UPDATED_AT)) == document[Cache.UPDATED_AT]
+    }
+    for event_id, (key, failed_runs, previous) in expected.items():
+        if key in ours:
+            outcomes[event_id] = _outcome(CacheOutcome.WRITTEN, failed_runs, previous)
+        else:  # a worker wrote the entry between our read and our write
+            outcomes[event_id] = _outcome(CacheOutcome.SKIPPED_FRESHER, failed_runs - 1, previous)
+    if store.has_cache_metrics():
+        _count_in_cache_metrics(store, [(replaced[key], planned[key]) for key in ours], session)
+    return outcomes
+
+
+def _outcome(outcome: CacheOutcome, failed_runs: int, previous: dict[str, Any] | None) -> dict[str, Any]:
+    return {Event.CACHE_OUTCOME: outcome, Event.FAILED_RUNS: failed_runs, Event.PREVIOUS_ENTRY: previous}
+
+
+def _write_operation(existing: Mapping[str, Any] | None, document: dict[str, Any]) -> ReplaceOne | InsertOne:
+    if existing is not None:  # compare-and-set on the entry we read
+        return ReplaceOne({ID: existing[ID], Cache.UPDATED_AT: existing.get(Cache.UPDATED_AT)}, document)
+    # No entry was there: insert, with the _id chosen here; if one appeared meanwhile, the
+    # unique key refuses ours and the read-back by _id reports the entry as fresher.
+    return InsertOne(document)
+
+
+def _write(store: Store, operations: list, session: ClientSession | None) -> None:
+    """Run the writes; an entry a worker inserted first refuses ours (the read-back then sees theirs)."""
+    try:
+        store.cache.bulk_write(operations, ordered=False, session=session)
+    except BulkWriteError as error:
+        duplicate_indexes(error)  # anything but a duplicate is raised
+        if session is not None:  # the transaction is aborted: start again, the worker's entry is now there
+            raise Conflict() from error
+
+
+def _count_in_cache_metrics(store: Store, changes: list[tuple[Mapping[str, Any] | None, Mapping[str, Any]]], session: ClientSession | None) -> None:
+    """``cacheTotalMetric``: the old entry's (kind, http_status, error_code) -1, the new one's +1, as the deployment counts."""
+    totals: Counter = Counter()
+    for old, new in changes:
+        if old is not None:
+            totals[(old.get(Cache.KIND), old.get(Cache.HTTP_STATUS), old.get(Cache.ERROR_CODE))] -= 1
+        totals[(new[Cache.KIND], new[Cache.HTTP_STATUS], new.get(Cache.ERROR_CODE))] += 1
+    operations = [
+        UpdateOne(
+            {CacheMetric.KIND: kind, CacheMetric.HTTP_STATUS: http_status, CacheMetric.ERROR_CODE: error_code},
+            {"$inc": {CacheMetric.TOTAL: change}},
+            upsert=True,
+        )
+        for (kind, http_status, error_code), change in sorted(totals.items(), key=str)
+        if change
+    ]
+    if operations:
+        store.cache_metrics.bulk_write(operations, ordered=False, session=session)

@@ -1,0 +1,119 @@
+"""The audit trail as the cleanup's write-ahead log: leases, batches of events by state, recorded outcomes.
+
+Each event (``zombieEvents``, ``_id`` = the job's ``_id``) is driven by one run
+at a time, its lease owner. A run that dies leaves its events with a lease that
+runs out; the next run takes them over and completes them. Every step reads its
+events in batches of ``policy.batch_size`` and must move each one on (to a later
+state, or out of the log), so that a step ends when no event is left for it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+from bson import ObjectId
+from pymongo import UpdateMany, UpdateOne
+from pymongo.client_session import ClientSession
+from pymongo.errors import BulkWriteError
+
+from zombie_pipeline.documents import ID, Event, EventState, utc_now
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.store import Store
+
+DUPLICATE_KEY = 11000
+READ_BATCH = 10_000  # the documents of a batch come back in one reply, not one getMore per 101
+
+
+@dataclass
+class StepResult:
+    """What one step did, for run metadata."""
+
+    counts: Counter = field(default_factory=Counter)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def merge(self, other: "StepResult") -> "StepResult":
+        self.counts.update(other.counts)
+        self.rows.extend(other.rows)
+        return self
+
+
+def batched(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def lease_end(now: dt.datetime, policy: ZombiePolicy) -> dt.datetime:
+    return now + dt.timedelta(seconds=policy.claim_lease_seconds)
+
+
+def take_over_expired(store: Store, run_id: str, now: dt.datetime, policy: ZombiePolicy) -> int:
+    """Make this run the driver of every unfinished event whose lease ran out (its run died)."""
+    result = store.events.update_many(
+        {Event.STATE: {"$ne": EventState.DONE}, Event.LEASE_UNTIL: {"$lt": now}},
+        {"$set": {Event.LEASE_OWNER: run_id, Event.LEASE_UNTIL: lease_end(now, policy)}},
+    )
+    return result.modified_count
+
+
+def renew_leases(store: Store, run_id: str, policy: ZombiePolicy) -> None:
+    store.events.update_many(
+        {Event.LEASE_OWNER: run_id, Event.STATE: {"$ne": EventState.DONE}},
+        {"$set": {Event.LEASE_UNTIL: lease_end(utc_now(), policy)}},
+    )
+
+
+def owned(store: Store, run_id: str, query: Mapping[str, Any], limit: int) -> list[dict[str, Any]]:
+    without_policy = {Event.POLICY: 0}  # kept for the audit; no step reads it back
+    selected = {Event.LEASE_OWNER: run_id, **query}
+    return list(store.events.find(selected, without_policy).sort(ID, 1).limit(limit).batch_size(limit))
+
+
+def drain(store: Store, run_id: str, query: Mapping[str, Any], policy: ZombiePolicy) -> Iterator[list[dict[str, Any]]]:
+    """Batches of this run's events matching ``query``, until none is left; each batch must move them on.
+
+    A long step renews the run's leases before a third of them has run out, so no
+    reconcile takes over work that is still in progress.
+    """
+    renewed = time.monotonic()
+    while True:
+        if policy.claim_lease_seconds and time.monotonic() - renewed > policy.claim_lease_seconds / 3:
+            renew_leases(store, run_id, policy)
+            renewed = time.monotonic()
+        batch = owned(store, run_id, query, policy.batch_size)
+        if not batch:
+            return
+        yield batch
+
+
+def set_on_events(
+    store: Store,
+    run_id: str,
+    changes: Mapping[ObjectId, Mapping[str, Any]],
+    session: ClientSession | None = None,
+) -> None:
+    """Record each event's outcome in one command: one update per distinct outcome, since a batch repeats a few."""
+    ids_by_change: dict[tuple, list[ObjectId]] = {}
+    operations: list[UpdateOne | UpdateMany] = []
+    for event_id, change in changes.items():
+        key = tuple(sorted(change.items()))
+        try:
+            ids_by_change.setdefault(key, []).append(event_id)
+        except TypeError:  # a list or a document in the outcome: this event's own update
+            operations.append(UpdateOne({ID: event_id, Event.LEASE_OWNER: run_id}, {"$set": dict(change)}))
+    operations += [UpdateMany({ID: {"$in": ids}, Event.LEASE_OWNER: run_id}, {"$set": dict(key)}) for key, ids in ids_by_change.items()]
+    if operations:
+        store.events.bulk_write(operations, ordered=False, session=session)
+
+
+def duplicate_indexes(error: BulkWriteError) -> set[int]:
+    """Indexes of the operations refused as duplicates; any other write error is re-raised."""
+    refused = set()
+    for write_error in error.details.get("writeErrors", []):
+        if write_error.get("code") != DUPLICATE_KEY:
+            raise error
+        refused.add(write_error["index"])
+    return refused

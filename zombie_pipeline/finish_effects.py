@@ -1,0 +1,259 @@
+"""What the deployment does around a job's finish and a job's insert, done for the jobs the cleanup touches.
+
+dataset-viewer keeps counters in step with its queue (``jobTotalMetric``,
+``workerTypeJobCounts``), rate-limits datasets from the runs of the last hour
+(``pastJobs``, ``datasetBlockages``) and frees locks when a job finishes. A zombie
+never finishes, so its cleanup does all of that in its stead, in the collections
+the queue's generation keeps and that exist (we keep them in step; we never
+create one). The rules and constants are the deployment's (docs/generations.md).
+
+Every write here is one command per batch, and takes the session of the
+transaction the finish runs in, when the server has transactions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from pymongo import UpdateMany, UpdateOne
+from pymongo.client_session import ClientSession
+
+from zombie_pipeline.documents import (
+    BLOCKAGES_COLLECTION,
+    DATASET_STATUS_NORMAL,
+    ID,
+    JOB_METRICS_COLLECTION,
+    LOCKS_COLLECTION,
+    PAST_JOBS_COLLECTION,
+    WORKER_SIZE_METRICS_COLLECTION,
+    Blockage,
+    Effect,
+    Event,
+    Job,
+    JobMetric,
+    Lock,
+    PastJob,
+    Status,
+    WorkerSizeMetric,
+    as_utc,
+)
+from zombie_pipeline.generations import QueueGeneration
+from zombie_pipeline.store import Store
+
+#: Worker sizes by job difficulty: up to 40 light, up to 70 medium, heavier above.
+WORKER_SIZE_LIMITS = ((40, "light"), (70, "medium"))
+HEAVY = "heavy"
+#: A run shorter than this leaves no ``pastJobs`` record.
+PAST_JOB_MIN_SECONDS = 30
+#: A dataset whose recorded runs of the last hour exceed this (times its multiplier) is blocked.
+BLOCKAGE_THRESHOLD_SECONDS = 7_200
+COMPUTE_MULTIPLIER_BY_DATASET = {"HuggingFaceFW/fineweb-2": 100}
+
+
+def worker_size(difficulty: Any) -> str:
+    for limit, size in WORKER_SIZE_LIMITS:
+        if isinstance(difficulty, (int, float)) and difficulty <= limit:
+            return size
+    return HEAVY
+
+
+def run_seconds(job: Mapping[str, Any], finished_at: dt.datetime) -> int:
+    """The whole seconds a run lasted, as ``pastJobs`` records them."""
+    return int((finished_at - as_utc(job[Job.STARTED_AT])).total_seconds())
+
+
+@dataclass(frozen=True)
+class SideCollections:
+    """Which of the deployment's collections this cleanup keeps in step: the generation's, where they exist."""
+
+    generation: QueueGeneration
+    kept: frozenset[str]
+    #: ``jobTotalMetric`` rows are keyed by ``dataset_status`` too: as the rows there say, else as the generation does.
+    by_dataset_status: bool
+
+    @classmethod
+    def of(cls, store: Store, generation: QueueGeneration) -> "SideCollections":
+        kept = generation.side_collections & store.queue_collection_names()
+        row = store.job_metrics.find_one({}, {JobMetric.DATASET_STATUS: 1}) if JOB_METRICS_COLLECTION in kept else None
+        by_dataset_status = JobMetric.DATASET_STATUS in row if row else generation.job_metrics_by_dataset_status
+        return cls(generation, kept, by_dataset_status)
+
+    def __contains__(self, collection: str) -> bool:
+        return collection in self.kept
+
+    def job_metric_key(self, job_type: str, status: str) -> dict[str, Any]:
+        key = {JobMetric.JOB_TYPE: job_type, JobMetric.STATUS: status}
+        if self.by_dataset_status:
+            key[JobMetric.DATASET_STATUS] = DATASET_STATUS_NORMAL
+        return key
+
+
+def after_finish(
+    store: Store,
+    side: SideCollections,
+    events: list[Mapping[str, Any]],
+    now: dt.datetime,
+    session: ClientSession | None = None,
+    count: bool = True,
+) -> dict[Any, list[str]]:
+    """Counters, rate limiter and locks for the jobs of ``events``, just finished by us; the effects per event.
+
+    ``count=False`` leaves the counters alone: a finish found done by an earlier
+    attempt that died before recording it may have counted already, and a
+    counter is never moved twice (the deployment recounts them periodically).
+    """
+    effects: dict[Any, list[str]] = {event[ID]: [] for event in events}
+    if not events:
+        return effects
+    if JOB_METRICS_COLLECTION in side and count:
+        changes: Counter = Counter()
+        for event in events:
+            changes[(event[Event.JOB][Job.TYPE], Status.STARTED)] -= 1
+            if side.generation.keeps_finished_jobs:
+                changes[(event[Event.JOB][Job.TYPE], Status.ERROR)] += 1
+            effects[event[ID]].append(Effect.JOB_METRICS)
+        _add_to_job_metrics(store, side, changes, session)
+    if PAST_JOBS_COLLECTION in side:
+        for event_id, effect in _record_past_jobs(store, side, events, now, session, count).items():
+            effects[event_id].append(effect)
+    if LOCKS_COLLECTION in side:
+        _release_locks(store, [event[Event.JOB] for event in events], now, session)
+        for event in events:
+            effects[event[ID]].append(Effect.LOCKS_RELEASED)
+    return effects
+
+
+def after_insert(
+    store: Store, side: SideCollections, jobs: list[Mapping[str, Any]], session: ClientSession | None = None
+) -> None:
+    """The counters the deployment increments when it inserts waiting jobs (our retries)."""
+    if not jobs:
+        return
+    if JOB_METRICS_COLLECTION in side:
+        _add_to_job_metrics(store, side, Counter((job[Job.TYPE], Status.WAITING) for job in jobs), session)
+    if WORKER_SIZE_METRICS_COLLECTION in side:
+        blocked = _blocked(store, side, {job[Job.DATASET] for job in jobs}, session)
+        sizes = Counter(worker_size(job.get(Job.DIFFICULTY)) for job in jobs if job[Job.DATASET] not in blocked)
+        _add_to_worker_sizes(store, sizes, session)
+
+
+def _add_to_job_metrics(store: Store, side: SideCollections, changes: Counter, session: ClientSession | None) -> None:
+    operations = [
+        UpdateOne(side.job_metric_key(job_type, status), {"$inc": {JobMetric.TOTAL: change}}, upsert=True)
+        for (job_type, status), change in sorted(changes.items())
+        if change
+    ]
+    if operations:
+        store.job_metrics.bulk_write(operations, ordered=False, session=session)
+
+
+def _add_to_worker_sizes(store: Store, changes: Counter, session: ClientSession | None) -> None:
+    operations = [
+        UpdateOne({WorkerSizeMetric.WORKER_SIZE: size}, {"$inc": {WorkerSizeMetric.JOBS_COUNT: change}}, upsert=True)
+        for size, change in sorted(changes.items())
+        if change
+    ]
+    if operations:
+        store.worker_size_metrics.bulk_write(operations, ordered=False, session=session)
+
+
+def _blocked(store: Store, side: SideCollections, datasets: Iterable[str], session: ClientSession | None) -> set[str]:
+    if BLOCKAGES_COLLECTION not in side:
+        return set()
+    return set(store.blockages.distinct(Blockage.DATASET, {Blockage.DATASET: {"$in": sorted(datasets)}}, session=session))
+
+
+def _record_past_jobs(
+    store: Store, side: SideCollections, events: list[Mapping[str, Any]], now: dt.datetime, session: ClientSession | None, count: bool
+) -> dict[Any, str]:
+    """A ``pastJobs`` record per run of at least 30 s (``_id`` = the job's, so never twice); block the datasets over the limit."""
+    records = {}
+    for event in events:
+        seconds = run_seconds(event[Event.JOB], event[Event.FINALIZED_AT])
+        if seconds >= PAST_JOB_MIN_SECONDS:
+            records[event[ID]] = (event, seconds)
+    if not records:
+        return {}
+    present = {document[ID] for document in store.past_jobs.find({ID: {"$in": list(records)}}, {ID: 1}, session=session)}
+    new = [
+        {ID: event_id, PastJob.DATASET: event[Event.JOB][Job.DATASET], PastJob.DURATION: seconds, PastJob.FINISHED_AT: event[Event.FINALIZED_AT]}
+        for event_id, (event, seconds) in records.items()
+        if event_id not in present
+    ]
+    if new:
+        store.past_jobs.insert_many(new, ordered=True, session=session)
+    effects = {event_id: Effect.PAST_JOB for event_id in records}
+    effects.update(_block_datasets(store, side, [records[document[ID]] for document in new], now, session, count))
+    return effects
+
+
+def _block_datasets(
+    store: Store,
+    side: SideCollections,
+    recorded: list[tuple[Mapping[str, Any], int]],
+    now: dt.datetime,
+    session: ClientSession | None,
+    count: bool,
+) -> dict[Any, str]:
+    """Block each dataset whose last hour of runs now exceeds the deployment's threshold, once.
+
+    Only a run longer than the minimum can block; its dataset's pending jobs then
+    leave the worker-size counters, as the deployment does.
+    """
+    if BLOCKAGES_COLLECTION not in side:
+        return {}
+    triggering = {}
+    for event, seconds in recorded:
+        if seconds > PAST_JOB_MIN_SECONDS:
+            triggering.setdefault(event[Event.JOB][Job.DATASET], event[ID])
+    if not triggering:
+        return {}
+    already = _blocked(store, side, triggering, session)
+    totals = {
+        row[ID]: row["seconds"]
+        for row in store.past_jobs.aggregate(
+            [
+                {"$match": {PastJob.DATASET: {"$in": sorted(set(triggering) - already)}}},
+                {"$group": {ID: f"${PastJob.DATASET}", "seconds": {"$sum": f"${PastJob.DURATION}"}}},
+            ],
+            session=session,
+        )
+    }
+    to_block = {
+        dataset: event_id
+        for dataset, event_id in triggering.items()
+        if dataset not in already and totals.get(dataset, 0) > BLOCKAGE_THRESHOLD_SECONDS * COMPUTE_MULTIPLIER_BY_DATASET.get(dataset, 1)
+    }
+    if not to_block:
+        return {}
+    store.blockages.insert_many(
+        [{ID: event_id, Blockage.DATASET: dataset, Blockage.BLOCKED_AT: now} for dataset, event_id in sorted(to_block.items())],
+        session=session,
+    )
+    if WORKER_SIZE_METRICS_COLLECTION in side and count:
+        pending = store.jobs.find({Job.DATASET: {"$in": sorted(to_block)}}, {Job.DIFFICULTY: 1}, session=session)
+        _add_to_worker_sizes(store, Counter({size: -count for size, count in Counter(worker_size(job.get(Job.DIFFICULTY)) for job in pending).items()}), session)
+    return {event_id: Effect.BLOCKED_DATASET for event_id in to_block.values()}
+
+
+def _release_locks(store: Store, jobs: list[Mapping[str, Any]], now: dt.datetime, session: ClientSession | None) -> None:
+    """Free the lock keyed by each job's ``unicity_id``, and any lock the job itself owns (a dead job holds none).
+
+    Only the owner field a lock document already has is written: early locks
+    named it ``job_id``.
+    """
+    keys = sorted({job[Job.UNICITY_ID] for job in jobs})
+    owners = sorted({str(job[ID]) for job in jobs})
+    released = {Lock.UPDATED_AT: now}
+    store.locks.bulk_write(
+        [
+            UpdateMany({ID: {"$in": keys}, Lock.OWNER: {"$exists": True}}, {"$set": {Lock.OWNER: None, **released}}),
+            UpdateMany({Lock.OWNER: {"$in": owners}}, {"$set": {Lock.OWNER: None, **released}}),
+            UpdateMany({Lock.JOB_ID: {"$in": owners}, Lock.OWNER: {"$exists": False}}, {"$set": {Lock.JOB_ID: None, **released}}),
+        ],
+        ordered=False,
+        session=session,
+    )
