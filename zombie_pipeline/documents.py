@@ -22,6 +22,8 @@ DEFAULT_CACHE_COLLECTION = "cachedResponsesBlue"
 DEFAULT_EVENTS_COLLECTION = "zombieEvents"
 DEFAULT_FAILURES_COLLECTION = "zombiePipelineFailures"
 DEFAULT_SUGGESTIONS_COLLECTION = "zombieT2Suggestions"
+#: Written by the simulator: the proof that a database's documents are ours to drop or fill.
+SIMULATIONS_COLLECTION = "zombieSimulations"
 #: The deployment's collections beside the queue and the cache (which generation has which: ``generations``).
 LOCKS_COLLECTION = "locks"
 JOB_METRICS_COLLECTION = "jobTotalMetric"

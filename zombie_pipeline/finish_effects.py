@@ -240,19 +240,18 @@ def _block_datasets(
 
 
 def _release_locks(store: Store, jobs: list[Mapping[str, Any]], now: dt.datetime, session: ClientSession | None) -> None:
-    """Free the lock keyed by each job's ``unicity_id``, and any lock the job itself owns (a dead job holds none).
+    """Free the lock keyed by each job's ``unicity_id``, as the deployment's finish does, so its re-run can start.
 
-    Only the owner field a lock document already has is written: early locks
-    named it ``job_id``.
+    Locks the job took for itself (a git branch) are left to their TTL, as the
+    deployment leaves them: a job past its maximum duration may still be running.
+    Only the owner field a lock document already has is written (early locks named it ``job_id``).
     """
     keys = sorted({job[Job.UNICITY_ID] for job in jobs})
-    owners = sorted({str(job[ID]) for job in jobs})
     released = {Lock.UPDATED_AT: now}
     store.locks.bulk_write(
         [
             UpdateMany({ID: {"$in": keys}, Lock.OWNER: {"$exists": True}}, {"$set": {Lock.OWNER: None, **released}}),
-            UpdateMany({Lock.OWNER: {"$in": owners}}, {"$set": {Lock.OWNER: None, **released}}),
-            UpdateMany({Lock.JOB_ID: {"$in": owners}, Lock.OWNER: {"$exists": False}}, {"$set": {Lock.JOB_ID: None, **released}}),
+            UpdateMany({ID: {"$in": keys}, Lock.JOB_ID: {"$ne": None}, Lock.OWNER: {"$exists": False}}, {"$set": {Lock.JOB_ID: None, **released}}),
         ],
         ordered=False,
         session=session,

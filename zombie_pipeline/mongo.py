@@ -124,18 +124,23 @@ class DatabaseUnavailable(RuntimeError):
     """The database could not be reached; the message carries no credentials."""
 
 
-def check_reachable(database: Database, url: str | None) -> None:
-    """Fail fast, with a clean message, when the server cannot be reached."""
+def check_reachable(database: Database, url: str | None, variable: str | None = None) -> None:
+    """Fail fast, with one clean line naming the URL (and the variable it came from), when the server cannot be reached."""
+    where = redact_url(url) + (f" (from ${variable})" if variable and url else "")
     try:
         database.client.admin.command("ping")
     except pymongo.errors.OperationFailure as error:  # reached, but refused (credentials, rights)
-        raise DatabaseUnavailable(
-            f"MongoDB at {redact_url(url)} refused the connection: {redact(str(error), [url])}"
-        ) from None
+        raise DatabaseUnavailable(f"MongoDB at {where} refused the connection: {_first_words(error, url)}") from None
     except pymongo.errors.PyMongoError as error:
-        raise DatabaseUnavailable(
-            f"cannot reach MongoDB at {redact_url(url)}: {redact(str(error), [url])}"
-        ) from None
+        raise DatabaseUnavailable(f"cannot reach MongoDB at {where}: {_first_words(error, url)}") from None
+
+
+def _first_words(error: Exception, url: str | None) -> str:
+    """The cause of a pymongo error without its topology dump, credentials masked."""
+    text = str(error)
+    for cut in (" (configured timeouts", ", Timeout:", ", full error:"):
+        text = text.split(cut, 1)[0]
+    return scrub(text.strip(), [url])
 
 
 # --- transactions ---------------------------------------------------------------

@@ -26,6 +26,7 @@ from bson import ObjectId
 from zombie_pipeline import counters
 from zombie_pipeline.cache_entries import key_of
 from zombie_pipeline.documents import (
+    SIMULATIONS_COLLECTION,
     DEFAULT_ZOMBIE_HTTP_STATUS,
     HTTP_OK,
     ID,
@@ -214,12 +215,13 @@ class Simulation:
 
 
 class _Generator:
-    def __init__(self, workload: Workload, now: dt.datetime) -> None:
+    def __init__(self, workload: Workload, now: dt.datetime, run: int = 0) -> None:
         self.workload = workload
         self.generation = workload.queue_generation
         self.now = now
         self.rng = random.Random(workload.seed)
         self.serial = 0
+        self.run = run  # the how-manieth simulation into these databases: ids never collide with an earlier one
 
     def seconds_ago(self, seconds: float) -> dt.datetime:
         return truncate_ms(self.now - dt.timedelta(seconds=seconds))
@@ -228,7 +230,8 @@ class _Generator:
         """ObjectIds ordered by creation time, unique and reproducible for a seed."""
         self.serial += 1
         stamp = int(moment.timestamp()).to_bytes(4, "big")
-        return ObjectId(stamp + self.workload.seed.to_bytes(4, "big", signed=False)[-4:] + self.serial.to_bytes(4, "big"))
+        origin = (self.workload.seed % 65_536).to_bytes(2, "big") + (self.run % 65_536).to_bytes(2, "big")
+        return ObjectId(stamp + origin + self.serial.to_bytes(4, "big"))
 
     def target(self, job_type: JobType, unique: bool) -> tuple[str, str | None, str | None]:
         """A dataset, config and split for a job; ``unique`` ones never share a unicity id."""
@@ -370,10 +373,63 @@ class _Generator:
         return lock
 
 
-def simulate(store: Store, workload: Workload = Workload(), now: dt.datetime | None = None) -> Simulation:
-    """Write ``workload`` into the store's collections, as its generation's deployment would, and say what was written."""
+class NotOurs(RuntimeError):
+    """A database holds documents the simulator did not write: it is never dropped nor filled."""
+
+
+def _databases(store: Store) -> list:
+    queue, cache = store.jobs.database, store.cache.database
+    return [queue] if (queue.name, queue.client) == (cache.name, cache.client) else [queue, cache]
+
+
+def simulated_generation(store: Store) -> str | None:
+    """The generation of the simulation these databases hold, or None when they hold none."""
+    marker = store.jobs.database[SIMULATIONS_COLLECTION].find_one(sort=[(ID, -1)])
+    return marker.get("generation") if marker else None
+
+
+def check_ours(store: Store, overwrite: str | None = None) -> None:
+    """Refuse a database that holds documents the simulator did not write, unless its owner names it.
+
+    Ours: empty, or marked by an earlier simulation. ``overwrite`` is the name of
+    the one database the operator deliberately gives up.
+    """
+    if simulated_generation(store) is not None:
+        return
+    for database in _databases(store):
+        if overwrite == database.name:
+            continue
+        holding = {name: database[name].estimated_document_count() for name in database.list_collection_names()}
+        holding = {name: count for name, count in holding.items() if count}
+        if holding:
+            listed = ", ".join(f"{name} ({count})" for name, count in sorted(holding.items()))
+            raise NotOurs(
+                f"database {database.name!r} holds documents zombie-pipeline did not write: {listed}. Refusing to drop "
+                f"or fill it. If it is a scratch database you own, say so: --overwrite-database {database.name}."
+            )
+
+
+def drop_simulation(store: Store, overwrite: str | None = None) -> None:
+    """Drop the databases of a simulation (or of a database its owner named), after :func:`check_ours`."""
+    check_ours(store, overwrite)
+    for database in _databases(store):
+        database.client.drop_database(database.name)
+
+
+def simulate(store: Store, workload: Workload = Workload(), now: dt.datetime | None = None, overwrite: str | None = None) -> Simulation:
+    """Write ``workload`` into the store's collections, as its generation's deployment would, and say what was written.
+
+    A database holding documents the simulator did not write is refused (:func:`check_ours`).
+    """
+    check_ours(store, overwrite)
+    present = simulated_generation(store)
+    if present is not None and present != workload.generation:
+        raise NotOurs(f"these databases hold a simulated {present} queue; drop it first to simulate a {workload.generation} one (--drop)")
     now = truncate_ms(now or utc_now())
-    generator = _Generator(workload, now)
+    markers = store.jobs.database[SIMULATIONS_COLLECTION]
+    run = markers.count_documents({})
+    markers.insert_one({ID: ObjectId(), "generation": workload.generation, "seed": workload.seed, "at": now})
+    generator = _Generator(workload, now, run)
     generation = workload.queue_generation
     result = Simulation(now=now, generation=generation.name)
     job_batch: list[dict[str, Any]] = []

@@ -7,56 +7,44 @@ import sys
 from typing import Sequence
 
 from zombie_pipeline import config, embedded
-from zombie_pipeline.generations import CACHE_GENERATIONS, NEWEST_CACHE_GENERATION
-from zombie_pipeline.mongo import DatabaseUnavailable, close_clients, redact
-from zombie_pipeline.simulate import Workload, simulate
+from zombie_pipeline.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable, close_clients, redact
+from zombie_pipeline.simulate import STARTED_KINDS, NotOurs, Workload, WorkloadError, drop_simulation, simulate
 
 # Dagster is imported only by the commands that need it: `db` answers in a fraction of a second.
 
 
 def _store_and_resources():
+    """The configured databases, reachable: a refused or closed port fails now, naming the URL."""
     from zombie_pipeline.orchestration.resources import resources_from_env, store_of
 
     resources = resources_from_env()
+    for resource in (resources["queue_db"], resources["cache_db"]):
+        check_reachable(resource.get_database(), resource.url(), resource.url_env_var)
     return store_of(resources["queue_db"], resources["cache_db"]), resources
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    counts = {name: getattr(args, name) for name in ("finished", "crashed", "never_heartbeated", "terminated", "overdue", "running", "waiting")}
+    options = {"seed": args.seed, "days": args.days, "generation": args.generation, "cache_generation": args.cache_generation}
+    if args.jobs is not None:
+        workload = Workload.from_fractions(args.jobs, crashed_fraction=args.crashed_fraction, **options)
+    else:
+        workload = Workload(**counts, **options)
     store, resources = _store_and_resources()
     if args.drop:
-        store.jobs.drop()
-        store.cache.drop()
-        store.events.drop()
+        drop_simulation(store, args.overwrite_database)
     store.ensure_indexes()
-    if args.jobs is not None:
-        workload = Workload.from_fractions(
-            args.jobs,
-            crashed_fraction=args.crashed_fraction,
-            seed=args.seed,
-            days=args.days,
-            cache_generation=args.cache_generation,
-        )
-    else:
-        workload = Workload(
-            finished=args.finished,
-            crashed=args.crashed,
-            never_heartbeated=args.never_heartbeated,
-            overdue=args.overdue,
-            running=args.running,
-            waiting=args.waiting,
-            seed=args.seed,
-            days=args.days,
-            cache_generation=args.cache_generation,
-        )
-    result = simulate(store, workload)
+    result = simulate(store, workload, overwrite=args.overwrite_database)
     print(f"queue: {resources['queue_db'].describe()}  cache: {resources['cache_db'].describe()}")
-    print(f"wrote {workload.total} jobs and {result.cache_entries} cache entries in {result.insert_commands} inserts")
+    print(
+        f"a {workload.generation} queue (cache {workload.cache.name}): {workload.total} jobs, {result.cache_entries} cache "
+        f"entries, {result.past_jobs} past jobs, in {result.insert_commands} inserts"
+    )
     for status, count in sorted(result.jobs_by_status.items()):
         print(f"  {status:<10} {count:>8}")
-    print(
-        f"  zombies: {len(result.crashed_ids)} crashed, {len(result.never_heartbeated_ids)} never heartbeated, "
-        f"{len(result.overdue_ids)} past their maximum duration; {len(result.running_ids)} healthy running"
-    )
+    zombies = ", ".join(f"{len(result.ids[kind])} {kind.replace('_', ' ')}" for kind in STARTED_KINDS if kind != "running")
+    print(f"  zombies: {zombies}; {len(result.running_ids)} healthy running")
     return 0
 
 
@@ -79,26 +67,39 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from zombie_pipeline.app.demo import run_demo
 
-    return run_demo(finished=args.finished, seed=args.seed, fresh=args.fresh)
+    return run_demo(finished=args.finished, seed=args.seed, fresh=args.fresh, generation=args.generation)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zombie-pipeline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    sim = commands.add_parser("simulate", help="fill the queue and cache with a simulated deployment")
+    sim = commands.add_parser(
+        "simulate",
+        help="fill the queue and cache with a simulated deployment",
+        description="Write a simulated deployment (history, zombies of every kind, healthy and waiting jobs) into the "
+        "configured databases, exactly as a deployment of the chosen generation stores it. A database holding "
+        "documents zombie-pipeline did not write is refused.",
+    )
+    sim.add_argument("--generation", choices=list(QUEUE_GENERATIONS), default=NEWEST_QUEUE_GENERATION,
+                     help="queue generation of the simulated deployment (default: %(default)s, today's)")
+    sim.add_argument("--cache-generation", choices=list(CACHE_GENERATIONS), default=None,
+                     help="cache generation (default: the one that queue generation's deployment writes)")
     sim.add_argument("--jobs", type=int, help="total jobs; with --crashed-fraction, instead of the counts below")
-    sim.add_argument("--crashed-fraction", type=float, default=0.01)
-    sim.add_argument("--finished", type=int, default=2_000)
-    sim.add_argument("--crashed", type=int, default=20)
-    sim.add_argument("--never-heartbeated", type=int, default=5)
-    sim.add_argument("--overdue", type=int, default=5)
-    sim.add_argument("--running", type=int, default=50)
-    sim.add_argument("--waiting", type=int, default=50)
-    sim.add_argument("--days", type=float, default=7.0)
-    sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--cache-generation", choices=sorted(CACHE_GENERATIONS), default=NEWEST_CACHE_GENERATION)
-    sim.add_argument("--drop", action="store_true", help="empty the jobs, cache and audit collections first")
+    sim.add_argument("--crashed-fraction", type=float, default=0.01, help="share of --jobs that crashed (default: %(default)s)")
+    sim.add_argument("--finished", type=int, default=2_000, help="finished jobs of the history (default: %(default)s)")
+    sim.add_argument("--crashed", type=int, default=20, help="started jobs whose heartbeat stopped long ago (default: %(default)s)")
+    sim.add_argument("--never-heartbeated", type=int, default=5, help="started jobs that never heartbeated (default: %(default)s)")
+    sim.add_argument("--terminated", type=int, default=3,
+                     help="started jobs that got SIGTERM long ago, where jobs record it (default: %(default)s)")
+    sim.add_argument("--overdue", type=int, default=5, help="started jobs past their maximum duration (default: %(default)s)")
+    sim.add_argument("--running", type=int, default=50, help="healthy started jobs (default: %(default)s)")
+    sim.add_argument("--waiting", type=int, default=50, help="waiting jobs (default: %(default)s)")
+    sim.add_argument("--days", type=float, default=7.0, help="days the history spans (default: %(default)s)")
+    sim.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same queue (default: %(default)s)")
+    sim.add_argument("--drop", action="store_true", help="drop the simulated databases first (never a database we did not write)")
+    sim.add_argument("--overwrite-database", metavar="NAME",
+                     help="the one database holding documents of its own that you deliberately give up to the simulator")
     sim.set_defaults(handler=cmd_simulate)
 
     db = commands.add_parser("db", help="the embedded MongoDB-compatible server")
@@ -106,8 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     db.set_defaults(handler=cmd_db)
 
     demo = commands.add_parser("demo", help="simulate a queue if empty, run the pipeline, print a summary")
-    demo.add_argument("--finished", type=int, default=3_000)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--generation", choices=list(QUEUE_GENERATIONS), default=NEWEST_QUEUE_GENERATION,
+                      help="queue generation of the simulated deployment (default: %(default)s, today's)")
+    demo.add_argument("--finished", type=int, default=3_000, help="finished jobs of the simulated history (default: %(default)s)")
+    demo.add_argument("--seed", type=int, default=0, help="random seed of the simulation (default: %(default)s)")
     demo.add_argument("--fresh", action="store_true", help="drop the simulated queue and start again")
     demo.set_defaults(handler=cmd_demo)
     return parser
@@ -117,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (embedded.EmbeddedServerError, DatabaseUnavailable) as error:
+    except (embedded.EmbeddedServerError, DatabaseUnavailable, NotOurs, WorkloadError) as error:
         print(f"zombie-pipeline: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # keep credentials out of whatever reaches the terminal

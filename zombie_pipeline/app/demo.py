@@ -15,7 +15,9 @@ from zombie_pipeline.documents import utc_now
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import resources_from_env, store_of
 from zombie_pipeline.orchestration.statistics import job_duration_statistics, job_duration_tallies
-from zombie_pipeline.simulate import Workload, simulate
+from zombie_pipeline.cleanup import queue_verdict, required_generation
+from zombie_pipeline.generations import NEWEST_QUEUE_GENERATION
+from zombie_pipeline.simulate import Workload, drop_simulation, simulate, simulated_generation
 from zombie_pipeline.statistics.reports import ReportFiles, summary_text
 from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze_window
 
@@ -30,7 +32,7 @@ def _instance() -> dg.DagsterInstance:
     return dg.DagsterInstance.ephemeral()
 
 
-def run_demo(finished: int = 3_000, seed: int = 0, fresh: bool = False) -> int:
+def run_demo(finished: int = 3_000, seed: int = 0, fresh: bool = False, generation: str = NEWEST_QUEUE_GENERATION) -> int:
     resources = resources_from_env()
     queue_db, cache_db, policy_resource = resources["queue_db"], resources["cache_db"], resources["zombie_policy"]
     real_database = queue_db.url() is not None or cache_db.url() is not None
@@ -39,13 +41,12 @@ def run_demo(finished: int = 3_000, seed: int = 0, fresh: bool = False) -> int:
     print(f"queue: {queue_db.describe()}\ncache: {cache_db.describe()}")
 
     if real_database:
-        print("A MongoDB URL is set: the demo simulates nothing and runs the cleanup as a dry run.")
+        print("A MongoDB URL is set: the demo simulates nothing and writes nothing (the cleanup runs as a dry run).")
     else:
-        if fresh:
-            for collection in (store.jobs, store.cache, store.events):
-                collection.drop()
+        if fresh or simulated_generation(store) not in (None, generation):
+            drop_simulation(store)
         store.ensure_indexes()
-        _fill(store, finished, seed, policy)
+        _fill(store, finished, seed, policy, generation)
 
     run_config = {
         "ops": {"reconcile": {"config": {"dry_run": real_database}}},
@@ -73,19 +74,26 @@ def run_demo(finished: int = 3_000, seed: int = 0, fresh: bool = False) -> int:
     print(f"  zombies left: {count_stale(store.jobs, policy, utc_now())}")
     print(f"  audit trail: {store.events.count_documents({})} events in {store.events.full_name}")
 
-    # ERROR: the window's unused days (its mapping spans 28) would each log a warning
-    files, window_end = _materialize_statistics(resources, _instance, {"loggers": {"console": {"config": {"log_level": "ERROR"}}}})
+    try:
+        files, window_end = _materialize_statistics(resources, _instance, save_suggestions=not real_database)
+    except dg.DagsterExecutionStepExecutionError as error:
+        print(f"\nduration_statistics: not computed: {error.user_exception}")
+        return 0
     print(f"\nduration_statistics for the {DEFAULT_WINDOW_DAYS} days to {window_end:%Y-%m-%d %H:%M} UTC:")
-    report = analyze_window(store.jobs, store.events, policy, end=window_end)  # the asset's figures, for the terminal
+    verdict = queue_verdict(store, policy)
+    report = analyze_window(store, required_generation(verdict), policy, end=window_end)  # the asset's figures, for the terminal
     print(summary_text(report, files))
     return 0
 
 
-def _materialize_statistics(resources, instance_factory, run_config) -> tuple[ReportFiles, dt.datetime]:
+def _materialize_statistics(resources, instance_factory, save_suggestions: bool) -> tuple[ReportFiles, dt.datetime]:
     """The statistics assets through Dagster: each day of the window, then the window's report.
 
     Daily partitions are whole UTC days, so the window ends at midnight, with yesterday.
     """
+    # ERROR: the window's unused days (its mapping spans 28) would each log a warning
+    run_config: dict = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+    statistics_config = {**run_config, "ops": {job_duration_statistics.op.name: {"config": {"save_suggestions": save_suggestions}}}}
     window_end = dt.datetime.combine(utc_now().date(), dt.time(), tzinfo=dt.timezone.utc)
     days = [(window_end - dt.timedelta(days=n)).date().isoformat() for n in range(DEFAULT_WINDOW_DAYS, 0, -1)]
     with instance_factory() as instance:
@@ -99,20 +107,20 @@ def _materialize_statistics(resources, instance_factory, run_config) -> tuple[Re
             partition_key=days[-1],
             resources=resources,
             instance=instance,
-            run_config=run_config,
+            run_config=statistics_config,
         )
     [materialization] = result.asset_materializations_for_node(job_duration_statistics.op.name)
     paths = {name: Path(materialization.metadata[name].value) for name in ("csv", "json", "chart", "markdown")}
     return ReportFiles(**paths), window_end
 
 
-def _fill(store, finished: int, seed: int, policy) -> None:
+def _fill(store, finished: int, seed: int, policy, generation: str) -> None:
     """Simulate a deployment into an empty queue; top up with new zombies once they are all cleaned."""
-    if store.jobs.estimated_document_count() == 0:
-        workload = Workload(finished=finished, seed=seed)
-        print(f"empty queue: simulating {workload.total} jobs over {workload.days:.0f} days ...")
+    if simulated_generation(store) is None:
+        workload = Workload(finished=finished, seed=seed, generation=generation)
+        print(f"empty queue: simulating a {generation} deployment, {workload.total} jobs over {workload.days:.0f} days ...")
     elif count_stale(store.jobs, policy, utc_now()) == 0:
-        workload = Workload(finished=0, waiting=0, running=60, seed=seed + 1 + store.events.count_documents({}))
+        workload = Workload(finished=0, waiting=0, running=60, seed=seed, generation=generation)
         print("no zombies left from earlier demos: simulating workers that crashed since ...")
     else:
         return

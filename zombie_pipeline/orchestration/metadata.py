@@ -1,5 +1,6 @@
 """Metadata values shared by the ops, assets and checks."""
 
+from enum import Enum
 from typing import Any, Iterable, Mapping
 
 import dagster as dg
@@ -32,7 +33,9 @@ def malformed_metadata(malformed: Iterable[Any], limit: int | None = None) -> di
 
 
 def _cell(value: Any) -> Any:
-    return "" if value is None else value
+    if value is None:
+        return ""
+    return value.value if isinstance(value, Enum) else value  # Dagster serializes plain values only
 
 
 def _column_type(value: Any) -> str:

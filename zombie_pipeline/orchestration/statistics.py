@@ -29,7 +29,10 @@ from zombie_pipeline.policy import SuggestionRules
 from zombie_pipeline.statistics.reports import markdown_table, policy_snippet, write_reports
 from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze
 from zombie_pipeline.statistics.suggestions import save_suggestions
-from zombie_pipeline.statistics.tallies import READ_BATCH_SIZE, Period, combine, count_undated_jobs, read_period
+from zombie_pipeline.cleanup import GenerationUnknown, queue_verdict, required_generation
+from zombie_pipeline.statistics.cache_history import CacheIndexMissing
+from zombie_pipeline.statistics.history import read_history
+from zombie_pipeline.statistics.tallies import READ_BATCH_SIZE, Period, combine, count_undated_jobs
 
 GROUP = STATISTICS_GROUP
 PARTITIONS_START = "2024-01-01"
@@ -45,7 +48,12 @@ with warnings.catch_warnings():  # beta flag: windows that begin before the firs
 
 class DailyTalliesConfig(dg.Config):
     batch_size: int = Field(
-        default=READ_BATCH_SIZE, ge=100, le=100_000, description="Jobs per cursor batch: bounds the memory of a read."
+        default=READ_BATCH_SIZE, ge=100, le=100_000, description="Documents per cursor batch: bounds the memory of a read."
+    )
+    create_cache_index: bool = Field(
+        default=False,
+        description="Where durations are read from the cache (2023-12 on) and it lacks the (kind, updated_at, dataset) "
+        "index, create it (the deployment declares it from 2026); unset, the read is refused rather than scan the cache.",
     )
 
 
@@ -68,24 +76,36 @@ class DurationStatisticsConfig(dg.Config, SuggestionRules):
 
 @dg.asset(group_name=GROUP, partitions_def=DAILY_PARTITIONS, kinds={"mongodb", "pandas"})
 def job_duration_tallies(
-    context: dg.AssetExecutionContext, config: DailyTalliesConfig, queue_db: QueueDatabase, cache_db: CacheDatabase
+    context: dg.AssetExecutionContext,
+    config: DailyTalliesConfig,
+    queue_db: QueueDatabase,
+    cache_db: CacheDatabase,
+    zombie_policy: ZombiePolicyResource,
 ) -> dg.Output[Period]:
     """Per job type, one UTC day: final statuses, durations (float32) and audited zombies.
 
-    Computed once per day from the jobs finished that day (indexed, projected,
+    Computed once per day from the runs that ended that day (the finished jobs
+    where the queue keeps them, else the cache entries, indexed, projected,
     batched) and the zombie events finalized that day; the window statistics
-    combine these instead of reading old jobs again.
+    combine these instead of reading old documents again.
     """
     window = context.partition_time_window
     store = store_of(queue_db, cache_db)
-    period = read_period(store.jobs, store.events, window.start, window.end, config.batch_size)
+    verdict = queue_verdict(store, zombie_policy.policy())
+    try:
+        generation = required_generation(verdict)
+        period = read_history(store, generation, window.start, window.end, config.batch_size, config.create_cache_index)
+    except (GenerationUnknown, CacheIndexMissing) as error:
+        raise dg.Failure(str(error)) from None
     rows = ["| type | jobs | successful | zombies |", "|---|---|---|---|"]
     for job_type, tally in sorted(period.tallies.items()):
         rows.append(f"| `{job_type}` | {sum(tally.statuses.values())} | {len(tally.success)} | {sum(tally.zombies.values())} |")
     return dg.Output(
         period,
         metadata={
-            "jobs_read": period.jobs_read,
+            "source": period.source,
+            "queue_generation": generation.name,
+            "documents_read": period.jobs_read,
             "zombie_events_read": period.events_read,
             "successful_jobs": sum(len(tally.success) for tally in period.tallies.values()),
             "skipped_documents": sum(period.bad_data.values()),
@@ -146,7 +166,7 @@ def job_duration_statistics(
         period,
         policy,
         rules,
-        undated=count_undated_jobs(store.jobs),
+        undated=count_undated_jobs(store.jobs) if period.source == "jobs" else None,
         missing_days=missing,
     )
     files = write_reports(report, config.reports_dir)
@@ -164,6 +184,7 @@ def job_duration_statistics(
             "statistics": dg.MetadataValue.md(markdown_table(report)),
             "zombie_policy_snippet": dg.MetadataValue.md("```yaml\n" + policy_snippet(report) + "```"),
             **suggested,
+            "source": report.source,
             "types": len(report.types),
             "types_with_suggestion": sum(entry.enough_data for entry in report.types),
             "censored_types": dg.MetadataValue.json([entry.job_type for entry in report.types if entry.censored]),

@@ -19,6 +19,7 @@ from zombie_pipeline import config
 from zombie_pipeline.documents import REASONS, Status
 from zombie_pipeline.statistics.quantiles import percentile_name
 from zombie_pipeline.statistics.suggest import DurationReport, TypeReport
+from zombie_pipeline.statistics.tallies import SOURCES
 
 CHART_COLUMNS = 3
 _TIME_TICKS = {
@@ -127,8 +128,12 @@ def markdown_table(report: DurationReport) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _read_what(report: DurationReport) -> str:
+    return "cache entries" if report.source == "cache" else "finished jobs"
+
+
 def _data_notes(report: DurationReport) -> str:
-    notes = []
+    notes = [f"Source: {SOURCES.get(report.source, report.source)}."]
     if report.bad_data:
         notes.append(
             "Skipped documents: " + ", ".join(f"{name} {count}" for name, count in report.bad_data.items()) + "."
@@ -157,7 +162,7 @@ def policy_snippet(report: DurationReport) -> str:
 def summary_text(report: DurationReport, files: ReportFiles | None = None) -> str:
     """A few plain lines per type, for a terminal: what to change and how sure we are."""
     q = percentile_name(report.rules.quantile)
-    lines = [f"Job durations, {_window(report)}: {report.jobs_read} finished jobs, {report.events_read} zombies audited"]
+    lines = [f"Job durations, {_window(report)}: {report.jobs_read} {_read_what(report)}, {report.events_read} zombies audited"]
     for entry in report.types:
         counts = ", ".join(f"{count} {status}" for status, count in sorted(entry.statuses.items()) if count) or "no jobs"
         lines.append(f"{entry.job_type}: {counts}; zombie rate {_share(entry.zombie_rate)}")
@@ -219,6 +224,7 @@ def report_json(report: DurationReport) -> dict[str, Any]:
             "default_t2_seconds": report.default_t2_seconds,
             "bad_data": report.bad_data,
             "missing_days": report.missing_days,
+            "source": report.source,
             "jobs_read": report.jobs_read,
             "events_read": report.events_read,
             "types": [{**record, "flags": entry.flags} for record, entry in zip(report.records(), report.types)],

@@ -26,12 +26,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from pymongo.collection import Collection
 
 from zombie_pipeline.documents import FINISHED_STATUSES, REASONS, as_utc
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
 from zombie_pipeline.statistics.quantiles import percentile_name, quantile_interval, readable_round_up, success_statistics
-from zombie_pipeline.statistics.tallies import EMPTY_DURATIONS, READ_BATCH_SIZE, Period, Tally, count_undated_jobs, read_period
+from zombie_pipeline.generations import QueueGeneration
+from zombie_pipeline.statistics.history import read_history
+from zombie_pipeline.statistics.tallies import EMPTY_DURATIONS, READ_BATCH_SIZE, Period, Tally, count_undated_jobs
+from zombie_pipeline.store import Store
 
 DEFAULT_WINDOW_DAYS = 7
 
@@ -189,6 +191,7 @@ class DurationReport:
     missing_days: list[str] = field(default_factory=list)
     jobs_read: int = 0
     events_read: int = 0
+    source: str = "jobs"  # tallies.SOURCES
 
     def type_report(self, job_type: str) -> TypeReport:
         for report in self.types:
@@ -249,12 +252,13 @@ def analyze(
         missing_days=list(missing_days),
         jobs_read=period.jobs_read,
         events_read=period.events_read,
+        source=period.source,
     )
 
 
 def analyze_window(
-    jobs: Collection,
-    events: Collection,
+    store: Store,
+    generation: QueueGeneration,
     policy: ZombiePolicy,
     end: dt.datetime,
     window_days: float = DEFAULT_WINDOW_DAYS,
@@ -263,6 +267,6 @@ def analyze_window(
 ) -> DurationReport:
     """One pass over the ``window_days`` before ``end``: the report without Dagster (the CLI demo)."""
     end = as_utc(end)
-    period = read_period(jobs, events, end - dt.timedelta(days=window_days), end, batch_size)
-    return analyze(period, policy, rules, undated=count_undated_jobs(jobs))
-
+    period = read_history(store, generation, end - dt.timedelta(days=window_days), end, batch_size)
+    undated = count_undated_jobs(store.jobs) if generation.keeps_finished_jobs else None
+    return analyze(period, policy, rules, undated=undated)

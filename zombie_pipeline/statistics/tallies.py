@@ -47,6 +47,12 @@ from zombie_pipeline.documents import (
 )
 
 READ_BATCH_SIZE = 5_000
+#: Where a period's durations come from, as the report explains it.
+SOURCES = {
+    "jobs": "finished jobs, which the queue keeps (before 2023-12): every run of the period",
+    "cache": "cache entries (the queue deletes finished jobs): one duration per artifact, its latest run, "
+    "so an artifact recomputed several times counts once",
+}
 #: Jobs that may finish without ever starting: no duration, but not bad data.
 NEVER_STARTED_STATUSES = frozenset({Status.CANCELLED, Status.SKIPPED})
 _DURATIONS = np.float32
@@ -66,12 +72,16 @@ class BadData:
     MISSING_FINISHED_AT = "missing_finished_at"
     FINISHED_AT_AS_STRING = "finished_at_stored_as_string"
     INCOMPLETE_AUDIT_EVENT = "incomplete_audit_event"
+    # Cache entries, where they are the source.
+    MISSING_DURATION = "missing_duration"  # written before 2024-07, or by a step that records none
+    INVALID_DURATION = "invalid_duration"
+    INVALID_HTTP_STATUS = "invalid_http_status"
 
 
 # --- what a period holds ---------------------------------------------------------
 
 
-def _durations(values: Iterable[float] | np.ndarray) -> np.ndarray:
+def durations_array(values: Iterable[float] | np.ndarray) -> np.ndarray:
     return np.asarray(values, dtype=_DURATIONS).ravel()
 
 
@@ -114,8 +124,9 @@ class Period:
     end: dt.datetime
     tallies: dict[str, Tally] = field(default_factory=dict)
     bad_data: Counter = field(default_factory=Counter)
-    jobs_read: int = 0
+    jobs_read: int = 0  # finished jobs, or cache entries where those are the source
     events_read: int = 0
+    source: str = "jobs"  # see SOURCES
 
     def tally(self, job_type: str) -> Tally:
         return self.tallies.setdefault(job_type, Tally())
@@ -126,7 +137,8 @@ def combine(periods: Iterable[Period]) -> Period:
     periods = sorted(periods, key=lambda period: period.start)
     if not periods:
         raise ValueError("combine needs at least one period")
-    result = Period(start=periods[0].start, end=max(period.end for period in periods))
+    sources = sorted({period.source for period in periods})
+    result = Period(start=periods[0].start, end=max(period.end for period in periods), source="+".join(sources))
     by_type: dict[str, list[Tally]] = {}
     for period in periods:
         for job_type, tally in period.tallies.items():
@@ -141,7 +153,7 @@ def combine(periods: Iterable[Period]) -> Period:
 # --- reading ---------------------------------------------------------------------
 
 _JOB_PROJECTION = {ID: 1, Job.TYPE: 1, Job.STATUS: 1, Job.STARTED_AT: 1, Job.FINISHED_AT: 1}
-_EVENT_PROJECTION = {
+EVENT_PROJECTION = {
     ID: 1,
     Event.REASON: 1,
     Event.FINALIZED_AT: 1,
@@ -203,7 +215,7 @@ def classify_job(job: Mapping[str, Any]) -> tuple[str, str, float | None] | str:
     if not isinstance(status, str) or status not in FINISHED_STATUSES:  # an array would not even hash
         return BadData.UNKNOWN_STATUS
     job_type = job.get(Job.TYPE)
-    if not _is_job_type(job_type):
+    if not is_job_type(job_type):
         return BadData.INVALID_TYPE
     started_at = job.get(Job.STARTED_AT)
     if started_at is None and status in NEVER_STARTED_STATUSES:
@@ -286,7 +298,7 @@ def _holds(codes: np.ndarray, distinct: list[Any], rule: Callable[[Any], bool]) 
     return np.fromiter(map(rule, distinct), dtype=bool, count=len(distinct))[codes]
 
 
-def _is_job_type(value: Any) -> bool:
+def is_job_type(value: Any) -> bool:
     return job_type_problem(value) is None
 
 
@@ -322,7 +334,7 @@ def _classify(batch: _Batch) -> tuple[np.ndarray, np.ndarray, Counter]:
     start for a status that may never start) are checked and timed on whole
     arrays; any other document, rare, goes through :func:`classify_job` itself.
     """
-    named = batch.type_is(_is_job_type) & batch.status_is(FINISHED_STATUSES.__contains__)
+    named = batch.type_is(is_job_type) & batch.status_is(FINISHED_STATUSES.__contains__)
     timed = named & _of_type(batch.started, dt.datetime) & _of_type(batch.finished, dt.datetime)
     never_started = named & batch.status_is(NEVER_STARTED_STATUSES.__contains__)
     never_started[never_started] = _of_type([batch.started[index] for index in np.flatnonzero(never_started)], _NONE)
@@ -376,7 +388,7 @@ class _Pieces:
         self._pieces: dict[tuple[str, str], list[np.ndarray]] = {}
 
     def add(self, job_type: str, kind: str, seconds: Iterable[float] | np.ndarray) -> None:
-        self._pieces.setdefault((job_type, kind), []).append(_durations(seconds))
+        self._pieces.setdefault((job_type, kind), []).append(durations_array(seconds))
 
     def join_into(self, period: Period) -> None:
         for (job_type, kind), pieces in self._pieces.items():
@@ -424,7 +436,7 @@ def read_period(
     if start is None or end is None or not start < end:
         raise ValueError("read_period needs two dates, start before end")
     period = Period(start=start, end=end)
-    audited = tally_events(period, events.find(events_filter(start, end), _EVENT_PROJECTION, batch_size=batch_size))
+    audited = tally_events(period, events.find(events_filter(start, end), EVENT_PROJECTION, batch_size=batch_size))
     cursors = (
         jobs.find(finished_jobs_filter(status, start, end), _JOB_PROJECTION, batch_size=batch_size)
         for status in statuses_to_read(jobs)
@@ -443,7 +455,7 @@ def tally_events(period: Period, events: Iterable[Mapping[str, Any]]) -> _Audite
         period.events_read += 1
         snapshot = event.get(Event.JOB) if isinstance(event.get(Event.JOB), Mapping) else {}
         job_type, reason = snapshot.get(Job.TYPE), event.get(Event.REASON)
-        if not _is_job_type(job_type) or reason not in REASONS:
+        if not is_job_type(job_type) or reason not in REASONS:
             period.bad_data[BadData.INCOMPLETE_AUDIT_EVENT] += 1
             continue
         if reason == Reason.EXCEEDED_MAX_DURATION:
@@ -452,7 +464,7 @@ def tally_events(period: Period, events: Iterable[Mapping[str, Any]]) -> _Audite
                 period.bad_data[BadData.INCOMPLETE_AUDIT_EVENT] += 1
                 continue
             tally = period.tally(job_type)
-            tally.stopped = np.concatenate([tally.stopped, _durations([(finalized_at - started_at).total_seconds()])])
+            tally.stopped = np.concatenate([tally.stopped, durations_array([(finalized_at - started_at).total_seconds()])])
         period.tally(job_type).zombies[reason] += 1
         audited[event[ID]] = (job_type, reason)
     return audited

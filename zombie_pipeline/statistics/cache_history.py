@@ -1,0 +1,140 @@
+"""A period's durations read from the cache, where the queue deletes finished jobs (2023-12 on).
+
+Each cache entry holds its latest run's ``duration`` (2024-07 on), ``http_status``
+and ``error_code``, and ``updated_at`` says when that run ended: one duration per
+artifact. The cache of a production deployment holds tens of millions of
+entries, so a day is read one ``kind`` at a time on the deployment's own
+``(kind, updated_at, ...)`` index, never by a scan; without that index the read
+is refused, with the command that creates it (we never create an index on the
+deployment's large collections unasked).
+
+Our own zombies are counted from ``zombieEvents`` (:func:`tallies.tally_events`),
+their entries skipped; an entry the deployment's own killer wrote counts as a
+zombie too, and one stopped at the maximum duration is a censored duration.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Mapping
+
+import numpy as np
+import pymongo
+from pymongo.collection import Collection
+
+from zombie_pipeline.cache_errors import DETAIL_JOB_ID
+from zombie_pipeline.documents import HTTP_OK, Cache, ErrorCode, Reason, Status, as_utc
+from zombie_pipeline.statistics.tallies import (
+    EVENT_PROJECTION,
+    READ_BATCH_SIZE,
+    BadData,
+    Period,
+    durations_array,
+    events_filter,
+    is_job_type,
+    tally_events,
+)
+
+INDEX_NAME = "kind_updated"
+INDEX_KEYS = ((Cache.KIND, pymongo.ASCENDING), (Cache.UPDATED_AT, pymongo.ASCENDING), (Cache.DATASET, pymongo.ASCENDING))
+_PROJECTION = {Cache.HTTP_STATUS: 1, Cache.ERROR_CODE: 1, Cache.DURATION: 1, f"{Cache.DETAILS}.{DETAIL_JOB_ID}": 1}
+_REASON_OF_KILL = {ErrorCode.CRASHED: Reason.MISSING_HEARTBEAT, ErrorCode.EXCEEDED_MAX_DURATION: Reason.EXCEEDED_MAX_DURATION}
+
+
+class CacheIndexMissing(RuntimeError):
+    """The cache has no index to read a day by kind; the message says how to create it."""
+
+
+def updated_index(cache: Collection) -> str | None:
+    """The name of an index on ``(kind, updated_at, ...)``, if the cache has one."""
+    for name, info in cache.index_information().items():
+        if [key for key, _ in info["key"][:2]] == [Cache.KIND, Cache.UPDATED_AT]:
+            return name
+    return None
+
+
+def ensure_updated_index(cache: Collection, create: bool) -> str:
+    """The index the read needs: found, or created as the deployment declares it when the operator asked."""
+    name = updated_index(cache)
+    if name is not None:
+        return name
+    if create:
+        return cache.create_index(list(INDEX_KEYS), name=INDEX_NAME)
+    keys = ", ".join(f"{key}: 1" for key, _ in INDEX_KEYS)
+    raise CacheIndexMissing(
+        f"the cache {cache.full_name} has no index on (kind, updated_at): reading a day of durations would scan every "
+        f"entry. Create the index the deployment declares from 2026 (db.{cache.name}.createIndex({{{keys}}}, "
+        f"{{name: '{INDEX_NAME}'}})), or let the statistics create it (create_cache_index: true)."
+    )
+
+
+def read_cache_period(
+    cache: Collection,
+    events: Collection,
+    start: dt.datetime,
+    end: dt.datetime,
+    batch_size: int = READ_BATCH_SIZE,
+    create_index: bool = False,
+) -> Period:
+    """Tallies of the runs whose cache entry was last updated in ``[start, end)``, and of the zombies finalized then."""
+    start, end = as_utc(start), as_utc(end)
+    if start is None or end is None or not start < end:
+        raise ValueError("read_cache_period needs two dates, start before end")
+    index = ensure_updated_index(cache, create_index)
+    period = Period(start=start, end=end, source="cache")
+    tally_events(period, events.find(events_filter(start, end), EVENT_PROJECTION, batch_size=batch_size))
+    for kind in sorted(value for value in cache.distinct(Cache.KIND) if isinstance(value, str)):
+        query = {Cache.KIND: kind, Cache.UPDATED_AT: {"$gte": start, "$lt": end}}
+        entries = cache.find(query, _PROJECTION, batch_size=batch_size).hint(index)
+        _fold(period, kind, entries)
+    return period
+
+
+def _fold(period: Period, kind: str, entries: Any) -> None:
+    """One kind's entries into its tally: success and error durations, kills, bad data."""
+    success, error, stopped = [], [], []
+    statuses = {Status.SUCCESS: 0, Status.ERROR: 0}
+    started = 0
+    zombies: dict[str, int] = {}
+    for entry in entries:
+        period.jobs_read += 1
+        problem = _problem(kind, entry)
+        if problem:
+            period.bad_data[problem] += 1
+            continue
+        details = entry.get(Cache.DETAILS)
+        if isinstance(details, Mapping) and DETAIL_JOB_ID in details:
+            continue  # our own error entry: the zombie is counted from its event
+        seconds = float(entry[Cache.DURATION])
+        succeeded = entry[Cache.HTTP_STATUS] == HTTP_OK
+        statuses[Status.SUCCESS if succeeded else Status.ERROR] += 1
+        started += 1
+        reason = _REASON_OF_KILL.get(entry.get(Cache.ERROR_CODE))
+        if reason is not None:  # the deployment's own killer finished this run
+            zombies[reason] = zombies.get(reason, 0) + 1
+            if reason == Reason.EXCEEDED_MAX_DURATION:
+                stopped.append(seconds)
+        else:
+            (success if succeeded else error).append(seconds)
+    if not started:
+        return
+    tally = period.tally(kind)
+    tally.statuses.update({status: count for status, count in statuses.items() if count})
+    tally.started += started
+    tally.zombies.update(zombies)
+    for name, values in (("success", success), ("error", error), ("stopped", stopped)):
+        if values:
+            setattr(tally, name, np.concatenate([getattr(tally, name), durations_array(values)]))
+
+
+def _problem(kind: str, entry: Mapping[str, Any]) -> str | None:
+    if not is_job_type(kind):
+        return BadData.INVALID_TYPE
+    duration = entry.get(Cache.DURATION)
+    if duration is None:
+        return BadData.MISSING_DURATION
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not np.isfinite(duration) or duration < 0:
+        return BadData.INVALID_DURATION
+    if not isinstance(entry.get(Cache.HTTP_STATUS), int):
+        return BadData.INVALID_HTTP_STATUS
+    return None
