@@ -152,6 +152,7 @@ def write_batch(
     events: list[Mapping[str, Any]],
     generation: CacheGeneration,
     policy: ZombiePolicy,
+    cache_metrics: bool,
     session: ClientSession | None = None,
 ) -> dict[ObjectId, dict[str, Any]]:
     """Write the error entries of a batch of events; each event's outcome, failed runs and previous entry.
@@ -195,7 +196,7 @@ def write_batch(
             outcomes[event_id] = _outcome(CacheOutcome.WRITTEN, failed_runs, previous)
         else:  # a worker wrote the entry between our read and our write
             outcomes[event_id] = _outcome(CacheOutcome.SKIPPED_FRESHER, failed_runs - 1, previous)
-    if store.has_cache_metrics():
+    if cache_metrics:
         _count_in_cache_metrics(store, [(replaced[key], planned[key]) for key in ours], session)
     return outcomes
 

@@ -50,7 +50,8 @@ from zombie_pipeline.events import (
     take_over_expired,
 )
 from zombie_pipeline.finish import finalized_row, finish_jobs, forget_changed
-from zombie_pipeline.generations import OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS, CacheGeneration, QueueGeneration, QueueVerdict, detect_queue_generation
+from zombie_pipeline.finish_effects import SideCollections
+from zombie_pipeline.generations import OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS, QueueGeneration, QueueVerdict, detect_queue_generation
 from zombie_pipeline.mongo import atomically
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.retries import enqueue_retries
@@ -122,15 +123,18 @@ def _event_of(
 
 
 def write_cache_errors(
-    store: Store, run_id: str, policy: ZombiePolicy, ready: Mapping[str, Any], generation: CacheGeneration | None = None
+    store: Store, run_id: str, policy: ZombiePolicy, queue_generation: QueueGeneration, ready: Mapping[str, Any]
 ) -> StepResult:
     """Write the error entry of this run's ``ready`` events, unless a fresher one is there."""
-    generation = generation or detect_cache_generation(store, policy)
+    generation = detect_cache_generation(store, policy)
+    cache_metrics = SideCollections.of(store, queue_generation).cache_metrics
     result = StepResult()
     result.counts[f"cache_generation:{generation.name}"] = 1
     client = store.cache.database.client
     for events in drain(store, run_id, {**ready, Event.CACHE_OUTCOME: {"$exists": False}}, policy):
-        outcomes = atomically(client, lambda session: write_batch(store, events, generation, policy, session), policy.transactions)
+        outcomes = atomically(
+            client, lambda session: write_batch(store, events, generation, policy, cache_metrics, session), policy.transactions
+        )
         set_on_events(store, run_id, outcomes)
         result.counts.update(f"cache_{outcome[Event.CACHE_OUTCOME]}" for outcome in outcomes.values())
     return result
@@ -144,11 +148,11 @@ def finalize(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
         claimed = {Event.STATE: EventState.CLAIMED, Event.QUEUE_GENERATION: name}
         if generation.cache_first:
             result.merge(forget_changed(store, run_id, policy, {**claimed, Event.CACHE_OUTCOME: {"$exists": False}}))
-            result.merge(write_cache_errors(store, run_id, policy, claimed))
+            result.merge(write_cache_errors(store, run_id, policy, generation, claimed))
             result.merge(finish_jobs(store, run_id, policy, generation, {**claimed, Event.CACHE_OUTCOME: {"$exists": True}}))
         else:
             result.merge(finish_jobs(store, run_id, policy, generation, claimed))
-            result.merge(write_cache_errors(store, run_id, policy, {Event.STATE: EventState.FINALIZED, Event.QUEUE_GENERATION: name}))
+            result.merge(write_cache_errors(store, run_id, policy, generation, {Event.STATE: EventState.FINALIZED, Event.QUEUE_GENERATION: name}))
     return result
 
 

@@ -23,6 +23,7 @@ from pymongo.client_session import ClientSession
 
 from zombie_pipeline.documents import (
     BLOCKAGES_COLLECTION,
+    CACHE_METRICS_COLLECTION,
     DATASET_STATUS_NORMAL,
     ID,
     JOB_METRICS_COLLECTION,
@@ -76,13 +77,22 @@ class SideCollections:
 
     @classmethod
     def of(cls, store: Store, generation: QueueGeneration) -> "SideCollections":
-        kept = generation.side_collections & store.queue_collection_names()
+        """From 2023-12 the deployment writes its counters at its first job, creating them: so do we. Before,
+        they came and went with releases (a recount in another database, then in step): kept only where they exist."""
+        kept = generation.side_collections
+        if generation.keeps_finished_jobs:
+            existing = store.queue_collection_names() | ({CACHE_METRICS_COLLECTION} if store.has_cache_metrics() else set())
+            kept &= existing
         row = store.job_metrics.find_one({}, {JobMetric.DATASET_STATUS: 1}) if JOB_METRICS_COLLECTION in kept else None
         by_dataset_status = JobMetric.DATASET_STATUS in row if row else generation.job_metrics_by_dataset_status
         return cls(generation, kept, by_dataset_status)
 
     def __contains__(self, collection: str) -> bool:
         return collection in self.kept
+
+    @property
+    def cache_metrics(self) -> bool:
+        return CACHE_METRICS_COLLECTION in self.kept
 
     def job_metric_key(self, job_type: str, status: str) -> dict[str, Any]:
         key = {JobMetric.JOB_TYPE: job_type, JobMetric.STATUS: status}
