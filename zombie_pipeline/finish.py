@@ -39,7 +39,7 @@ from zombie_pipeline.documents import (
     utc_now,
 )
 from zombie_pipeline.events import READ_BATCH, StepResult, drain, set_on_events
-from zombie_pipeline.finish_effects import SideCollections, after_finish
+from zombie_pipeline.finish_effects import Finished, SideCollections, after_finish
 from zombie_pipeline.generations import QueueGeneration
 from zombie_pipeline.mongo import atomically
 from zombie_pipeline.policy import ZombiePolicy
@@ -85,8 +85,8 @@ def _finish_batch(
         after = _jobs_of(store, to_finish, session)
         for event in to_finish:
             (won if _finished_by_us(after.get(event[ID]), event, keeps) else lost).append(event)
-    effects = after_finish(store, side, won, now, session)
-    effects.update(after_finish(store, side, done_before, now, session, count=False))
+    effects = after_finish(store, side, _finished(won), now, session)
+    effects.update(after_finish(store, side, _finished(done_before), now, session, count=False))
     finished = won + done_before
     set_on_events(
         store,
@@ -128,6 +128,10 @@ def _unchecked(store: Store, run_id: str, ready: Mapping[str, Any], policy: Zomb
             return
         last = batch[-1][ID]
         yield batch
+
+
+def _finished(events: list[Mapping[str, Any]]) -> list[Finished]:
+    return [Finished(event[Event.JOB], event[Event.FINALIZED_AT]) for event in events]
 
 
 def _jobs_of(store: Store, events: list[Mapping[str, Any]], session: ClientSession | None) -> dict[Any, dict[str, Any]]:

@@ -32,7 +32,6 @@ from zombie_pipeline.documents import (
     WORKER_SIZE_METRICS_COLLECTION,
     Blockage,
     Effect,
-    Event,
     Job,
     JobMetric,
     Lock,
@@ -101,38 +100,51 @@ class SideCollections:
         return key
 
 
+@dataclass(frozen=True)
+class Finished:
+    """A job just finished (by its worker, or by us for a zombie) and when: what the effects need."""
+
+    job: Mapping[str, Any]
+    finished_at: dt.datetime
+    status: str = Status.ERROR  # where finished jobs are kept, the status it was given
+
+    @property
+    def id(self) -> Any:
+        return self.job[ID]
+
+
 def after_finish(
     store: Store,
     side: SideCollections,
-    events: list[Mapping[str, Any]],
+    finished: list[Finished],
     now: dt.datetime,
     session: ClientSession | None = None,
     count: bool = True,
 ) -> dict[Any, list[str]]:
-    """Counters, rate limiter and locks for the jobs of ``events``, just finished by us; the effects per event.
+    """Counters, rate limiter and locks around the finish of each job of ``finished``; the effects per job id.
 
     ``count=False`` leaves the counters alone: a finish found done by an earlier
     attempt that died before recording it may have counted already, and a
     counter is never moved twice (the deployment recounts them periodically).
     """
-    effects: dict[Any, list[str]] = {event[ID]: [] for event in events}
-    if not events:
+    effects: dict[Any, list[str]] = {item.id: [] for item in finished}
+    if not finished:
         return effects
     if JOB_METRICS_COLLECTION in side and count:
         changes: Counter = Counter()
-        for event in events:
-            changes[(event[Event.JOB][Job.TYPE], Status.STARTED)] -= 1
+        for item in finished:
+            changes[(item.job[Job.TYPE], Status.STARTED)] -= 1
             if side.generation.keeps_finished_jobs:
-                changes[(event[Event.JOB][Job.TYPE], Status.ERROR)] += 1
-            effects[event[ID]].append(Effect.JOB_METRICS)
+                changes[(item.job[Job.TYPE], item.status)] += 1
+            effects[item.id].append(Effect.JOB_METRICS)
         _add_to_job_metrics(store, side, changes, session)
     if PAST_JOBS_COLLECTION in side:
-        for event_id, effect in _record_past_jobs(store, side, events, now, session, count).items():
-            effects[event_id].append(effect)
+        for job_id, effect in _record_past_jobs(store, side, finished, now, session, count).items():
+            effects[job_id].append(effect)
     if LOCKS_COLLECTION in side:
-        _release_locks(store, [event[Event.JOB] for event in events], now, session)
-        for event in events:
-            effects[event[ID]].append(Effect.LOCKS_RELEASED)
+        _release_locks(store, [item.job for item in finished], now, session)
+        for item in finished:
+            effects[item.id].append(Effect.LOCKS_RELEASED)
     return effects
 
 
@@ -177,21 +189,21 @@ def _blocked(store: Store, side: SideCollections, datasets: Iterable[str], sessi
 
 
 def _record_past_jobs(
-    store: Store, side: SideCollections, events: list[Mapping[str, Any]], now: dt.datetime, session: ClientSession | None, count: bool
+    store: Store, side: SideCollections, finished: list[Finished], now: dt.datetime, session: ClientSession | None, count: bool
 ) -> dict[Any, str]:
     """A ``pastJobs`` record per run of at least 30 s (``_id`` = the job's, so never twice); block the datasets over the limit."""
     records = {}
-    for event in events:
-        seconds = run_seconds(event[Event.JOB], event[Event.FINALIZED_AT])
+    for item in finished:
+        seconds = run_seconds(item.job, item.finished_at)
         if seconds >= PAST_JOB_MIN_SECONDS:
-            records[event[ID]] = (event, seconds)
+            records[item.id] = (item, seconds)
     if not records:
         return {}
     present = {document[ID] for document in store.past_jobs.find({ID: {"$in": list(records)}}, {ID: 1}, session=session)}
     new = [
-        {ID: event_id, PastJob.DATASET: event[Event.JOB][Job.DATASET], PastJob.DURATION: seconds, PastJob.FINISHED_AT: event[Event.FINALIZED_AT]}
-        for event_id, (event, seconds) in records.items()
-        if event_id not in present
+        {ID: job_id, PastJob.DATASET: item.job[Job.DATASET], PastJob.DURATION: seconds, PastJob.FINISHED_AT: item.finished_at}
+        for job_id, (item, seconds) in records.items()
+        if job_id not in present
     ]
     if new:
         store.past_jobs.insert_many(new, ordered=True, session=session)
@@ -203,7 +215,7 @@ def _record_past_jobs(
 def _block_datasets(
     store: Store,
     side: SideCollections,
-    recorded: list[tuple[Mapping[str, Any], int]],
+    recorded: list[tuple[Finished, int]],
     now: dt.datetime,
     session: ClientSession | None,
     count: bool,
@@ -216,9 +228,9 @@ def _block_datasets(
     if BLOCKAGES_COLLECTION not in side:
         return {}
     triggering = {}
-    for event, seconds in recorded:
+    for item, seconds in recorded:
         if seconds > PAST_JOB_MIN_SECONDS:
-            triggering.setdefault(event[Event.JOB][Job.DATASET], event[ID])
+            triggering.setdefault(item.job[Job.DATASET], item.id)
     if not triggering:
         return {}
     already = _blocked(store, side, triggering, session)
