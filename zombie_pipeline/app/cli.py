@@ -7,6 +7,7 @@ import sys
 from typing import Sequence
 
 from zombie_pipeline import config, embedded
+from zombie_pipeline.cleanup import GenerationUnknown
 from zombie_pipeline.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable, close_clients, redact
 from zombie_pipeline.simulate import STARTED_KINDS, NotOurs, Workload, WorkloadError, drop_simulation, simulate
@@ -45,6 +46,30 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"  {status:<10} {count:>8}")
     zombies = ", ".join(f"{len(result.ids[kind])} {kind.replace('_', ' ')}" for kind in STARTED_KINDS if kind != "running")
     print(f"  zombies: {zombies}; {len(result.running_ids)} healthy running")
+    return 0
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    from zombie_pipeline.cleanup import queue_verdict, required_generation
+    from zombie_pipeline.workers import WorkerPool, WorkerRates
+
+    rates = WorkerRates(
+        workers=args.workers, crash_rate=args.crash_rate, overrun_rate=args.overrun_rate, speed=args.speed,
+        heartbeat_seconds=args.heartbeat_seconds,
+    )
+    store, resources = _store_and_resources()
+    if resources["queue_db"].url() is not None:
+        print("zombie-pipeline: simulated workers run on the embedded default only; unset QUEUE_MONGO_URL", file=sys.stderr)
+        return 2
+    policy = resources["zombie_policy"].policy()
+    generation = required_generation(queue_verdict(store, policy))
+    pool = WorkerPool(store, generation, policy, rates, seed=args.seed)
+    print(f"{rates.workers} simulated workers on a {generation.name} queue ({pool.adopt_running()} running jobs adopted); Ctrl-C stops them")
+    try:
+        pool.run(args.duration if args.duration is not None else float("inf"))
+    except KeyboardInterrupt:
+        pool.stop()
+    print(", ".join(f"{count} {name.replace('_', ' ')}" for name, count in sorted(pool.counts.items())))
     return 0
 
 
@@ -102,6 +127,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the one database holding documents of its own that you deliberately give up to the simulator")
     sim.set_defaults(handler=cmd_simulate)
 
+    workers = commands.add_parser(
+        "workers",
+        help="simulated workers: keep the simulated queue alive (take, heartbeat, finish, crash)",
+        description="Workers that take waiting jobs with the queue's own rules, heartbeat, finish with each type's "
+        "duration law and write their cache entries, crashing or running long at the given rates, as the queue's "
+        "generation does. Stopped (Ctrl-C or --duration), they finish the jobs they hold.",
+    )
+    workers.add_argument("--workers", type=int, default=4, help="how many workers (default: %(default)s)")
+    workers.add_argument("--crash-rate", type=float, default=0.05, help="share of jobs whose worker dies silently (default: %(default)s)")
+    workers.add_argument("--overrun-rate", type=float, default=0.02, help="share of jobs that run past T2 (default: %(default)s)")
+    workers.add_argument("--speed", type=float, default=0.05, help="job durations are their type's times this (default: %(default)s)")
+    workers.add_argument("--heartbeat-seconds", type=float, default=60.0, help="heartbeat interval (default: %(default)s)")
+    workers.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
+    workers.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    workers.set_defaults(handler=cmd_workers)
+
     db = commands.add_parser("db", help="the embedded MongoDB-compatible server")
     db.add_argument("action", choices=["start", "stop", "status"])
     db.set_defaults(handler=cmd_db)
@@ -120,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (embedded.EmbeddedServerError, DatabaseUnavailable, NotOurs, WorkloadError) as error:
+    except (embedded.EmbeddedServerError, DatabaseUnavailable, NotOurs, WorkloadError, GenerationUnknown) as error:
         print(f"zombie-pipeline: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # keep credentials out of whatever reaches the terminal

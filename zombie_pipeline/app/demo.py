@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +18,8 @@ from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import resources_from_env, store_of
 from zombie_pipeline.orchestration.statistics import job_duration_statistics, job_duration_tallies
 from zombie_pipeline.cleanup import queue_verdict, required_generation
-from zombie_pipeline.generations import NEWEST_QUEUE_GENERATION
+from zombie_pipeline.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.workers import WorkerPool, WorkerRates
 from zombie_pipeline.simulate import Workload, drop_simulation, simulate, simulated_generation
 from zombie_pipeline.statistics.reports import ReportFiles, summary_text
 from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze_window
@@ -52,6 +55,34 @@ def run_demo(finished: int = 3_000, seed: int = 0, fresh: bool = False, generati
         "ops": {"reconcile": {"config": {"dry_run": real_database}}},
         "loggers": QUIET,
     }
+    with _living_queue(store, generation, policy, seed, enabled=not real_database):
+        return _run_pipeline(store, resources, run_config, policy, real_database)
+
+
+@contextlib.contextmanager
+def _living_queue(store, generation: str, policy, seed: int, enabled: bool):
+    """Simulated workers take waiting jobs, heartbeat and finish while the demo runs; stopped, they finish what they hold."""
+    if not enabled:
+        yield None
+        return
+    pool = WorkerPool(store, QUEUE_GENERATIONS[generation], policy, WorkerRates(crash_rate=0.0), seed=seed)
+    pool.adopt_running()
+    stopping = threading.Event()
+    thread = threading.Thread(target=pool.run, args=(3_600, stopping.is_set), daemon=True, name="simulated-workers")
+    thread.start()
+    try:
+        yield pool
+    finally:
+        stopping.set()
+        thread.join(timeout=60)
+        print(f"\nsimulated workers: {_worker_line(pool.counts)}")
+
+
+def _worker_line(counts) -> str:
+    return ", ".join(f"{count} {name.replace('_', ' ')}" for name, count in sorted(counts.items())) or "nothing to do"
+
+
+def _run_pipeline(store, resources, run_config, policy, real_database: bool) -> int:
     started = time.monotonic()
     with _instance() as instance:
         result = kill_zombies_job.execute_in_process(
@@ -63,7 +94,8 @@ def run_demo(finished: int = 3_000, seed: int = 0, fresh: bool = False, generati
         failure = next((e for e in result.all_events if e.is_step_failure), None)
         if failure is not None and failure.step_failure_data.error is not None:
             print("  " + failure.step_failure_data.error.message.strip().splitlines()[-1])
-        print("  (start from a fresh simulated queue with: zombie-pipeline demo --fresh)")
+        if not real_database:
+            print("  (start from a fresh simulated queue with: zombie-pipeline demo --fresh)")
         return 1
     summary = summarize_run(store, result.run_id, result.output_for_node("summarize"))
     print("  " + summary.one_line())
@@ -120,7 +152,7 @@ def _fill(store, finished: int, seed: int, policy, generation: str) -> None:
         workload = Workload(finished=finished, seed=seed, generation=generation)
         print(f"empty queue: simulating a {generation} deployment, {workload.total} jobs over {workload.days:.0f} days ...")
     elif count_stale(store.jobs, policy, utc_now()) == 0:
-        workload = Workload(finished=0, waiting=0, running=60, seed=seed, generation=generation)
+        workload = Workload(finished=0, waiting=20, running=40, seed=seed, generation=generation)
         print("no zombies left from earlier demos: simulating workers that crashed since ...")
     else:
         return
