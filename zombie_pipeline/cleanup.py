@@ -143,7 +143,7 @@ def write_cache_errors(
 def finalize(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
     """Drive every claimed event of this run to finalized, in the order its generation finishes a job."""
     result = StepResult()
-    for name in _generations_of(store, run_id, {Event.STATE: EventState.CLAIMED}):
+    for name in _generations_of(store, run_id, {Event.STATE: {"$ne": EventState.DONE}}):
         generation = QUEUE_GENERATIONS[name]
         claimed = {Event.STATE: EventState.CLAIMED, Event.QUEUE_GENERATION: name}
         if generation.cache_first:

@@ -1,0 +1,361 @@
+"""Finishing zombies as each generation of the queue finishes a job (``finish.py``, ``finish_effects.py``).
+
+Every test runs on a queue simulated exactly as that generation's deployment
+stores it (``simulate``), with and without transactions: a finished zombie is
+kept with status ``error`` before 2023-12 and deleted after, nothing the
+generation does not declare is ever written, the deployment's counters equal a
+recount of the documents, locks are free, the re-run can start, a worker that
+moves meanwhile always wins, a second cleanup changes nothing, and a cleanup
+killed between any two writes is completed by the next one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from zombie_pipeline import cleanup, counters
+from zombie_pipeline.cleanup import run_cleanup
+from zombie_pipeline.documents import (
+    ID,
+    PAST_JOBS_COLLECTION,
+    SIMULATIONS_COLLECTION,
+    Blockage,
+    Cache,
+    CacheOutcome,
+    Event,
+    EventState,
+    Job,
+    JobMetric,
+    Lock,
+    PastJob,
+    Reason,
+    Status,
+    WorkerSizeMetric,
+    CacheMetric,
+    utc_now,
+)
+from zombie_pipeline.finish_effects import PAST_JOB_MIN_SECONDS
+from zombie_pipeline.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, QueueGeneration
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.simulate import Simulation, Workload, job_document, simulate
+from zombie_pipeline.store import Store
+
+GENERATIONS = list(QUEUE_GENERATIONS)
+MODES = [pytest.param(True, id="transactions"), pytest.param(False, id="one-write-after-another")]
+#: The fields of the deployment's collections beside the queue, as its models declare them.
+SIDE_FIELDS = {
+    "job_metrics": {ID, JobMetric.JOB_TYPE, JobMetric.STATUS, JobMetric.DATASET_STATUS, JobMetric.TOTAL, JobMetric.CREATED_AT},
+    "worker_size_metrics": {ID, WorkerSizeMetric.WORKER_SIZE, WorkerSizeMetric.JOBS_COUNT, WorkerSizeMetric.CREATED_AT},
+    "past_jobs": {ID, PastJob.DATASET, PastJob.DURATION, PastJob.FINISHED_AT},
+    "blockages": {ID, Blockage.DATASET, Blockage.BLOCKED_AT},
+    "cache_metrics": {ID, CacheMetric.KIND, CacheMetric.HTTP_STATUS, CacheMetric.ERROR_CODE, CacheMetric.TOTAL, CacheMetric.CREATED_AT},
+}
+
+
+def small_queue(store: Store, generation: str, **counts: Any) -> Simulation:
+    fields = {"finished": 60, "crashed": 4, "never_heartbeated": 2, "terminated": 2, "overdue": 2, "running": 8, "waiting": 6}
+    return simulate(store, Workload(**{**fields, **counts}, generation=generation, seed=7))
+
+
+def policy_for(generation: str, transactions: bool, **fields: Any) -> ZombiePolicy:
+    return ZombiePolicy(queue_generation=generation, transactions=transactions, min_started_for_brake=1_000, **fields)
+
+
+def state(store: Store) -> dict[str, Any]:
+    """Everything a cleanup may change, without the stamps that differ from run to run."""
+    return {
+        "jobs": sorted((str(job[ID]), job[Job.STATUS], Job.FINISHED_AT in job) for job in store.jobs.find()),
+        "cache": sorted(
+            (entry[Cache.KIND], entry[Cache.DATASET], entry.get(Cache.CONFIG), entry.get(Cache.SPLIT), entry[Cache.HTTP_STATUS],
+             entry.get(Cache.ERROR_CODE), entry.get(Cache.FAILED_RUNS))
+            for entry in store.cache.find()
+        ),
+        "counters": {name: sorted(values.items(), key=str) for name, values in counters.stored(store, QUEUE_GENERATIONS[_generation(store)]).items()},
+        "past_jobs": sorted((str(document[ID]), document[PastJob.DURATION]) for document in store.past_jobs.find()),
+        "blockages": sorted(document[Blockage.DATASET] for document in store.blockages.find()),
+        "locks": sorted((str(lock[ID]), lock.get(Lock.OWNER), lock.get(Lock.JOB_ID)) for lock in store.locks.find()),
+        "events": sorted(
+            (str(event[ID]), event[Event.STATE], event.get(Event.CACHE_OUTCOME), event.get(Event.FAILED_RUNS), event.get(Event.RETRY_OUTCOME))
+            for event in store.events.find()
+        ),
+    }
+
+
+def _generation(store: Store) -> str:
+    return store.jobs.database[SIMULATIONS_COLLECTION].find_one()["generation"]
+
+
+# --- finished as the generation finishes a job ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transactions", MODES)
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_every_zombie_is_finished_as_its_generation_finishes_a_job_and_nothing_else(store: Store, generation: str, transactions: bool):
+    simulation = small_queue(store, generation)
+    kept = QUEUE_GENERATIONS[generation].keeps_finished_jobs
+
+    report = run_cleanup(store, policy_for(generation, transactions), run_id="run")
+
+    assert report.verdict.generation.name == generation
+    assert report.counts["finalized"] == len(simulation.zombie_ids)
+    for job_id in simulation.zombie_ids:
+        job = store.jobs.find_one({ID: job_id})
+        if kept:
+            assert job[Job.STATUS] == Status.ERROR and job[Job.FINISHED_AT] is not None
+        else:
+            assert job is None
+    assert store.jobs.count_documents({ID: {"$in": simulation.running_ids}, Job.STATUS: Status.STARTED}) == len(simulation.running_ids)
+    if QUEUE_GENERATIONS[generation].declares(Job.TERMINATED_AT):
+        assert report.counts[f"reason:{Reason.TERMINATED}"] == len(simulation.terminated_ids) > 0
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_no_field_or_status_the_generation_does_not_declare_is_ever_written(store: Store, generation: str):
+    small_queue(store, generation)
+    queue = QUEUE_GENERATIONS[generation]
+    policy = policy_for(generation, True, enqueue_retries=True)  # the retries too, in every generation
+
+    report = run_cleanup(store, policy, run_id="run")
+
+    assert report.counts["retry_enqueued"] > 0
+    for job in store.jobs.find():
+        assert set(job) - {ID} <= queue.job_fields, job
+        assert job[Job.STATUS] in queue.statuses
+    cache = CACHE_GENERATIONS[queue.cache_generation]
+    for entry in store.cache.find():
+        assert set(entry) - {ID} <= cache.fields, entry
+    for lock in store.locks.find():
+        assert set(lock) - {ID} <= queue.lock_fields, lock
+    for name, fields in SIDE_FIELDS.items():
+        for document in getattr(store, name).find():
+            assert set(document) <= fields, (name, document)
+    present = set(store.jobs.database.list_collection_names()) - {collection.name for collection in store.ours} - {SIMULATIONS_COLLECTION}
+    assert present <= {store.jobs.name} | queue.side_collections
+
+
+@pytest.mark.parametrize("transactions", MODES)
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_after_a_cleanup_every_counter_equals_a_recount_of_the_documents(store: Store, generation: str, transactions: bool):
+    small_queue(store, generation)
+    queue = QUEUE_GENERATIONS[generation]
+    assert counters.stored(store, queue) == counters.recount(store, queue)  # the simulator writes them in step
+
+    run_cleanup(store, policy_for(generation, transactions, enqueue_retries=True), run_id="run")
+
+    assert counters.stored(store, queue) == counters.recount(store, queue)
+
+
+@pytest.mark.parametrize("generation", [name for name, queue in QUEUE_GENERATIONS.items() if queue.lock_fields])
+def test_the_lock_of_each_zombie_is_free_and_its_re_run_can_take_it(store: Store, generation: str):
+    simulation = small_queue(store, generation)
+    zombies = list(store.jobs.find({ID: {"$in": simulation.zombie_ids}}))
+    held = [job[Job.UNICITY_ID] for job in zombies]
+    owner = Lock.OWNER if Lock.OWNER in QUEUE_GENERATIONS[generation].lock_fields else Lock.JOB_ID
+    for key in held:  # each start lock left taken: a worker died while starting the job
+        store.locks.update_one({ID: key}, {"$set": {owner: "a-dead-starter"}, "$setOnInsert": {Lock.UPDATED_AT: utc_now()}}, upsert=True)
+
+    run_cleanup(store, policy_for(generation, True), run_id="run")
+
+    assert store.locks.count_documents({ID: {"$in": held}, owner: {"$ne": None}}) == 0
+    # a re-run takes the start lock as the deployment does: only a free lock can be taken
+    taken = store.locks.update_many({ID: {"$in": held}, owner: None}, {"$set": {owner: "the-re-run"}})
+    assert taken.matched_count == store.locks.count_documents({ID: {"$in": held}})
+
+
+@pytest.mark.parametrize("generation", [name for name, queue in QUEUE_GENERATIONS.items() if queue.keeps(PAST_JOBS_COLLECTION)])
+def test_runs_of_30_seconds_or_more_leave_a_past_job_and_a_dataset_over_its_hourly_limit_is_blocked(store: Store, generation: str):
+    simulation = small_queue(store, generation)
+    crashed = store.jobs.find_one({ID: simulation.crashed_ids[0]})
+    store.past_jobs.insert_one({PastJob.DATASET: crashed[Job.DATASET], PastJob.DURATION: 7_100, PastJob.FINISHED_AT: utc_now()})
+    waiting = job_document("/sizes", crashed[Job.DATASET], status=Status.WAITING, generation=generation, difficulty=20)
+    store.jobs.insert_one(waiting)
+
+    run_cleanup(store, policy_for(generation, True), run_id="run")
+
+    recorded = {document[ID]: document for document in store.past_jobs.find({ID: {"$in": simulation.zombie_ids}})}
+    assert set(recorded) == set(simulation.zombie_ids)  # every zombie of the simulation ran for minutes
+    assert all(document[PastJob.DURATION] >= PAST_JOB_MIN_SECONDS for document in recorded.values())
+    assert store.blockages.distinct(Blockage.DATASET) == [crashed[Job.DATASET]]
+    assert store.jobs.find_one({ID: waiting[ID]})[Job.STATUS] == Status.WAITING
+
+
+@pytest.mark.parametrize("transactions", MODES)
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_a_second_cleanup_changes_nothing(store: Store, generation: str, transactions: bool):
+    small_queue(store, generation)
+    policy = policy_for(generation, transactions)
+    run_cleanup(store, policy, run_id="first")
+    before = state(store)
+
+    report = run_cleanup(store, policy, run_id="second")
+
+    assert report.detection.candidates == []
+    assert state(store) == before
+
+
+# --- a worker that moves meanwhile wins ----------------------------------------------------------------------
+
+
+def detected(store: Store, policy: ZombiePolicy):
+    verdict = cleanup.queue_verdict(store, policy)
+    return verdict.generation, cleanup.find_zombies(store, policy)
+
+
+@pytest.mark.parametrize("transactions", MODES)
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_a_worker_that_heartbeats_after_detection_keeps_its_job_and_its_cache_entry(store: Store, generation: str, transactions: bool):
+    simulation = small_queue(store, generation, crashed=1, never_heartbeated=0, terminated=0, overdue=0)
+    policy = policy_for(generation, transactions)
+    queue, detection = detected(store, policy)
+    [zombie_id] = simulation.crashed_ids
+    entry_before = store.cache.find_one(_key_of(store.jobs.find_one({ID: zombie_id})))
+    store.jobs.update_one({ID: zombie_id}, {"$set": {Job.LAST_HEARTBEAT: utc_now()}})  # alive after all
+
+    result = cleanup.finalize_zombies(store, detection.candidates, policy, "run", utc_now(), queue)
+
+    assert result.counts["lost_to_live_worker"] == 1 and result.counts["finalized"] == 0
+    assert store.jobs.find_one({ID: zombie_id})[Job.STATUS] == Status.STARTED
+    assert store.cache.find_one(_key_of(store.jobs.find_one({ID: zombie_id}))) == entry_before
+    assert store.events.count_documents({}) == 0  # the claim is forgotten: the job may be judged again
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_a_worker_that_finishes_after_detection_keeps_its_result(store: Store, generation: str):
+    simulation = small_queue(store, generation, crashed=1, never_heartbeated=0, terminated=0, overdue=0)
+    policy = policy_for(generation, True)
+    queue, detection = detected(store, policy)
+    [zombie_id] = simulation.crashed_ids
+    job = store.jobs.find_one({ID: zombie_id})
+    result = {Cache.HTTP_STATUS: 200, Cache.ERROR_CODE: None, Cache.UPDATED_AT: utc_now()}
+    store.cache.update_one(_key_of(job), {"$set": result}, upsert=True)  # the worker's result first, then its finish
+    if queue.keeps_finished_jobs:
+        store.jobs.update_one({ID: zombie_id}, {"$set": {Job.STATUS: Status.SUCCESS, Job.FINISHED_AT: utc_now()}})
+    else:
+        store.jobs.delete_one({ID: zombie_id})
+
+    outcome = cleanup.finalize_zombies(store, detection.candidates, policy, "run", utc_now(), queue)
+
+    assert outcome.counts["finalized"] == 0
+    assert store.cache.find_one(_key_of(job))[Cache.HTTP_STATUS] == 200
+    if queue.keeps_finished_jobs:
+        assert store.jobs.find_one({ID: zombie_id})[Job.STATUS] == Status.SUCCESS
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_a_result_a_worker_writes_after_detection_is_never_overwritten(store: Store, generation: str):
+    simulation = small_queue(store, generation, crashed=1, never_heartbeated=0, terminated=0, overdue=0)
+    policy = policy_for(generation, True)
+    queue, detection = detected(store, policy)
+    job = store.jobs.find_one({ID: simulation.crashed_ids[0]})
+    store.cache.update_one(_key_of(job), {"$set": {Cache.HTTP_STATUS: 200, Cache.ERROR_CODE: None, Cache.UPDATED_AT: utc_now()}}, upsert=True)
+
+    outcome = cleanup.finalize_zombies(store, detection.candidates, policy, "run", utc_now(), queue)
+
+    assert outcome.counts["cache_skipped_fresher"] == 1
+    assert store.cache.find_one(_key_of(job))[Cache.HTTP_STATUS] == 200
+
+
+def _key_of(job: dict[str, Any]) -> dict[str, Any]:
+    return {Cache.KIND: job[Job.TYPE], Cache.DATASET: job[Job.DATASET], Cache.CONFIG: job.get(Job.CONFIG), Cache.SPLIT: job.get(Job.SPLIT)}
+
+
+# --- killed between any two writes -----------------------------------------------------------------------------
+
+
+class Crash(Exception):
+    """The cleanup's process died here."""
+
+
+class Countdown:
+    def __init__(self, writes: int) -> None:
+        self.writes = writes
+
+    def spend(self) -> None:
+        if self.writes <= 0:
+            raise Crash()
+        self.writes -= 1
+
+
+class Dying:
+    """A collection whose writes stop once the countdown is spent: the process died."""
+
+    WRITES = {"insert_one", "insert_many", "update_one", "update_many", "replace_one", "bulk_write", "delete_one", "delete_many"}
+
+    def __init__(self, collection: Any, countdown: Countdown) -> None:
+        self._collection, self._countdown = collection, countdown
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._collection, name)
+        if name not in self.WRITES:
+            return attribute
+
+        def write(*args: Any, **kwargs: Any) -> Any:
+            self._countdown.spend()
+            return attribute(*args, **kwargs)
+
+        return write
+
+
+def dying(store: Store, writes: int) -> Store:
+    countdown = Countdown(writes)
+    return Store(**{name: Dying(collection, countdown) for name, collection in vars(store).items()})
+
+
+def outcome(store: Store) -> dict[str, Any]:
+    """What a cleanup leaves, comparable between two databases simulated alike (retry ids and stamps differ)."""
+    snapshot = state(store)
+    snapshot["jobs"] = sorted(Counter((job[Job.UNICITY_ID], job[Job.STATUS], Job.FINISHED_AT in job) for job in store.jobs.find()).items())
+    snapshot["past_jobs"] = sorted(str(document[ID]) for document in store.past_jobs.find())
+    return snapshot
+
+
+@pytest.mark.parametrize("transactions", MODES)
+@pytest.mark.parametrize("generation", ["2023-07", "2026-05"])
+def test_a_cleanup_killed_between_any_two_writes_is_completed_by_the_next_run_with_nothing_done_twice(
+    fresh_database, generation: str, transactions: bool
+):
+    """The state after a crash and the next run equals an uninterrupted run's (every fourth write a crash point).
+
+    Without transactions, a counter may be left one off by a crash between its write and its record (never
+    moved twice), until the deployment's own recount; every document is exactly as after an uninterrupted run.
+    """
+    workload = Workload(finished=10, crashed=3, never_heartbeated=1, terminated=1, overdue=1, running=3, waiting=2, generation=generation, seed=3)
+    now = utc_now()
+    policy = policy_for(generation, transactions, enqueue_retries=True, claim_lease_seconds=0, batch_size=2)
+
+    def queue() -> Store:
+        fresh = Store.of(fresh_database("queue"), fresh_database("cache"))
+        simulate(fresh, workload, now=now)
+        return fresh
+
+    reference = queue()
+    run_cleanup(reference, policy, run_id="uninterrupted")
+    expected = outcome(reference)
+    crashes = 0
+    for writes in range(0, 1_000, 4):
+        attempt = queue()
+        try:
+            run_cleanup(dying(attempt, writes), policy, run_id="killed")
+        except Crash:
+            crashes += 1
+            run_cleanup(attempt, policy, run_id="next")
+            after = outcome(attempt)
+            if not transactions:
+                assert _counters_off_by(after.pop("counters"), expected["counters"]) <= 1, f"killed after {writes} writes"
+            assert after == {name: value for name, value in expected.items() if name in after}, f"killed after {writes} writes"
+        else:
+            break  # enough writes for the whole run: no crash point left
+    assert crashes >= 5
+
+
+def _counters_off_by(found: dict[str, list], expected: dict[str, list]) -> int:
+    """The largest difference between two snapshots of the counters, over every key."""
+    worst = 0
+    for name in set(found) | set(expected):
+        left, right = Counter(dict(found.get(name, []))), Counter(dict(expected.get(name, [])))
+        worst = max([worst, *(abs(left[key] - right[key]) for key in set(left) | set(right))])
+    return worst
