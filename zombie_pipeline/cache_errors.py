@@ -38,8 +38,8 @@ from zombie_pipeline.documents import (
 from zombie_pipeline.events import READ_BATCH, duplicate_indexes
 from zombie_pipeline.generations import (
     CACHE_GENERATIONS,
-    NEWEST_CACHE_GENERATION,
     CacheGeneration,
+    QueueGeneration,
     cache_generation_of,
     failed_runs_after_crash,
     runner_version_of,
@@ -55,16 +55,20 @@ DETAIL_JOB_ID = "job_id"
 DETAIL_PREVIOUS = "previous_entry"
 
 
-def detect_cache_generation(store: Store, policy: ZombiePolicy) -> CacheGeneration:
-    """The configured generation, else the one the newest existing entries were written in."""
+def detect_cache_generation(store: Store, policy: ZombiePolicy, queue: QueueGeneration) -> CacheGeneration:
+    """The configured generation, else the one the newest existing entries were written in.
+
+    An empty cache tells nothing: the cache the queue's generation writes is assumed (for an early
+    queue, the oldest of its time, whose fields every later one of that time declares too).
+    """
     if policy.cache_generation:
         return CACHE_GENERATIONS[policy.cache_generation]
     seen: set[str] = set()
     recent = store.cache.find({}, {Cache.CONTENT: 0, Cache.DETAILS: 0}).sort("$natural", -1).limit(_GENERATION_SAMPLE)
     for entry in recent:
         seen.update(entry)
-    if not seen:  # an empty cache: assume the newest deployment
-        return CACHE_GENERATIONS[NEWEST_CACHE_GENERATION]
+    if not seen:
+        return CACHE_GENERATIONS[queue.cache_generation]
     return cache_generation_of(seen)
 
 

@@ -126,7 +126,7 @@ def write_cache_errors(
     store: Store, run_id: str, policy: ZombiePolicy, queue_generation: QueueGeneration, ready: Mapping[str, Any]
 ) -> StepResult:
     """Write the error entry of this run's ``ready`` events, unless a fresher one is there."""
-    generation = detect_cache_generation(store, policy)
+    generation = detect_cache_generation(store, policy, queue_generation)
     cache_metrics = SideCollections.of(store, queue_generation).cache_metrics
     result = StepResult()
     result.counts[f"cache_generation:{generation.name}"] = 1
