@@ -21,6 +21,7 @@ from zombie_pipeline.documents import (
     ID,
     STATUSES,
     Job,
+    JobSnapshot,
     Reason,
     Status,
     as_utc,
@@ -35,7 +36,7 @@ from zombie_pipeline.policy import ZombiePolicy
 class Candidate:
     """A zombie as detection saw it: the evidence finalization must find unchanged."""
 
-    job: dict[str, Any]  # the job's own fields, as read
+    job: JobSnapshot  # the job's own fields, as read
     reason: str
     threshold_seconds: int
     detected_at: dt.datetime

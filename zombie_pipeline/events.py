@@ -20,7 +20,7 @@ from pymongo import UpdateMany, UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
-from zombie_pipeline.documents import ID, Event, EventState, utc_now
+from zombie_pipeline.documents import ID, Event, EventState, ZombieEvent, utc_now
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.store import Store
 
@@ -66,13 +66,13 @@ def renew_leases(store: Store, run_id: str, policy: ZombiePolicy) -> None:
     )
 
 
-def owned(store: Store, run_id: str, query: Mapping[str, Any], limit: int) -> list[dict[str, Any]]:
+def owned(store: Store, run_id: str, query: Mapping[str, Any], limit: int) -> list[ZombieEvent]:
     without_policy = {Event.POLICY: 0}  # kept for the audit; no step reads it back
     selected = {Event.LEASE_OWNER: run_id, **query}
     return list(store.events.find(selected, without_policy).sort(ID, 1).limit(limit).batch_size(limit))
 
 
-def drain(store: Store, run_id: str, query: Mapping[str, Any], policy: ZombiePolicy) -> Iterator[list[dict[str, Any]]]:
+def drain(store: Store, run_id: str, query: Mapping[str, Any], policy: ZombiePolicy) -> Iterator[list[ZombieEvent]]:
     """Batches of this run's events matching ``query``, until none is left; each batch must move them on.
 
     A long step renews the run's leases before a third of them has run out, so no
