@@ -141,7 +141,7 @@ def cleanup_case(
     setup_store.ensure_indexes()  # before the inserts: building an index afterwards is far slower here
     workload = cleanup_workload(jobs, zombies)
     started = time.perf_counter()
-    simulation = simulate(setup_client[QUEUE_DB], setup_client[CACHE_DB], workload)
+    simulation = simulate(setup_store, workload)
     setup_seconds = time.perf_counter() - started
     snapshot = Snapshot.take(setup_store, simulation)
     log(f"  queue of {jobs} jobs, {zombies} zombies: simulated in {setup_seconds:.1f} s ({simulation.cache_entries} cache entries)")

@@ -4,7 +4,7 @@ On the embedded server, reading a million jobs takes minutes and is the
 server's speed, not ours; the issue's compute target is about what follows the
 read. So the documents the daily queries would return (the simulator's job
 types and duration laws, only the fields of the statistics projection) are
-encoded to BSON once, in batches of ``durations.READ_BATCH_SIZE`` like cursor
+encoded to BSON once, in batches of ``tallies.READ_BATCH_SIZE`` like cursor
 replies, and each run decodes them batch by batch with the client's codec
 options, as pymongo does. Decoding is timed apart (it is part of any read);
 what is left is ours: ``tally_jobs`` per day, ``combine``, ``analyze``.
@@ -23,9 +23,10 @@ from bson.codec_options import CodecOptions
 from benchmarks.data import _finished_jobs, history_for
 from benchmarks.harness import measure, median
 from benchmarks.history_bench import Clock, days_of
-from zombie_pipeline import durations
 from zombie_pipeline.documents import ID, Job
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.statistics import tallies
+from zombie_pipeline.statistics.suggest import analyze
 
 #: what ``zombie_pipeline.mongo.client_for`` decodes with
 CODEC_OPTIONS = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc)
@@ -40,7 +41,7 @@ def encoded_days(size: int, now: dt.datetime, seed: int = 7) -> dict[tuple[dt.da
     for job in _finished_jobs(size, history, seed, ZombiePolicy().max_duration_seconds):
         day = days[(job[Job.FINISHED_AT] - history.first_day).days]
         batches = by_day[day]
-        if len(batches[-1]) >= durations.READ_BATCH_SIZE:
+        if len(batches[-1]) >= tallies.READ_BATCH_SIZE:
             batches.append([])
         batches[-1].append(bson.encode({name: job[name] for name in (ID, *PROJECTED) if name in job}))
     return {day: [b"".join(batch) for batch in batches if batch] for day, batches in by_day.items()}
@@ -57,11 +58,11 @@ def _decoded(batches: list[bytes], clock: Clock) -> Iterator[dict[str, Any]]:
 def statistics_step(days: dict[tuple[dt.datetime, dt.datetime], list[bytes]], policy: ZombiePolicy, clock: Clock) -> int:
     """The window as the assets compute it, fed from memory; returns the jobs read."""
     periods = [
-        durations.tally_jobs(durations.Period(start=start, end=end), _decoded(batches, clock))
+        tallies.tally_jobs(tallies.Period(start=start, end=end), _decoded(batches, clock))
         for (start, end), batches in days.items()
     ]
-    period = durations.combine(periods)
-    durations.analyze(period, policy, undated=Counter())
+    period = tallies.combine(periods)
+    analyze(period, policy, undated=Counter())
     return period.jobs_read
 
 

@@ -34,12 +34,16 @@ from zombie_pipeline.documents import (
     Status,
     cache_key_of_job,
     namespace_of,
+    truncate_ms,
     unicity_id,
     without_none,
 )
-from zombie_pipeline.simulate import HEARTBEAT_INTERVAL_SECONDS, JOB_TYPES, JobType, Simulation, Workload, truncate_ms
+from zombie_pipeline.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION
+from zombie_pipeline.simulate import HEARTBEAT_INTERVAL_SECONDS, JOB_TYPES, JobType, Simulation, Workload
 from zombie_pipeline.store import Store
 
+#: The queue the 2023 killer (``baseline_2023``) ran on: early 2023, finished jobs kept with their status.
+QUEUE_GENERATION = OLDEST_QUEUE_GENERATION
 #: Running (healthy) started jobs beside the zombies: every started job is loaded by the baseline.
 RUNNING_JOBS = 200
 HISTORY_INSERT_BATCH = 20_000
@@ -62,6 +66,8 @@ def cleanup_workload(jobs: int, zombies: int, seed: int = 2023, running: int = R
         running=running,
         waiting=waiting,
         seed=seed,
+        generation=QUEUE_GENERATION,
+        cache_generation=NEWEST_CACHE_GENERATION,
     )
 
 

@@ -21,7 +21,6 @@ step the same measures are taken:
 from __future__ import annotations
 
 import datetime as dt
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -31,13 +30,16 @@ from pymongo import MongoClient
 from pymongo.cursor import Cursor
 
 from benchmarks.cleanup_bench import CleanupSettings, _row, run_contenders
-from benchmarks.data import History, Snapshot, add_finished_history, history_for
+from benchmarks.data import QUEUE_GENERATION, History, Snapshot, add_finished_history, history_for
 from benchmarks.harness import CommandCounter, ServerHandle, drop_if_exists, explain_aggregate, explain_command, explain_find, measure, median
-from zombie_pipeline import durations
 from zombie_pipeline.detection import detect, on_index, stale_filter, stale_pipeline
 from zombie_pipeline.documents import FINISHED_STATUSES, ID, Cache, Job, Status, cache_key_of_job
+from zombie_pipeline.generations import NEWEST_CACHE_GENERATION
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.simulate import Workload, simulate
+from zombie_pipeline.statistics import tallies
+from zombie_pipeline.statistics.quantiles import PERCENTILES
+from zombie_pipeline.statistics.suggest import analyze
 from zombie_pipeline.store import Store
 
 QUEUE_DB = "bench_history_queue"
@@ -122,12 +124,8 @@ class TimedCollection:
 
 
 def day_filters(jobs: Any, start: dt.datetime, end: dt.datetime) -> list[dict[str, Any]]:
-    """The queries ``read_period`` sends for the jobs of ``[start, end)`` (one per status in newer versions)."""
-    parameters = inspect.signature(durations.finished_jobs_filter).parameters
-    if len(parameters) == 3:
-        statuses = durations.statuses_to_read(jobs) if hasattr(durations, "statuses_to_read") else sorted(FINISHED_STATUSES)
-        return [durations.finished_jobs_filter(status, start, end) for status in statuses]
-    return [durations.finished_jobs_filter(start, end)]
+    """The queries ``read_period`` sends for the jobs of ``[start, end)``: one per status."""
+    return [tallies.finished_jobs_filter(status, start, end) for status in tallies.statuses_to_read(jobs)]
 
 
 # --- statistics: ours and the naive version ------------------------------------------------
@@ -142,9 +140,9 @@ def days_of(history: History) -> list[tuple[dt.datetime, dt.datetime]]:
 def statistics_ours(jobs: Any, events: Any, history: History, policy: ZombiePolicy, clock: Clock) -> dict[str, Any]:
     """The window as the assets compute it: a ``read_period`` per day, then ``combine`` and ``analyze``."""
     timed_jobs, timed_events = TimedCollection(jobs, clock), TimedCollection(events, clock)
-    periods = [durations.read_period(timed_jobs, timed_events, start, end) for start, end in days_of(history)]
-    period = durations.combine(periods)
-    report = durations.analyze(period, policy, undated=durations.count_undated_jobs(timed_jobs))
+    periods = [tallies.read_period(timed_jobs, timed_events, start, end) for start, end in days_of(history)]
+    period = tallies.combine(periods)
+    report = analyze(period, policy, undated=tallies.count_undated_jobs(timed_jobs))
     return {"jobs_read": period.jobs_read, "types": len(report.types)}
 
 
@@ -159,12 +157,12 @@ def statistics_naive(jobs: Any, history: History, clock: Clock) -> dict[str, Any
     frame["seconds"] = (frame[Job.FINISHED_AT] - frame[Job.STARTED_AT]).dt.total_seconds()
     counts = frame.groupby([Job.TYPE, Job.STATUS]).size()
     success = frame[frame[Job.STATUS] == Status.SUCCESS]
-    table = success.groupby(Job.TYPE)["seconds"].describe(percentiles=list(durations.PERCENTILES))
+    table = success.groupby(Job.TYPE)["seconds"].describe(percentiles=list(PERCENTILES))
     return {"jobs_read": len(documents), "types": len(table), "groups": len(counts)}
 
 
 def statistics_day(jobs: Any, events: Any, start: dt.datetime, end: dt.datetime, clock: Clock) -> dict[str, Any]:
-    period = durations.read_period(TimedCollection(jobs, clock), TimedCollection(events, clock), start, end)
+    period = tallies.read_period(TimedCollection(jobs, clock), TimedCollection(events, clock), start, end)
     return {"jobs_read": period.jobs_read}
 
 
@@ -205,8 +203,10 @@ class HistoryBench:
             running=s.running,
             waiting=s.waiting,
             seed=7,
+            generation=QUEUE_GENERATION,
+            cache_generation=NEWEST_CACHE_GENERATION,
         )
-        simulation = simulate(self.setup_client[QUEUE_DB], self.setup_client[CACHE_DB], workload)
+        simulation = simulate(setup_store, workload)
         self.now = simulation.now
         self.snapshot = Snapshot.take(setup_store, simulation)
         self.setup_store = setup_store
@@ -398,7 +398,7 @@ class HistoryBench:
         self.counter.measure_bytes = True
         day = measure(lambda: statistics_day(jobs, events, day_start, day_end, clock), self.counter)
         explains = [
-            explain_find(self.setup_store.jobs, query, projection=getattr(durations, "_JOB_PROJECTION", None))
+            explain_find(self.setup_store.jobs, query, projection=tallies._JOB_PROJECTION)
             for query in day_filters(self.setup_store.jobs, day_start, day_end)
         ]
         plan = f"{len(explains)} finds, first: {explains[0]['plan']}"

@@ -191,7 +191,13 @@ def code_state() -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError):
             return "?"
 
-    modules = ["zombie_pipeline/cleanup.py", "zombie_pipeline/detection.py", "zombie_pipeline/durations.py", "zombie_pipeline/simulate.py"]
+    modules = [
+        "zombie_pipeline/cleanup.py",
+        "zombie_pipeline/detection.py",
+        "zombie_pipeline/statistics/tallies.py",
+        "zombie_pipeline/statistics/suggest.py",
+        "zombie_pipeline/simulate.py",
+    ]
     return {
         "commit": git("rev-parse", "--short", "HEAD"),
         "uncommitted": [line for line in git("status", "--short", "--", *modules).splitlines() if line],

@@ -31,19 +31,33 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+sys.path.insert(0, str(ROOT))  # the test suite's dagster dev harness and server helper
 
-import harness  # noqa: E402
-
-from zombie_pipeline.embedded import free_port, start_server  # noqa: E402
+from tests.e2e import harness  # noqa: E402
+from tests.servers import running_server  # noqa: E402
+from zombie_pipeline.config import CACHE_URL_ENV, HOME_ENV, KILL_CRON_ENV, QUEUE_URL_ENV, WEBHOOK_URL_ENV  # noqa: E402
+from zombie_pipeline.embedded import free_port  # noqa: E402
+from zombie_pipeline.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION  # noqa: E402
 from zombie_pipeline.mongo import client_for, close_clients  # noqa: E402
+from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, PARTITION_TAG  # noqa: E402
 from zombie_pipeline.simulate import Workload, simulate  # noqa: E402
 from zombie_pipeline.store import Store  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
-WORKLOAD = Workload(finished=4_000, crashed=24, never_heartbeated=6, overdue=6, running=60, waiting=40, days=8, seed=0)
+#: An early-2023 queue (finished jobs kept with their status), as the screenshots in docs/ show.
+WORKLOAD = Workload(
+    finished=4_000,
+    crashed=24,
+    never_heartbeated=6,
+    overdue=6,
+    running=60,
+    waiting=40,
+    days=8,
+    seed=0,
+    generation=OLDEST_QUEUE_GENERATION,
+    cache_generation=NEWEST_CACHE_GENERATION,
+)
 STATS_DAYS = 7
-CLEANUP_RUN_TAG = "zombie_pipeline/cleanup_run_id"
 
 
 def chromium() -> str:
@@ -161,64 +175,65 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="zombie-screenshots-") as tmp:
         base = Path(tmp)
-        server, info = start_server(base / "data", log_path=base / "server.log", detach=False)
-        dev = None
-        try:
-            client = client_for(info.url)
-            store = Store.of(client["datasets_server_queue"], client["datasets_server_cache"])
-            store.ensure_indexes()  # on empty collections: building them later costs ~10 s per index here
-            simulation = simulate(store.jobs.database, store.cache.database, WORKLOAD)
-            print(f"simulated {WORKLOAD.total} jobs, {len(simulation.zombie_ids)} zombies")
-            env = {
-                "QUEUE_MONGO_URL": info.url,
-                "CACHE_MONGO_URL": info.url,
-                "ZOMBIE_PIPELINE_HOME": str(base / "home"),
-                "ZOMBIE_KILL_CRON": "",
-                "ZOMBIE_FAILURE_WEBHOOK_URL": "",
-            }
-            dev = harness.DagsterDev(base / "dagster_home", free_port(), env).start(timeout=180)
-            print(f"dagster dev at {dev.url}")
-
-            cleanup_run = launch_and_wait(dev, "kill_zombies_job")
-            today = dt.datetime.now(dt.timezone.utc).date()
-            days = [(today - dt.timedelta(days=n)).isoformat() for n in range(STATS_DAYS, 0, -1)]
-            for day in days:
-                launch_and_wait(dev, "duration_statistics_job", tags={"dagster/partition": day}, asset_selection=[["job_duration_tallies"]])
-            launch_and_wait(
-                dev, "duration_statistics_job", tags={"dagster/partition": days[-1]}, asset_selection=[["job_duration_statistics"]]
-            )
-            [health] = harness.wait_for(
-                "the checks after the cleanup", lambda: harness.runs(dev, "queue_health_job", {CLEANUP_RUN_TAG: cleanup_run}), 120, 2
-            )
-            harness.wait_for_run(dev, health["runId"], timeout=180)
-
-            profile = base / "chromium"
-            pages = {
-                "cleanup-run.png": (f"{dev.url}/runs/{cleanup_run}?logs=step%3Asummarize", "1600,1100"),
-                "duration-statistics.png": (f"{dev.url}/assets/job_duration_statistics?view=events", "1600,1300"),
-                "queue-health-checks.png": (f"{dev.url}/assets/queue_health?view=checks", "1600,900"),
-                "automation.png": (f"{dev.url}/automation", "1600,700"),
-            }
-            for name, (url, size) in pages.items():
-                capture(browser, url, args.out / name, profile, size)
-            tools = DevTools(browser, base / "devtools", 1600, 1100)
-            try:
-                tools.dialog(f"{dev.url}/assets/job_duration_statistics?view=events", "[Show Markdown]", args.out / "duration-statistics-report.png")
-                tools.dialog(f"{dev.url}/runs/{cleanup_run}?logs=step%3Areconcile", "[Show JSON]", args.out / "cleanup-policy.png")
-            finally:
-                tools.close()
-            if args.keep_open:
-                try:
-                    input(f"UI at {dev.url}; press Enter to stop ")
-                except EOFError:
-                    pass
-        finally:
-            if dev is not None:
-                dev.stop()
-            close_clients()
-            server.terminate()
-            server.wait(timeout=30)
+        with running_server(base / "server") as server:
+            shoot(browser, base, server.url, args)
     return 0
+
+
+def shoot(browser: str, base: Path, mongo_url: str, args: argparse.Namespace) -> None:
+    """Simulate, run the pipeline in ``dagster dev`` on the server at ``mongo_url``, capture the pages."""
+    dev = None
+    try:
+        client = client_for(mongo_url)
+        store = Store.of(client["datasets_server_queue"], client["datasets_server_cache"])
+        store.ensure_indexes()  # on empty collections: building them later costs ~10 s per index here
+        simulation = simulate(store, WORKLOAD)
+        print(f"simulated {WORKLOAD.total} jobs, {len(simulation.zombie_ids)} zombies")
+        env = {
+            QUEUE_URL_ENV: mongo_url,
+            CACHE_URL_ENV: mongo_url,
+            HOME_ENV: str(base / "home"),
+            KILL_CRON_ENV: "",
+            WEBHOOK_URL_ENV: "",
+        }
+        dev = harness.DagsterDev(base / "dagster_home", free_port(), env).start(timeout=180)
+        print(f"dagster dev at {dev.url}")
+
+        cleanup_run = launch_and_wait(dev, "kill_zombies_job")
+        today = dt.datetime.now(dt.timezone.utc).date()
+        days = [(today - dt.timedelta(days=n)).isoformat() for n in range(STATS_DAYS, 0, -1)]
+        for day in days:
+            launch_and_wait(dev, "duration_statistics_job", tags={PARTITION_TAG: day}, asset_selection=[["job_duration_tallies"]])
+        launch_and_wait(dev, "duration_statistics_job", tags={PARTITION_TAG: days[-1]}, asset_selection=[["job_duration_statistics"]])
+        [health] = harness.wait_for(
+            "the checks after the cleanup", lambda: harness.runs(dev, "queue_health_job", {CLEANUP_RUN_TAG: cleanup_run}), 120, 2
+        )
+        harness.wait_for_run(dev, health["runId"], timeout=180)
+
+        profile = base / "chromium"
+        pages = {
+            "cleanup-run.png": (f"{dev.url}/runs/{cleanup_run}?logs=step%3Asummarize", "1600,1100"),
+            "duration-statistics.png": (f"{dev.url}/assets/job_duration_statistics?view=events", "1600,1300"),
+            "queue-health-checks.png": (f"{dev.url}/assets/queue_health?view=checks", "1600,900"),
+            "automation.png": (f"{dev.url}/automation", "1600,700"),
+        }
+        for name, (url, size) in pages.items():
+            capture(browser, url, args.out / name, profile, size)
+        tools = DevTools(browser, base / "devtools", 1600, 1100)
+        try:
+            tools.dialog(f"{dev.url}/assets/job_duration_statistics?view=events", "[Show Markdown]", args.out / "duration-statistics-report.png")
+            tools.dialog(f"{dev.url}/runs/{cleanup_run}?logs=step%3Areconcile", "[Show JSON]", args.out / "cleanup-policy.png")
+        finally:
+            tools.close()
+        if args.keep_open:
+            try:
+                input(f"UI at {dev.url}; press Enter to stop ")
+            except EOFError:
+                pass
+    finally:
+        if dev is not None:
+            dev.stop()
+        close_clients()
 
 
 if __name__ == "__main__":

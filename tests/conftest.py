@@ -1,23 +1,47 @@
 """One MongoDB-wire server for the session; fresh databases for every test.
 
 Set ``ZOMBIE_TEST_MONGO_URL`` to run the suite against a real MongoDB instead of
-the SecantusDB server started here.
+the SecantusDB server started here (``tests/servers.py``).
 """
 
 from __future__ import annotations
 
 import os
-import uuid
-from pathlib import Path
 
 import pytest
 from pymongo import MongoClient
+from pymongo.database import Database
 
-from zombie_pipeline.embedded import start_server, stop_process
+from tests.servers import TEST_URL_ENV, fresh_databases, on_real_mongodb, running_server
 from zombie_pipeline.mongo import client_for
 from zombie_pipeline.store import Store
 
-TEST_URL_ENV = "ZOMBIE_TEST_MONGO_URL"
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject.toml): a worker per core, up to 4, each starting a server of its own.
+
+    None against a real MongoDB: some tests compare the server's own operation counters before and
+    after, which another worker's commands would move. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` decides first.
+    """
+    configured = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if configured:
+        return int(configured)
+    if on_real_mongodb():
+        return 0
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
+
+
+#: The longest modules (a minute and more, most of it waiting on daemons and processes), started first: a worker
+#: that takes one of them last would finish long after the other.
+LONGEST_FIRST = ("e2e/", "faults/", "test_finish.py", "test_secrets.py", "test_properties.py", "test_simulate.py")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.path.relative_to(config.rootpath / "tests").as_posix()
+        return next((index for index, prefix in enumerate(LONGEST_FIRST) if path.startswith(prefix)), len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: a module's tests keep their order
 
 
 @pytest.fixture(scope="session")
@@ -26,12 +50,8 @@ def mongo_url(tmp_path_factory: pytest.TempPathFactory):
     if url:
         yield url
         return
-    base: Path = tmp_path_factory.mktemp("secantus")
-    process, info = start_server(base / "data", log_path=base / "server.log", detach=False)
-    try:
-        yield info.url
-    finally:
-        stop_process(process)
+    with running_server(tmp_path_factory.mktemp("secantus")) as server:
+        yield server.url
 
 
 @pytest.fixture
@@ -39,34 +59,25 @@ def client(mongo_url: str) -> MongoClient:
     return client_for(mongo_url)
 
 
-def _fresh_database(client: MongoClient, prefix: str):
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    return name, client[name]
-
-
-def _drop_after_test(client: MongoClient, name: str) -> None:
-    # The server started here is thrown away with its temporary storage; dropping on it
-    # only costs time. A real MongoDB given by URL is cleaned up.
-    if os.environ.get(TEST_URL_ENV):
-        client.drop_database(name)
+@pytest.fixture
+def fresh_database(mongo_url: str):
+    """Makes databases with names of their own (``fresh_database("queue")``); a real MongoDB drops them afterwards."""
+    with fresh_databases(client_for(mongo_url), drop=on_real_mongodb()) as make:
+        yield make
 
 
 @pytest.fixture
-def queue_db(client: MongoClient):
-    name, database = _fresh_database(client, "test_queue")
-    yield database
-    _drop_after_test(client, name)
+def queue_db(fresh_database) -> Database:
+    return fresh_database("queue")
 
 
 @pytest.fixture
-def cache_db(client: MongoClient):
-    name, database = _fresh_database(client, "test_cache")
-    yield database
-    _drop_after_test(client, name)
+def cache_db(fresh_database) -> Database:
+    return fresh_database("cache")
 
 
 @pytest.fixture
-def store(queue_db, cache_db) -> Store:
+def store(queue_db: Database, cache_db: Database) -> Store:
     store = Store.of(queue_db, cache_db)
     store.ensure_indexes()
     return store

@@ -1,25 +1,9 @@
 """The cache entries of a batch of jobs: found by their full key, by indexed queries."""
 
-from pymongo import MongoClient, monitoring
-
+from tests.helpers import job_document, logged_store
 from zombie_pipeline.cache_entries import entries_of_jobs, key_of
-from zombie_pipeline.documents import Cache, cache_key_of_job
-from zombie_pipeline.simulate import cache_document, job_document, utc_now
-
-
-class FindCounter(monitoring.CommandListener):
-    def __init__(self):
-        self.finds = []
-
-    def started(self, event):
-        if event.command_name == "find":
-            self.finds.append(event.command["filter"])
-
-    def succeeded(self, event):
-        pass
-
-    def failed(self, event):
-        pass
+from zombie_pipeline.documents import Cache, cache_key_of_job, utc_now
+from zombie_pipeline.simulate import cache_document
 
 
 def test_each_job_gets_the_entry_of_its_own_full_key_only(store):
@@ -39,13 +23,8 @@ def test_each_job_gets_the_entry_of_its_own_full_key_only(store):
 def test_one_query_per_job_type_with_the_type_only_as_a_value(store, mongo_url):
     jobs = [job_document(job_type, f"u/d-{i}") for i in range(30) for job_type in ("/a", "$where", "/c")]
     store.cache.insert_many([cache_document(job, utc_now()) for job in jobs])
-    counter = FindCounter()
-    client = MongoClient(mongo_url, tz_aware=True, event_listeners=[counter])
-    try:
-        cache = client[store.cache.database.name][store.cache.name]
-        found = entries_of_jobs(cache, jobs, {Cache.UPDATED_AT: 1})
-    finally:
-        client.close()
+    with logged_store(mongo_url, store) as (logged, log):
+        found = entries_of_jobs(logged.cache, jobs, {Cache.UPDATED_AT: 1})
 
     assert len(found) == 90
-    assert sorted(query[Cache.KIND] for query in counter.finds) == ["$where", "/a", "/c"]
+    assert sorted(query["filter"][Cache.KIND] for query in log.named("find")) == ["$where", "/a", "/c"]

@@ -1,6 +1,5 @@
 """Cleanup: zombies finalized exactly once, never over a live worker, with the error users see."""
 
-import datetime as dt
 import math
 import subprocess
 import sys
@@ -8,16 +7,15 @@ import threading
 import time
 
 import pytest
-from pymongo import MongoClient, monitoring
 
-from zombie_pipeline import cleanup
+from tests import helpers
+from tests.helpers import ago, claim, complete, crashed_job, documents, job_document, logged_store, workload
+from zombie_pipeline import cache_errors, events
 from zombie_pipeline.cleanup import BrakeEngaged, run_cleanup
 from zombie_pipeline.detection import detect
 from zombie_pipeline.documents import (
-    CACHE_GENERATIONS,
     CACHE_KEY,
     ID,
-    JOB_FIELDS,
     Cache,
     CacheOutcome,
     ErrorCode,
@@ -27,39 +25,23 @@ from zombie_pipeline.documents import (
     Reason,
     RetryOutcome,
     Status,
+    utc_now,
 )
+from zombie_pipeline.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import Workload, cache_document, job_document, simulate, utc_now
+from zombie_pipeline.simulate import cache_document, simulate
 from zombie_pipeline.store import Store
 
 POLICY = ZombiePolicy(heartbeat_timeout_seconds=300, max_duration_seconds=1200, claim_lease_seconds=0)
-SMALL = Workload(finished=200, crashed=12, never_heartbeated=4, overdue=4, running=30, waiting=10, seed=7)
-
-
-def ago(seconds: float) -> dt.datetime:
-    return utc_now() - dt.timedelta(seconds=seconds)
-
-
-def crashed_job(dataset: str = "user/crashed", **fields) -> dict:
-    return job_document(dataset=dataset, started_at=ago(900), last_heartbeat=ago(800), **fields)
-
-
-def statuses(store: Store) -> dict:
-    return {job[ID]: job[Job.STATUS] for job in store.jobs.find({}, {Job.STATUS: 1})}
-
-
-def snapshot(store: Store) -> dict:
-    return {
-        collection.full_name: sorted(collection.find(), key=lambda doc: str(doc[ID]))
-        for collection in (store.jobs, store.cache, store.events)
-    }
+SMALL = workload(finished=200, crashed=12, never_heartbeated=4, overdue=4, running=30, waiting=10, seed=7)
+JOB_FIELDS = QUEUE_GENERATIONS[SMALL.generation].job_fields
 
 
 # --- the whole cleanup ---------------------------------------------------------
 
 
 def test_every_zombie_is_finalized_and_nothing_else(store):
-    simulation = simulate(store.jobs.database, store.cache.database, SMALL)
+    simulation = simulate(store, SMALL)
     before = {job[ID]: job for job in store.jobs.find()}
     report = run_cleanup(store, POLICY, "run-1")
 
@@ -77,17 +59,17 @@ def test_every_zombie_is_finalized_and_nothing_else(store):
 
 
 def test_a_second_cleanup_finds_nothing_and_writes_nothing(store):
-    simulate(store.jobs.database, store.cache.database, SMALL)
+    simulate(store, SMALL)
     run_cleanup(store, POLICY, "run-1")
-    before = snapshot(store)
+    before = documents(store)
     report = run_cleanup(store, POLICY, "run-2")
     assert report.counts["finalized"] == 0
-    assert snapshot(store) == before
+    assert documents(store) == before
 
 
 @pytest.mark.parametrize("generation", ["2023-01", "2023-04", "2024-07"])
 def test_documents_keep_only_the_fields_their_generation_declares(store, generation):
-    simulate(store.jobs.database, store.cache.database, Workload(finished=100, crashed=6, never_heartbeated=0, overdue=0, running=10, waiting=0, seed=2, cache_generation=generation))
+    simulate(store, workload(finished=100, crashed=6, never_heartbeated=0, overdue=0, running=10, waiting=0, seed=2, cache_generation=generation))
     report = run_cleanup(store, POLICY, "run-1")
     assert report.counts[f"cache_generation:{generation}"] == 1
     assert report.counts["cache_written"] == 6
@@ -145,8 +127,8 @@ def test_a_job_that_heartbeats_between_detection_and_finalization_is_not_finaliz
     detection = detect(store.jobs, POLICY, utc_now())
     store.jobs.update_one({ID: job[ID]}, {"$set": {Job.LAST_HEARTBEAT: utc_now()}})  # the worker is alive
 
-    cleanup.claim(store, detection.candidates, POLICY, "run-1", utc_now())
-    result = cleanup.complete(store, "run-1", POLICY)
+    claim(store, detection.candidates, POLICY, "run-1")
+    result = complete(store, "run-1", POLICY)
 
     assert result.counts["lost_to_live_worker"] == 1 and result.counts["finalized"] == 0
     assert store.jobs.find_one({ID: job[ID]})[Job.STATUS] == Status.STARTED
@@ -163,8 +145,8 @@ def test_a_job_that_finishes_between_detection_and_finalization_keeps_its_result
     store.cache.insert_one(cache_document(job, finished_at))
     entry_before = store.cache.find_one()
 
-    cleanup.claim(store, detection.candidates, POLICY, "run-1", utc_now())
-    cleanup.complete(store, "run-1", POLICY)
+    claim(store, detection.candidates, POLICY, "run-1")
+    complete(store, "run-1", POLICY)
 
     assert store.jobs.find_one({ID: job[ID]})[Job.STATUS] == Status.SUCCESS
     assert store.cache.find_one() == entry_before
@@ -187,7 +169,7 @@ def test_a_fresher_cache_entry_is_kept_and_counted(store):
 
 
 def test_two_cleanups_in_threads_finalize_each_zombie_once(store):
-    simulation = simulate(store.jobs.database, store.cache.database, SMALL)
+    simulation = simulate(store, SMALL)
     policy = ZombiePolicy(batch_size=3, claim_lease_seconds=300)
     reports = {}
 
@@ -208,7 +190,7 @@ def test_two_cleanups_in_threads_finalize_each_zombie_once(store):
 
 
 def test_two_cleanups_in_separate_processes_finalize_each_zombie_once(store, mongo_url):
-    simulation = simulate(store.jobs.database, store.cache.database, SMALL)
+    simulation = simulate(store, SMALL)
     script = (
         "import sys; from zombie_pipeline.mongo import client_for; from zombie_pipeline.store import Store;"
         "from zombie_pipeline.policy import ZombiePolicy; from zombie_pipeline.cleanup import run_cleanup;"
@@ -243,10 +225,10 @@ def _assert_failed_runs_incremented_once(store: Store, zombie_ids) -> None:
 
 
 def test_a_crash_between_job_updates_and_cache_writes_is_completed_by_the_next_run(store):
-    simulation = simulate(store.jobs.database, store.cache.database, SMALL)
+    simulation = simulate(store, SMALL)
     detection = detect(store.jobs, POLICY, utc_now())
-    cleanup.claim(store, detection.candidates, POLICY, "crashed-run", utc_now())
-    cleanup.finalize(store, "crashed-run", POLICY)  # ... and the process dies here
+    claim(store, detection.candidates, POLICY, "crashed-run")
+    helpers.finish(store, "crashed-run", POLICY)  # ... and the process dies here
     assert store.events.count_documents({Event.STATE: EventState.FINALIZED}) == 20
 
     report = run_cleanup(store, POLICY, "next-run")
@@ -259,11 +241,11 @@ def test_a_crash_between_job_updates_and_cache_writes_is_completed_by_the_next_r
 
 
 def test_a_crash_after_the_cache_writes_does_not_count_a_failed_run_twice(store):
-    simulation = simulate(store.jobs.database, store.cache.database, SMALL)
+    simulation = simulate(store, SMALL)
     detection = detect(store.jobs, POLICY, utc_now())
-    cleanup.claim(store, detection.candidates, POLICY, "crashed-run", utc_now())
-    cleanup.finalize(store, "crashed-run", POLICY)
-    cleanup.write_cache_errors(store, "crashed-run", POLICY)
+    claim(store, detection.candidates, POLICY, "crashed-run")
+    helpers.finish(store, "crashed-run", POLICY)
+    helpers.write_cache_errors(store, "crashed-run", POLICY)
     # the process dies before recording the outcomes: forget them, as if never written
     store.events.update_many({}, {"$unset": {Event.CACHE_OUTCOME: "", Event.FAILED_RUNS: ""}})
 
@@ -276,12 +258,12 @@ def test_a_crash_after_the_cache_writes_does_not_count_a_failed_run_twice(store)
 
 
 def test_a_crash_after_some_retries_were_enqueued_enqueues_none_twice(store):
-    simulate(store.jobs.database, store.cache.database, SMALL)
+    simulate(store, SMALL)
     detection = detect(store.jobs, POLICY, utc_now())
-    cleanup.claim(store, detection.candidates, POLICY, "crashed-run", utc_now())
-    cleanup.finalize(store, "crashed-run", POLICY)
-    cleanup.write_cache_errors(store, "crashed-run", POLICY)
-    cleanup.enqueue_retries(store, "crashed-run", POLICY)
+    claim(store, detection.candidates, POLICY, "crashed-run")
+    helpers.finish(store, "crashed-run", POLICY)
+    helpers.write_cache_errors(store, "crashed-run", POLICY)
+    helpers.enqueue_retries(store, "crashed-run", POLICY)
     store.events.update_many({}, {"$set": {Event.STATE: EventState.FINALIZED}, "$unset": {Event.RETRY_OUTCOME: ""}})
     waiting_before = store.jobs.count_documents({Job.STATUS: Status.WAITING})
 
@@ -294,7 +276,7 @@ def test_a_running_cleanup_keeps_its_events_until_its_lease_expires(store):
     store.jobs.insert_one(crashed_job())
     detection = detect(store.jobs, POLICY, utc_now())
     leased = ZombiePolicy(claim_lease_seconds=600)
-    cleanup.claim(store, detection.candidates, leased, "slow-run", utc_now())
+    claim(store, detection.candidates, leased, "slow-run")
     report = run_cleanup(store, leased, "other-run")
     assert report.reconciled.counts["taken_over"] == 0
     assert report.counts["claimed_by_another_cleanup"] == 1
@@ -305,13 +287,13 @@ def test_a_running_cleanup_keeps_its_events_until_its_lease_expires(store):
 
 
 def test_a_dry_run_lists_the_evidence_and_writes_nothing(store):
-    simulate(store.jobs.database, store.cache.database, SMALL)
-    before = snapshot(store)
+    simulate(store, SMALL)
+    before = documents(store)
     report = run_cleanup(store, POLICY, "dry", dry_run=True)
     rows = report.candidate_rows()
     assert len(rows) == 20
-    assert set(rows[0]) >= {"id", "type", "dataset", "config", "split", "reason", "age_seconds", "last_heartbeat", "threshold_seconds"}
-    assert snapshot(store) == before
+    assert set(rows[0]) >= {"job_id", "type", "dataset", "config", "split", "reason", "age_seconds", "last_heartbeat", "threshold_seconds"}
+    assert documents(store) == before
 
 
 def test_the_brake_stops_a_mass_death_before_any_write_and_the_override_proceeds(store):
@@ -319,10 +301,10 @@ def test_the_brake_stops_a_mass_death_before_any_write_and_the_override_proceeds
         [crashed_job(f"user/dead-{i}") for i in range(15)]
         + [job_document(dataset=f"user/alive-{i}", started_at=ago(100), last_heartbeat=ago(10)) for i in range(10)]
     )
-    before = snapshot(store)
+    before = documents(store)
     with pytest.raises(BrakeEngaged, match="15 of 25"):
         run_cleanup(store, POLICY, "braked")
-    assert snapshot(store) == before
+    assert documents(store) == before
 
     report = run_cleanup(store, POLICY, "override", override_brake=True)
     assert report.counts["finalized"] == 15
@@ -377,20 +359,6 @@ def test_no_retry_when_the_same_unicity_id_is_already_waiting(store):
 # --- cost -----------------------------------------------------------------------------------
 
 
-class CommandCounter(monitoring.CommandListener):
-    def __init__(self):
-        self.commands = []
-
-    def started(self, event):
-        self.commands.append(event.command_name)
-
-    def succeeded(self, event):
-        pass
-
-    def failed(self, event):
-        pass
-
-
 @pytest.mark.parametrize("batch_size", [25, 120])
 def test_database_commands_grow_with_zombies_over_batch_size(store, mongo_url, batch_size):
     """Bound: 12 fixed commands + 15 per batch of zombies of one type.
@@ -399,45 +367,42 @@ def test_database_commands_grow_with_zombies_over_batch_size(store, mongo_url, b
     """
     zombies = 120
     store.jobs.insert_many([crashed_job(f"user/z-{i}") for i in range(zombies)])
-    counter = CommandCounter()
-    client = MongoClient(mongo_url, tz_aware=True, event_listeners=[counter])
-    try:
-        counted = Store.of(client[store.jobs.database.name], client[store.cache.database.name])
+    with logged_store(mongo_url, store) as (counted, log):
         report = run_cleanup(counted, ZombiePolicy(batch_size=batch_size, claim_lease_seconds=0), "counted", override_brake=True)
-    finally:
-        client.close()
     assert report.counts["finalized"] == zombies
     batches = math.ceil(zombies / batch_size)
-    assert len(counter.commands) <= 12 + 15 * batches, " ".join(counter.commands)
-    assert len(counter.commands) < zombies  # never one command per zombie
+    assert len(log.names) <= 12 + 15 * batches, " ".join(log.names)
+    assert len(log.names) < zombies  # never one command per zombie
 
 
 def test_a_long_step_renews_its_leases_so_no_reconcile_takes_its_work_over(store):
     store.jobs.insert_many([crashed_job(f"user/z-{i}") for i in range(6)])
     policy = ZombiePolicy(batch_size=2, claim_lease_seconds=3)
     detection = detect(store.jobs, policy, utc_now())
-    cleanup.claim(store, detection.candidates, policy, "slow-run", utc_now())
+    claim(store, detection.candidates, policy, "slow-run")
     before = {event[ID]: event[Event.LEASE_UNTIL] for event in store.events.find()}
-    batches = cleanup._drain(store, "slow-run", EventState.CLAIMED, policy)
+    batches = events.drain(store, "slow-run", {Event.STATE: EventState.CLAIMED}, policy)
     next(batches)
     time.sleep(1.2)  # a slow batch: more than a third of the 3 s lease
     next(batches)  # the leases are renewed before the next batch is read
     after = {event[ID]: event[Event.LEASE_UNTIL] for event in store.events.find()}
     assert all(after[event_id] > lease for event_id, lease in before.items())
-    assert cleanup.take_over_expired(store, "other-run", utc_now(), policy) == 0
+    assert events.take_over_expired(store, "other-run", utc_now(), policy) == 0
 
 
 def test_an_entry_a_worker_writes_after_our_read_is_kept(store, monkeypatch):
     job = crashed_job()
     store.jobs.insert_one(job)
-    read_entries = cleanup._existing_entries
+    read_entries = cache_errors.entries_of_jobs
+    written = []
 
-    def a_worker_writes_right_after_the_read(*args):
-        found = read_entries(*args)
-        store.cache.insert_one(cache_document(job, ago(1)))
+    def a_worker_writes_right_after_the_read(*args, **kwargs):
+        found = read_entries(*args, **kwargs)
+        if not written:  # once: a transaction that meets the worker's entry reads again
+            written.append(store.cache.insert_one(cache_document(job, ago(1))))
         return found
 
-    monkeypatch.setattr(cleanup, "_existing_entries", a_worker_writes_right_after_the_read)
+    monkeypatch.setattr(cache_errors, "entries_of_jobs", a_worker_writes_right_after_the_read)
     report = run_cleanup(store, POLICY, "run-1")
 
     assert report.counts["finalized"] == 1

@@ -1,20 +1,25 @@
-"""The code location loads: in-process, and through the ``dagster`` CLI as a deployment would load it."""
+"""The code location as a deployment and the UI see it: it loads (in process, and through the ``dagster`` CLI),
+everything is described, grouped and wired to the right job, and no resource config holds a URL."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from urllib.parse import quote_plus
 
 import dagster as dg
+import yaml
 
+from zombie_pipeline.config import CACHE_URL_ENV, DAGSTER_HOME_ENV, HOME_ENV, QUEUE_URL_ENV
 from zombie_pipeline.definitions import defs
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, resources_from_env
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent
 DAGSTER = Path(sys.executable).parent / "dagster"
+REPOSITORY = defs.get_repository_def()
 
 
 def test_the_whole_definitions_object_is_loadable():
@@ -33,12 +38,13 @@ def test_dagster_definitions_validate_passes_without_starting_or_showing_anythin
     env = {
         key: value
         for key, value in os.environ.items()
-        if key not in ("DAGSTER_HOME", "CACHE_MONGO_URL")
+        if key not in (DAGSTER_HOME_ENV, CACHE_URL_ENV)
     }
     env.update(
-        ZOMBIE_PIPELINE_HOME=str(tmp_path / "home"),
-        QUEUE_MONGO_URL=f"mongodb://zombie:{quote_plus(password)}@127.0.0.1:9/?serverSelectionTimeoutMS=200",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        {
+            HOME_ENV: str(tmp_path / "home"),
+            QUEUE_URL_ENV: f"mongodb://zombie:{quote_plus(password)}@127.0.0.1:9/?serverSelectionTimeoutMS=200",
+        }
     )
 
     result = subprocess.run(
@@ -57,3 +63,82 @@ def test_dagster_definitions_validate_passes_without_starting_or_showing_anythin
     assert not (tmp_path / "home" / "server.json").exists()
     for secret in (password, quote_plus(password)):
         assert secret not in output
+
+
+def test_the_location_name_is_the_same_for_workspace_and_pyproject():
+    workspace = yaml.safe_load((ROOT / "workspace.yaml").read_text())
+    [entry] = workspace["load_from"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["dagster"]
+    assert entry["python_module"]["location_name"] == pyproject["code_location_name"] == "zombie_pipeline"
+    assert entry["python_module"]["module_name"] == pyproject["module_name"] == "zombie_pipeline.definitions"
+
+
+def test_the_jobs_schedules_and_sensors_are_the_pipelines():
+    jobs = {job.name for job in REPOSITORY.get_all_jobs() if not job.name.startswith("__")}
+    assert jobs == {"kill_zombies_job", "queue_health_job", "duration_statistics_job"}
+    assert {s.name for s in REPOSITORY.schedule_defs} == {"kill_zombies_schedule", "duration_stats_schedule"}
+    assert {s.name for s in REPOSITORY.sensor_defs} == {
+        "stale_jobs_sensor",
+        "job_types_sensor",
+        "cleanup_checks_sensor",
+        "pipeline_failure_sensor",
+    }
+
+
+def test_everything_an_operator_sees_has_a_description():
+    described = [
+        *(job for job in REPOSITORY.get_all_jobs() if not job.name.startswith("__")),
+        *REPOSITORY.schedule_defs,
+        *REPOSITORY.sensor_defs,
+    ]
+    assert [item.name for item in described if not (item.description or "").strip()] == []
+    graph = REPOSITORY.asset_graph
+    assert [key for key in graph.get_all_asset_keys() if not (graph.get(key).description or "").strip()] == []
+    assert [key for key in graph.asset_check_keys if not (graph.get(key).description or "").strip()] == []
+
+
+def test_assets_are_grouped_as_one_pipeline():
+    graph = REPOSITORY.asset_graph
+    groups = {key.to_user_string(): graph.get(key).group_name for key in graph.get_all_asset_keys()}
+    assert groups["queue_health"] == "zombie_cleanup"
+    assert set(groups.values()) == {"zombie_cleanup", "duration_statistics"}
+
+
+def test_the_checks_watch_queue_health_and_run_in_its_job():
+    check_keys = {(key.asset_key.to_user_string(), key.name) for key in REPOSITORY.asset_graph.asset_check_keys}
+    assert check_keys == {("queue_health", "no_zombies_left"), ("queue_health", "zombies_have_cache_errors")}
+    job = defs.resolve_job_def("queue_health_job")
+    assert {key.name for key in job.asset_layer.asset_graph.asset_check_keys} >= {"no_zombies_left", "zombies_have_cache_errors"}
+
+
+def test_sensors_target_the_right_jobs_and_write_only_when_turned_on():
+    sensors = {sensor.name: sensor for sensor in REPOSITORY.sensor_defs}
+    assert sensors["stale_jobs_sensor"].job_name == "kill_zombies_job"
+    assert sensors["cleanup_checks_sensor"].job_name == "queue_health_job"
+    assert sensors["stale_jobs_sensor"].default_status == dg.DefaultSensorStatus.STOPPED  # it launches cleanups
+    for name in ("job_types_sensor", "cleanup_checks_sensor", "pipeline_failure_sensor"):
+        assert sensors[name].default_status == dg.DefaultSensorStatus.RUNNING, name
+    assert sensors["stale_jobs_sensor"].minimum_interval_seconds == 60
+
+
+def test_cleanup_is_partitioned_by_the_job_types_the_sensor_registers():
+    job = defs.resolve_job_def("kill_zombies_job")
+    assert isinstance(job.partitions_def, dg.DynamicPartitionsDefinition)
+    assert job.partitions_def.name == "job_types"
+
+
+def test_no_resource_config_holds_a_url(monkeypatch):
+    """Resource config is shown in the UI: URLs (and their passwords) stay in the environment."""
+    assert {"queue_db", "cache_db", "zombie_policy", "failure_webhook"} <= set(defs.resources)
+    secret_urls = {
+        "QUEUE_MONGO_URL": "mongodb://admin:pa55word@queue.example:27017",
+        "CACHE_MONGO_URL": "mongodb://admin:pa55word@cache.example:27017",
+        "ZOMBIE_FAILURE_WEBHOOK_URL": "https://hooks.example/services/T0KEN",
+    }
+    for name, value in secret_urls.items():
+        monkeypatch.setenv(name, value)
+    resources = {**resources_from_env(), "failure_webhook": defs.resources["failure_webhook"]}
+    for name, resource in resources.items():
+        shown = str(resource.model_dump())
+        assert "://" not in shown and "pa55word" not in shown and "T0KEN" not in shown, name
+    assert "pa55word" not in resources["queue_db"].describe()

@@ -1,4 +1,4 @@
-"""The document model: cache generations, and documents of every shape read without error.
+"""The vocabulary: job and cache documents of every shape read without error, names checked, dates made UTC.
 
 Documents are written to the real server and read back through pymongo before the
 helpers see them, so the tests cover what BSON round trips actually return
@@ -10,144 +10,30 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from bson import ObjectId
 
 from zombie_pipeline.documents import (
-    CACHE_GENERATIONS,
     ID,
-    JOB_FIELDS,
-    NEWEST_CACHE_GENERATION,
-    OLDEST_CACHE_GENERATION,
+    MAX_NAME_LENGTH,
     Cache,
+    ErrorCode,
     Job,
+    Reason,
     Status,
     as_utc,
-    cache_generation_of,
     cache_key_of_job,
-    failed_runs_of,
-    runner_version_of,
+    job_row,
+    job_type_problem,
+    name_problem,
+    truncate_ms,
     unicity_id,
+    utc_now,
 )
+from zombie_pipeline.generations import OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2024, 7, 1, 12, 0, 0, tzinfo=UTC)
-
-
-def entry_of(generation_name: str, **overrides) -> dict:
-    """A cache entry carrying every field its generation declares, and nothing else."""
-    values = {
-        Cache.KIND: "/splits",
-        Cache.DATASET: "user/ds",
-        Cache.CONFIG: "default",
-        Cache.SPLIT: "train",
-        Cache.HTTP_STATUS: 500,
-        Cache.ERROR_CODE: "UnexpectedError",
-        Cache.CONTENT: {"error": "boom"},
-        Cache.DETAILS: {"error": "boom"},
-        Cache.WORKER_VERSION: "1.0.0",
-        Cache.JOB_RUNNER_VERSION: 3,
-        Cache.DATASET_GIT_REVISION: "abc",
-        Cache.PROGRESS: 1.0,
-        Cache.UPDATED_AT: NOW,
-        Cache.DURATION: 1.5,
-        Cache.FAILED_RUNS: 2,
-    }
-    fields = CACHE_GENERATIONS[generation_name].fields
-    entry = {name: value for name, value in values.items() if name in fields}
-    entry.update(overrides)
-    return entry
-
-
-# --- cache generations -----------------------------------------------------------
-
-
-def test_generations_run_from_oldest_to_newest_and_each_adds_fields():
-    names = list(CACHE_GENERATIONS)
-    assert names == sorted(names)
-    assert names[0] == OLDEST_CACHE_GENERATION and names[-1] == NEWEST_CACHE_GENERATION
-    assert len(names) >= 4
-
-
-@pytest.mark.parametrize("generation_name", list(CACHE_GENERATIONS))
-def test_entries_of_each_generation_are_recognized_after_a_round_trip(cache_db, generation_name):
-    cache = cache_db["cachedResponsesBlue"]
-    cache.insert_many([entry_of(generation_name), entry_of(generation_name, **{Cache.DATASET: "user/other"})])
-
-    seen: set[str] = set()
-    for entry in cache.find():
-        seen |= set(entry)
-
-    assert ID in seen  # the _id is ignored by the detection
-    assert cache_generation_of(seen).name == generation_name
-
-
-def test_an_entry_with_only_the_base_fields_is_the_oldest_generation():
-    base = set(entry_of("2023-01")) - {Cache.WORKER_VERSION}
-    assert cache_generation_of(base).name == OLDEST_CACHE_GENERATION
-
-
-def test_the_version_field_tells_worker_version_from_job_runner_version():
-    assert cache_generation_of({Cache.KIND, Cache.WORKER_VERSION}).name == "2023-01"
-    assert cache_generation_of({Cache.KIND, Cache.JOB_RUNNER_VERSION}).name == "2023-03"
-    assert cache_generation_of({Cache.KIND, Cache.JOB_RUNNER_VERSION, Cache.FAILED_RUNS}).name == "2024-01"
-    assert CACHE_GENERATIONS["2023-01"].version_field == Cache.WORKER_VERSION
-    assert CACHE_GENERATIONS["2024-07"].version_field == Cache.JOB_RUNNER_VERSION
-
-
-def test_a_field_no_generation_declares_means_the_newest():
-    assert cache_generation_of({Cache.KIND, "some_future_field"}).name == NEWEST_CACHE_GENERATION
-
-
-def test_an_empty_collection_is_read_as_the_oldest_generation():
-    assert cache_generation_of(set()).name == OLDEST_CACHE_GENERATION
-
-
-# --- cache entries of older and newer shapes -------------------------------------
-
-
-def test_runner_version_is_read_from_either_generation(cache_db):
-    cache = cache_db["cachedResponsesBlue"]
-    cache.insert_many(
-        [
-            entry_of("2023-01", **{Cache.DATASET: "old"}),  # worker_version "1.0.0"
-            entry_of("2024-07", **{Cache.DATASET: "new"}),  # job_runner_version 3
-            {Cache.KIND: "/splits", Cache.DATASET: "none", Cache.HTTP_STATUS: 200},
-        ]
-    )
-    read = {entry[Cache.DATASET]: entry for entry in cache.find()}
-
-    assert runner_version_of(read["old"]) == "1.0.0"
-    assert runner_version_of(read["new"]) == 3
-    assert runner_version_of(read["none"]) is None
-
-
-def test_failed_runs_are_read_from_the_field_from_details_or_are_zero(cache_db):
-    cache = cache_db["cachedResponsesBlue"]
-    cache.insert_many(
-        [
-            {Cache.DATASET: "field", Cache.HTTP_STATUS: 500, Cache.FAILED_RUNS: 2},
-            {Cache.DATASET: "details", Cache.HTTP_STATUS: 500, Cache.DETAILS: {Cache.FAILED_RUNS: 4}},
-            {Cache.DATASET: "absent", Cache.HTTP_STATUS: 500, Cache.DETAILS: {"error": "x"}},
-            {Cache.DATASET: "null", Cache.HTTP_STATUS: 500, Cache.FAILED_RUNS: None},
-            {Cache.DATASET: "garbage", Cache.HTTP_STATUS: 500, Cache.FAILED_RUNS: "many"},
-            {Cache.DATASET: "negative", Cache.HTTP_STATUS: 500, Cache.FAILED_RUNS: -1},
-            {Cache.DATASET: "details-not-a-dict", Cache.HTTP_STATUS: 500, Cache.DETAILS: "text"},
-            {Cache.DATASET: "success-resets", Cache.HTTP_STATUS: 200, Cache.FAILED_RUNS: 5},
-        ]
-    )
-    read = {entry[Cache.DATASET]: failed_runs_of(entry) for entry in cache.find()}
-
-    assert read == {
-        "field": 2,
-        "details": 4,
-        "absent": 0,
-        "null": 0,
-        "garbage": 0,
-        "negative": 0,
-        "details-not-a-dict": 0,
-        "success-resets": 0,
-    }
-    assert failed_runs_of(None) == 0
-    assert failed_runs_of({}) == 0
+JOB_FIELDS = QUEUE_GENERATIONS[OLDEST_QUEUE_GENERATION].job_fields
 
 
 # --- jobs of older and newer shapes ----------------------------------------------
@@ -243,3 +129,64 @@ def test_as_utc_converts_other_zones_and_refuses_non_dates():
     assert as_utc(dt.datetime(2024, 7, 1, 14, 0, tzinfo=paris)).utcoffset() == dt.timedelta(0)
     for not_a_date in (None, "2024-07-01T12:00:00Z", 1719835200, dt.date(2024, 7, 1)):
         assert as_utc(not_a_date) is None
+
+
+def test_now_is_at_the_millisecond_bson_keeps(queue_db):
+    moment = utc_now()
+    queue_db["dates"].insert_one({"at": moment})
+
+    assert moment.tzinfo is not None and moment.microsecond % 1000 == 0
+    assert queue_db["dates"].find_one()["at"] == moment  # written and read back, equal
+    assert truncate_ms(dt.datetime(2024, 7, 1, 12, 0, 0, 123_456, tzinfo=UTC)).microsecond == 123_000
+
+
+# --- names and values ----------------------------------------------------------
+
+
+def test_statuses_codes_and_reasons_are_stored_as_plain_strings(queue_db):
+    queue_db["values"].insert_one({"status": Status.STARTED, "code": ErrorCode.CRASHED, "reason": Reason.NEVER_HEARTBEATED})
+
+    stored = queue_db["values"].find_one()
+
+    assert (stored["status"], stored["code"], stored["reason"]) == ("started", "JobManagerCrashedError", "never_heartbeated")
+    assert type(stored["status"]) is str
+    assert queue_db["values"].count_documents({"status": "started"}) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (None, "type is missing"),
+        (42, "type is missing or not a non-empty string"),
+        ("", "type is missing"),
+        ("/" + "x" * MAX_NAME_LENGTH, f"longer than {MAX_NAME_LENGTH}"),
+        ("$where", "starts with '$'"),
+        ("/first.rows", "contains a dot"),
+        ("tab\there", "control character"),
+    ],
+)
+def test_a_job_type_that_is_no_name_says_why(value, problem):
+    assert problem in job_type_problem(value)
+
+
+def test_valid_names_have_no_problem_and_only_a_type_refuses_dots():
+    assert job_type_problem("/split-names-from-streaming") is None
+    assert job_type_problem("x" * MAX_NAME_LENGTH) is None
+    assert name_problem(Job.DATASET, "user/dotted.name") is None  # dots are legal in Hub names
+    assert name_problem(Job.DATASET, "$gt") == "dataset starts with '$'"
+
+
+def test_a_job_row_names_the_job_and_carries_the_extras():
+    job_id = ObjectId()
+    job = {Job.TYPE: "/splits", Job.DATASET: "u/d", Job.SPLIT: "train", Job.STATUS: Status.STARTED}
+
+    row = job_row(job_id, job, reason=Reason.MISSING_HEARTBEAT)
+
+    assert row == {
+        "job_id": str(job_id),
+        "type": "/splits",
+        "dataset": "u/d",
+        "config": None,
+        "split": "train",
+        "reason": Reason.MISSING_HEARTBEAT,
+    }

@@ -6,8 +6,6 @@ Every server started here is stopped by PID in a fixture teardown or a ``finally
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,9 +16,10 @@ from pathlib import Path
 import pytest
 from pymongo import MongoClient
 
-from zombie_pipeline import cli, embedded
+from tests.servers import child_env, kill_recorded_server, pid_alive, wait_until_gone
+from zombie_pipeline import embedded
+from zombie_pipeline.config import HOME_ENV
 from zombie_pipeline.embedded import (
-    HOME_ENV,
     INSTALL_HINT,
     EmbeddedServerError,
     ServerInfo,
@@ -32,55 +31,6 @@ from zombie_pipeline.embedded import (
 )
 
 PYTHON = sys.executable
-REPO_ROOT = Path(__file__).resolve().parent.parent
-_CONSOLE_SCRIPT = Path(sys.executable).parent / "zombie-pipeline"
-# the installed console script; the same main() through -m when the package is not installed
-CLI = [str(_CONSOLE_SCRIPT)] if _CONSOLE_SCRIPT.exists() else [PYTHON, "-m", "zombie_pipeline.cli"]
-URL_VARIABLES = ("QUEUE_MONGO_URL", "CACHE_MONGO_URL")
-
-
-def pid_alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie waiting to be reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_until_gone(pid: int, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def is_embedded_server(pid: int) -> bool:
-    try:
-        return embedded.SERVER_EXECUTABLE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def kill_recorded_server(home: Path) -> None:
-    """Teardown: stop the server the home's state file names (by its PID), and only that."""
-    state = home / "server.json"
-    pid = json.loads(state.read_text())["pid"] if state.exists() else None
-    try:
-        stop_server(home)
-    finally:
-        if pid is not None and pid_alive(pid) and is_embedded_server(pid):
-            os.kill(pid, signal.SIGKILL)
-
-
-def child_env(home: Path, **extra: str) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if key not in URL_VARIABLES}
-    env[HOME_ENV] = str(home)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
 
 
 def ensure_in_subprocesses(home: Path, count: int) -> list[dict]:
@@ -260,64 +210,3 @@ def test_a_taken_port_fails_with_a_message_naming_the_log(tmp_path):
     assert str(log) in message
     assert f"127.0.0.1:{port}" in message
     assert "Address already in use" in message
-
-
-# --- the CLI ------------------------------------------------------------------------------
-
-
-def run_cli(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], env=child_env(home), capture_output=True, text=True, timeout=120)
-
-
-def test_cli_db_start_status_stop(tmp_path, monkeypatch, capsys):
-    home = tmp_path / "home"
-    monkeypatch.setenv(HOME_ENV, str(home))
-    try:
-        assert cli.main(["db", "status"]) == 1
-        assert "no embedded server running" in capsys.readouterr().out
-
-        started = run_cli(home, "db", "start")
-        assert started.returncode == 0, started.stderr
-        info = ServerInfo(**json.loads((home / "server.json").read_text()))
-        assert f"pid {info.pid}" in started.stdout and info.url in started.stdout
-
-        status = run_cli(home, "db", "status")
-        assert status.returncode == 0
-        assert f"pid {info.pid}" in status.stdout
-
-        stopped = run_cli(home, "db", "stop")
-        assert stopped.returncode == 0
-        assert f"stopped embedded server pid {info.pid}" in stopped.stdout
-        assert wait_until_gone(info.pid)
-        assert cli.main(["db", "status"]) == 1
-    finally:
-        kill_recorded_server(home)
-
-
-def test_cli_without_server_or_url_prints_what_to_do_not_a_traceback(tmp_path):
-    code = (
-        "import sys, zombie_pipeline.embedded as e; e.SERVER_EXECUTABLE = 'secantusd-py-not-installed'; "
-        "from zombie_pipeline.cli import main; sys.exit(main(sys.argv[1:]))"
-    )
-    result = subprocess.run(
-        [PYTHON, "-c", code, "simulate", "--finished", "10"],
-        env=child_env(tmp_path / "home"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-    assert result.returncode == 2
-    assert result.stderr.strip() == f"zombie-pipeline: {INSTALL_HINT}"
-    assert "Traceback" not in result.stderr + result.stdout
-
-
-def test_cli_db_start_reports_the_missing_server_in_process(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
-    monkeypatch.setattr(embedded, "SERVER_EXECUTABLE", "secantusd-py-not-installed")
-
-    assert cli.main(["db", "start"]) == 2
-
-    captured = capsys.readouterr()
-    assert "pip install" in captured.err
-    assert captured.out == ""

@@ -23,6 +23,7 @@ from zombie_pipeline.mongo import (
     ensure_indexes,
     redact,
     redact_url,
+    scrub,
     url_secrets,
 )
 
@@ -97,6 +98,15 @@ def test_redacting_urls_without_credentials_keeps_them_readable():
     assert redact("nothing secret here", [None, f"mongodb://{HOST}/"]) == "nothing secret here"
 
 
+def test_scrub_masks_known_credentials_and_any_userinfo():
+    url = "mongodb://admin:p%40ss@db.example:27017/?authSource=admin"
+    text = f"cannot connect to {url}; also tried mongodb+srv://bob:hunter2@other.example and p@ss"
+    scrubbed = scrub(text, [url])
+    for secret in ("p%40ss", "p@ss", "hunter2", "admin:", "bob:"):
+        assert secret not in scrubbed
+    assert "db.example:27017" in scrubbed and "other.example" in scrubbed
+
+
 # --- reachability ------------------------------------------------------------------
 
 
@@ -159,7 +169,8 @@ def test_every_index_is_created_once(queue_db, specs):
     assert created == [spec.full_name for spec in specs]
     after_first = collection.index_information()
     for spec in specs:
-        assert spec.full_name.startswith(INDEX_PREFIX)
+        # ours carry our prefix; one the deployment declares too has the name its models give it
+        assert spec.full_name.startswith(INDEX_PREFIX) is not spec.as_deployment
         assert [(field, int(direction)) for field, direction in after_first[spec.full_name]["key"]] == list(spec.keys)
         assert spec.used_by  # each index says which query needs it
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import quote, quote_plus
@@ -26,25 +26,24 @@ import pytest
 from dagster._serdes import serialize_value
 from pymongo import MongoClient
 
-from figures import report_figures
+from tests.figures import report_figures
+from tests.helpers import CACHE_GENERATION, QUEUE_GENERATION, run_kill_zombies, step_failure_messages, workload
+from tests.servers import REPO_ROOT, LocalServer, running_server
 from zombie_pipeline.cleanup import run_cleanup
-from zombie_pipeline.embedded import _answers, find_executable, free_port, start_server, stop_process
-from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable, close_clients, redact, redact_url
-from zombie_pipeline.orchestration.jobs import kill_zombies_job
-from zombie_pipeline.orchestration.resources import (
+from zombie_pipeline.config import (
     CACHE_DATABASE_ENV,
     CACHE_URL_ENV,
+    DAGSTER_HOME_ENV,
+    HOME_ENV,
     QUEUE_DATABASE_ENV,
     QUEUE_URL_ENV,
-    CacheDatabase,
-    QueueDatabase,
-    ZombiePolicyResource,
 )
+from zombie_pipeline.embedded import free_port
+from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable, close_clients, redact, redact_url
+from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import Workload, simulate
+from zombie_pipeline.simulate import simulate
 from zombie_pipeline.store import Store
-
-REPO = Path(__file__).resolve().parent.parent
 USER = "zombie-cleaner"
 #: '@', ':', '/', '?', '#', '%', '+', '&', '=', space, quotes, brackets, a backslash and non-ASCII
 PASSWORD = "Zq7Kx9-s3cr3t@:/?#[]%2F+ &='\"\\é-P4ss"
@@ -121,61 +120,16 @@ class Outputs:
 # --- the server ---------------------------------------------------------------------------------------
 
 
-class AuthServer:
-    """SecantusDB with --auth: started once without it to create the user, then restarted with it."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.port = free_port()
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        process, _ = start_server(self.base / "secantus-data", port=self.port, log_path=self.base / "server.log", detach=False)
-        client = MongoClient(f"mongodb://127.0.0.1:{self.port}/?directConnection=true")
-        client.admin.command("createUser", USER, pwd=PASSWORD, roles=[{"role": "root", "db": "admin"}])
-        client.close()
-        stop_process(process)
-        command = [
-            find_executable(), "--host", "127.0.0.1", "--port", str(self.port), "--storage-path",
-            str(self.base / "secantus-data"), "--sync-on-commit", "--auth", "--log-level", "WARNING",
-        ]
-        with open(self.base / "server.log", "ab") as log:
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while not _answers(self.port):
-            assert self.process.poll() is None and time.monotonic() < deadline, (self.base / "server.log").read_text()[-2000:]
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            stop_process(self.process)
-            self.process = None
-
-
-
-
 @pytest.fixture(scope="module")
-def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthServer]:
-    server = AuthServer(tmp_path_factory.mktemp("auth-server"))
-    server.start()
-    try:
+def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    """SecantusDB with authentication on, and one user whose password is :data:`PASSWORD`."""
+    with running_server(tmp_path_factory.mktemp("auth-server"), users={USER: PASSWORD}) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
 def outputs() -> Outputs:
     return Outputs()
-
-
-@pytest.fixture
-def homes(tmp_path: Path) -> dict[str, Path]:
-    """Fresh DAGSTER_HOME, ZOMBIE_PIPELINE_HOME and working directory; all are searched afterwards."""
-    paths = {name: tmp_path / name for name in ("dagster_home", "zombie_home", "cwd")}
-    for path in paths.values():
-        path.mkdir()
-    return paths
 
 
 def env_for(queue_url: str, homes: dict[str, Path], cache_url: str | None = None, **extra: str) -> dict[str, str]:
@@ -190,25 +144,18 @@ def env_for(queue_url: str, homes: dict[str, Path], cache_url: str | None = None
             CACHE_URL_ENV: cache_url or queue_url,
             QUEUE_DATABASE_ENV: QUEUE,
             CACHE_DATABASE_ENV: CACHE,
-            "DAGSTER_HOME": str(homes["dagster_home"]),
-            "ZOMBIE_PIPELINE_HOME": str(homes["zombie_home"]),
-            "PYTHONPATH": str(REPO),
+            DAGSTER_HOME_ENV: str(homes["dagster_home"]),
+            HOME_ENV: str(homes["zombie_home"]),
+            "PYTHONPATH": str(REPO_ROOT),
             **extra,
         }
     )
     return env
 
 
-def run_cli(args: list[str], env: dict[str, str], cwd: Path, outputs: Outputs, name: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    completed = subprocess.run(args, env=env, cwd=cwd, capture_output=True, timeout=timeout)
-    outputs.add(f"{name}: stdout", completed.stdout)
-    outputs.add(f"{name}: stderr", completed.stderr)
-    return completed
-
-
 def cli(*args: str) -> list[str]:
     executable = Path(sys.executable).parent / "zombie-pipeline"
-    return [str(executable), *args] if executable.exists() else [sys.executable, "-m", "zombie_pipeline.cli", *args]
+    return [str(executable), *args] if executable.exists() else [sys.executable, "-m", "zombie_pipeline.app.cli", *args]
 
 
 def dagster_cli(*args: str) -> list[str]:
@@ -217,6 +164,87 @@ def dagster_cli(*args: str) -> list[str]:
 
 def collect_homes(outputs: Outputs, homes: dict[str, Path]) -> int:
     return sum(outputs.add_tree(name, path) for name, path in homes.items())
+
+
+# --- the module's commands, started together -------------------------------------------------------------
+
+
+class Commands:
+    """The CLI commands of the module, each in the homes of its scenario, started together when the module starts.
+
+    They spend most of their time importing and waiting (one waits out a 10 s server selection
+    timeout), so they run while the tests work in process; each test collects its own.
+    """
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="secrets-command")
+        self.futures: dict[str, Future] = {}
+        self.closed_port = free_port()  # where no server listens: the unreachable host
+
+    def homes(self, scenario: str) -> dict[str, Path]:
+        """The scenario's DAGSTER_HOME, ZOMBIE_PIPELINE_HOME and working directory; all are searched afterwards."""
+        paths = {name: self.base / scenario / name for name in ("dagster_home", "zombie_home", "cwd")}
+        for path in paths.values():
+            path.mkdir(parents=True, exist_ok=True)
+        return paths
+
+    def start(self, name: str, args: list[str], queue_url: str, scenario: str, after: str | None = None) -> None:
+        """Run ``args`` in the scenario's homes, once the command ``after`` (if any) is done."""
+        homes = self.homes(scenario)
+        env = env_for(queue_url, homes)
+        previous = self.futures.get(after) if after else None
+
+        def run() -> subprocess.CompletedProcess:
+            if previous is not None:
+                previous.result()
+            return subprocess.run(args, env=env, cwd=homes["cwd"], capture_output=True, timeout=300)
+
+        self.futures[name] = self.pool.submit(run)
+
+    def collect(self, name: str, outputs: Outputs) -> subprocess.CompletedProcess:
+        """The command's result; its stdout and stderr go to ``outputs``."""
+        completed = self.futures[name].result(timeout=600)
+        outputs.add(f"{name}: stdout", completed.stdout)
+        outputs.add(f"{name}: stderr", completed.stderr)
+        return completed
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+#: The queue the suites are written for (``tests.helpers.QUEUE_GENERATION``), as the CLI is told it.
+GENERATIONS = ("--generation", QUEUE_GENERATION, "--cache-generation", CACHE_GENERATION)
+
+
+@pytest.fixture(scope="module")
+def commands(auth_server: LocalServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Commands]:
+    started = Commands(tmp_path_factory.mktemp("secrets-commands"))
+    good = url(auth_server.port)
+    started.start(
+        "cli simulate",
+        cli("simulate", "--drop", *GENERATIONS, "--finished", "200", "--crashed", "12", "--running", "20", "--waiting", "5"),
+        good,
+        "full_run",
+    )
+    run_config = started.homes("full_run")["cwd"] / "run_config.yaml"
+    run_config.write_text("ops:\n  reconcile:\n    config:\n      override_brake: true\n")
+    started.start(
+        "dagster job execute",
+        dagster_cli("job", "execute", "-m", "zombie_pipeline.definitions", "-j", "kill_zombies_job", "-c", str(run_config)),
+        good,
+        "full_run",
+        after="cli simulate",
+    )
+    started.start("cli demo", cli("demo"), good, "demo", after="cli simulate")  # on the simulated queue
+    started.start("cli simulate, wrong password", cli("simulate", "--finished", "10"), url(auth_server.port, WRONG_PASSWORD), "wrong_password")
+    started.start("cli simulate, unreachable", cli("simulate", "--finished", "10"), url(started.closed_port), "unreachable_host")
+    for password, scenario in ((PASSWORD, "unescaped_right"), (WRONG_PASSWORD, "unescaped_wrong")):
+        started.start(f"cli simulate, {scenario}", cli("simulate", "--finished", "10"), url(auth_server.port, password, escaped=False), scenario)
+    try:
+        yield started
+    finally:
+        started.close()
 
 
 def in_process_run(queue_url: str, outputs: Outputs, name: str, monkeypatch, timeout_ms: int = 10_000, **config: Any) -> dg.ExecuteInProcessResult:
@@ -228,16 +256,13 @@ def in_process_run(queue_url: str, outputs: Outputs, name: str, monkeypatch, tim
         "cache_db": CacheDatabase(database=CACHE, server_selection_timeout_ms=timeout_ms),
         "zombie_policy": ZombiePolicyResource(),
     }
-    run_config = {"ops": {"reconcile": {"config": {"override_brake": True, **config}}}}
-    with dg.DagsterInstance.ephemeral() as instance:  # in memory: 0.1 s instead of 1.8 s for a temporary sqlite one
-        try:
-            result = kill_zombies_job.execute_in_process(
-                run_config=run_config, resources=resources, instance=instance, raise_on_error=False
-            )
+    with dg.DagsterInstance.ephemeral() as instance:
+        try:  # Dagster's own console logger, as a deployment runs it
+            result = run_kill_zombies(resources, instance=instance, run_config={"loggers": {}}, override_brake=True, **config)
         except Exception as error:  # noqa: BLE001 - the message itself is under test
             outputs.add(f"{name}: exception", f"{type(error).__name__}: {error}")
             raise
-        for record in instance.all_logs(result.run_id):
+        for record in result.logs:
             outputs.add(f"{name}: event log", serialize_value(record))
             outputs.add(f"{name}: event log text", f"{record.user_message}\n")
         outputs.add(f"{name}: run record", serialize_value(instance.get_run_by_id(result.run_id)))
@@ -250,30 +275,22 @@ def in_process_run(queue_url: str, outputs: Outputs, name: str, monkeypatch, tim
 
 # --- the right password ---------------------------------------------------------------------------------
 
-
-FULL = os.environ.get("ZOMBIE_FAULTS_FULL") == "1"
-SLOW = [pytest.mark.slow, pytest.mark.skipif(not FULL, reason="set ZOMBIE_FAULTS_FULL=1")]
-
-
-def test_a_full_run_with_the_password_in_the_urls_leaks_it_nowhere(auth_server: AuthServer, outputs: Outputs, homes, monkeypatch):
+def test_a_full_run_with_the_password_in_the_urls_leaks_it_nowhere(auth_server: LocalServer, commands: Commands, outputs: Outputs, monkeypatch):
     good = url(auth_server.port)
-    env = env_for(good, homes)
+    homes = commands.homes("full_run")
 
-    simulated = run_cli(cli("simulate", "--drop", "--finished", "200", "--crashed", "12", "--running", "20", "--waiting", "5"), env, homes["cwd"], outputs, "cli simulate")
+    simulated = commands.collect("cli simulate", outputs)
     assert simulated.returncode == 0, simulated.stderr.decode()[-2000:]
     assert b"***" in simulated.stdout or b"127.0.0.1" in simulated.stdout
 
-    executed = run_cli(
-        dagster_cli("job", "execute", "-m", "zombie_pipeline.definitions", "-j", "kill_zombies_job", "-c", str(_run_config(homes))),
-        env, homes["cwd"], outputs, "dagster job execute",
-    )
+    executed = commands.collect("dagster job execute", outputs)
     assert executed.returncode == 0, executed.stderr.decode()[-3000:]
 
     client = MongoClient(good, tz_aware=True)
     finalized = client[QUEUE]["zombieEvents"].count_documents({})
     assert finalized >= 12  # the run really ran, authenticated
 
-    simulate(client[QUEUE], client[CACHE], Workload(finished=0, crashed=6, never_heartbeated=0, overdue=0, running=30, waiting=0, seed=99))
+    simulate(Store.of(client[QUEUE], client[CACHE]), workload(finished=0, crashed=6, never_heartbeated=0, overdue=0, running=30, waiting=0, seed=99))
     result = in_process_run(good, outputs, "in-process job", monkeypatch)
     assert result.success
     assert result.output_for_node("summarize")["finalized"] == 6
@@ -288,36 +305,19 @@ def test_a_full_run_with_the_password_in_the_urls_leaks_it_nowhere(auth_server: 
     outputs.assert_clean("full_run")
 
 
-def _run_config(homes: dict[str, Path]) -> Path:
-    path = homes["cwd"] / "run_config.yaml"
-    path.write_text("ops:\n  reconcile:\n    config:\n      override_brake: true\n")
-    return path
-
-
-HAS_DEMO = (REPO / "zombie_pipeline" / "demo.py").exists()
-
-
-@pytest.mark.skipif(not HAS_DEMO, reason="no zombie-pipeline demo yet")
-def test_the_demo_with_the_password_in_the_urls_leaks_it_nowhere(auth_server: AuthServer, outputs: Outputs, homes):
-    env = env_for(url(auth_server.port), homes)
-    demo = run_cli(cli("demo"), env, homes["cwd"], outputs, "cli demo")
+def test_the_demo_with_the_password_in_the_urls_leaks_it_nowhere(commands: Commands, outputs: Outputs):
+    demo = commands.collect("cli demo", outputs)
     assert demo.returncode in (0, 1), demo.stderr.decode()[-2000:]
     assert b"Traceback" not in demo.stderr
-    collect_homes(outputs, homes)
+    collect_homes(outputs, commands.homes("demo"))
     outputs.assert_clean("demo")
 
 
 # --- wrong password, unreachable host, malformed URL ---------------------------------------------------------
 
 
-def test_a_wrong_password_fails_cleanly_and_leaks_neither_password(auth_server: AuthServer, outputs: Outputs, homes, monkeypatch):
+def test_a_wrong_password_fails_cleanly_and_leaks_neither_password(auth_server: LocalServer, commands: Commands, outputs: Outputs, monkeypatch):
     wrong = url(auth_server.port, WRONG_PASSWORD)
-    env = env_for(wrong, homes)
-
-    simulated = run_cli(cli("simulate", "--finished", "10"), env, homes["cwd"], outputs, "cli simulate, wrong password")
-    assert simulated.returncode != 0
-    assert b"Traceback" not in simulated.stderr
-    assert b"uthentication failed" in simulated.stderr, simulated.stderr
 
     result = in_process_run(wrong, outputs, "in-process job, wrong password", monkeypatch)
     assert not result.success
@@ -331,25 +331,21 @@ def test_a_wrong_password_fails_cleanly_and_leaks_neither_password(auth_server: 
     outputs.add("run_cleanup exception, wrong password", f"{type(failure.value).__name__}: {failure.value}")
     client.close()
 
-    collect_homes(outputs, homes)
+    simulated = commands.collect("cli simulate, wrong password", outputs)
+    assert simulated.returncode != 0
+    assert b"Traceback" not in simulated.stderr
+    assert b"uthentication failed" in simulated.stderr, simulated.stderr
+
+    collect_homes(outputs, commands.homes("wrong_password"))
     outputs.assert_clean("wrong_password")
 
 
-@pytest.mark.parametrize("with_cli", [False, pytest.param(True, marks=SLOW)])  # the CLI waits its 10 s timeout
-def test_an_unreachable_host_fails_cleanly_and_leaks_no_password(outputs: Outputs, homes, monkeypatch, with_cli: bool):
-    closed_port = free_port()
-    unreachable = url(closed_port)
-    env = env_for(unreachable, homes)
-
-    if with_cli:
-        simulated = run_cli(cli("simulate", "--finished", "10"), env, homes["cwd"], outputs, "cli simulate, unreachable", timeout=120)
-        assert simulated.returncode != 0
-        assert b"Traceback" not in simulated.stderr
-        assert b"cannot reach" in simulated.stderr or b"Timeout" in simulated.stderr, simulated.stderr
+def test_an_unreachable_host_fails_cleanly_and_leaks_no_password(commands: Commands, outputs: Outputs, monkeypatch):
+    unreachable = url(commands.closed_port)
 
     result = in_process_run(unreachable, outputs, "in-process job, unreachable", monkeypatch, timeout_ms=1_000)
     assert not result.success
-    messages = [e.step_failure_data.error.message for e in result.all_events if e.is_step_failure]
+    messages = step_failure_messages(result)
     assert any("cannot reach MongoDB at mongodb://***:***@127.0.0.1" in m for m in messages), messages
 
     client = MongoClient(unreachable, serverSelectionTimeoutMS=1_000)
@@ -358,16 +354,23 @@ def test_an_unreachable_host_fails_cleanly_and_leaks_no_password(outputs: Output
     outputs.add("check_reachable, unreachable", str(unavailable.value))
     client.close()
 
-    collect_homes(outputs, homes)
-    outputs.assert_clean("unreachable_host_with_cli" if with_cli else "unreachable_host")
+    simulated = commands.collect("cli simulate, unreachable", outputs)  # it waits out its 10 s server selection timeout
+    assert simulated.returncode != 0
+    assert b"Traceback" not in simulated.stderr
+    assert b"cannot reach" in simulated.stderr or b"Timeout" in simulated.stderr, simulated.stderr
+
+    collect_homes(outputs, commands.homes("unreachable_host"))
+    outputs.assert_clean("unreachable_host")
 
 
 @pytest.mark.parametrize("password", [PASSWORD, WRONG_PASSWORD], ids=["right", "wrong"])
-def test_a_url_with_the_password_left_unescaped_fails_cleanly_and_leaks_nothing(auth_server: AuthServer, outputs: Outputs, homes, monkeypatch, password: str):
+def test_a_url_with_the_password_left_unescaped_fails_cleanly_and_leaks_nothing(
+    auth_server: LocalServer, commands: Commands, outputs: Outputs, monkeypatch, password: str
+):
+    scenario = f"unescaped_{'right' if password == PASSWORD else 'wrong'}"
     malformed = url(auth_server.port, password, escaped=False)
-    env = env_for(malformed, homes)
 
-    simulated = run_cli(cli("simulate", "--finished", "10"), env, homes["cwd"], outputs, "cli simulate, unescaped")
+    simulated = commands.collect(f"cli simulate, {scenario}", outputs)
     assert simulated.returncode != 0
     assert b"Traceback" not in simulated.stderr
 
@@ -375,8 +378,8 @@ def test_a_url_with_the_password_left_unescaped_fails_cleanly_and_leaks_nothing(
     assert not result.success
 
     outputs.add("redact_url, unescaped", redact_url(malformed))
-    collect_homes(outputs, homes)
-    outputs.assert_clean(f"unescaped_url_{'right' if password == PASSWORD else 'wrong'}_password")
+    collect_homes(outputs, commands.homes(scenario))
+    outputs.assert_clean(f"{scenario}_password")
 
 
 def test_the_search_would_see_a_leak(outputs: Outputs):

@@ -4,109 +4,43 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import os
-import uuid
 from collections import Counter, defaultdict
 
 import pytest
-from pymongo import MongoClient, monitoring
+from pymongo import MongoClient
 
+from tests.helpers import CommandLog, workload
+from tests.servers import fresh_databases, on_real_mongodb
 from zombie_pipeline.detection import detect
-from zombie_pipeline.documents import (
-    CACHE_GENERATIONS,
-    ID,
-    JOB_FIELDS,
-    Cache,
-    Job,
-    Reason,
-    Status,
-    cache_generation_of,
-)
-from zombie_pipeline.embedded import start_server, stop_process
+from zombie_pipeline.documents import ID, Cache, Job, Reason, Status
+from zombie_pipeline.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, cache_generation_of
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.simulate import HEARTBEAT_INTERVAL_SECONDS, JOB_TYPES, Workload, simulate
+from zombie_pipeline.store import Store
 
 NOW = dt.datetime(2024, 7, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
-JOBS = "jobsBlue"
-CACHE = "cachedResponsesBlue"
-
-
-class InsertCounter(monitoring.CommandListener):
-    """Counts the commands a client sends, by name."""
-
-    def __init__(self) -> None:
-        self.commands: Counter = Counter()
-
-    def started(self, event: monitoring.CommandStartedEvent) -> None:
-        self.commands[event.command_name] += 1
-
-    def succeeded(self, event) -> None:
-        pass
-
-    def failed(self, event) -> None:
-        pass
-
-
-EXTERNAL_URL = os.environ.get("ZOMBIE_TEST_MONGO_URL")
-
-
-@pytest.fixture(scope="module")
-def sim_url(tmp_path_factory):
-    """A server of the module's own: SecantusDB drops large databases slowly (tens of seconds,
-    and every later drop on the same server slows down too), so the data written here goes to a
-    server whose storage is thrown away with it. On a real MongoDB the databases are dropped."""
-    if EXTERNAL_URL:
-        yield EXTERNAL_URL
-        return
-    base = tmp_path_factory.mktemp("sim_server")
-    process, info = start_server(base / "data", log_path=base / "server.log", detach=False)
-    try:
-        yield info.url
-    finally:
-        stop_process(process)
-
-
-@pytest.fixture(scope="module")
-def databases(sim_url):
-    """Fresh (queue, cache) database pairs, dropped afterwards on a real MongoDB."""
-    client = MongoClient(sim_url, tz_aware=True, tzinfo=dt.timezone.utc)
-    names: list[str] = []
-
-    def make():
-        suffix = uuid.uuid4().hex[:10]
-        pair = (client[f"sim_queue_{suffix}"], client[f"sim_cache_{suffix}"])
-        names.extend(database.name for database in pair)
-        return pair
-
-    yield make
-    if EXTERNAL_URL:
-        for name in names:
-            client.drop_database(name)
-    client.close()
 
 
 # --- one realistic queue of 12k jobs, written once for the module ----------------------
 
-BIG = Workload(finished=11_800, crashed=60, never_heartbeated=20, overdue=20, running=60, waiting=40, seed=7)
+BIG = workload(finished=11_800, crashed=60, never_heartbeated=20, overdue=20, running=60, waiting=40, seed=7)
+JOB_FIELDS = QUEUE_GENERATIONS[BIG.generation].job_fields
 
 
 @pytest.fixture(scope="module")
-def big(sim_url):
-    """The 12k-job workload written through a client that counts its commands."""
-    counter = InsertCounter()
-    client = MongoClient(sim_url, tz_aware=True, tzinfo=dt.timezone.utc, event_listeners=[counter])
-    suffix = uuid.uuid4().hex[:10]
-    queue_db, cache_db = client[f"big_queue_{suffix}"], client[f"big_cache_{suffix}"]
+def big(mongo_url):
+    """The 12k-job workload written once for the module, through a client that logs its commands."""
+    log = CommandLog()
+    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.timezone.utc, event_listeners=[log])
     try:
-        result = simulate(queue_db, cache_db, BIG, now=NOW)
-        commands = Counter(counter.commands)
-        jobs = list(queue_db[JOBS].find())
-        entries = list(cache_db[CACHE].find())
-        yield {"result": result, "commands": commands, "jobs": jobs, "entries": entries, "queue_db": queue_db}
+        with fresh_databases(client, drop=on_real_mongodb()) as make:
+            store = Store.of(make("big_queue"), make("big_cache"))
+            result = simulate(store, BIG, now=NOW)
+            commands = Counter(log.names)
+            jobs = list(store.jobs.find())
+            entries = list(store.cache.find())
+            yield {"result": result, "commands": commands, "jobs": jobs, "entries": entries, "store": store}
     finally:
-        if EXTERNAL_URL:
-            client.drop_database(queue_db.name)
-            client.drop_database(cache_db.name)
         client.close()
 
 
@@ -151,7 +85,7 @@ def test_the_started_jobs_of_each_kind_are_the_ones_announced(big):
 def test_default_detection_classifies_every_zombie_kind_and_spares_healthy_jobs(big):
     result = big["result"]
 
-    detection = detect(big["queue_db"][JOBS], ZombiePolicy(), now=result.now)
+    detection = detect(big["store"].jobs, ZombiePolicy(), now=result.now)
 
     reasons = {candidate.id: candidate.reason for candidate in detection.candidates}
     assert detection.malformed == []
@@ -164,7 +98,7 @@ def test_default_detection_classifies_every_zombie_kind_and_spares_healthy_jobs(
 
 def test_every_kind_of_started_job_looks_the_part(big):
     result, jobs = big["result"], {job[ID]: job for job in big["jobs"]}
-    now, timeout, limit = result.now, BIG.heartbeat_timeout_seconds, BIG.max_duration_seconds
+    now, timeout, limit = result.now, BIG.policy.heartbeat_timeout_seconds, BIG.policy.max_duration_seconds
 
     def age(moment):
         return (now - moment).total_seconds()
@@ -180,11 +114,20 @@ def test_every_kind_of_started_job_looks_the_part(big):
     for i in result.never_heartbeated_ids:
         assert jobs[i].get(Job.LAST_HEARTBEAT) is None
     never = [jobs[i] for i in result.never_heartbeated_ids]
-    assert any(Job.LAST_HEARTBEAT not in job for job in never)  # key missing, as mongoengine writes
-    assert any(Job.LAST_HEARTBEAT in job for job in never)  # explicit null, as other writers do
+    assert all(Job.LAST_HEARTBEAT not in job for job in never)  # key missing, as mongoengine writes a new job
     for i in result.overdue_ids:
         assert age(jobs[i][Job.STARTED_AT]) > limit
         assert age(jobs[i][Job.LAST_HEARTBEAT]) <= HEARTBEAT_INTERVAL_SECONDS  # alive, just too long
+
+
+def test_a_newer_queue_holds_never_heartbeated_jobs_with_the_key_missing_or_null(store):
+    """From December 2023 a job's heartbeat may have been set to None by an update: an explicit null."""
+    result = simulate(store, Workload(finished=0, crashed=0, never_heartbeated=20, overdue=0, running=0, waiting=0, seed=7), now=NOW)
+
+    never = list(store.jobs.find({ID: {"$in": result.never_heartbeated_ids}}))
+    assert len(never) == 20
+    assert any(Job.LAST_HEARTBEAT not in job for job in never)
+    assert any(Job.LAST_HEARTBEAT in job and job[Job.LAST_HEARTBEAT] is None for job in never)
 
 
 def test_finished_history_is_spread_over_the_days_with_minute_heartbeats(big):
@@ -248,23 +191,22 @@ def test_one_cache_entry_per_key(big):
 
 # --- small workloads ---------------------------------------------------------------------
 
-SMALL = Workload(finished=300, crashed=6, never_heartbeated=4, overdue=4, running=6, waiting=5, seed=3)
+SMALL = workload(finished=300, crashed=6, never_heartbeated=4, overdue=4, running=6, waiting=5, seed=3)
 
 
-def written(databases, workload: Workload):
-    queue_db, cache_db = databases()
-    result = simulate(queue_db, cache_db, workload, now=NOW)
-    jobs = list(queue_db[JOBS].find().sort(ID, 1))
+def written(fresh_database, workload: Workload):
+    store = Store.of(fresh_database("sim_queue"), fresh_database("sim_cache"))
+    result = simulate(store, workload, now=NOW)
+    jobs = list(store.jobs.find().sort(ID, 1))
     entries = sorted(
-        ({key: value for key, value in entry.items() if key != ID} for entry in cache_db[CACHE].find()),
+        ({key: value for key, value in entry.items() if key != ID} for entry in store.cache.find()),
         key=lambda entry: tuple(str(entry.get(name)) for name in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)),
     )
     return result, jobs, entries
 
 
-def test_the_oldest_generation_writes_only_its_own_fields(databases):
-    workload = Workload(**{**SMALL.__dict__, "cache_generation": "2023-01"})
-    _, jobs, entries = written(databases, workload)
+def test_the_oldest_generation_writes_only_its_own_fields(fresh_database):
+    _, jobs, entries = written(fresh_database, Workload(**{**SMALL.__dict__, "cache_generation": "2023-01"}))
 
     generation = CACHE_GENERATIONS["2023-01"]
     assert entries
@@ -276,25 +218,24 @@ def test_the_oldest_generation_writes_only_its_own_fields(databases):
         assert set(job) - {ID} <= JOB_FIELDS
 
 
-def test_an_unknown_generation_is_refused(databases):
-    queue_db, cache_db = databases()
+def test_an_unknown_generation_is_refused(store):
     with pytest.raises(ValueError, match="cache_generation"):
-        simulate(queue_db, cache_db, Workload(finished=1, cache_generation="1999-12"), now=NOW)
-    assert queue_db[JOBS].count_documents({}) == 0
+        simulate(store, workload(finished=1, cache_generation="1999-12"), now=NOW)
+    assert store.jobs.count_documents({}) == 0
 
 
-def test_the_same_seed_writes_the_same_queue_and_cache(databases):
-    first = written(databases, SMALL)
-    second = written(databases, SMALL)
+def test_the_same_seed_writes_the_same_queue_and_cache(fresh_database):
+    first = written(fresh_database, SMALL)
+    second = written(fresh_database, SMALL)
 
     assert first[1] == second[1]  # job documents, _ids included
     assert first[2] == second[2]  # cache entries, all but their _ids
     assert first[0].crashed_ids == second[0].crashed_ids
 
 
-def test_another_seed_writes_another_queue(databases):
-    _, jobs, entries = written(databases, SMALL)
-    _, other_jobs, other_entries = written(databases, Workload(**{**SMALL.__dict__, "seed": 4}))
+def test_another_seed_writes_another_queue(fresh_database):
+    _, jobs, entries = written(fresh_database, SMALL)
+    _, other_jobs, other_entries = written(fresh_database, Workload(**{**SMALL.__dict__, "seed": 4}))
 
     assert len(jobs) == len(other_jobs)
     assert jobs != other_jobs
@@ -302,16 +243,13 @@ def test_another_seed_writes_another_queue(databases):
     assert entries != other_entries
 
 
-def test_per_type_maximum_durations_are_respected_by_the_simulator_and_detection(databases):
+def test_per_type_maximum_durations_are_respected_by_the_simulator_and_detection(store):
     slow = "/parquet-and-dataset-info"
-    workload = Workload(
-        **{**SMALL.__dict__, "max_duration_seconds_by_type": {slow: 3_600}, "overdue": 12, "crashed": 12, "seed": 11}
-    )
-    queue_db, cache_db = databases()
-    result = simulate(queue_db, cache_db, workload, now=NOW)
     policy = ZombiePolicy(max_duration_seconds_by_type={slow: 3_600})
+    slow_types = Workload(**{**SMALL.__dict__, "policy": policy, "overdue": 12, "crashed": 12, "seed": 11})
+    result = simulate(store, slow_types, now=NOW)
 
-    detection = detect(queue_db[JOBS], policy, now=NOW)
+    detection = detect(store.jobs, policy, now=NOW)
 
     reasons = {candidate.id: candidate.reason for candidate in detection.candidates}
     assert set(reasons) == set(result.zombie_ids)
@@ -324,9 +262,9 @@ def test_per_type_maximum_durations_are_respected_by_the_simulator_and_detection
 
 
 def test_fractions_make_a_workload_of_the_requested_size():
-    workload = Workload.from_fractions(100_000, crashed_fraction=0.01, seed=5)
+    workload = Workload.from_fractions(100_000, crashed_fraction=0.01, seed=5, generation=BIG.generation)
     assert workload.total == 100_000
     assert workload.crashed == 1_000
     assert workload.never_heartbeated > 0 and workload.overdue > 0 and workload.running > 0
     with pytest.raises(ValueError):
-        Workload.from_fractions(10, crashed_fraction=0.9, running_fraction=0.5)
+        Workload.from_fractions(10, crashed_fraction=0.9, running_fraction=0.5, generation=BIG.generation)

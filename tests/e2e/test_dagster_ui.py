@@ -6,43 +6,39 @@ the zombies it needs, so each stands alone. Every process started here is
 stopped by PID when the module ends, and the test checks none is left.
 """
 
-import datetime as dt
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
-from zombie_pipeline.documents import ID, Cache, ErrorCode, Job, Status, cache_key_of_job
+from tests.e2e import harness
+from tests.helpers import ago, job_document, workload
+from tests.servers import fresh_databases, on_real_mongodb
+from zombie_pipeline.config import (
+    CACHE_DATABASE_ENV,
+    CACHE_URL_ENV,
+    HOME_ENV,
+    KILL_CRON_ENV,
+    QUEUE_DATABASE_ENV,
+    QUEUE_URL_ENV,
+    WEBHOOK_URL_ENV,
+)
+from zombie_pipeline.documents import ID, Cache, ErrorCode, Job, Status, cache_key_of_job, utc_now
 from zombie_pipeline.embedded import free_port
 from zombie_pipeline.mongo import client_for
-from zombie_pipeline.simulate import Workload, job_document, simulate, utc_now
+from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, TRIGGER_TAG
+from zombie_pipeline.simulate import simulate
 from zombie_pipeline.store import Store
-
-sys.path.insert(0, str(Path(__file__).parent))
-import harness  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
-TRIGGER_TAG = "zombie_pipeline/trigger"
-CLEANUP_RUN_TAG = "zombie_pipeline/cleanup_run_id"
-
-
 @pytest.fixture(scope="module")
 def simulated(mongo_url):
-    client = client_for(mongo_url)
-    suffix = uuid.uuid4().hex[:10]
-    store = Store.of(client[f"e2e_queue_{suffix}"], client[f"e2e_cache_{suffix}"])
-    store.ensure_indexes()
-    simulation = simulate(
-        store.jobs.database,
-        store.cache.database,
-        Workload(finished=150, crashed=4, never_heartbeated=2, overdue=2, running=20, waiting=10, seed=11),
-    )
-    yield store, simulation
-    client.drop_database(store.jobs.database.name)
-    client.drop_database(store.cache.database.name)
+    with fresh_databases(client_for(mongo_url), drop=on_real_mongodb()) as make:
+        store = Store.of(make("e2e_queue"), make("e2e_cache"))
+        store.ensure_indexes()
+        simulation = simulate(store, workload(finished=150, crashed=4, never_heartbeated=2, overdue=2, running=20, waiting=10, seed=11))
+        yield store, simulation
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +50,13 @@ def store(simulated):
 def dev(store, mongo_url, tmp_path_factory):
     base = tmp_path_factory.mktemp("dagster_dev")
     env = {
-        "QUEUE_MONGO_URL": mongo_url,
-        "CACHE_MONGO_URL": mongo_url,
-        "QUEUE_MONGO_DATABASE": store.jobs.database.name,
-        "CACHE_MONGO_DATABASE": store.cache.database.name,
-        "ZOMBIE_PIPELINE_HOME": str(base / "zombie_pipeline_home"),
-        "ZOMBIE_KILL_CRON": "",
-        "ZOMBIE_FAILURE_WEBHOOK_URL": "",
+        QUEUE_URL_ENV: mongo_url,
+        CACHE_URL_ENV: mongo_url,
+        QUEUE_DATABASE_ENV: store.jobs.database.name,
+        CACHE_DATABASE_ENV: store.cache.database.name,
+        HOME_ENV: str(base / "zombie_pipeline_home"),
+        KILL_CRON_ENV: "",
+        WEBHOOK_URL_ENV: "",
     }
     dev = harness.DagsterDev(base / "dagster_home", free_port(), env)
     try:
@@ -76,10 +72,6 @@ def dev(store, mongo_url, tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(dev):
     return DagsterGraphQLClient("127.0.0.1", port_number=dev.port, timeout=60)
-
-
-def ago(seconds: float) -> dt.datetime:
-    return utc_now() - dt.timedelta(seconds=seconds)
 
 
 def add_zombies(store: Store, job_type: str, count: int) -> list:

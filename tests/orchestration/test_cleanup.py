@@ -1,49 +1,28 @@
-"""kill_zombies_job through Dagster: the ops, their metadata, dry run, brake, bad policy, partitions."""
+"""kill_zombies_job through Dagster: the ops, their metadata, dry run, brake, partitions, suggestions opted in."""
 
-import dagster as dg
 import pytest
 
-from zombie_pipeline.documents import ID, Event, EventState, Job, Status
-from zombie_pipeline.orchestration.jobs import kill_zombies_job
-from zombie_pipeline.orchestration.partitions import JOB_TYPE_PARTITIONS
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
-from zombie_pipeline.simulate import Workload, job_document, simulate, utc_now
+from tests.helpers import ago, database_resources, job_document, report_suggesting, run_kill_zombies, step_failure_messages, step_metadata, workload
+from zombie_pipeline.documents import ID, Event, EventState, Job, Status, utc_now
+from zombie_pipeline.orchestration.resources import ZombiePolicyResource
+from zombie_pipeline.simulate import simulate
+from zombie_pipeline.statistics.suggestions import save_suggestions
 
-WORKLOAD = Workload(finished=150, crashed=8, never_heartbeated=3, overdue=3, running=20, waiting=5, seed=11)
+WORKLOAD = workload(finished=150, crashed=8, never_heartbeated=3, overdue=3, running=20, waiting=5, seed=11)
 URL_ENV = "ZOMBIE_TEST_JOBS_URL"
 
 
 @pytest.fixture
 def resources(store, mongo_url, monkeypatch):
     monkeypatch.setenv(URL_ENV, mongo_url)
-    return {
-        "queue_db": QueueDatabase(url_env_var=URL_ENV, database=store.jobs.database.name),
-        "cache_db": CacheDatabase(url_env_var=URL_ENV, database=store.cache.database.name),
-        "zombie_policy": ZombiePolicyResource(),
-    }
-
-
-def run(resources, instance=None, partition_key=None, **config):
-    run_config = {"ops": {"reconcile": {"config": config}}} if config else None
-    with dg.instance_for_test() as test_instance:
-        instance = instance or test_instance
-        if partition_key:
-            instance.add_dynamic_partitions(JOB_TYPE_PARTITIONS.name, [partition_key])
-        return kill_zombies_job.execute_in_process(
-            run_config=run_config, resources=resources, instance=instance, partition_key=partition_key, raise_on_error=False
-        )
-
-
-def metadata_of(result, step: str) -> dict:
-    [event] = [e for e in result.events_for_node(step) if e.event_type_value == "STEP_OUTPUT"]
-    return {key: value.value for key, value in event.step_output_data.metadata.items()}
+    return {**database_resources(store, URL_ENV), "zombie_policy": ZombiePolicyResource()}
 
 
 def test_the_job_finalizes_the_zombies_and_reports_them_in_its_metadata(store, resources):
-    simulation = simulate(store.jobs.database, store.cache.database, WORKLOAD)
-    result = run(resources)
+    simulation = simulate(store, WORKLOAD)
+    result = run_kill_zombies(resources)
     assert result.success
-    summary = metadata_of(result, "summarize")
+    summary = step_metadata(result, "summarize")
     assert summary["finalized"] == 14
     assert summary["reason/missing_heartbeat"] == 8
     assert summary["reason/never_heartbeated"] == 3
@@ -52,18 +31,18 @@ def test_the_job_finalizes_the_zombies_and_reports_them_in_its_metadata(store, r
     assert summary["cache_written"] == 14
     assert len(summary["finalized_jobs"].records) == 14
     assert "finalized 14 zombies" in summary["summary"]
-    assert metadata_of(result, "reconcile")["policy"]["heartbeat_timeout_seconds"] == 300
+    assert step_metadata(result, "reconcile")["policy"]["heartbeat_timeout_seconds"] == 300
     assert store.jobs.count_documents({ID: {"$in": simulation.zombie_ids}, Job.STATUS: Status.ERROR}) == 14
 
 
 def test_a_dry_run_shows_the_evidence_table_and_writes_nothing(store, resources):
-    simulate(store.jobs.database, store.cache.database, WORKLOAD)
+    simulate(store, WORKLOAD)
     jobs_before = list(store.jobs.find())
-    result = run(resources, dry_run=True)
+    result = run_kill_zombies(resources, dry_run=True)
     assert result.success
-    evidence = metadata_of(result, "find_zombies")["evidence"]
+    evidence = step_metadata(result, "find_zombies")["evidence"]
     assert len(evidence.records) == 14
-    assert {"reason", "age_seconds", "last_heartbeat", "threshold_seconds"} <= set(evidence.records[0].data)
+    assert {"job_id", "type", "reason", "age_seconds", "last_heartbeat", "threshold_seconds"} <= set(evidence.records[0].data)
     assert list(store.jobs.find()) == jobs_before
     assert store.events.count_documents({}) == 0
 
@@ -73,26 +52,14 @@ def test_the_brake_fails_the_run_with_its_reason_and_the_override_proceeds(store
     store.jobs.insert_many(
         [job_document(dataset=f"u/dead-{i}", started_at=now.replace(year=now.year - 1)) for i in range(25)]
     )
-    braked = run(resources)
+    braked = run_kill_zombies(resources)
     assert not braked.success
-    failure = next(e for e in braked.all_events if e.is_step_failure)
-    assert "brake engaged: 25 of 25" in failure.step_failure_data.error.message
+    [message] = step_failure_messages(braked)
+    assert "brake engaged: 25 of 25" in message
     assert store.jobs.count_documents({Job.STATUS: Status.STARTED}) == 25
 
-    assert run(resources, override_brake=True).success
+    assert run_kill_zombies(resources, override_brake=True).success
     assert store.jobs.count_documents({Job.STATUS: Status.STARTED}) == 0
-
-
-def test_a_bad_policy_fails_the_run_before_anything_is_read_or_written(store, resources):
-    simulate(store.jobs.database, store.cache.database, WORKLOAD)
-    jobs_before = list(store.jobs.find())
-    resources["zombie_policy"] = ZombiePolicyResource(heartbeat_timeout_seconds=600, max_duration_seconds=300)
-    result = run(resources)
-    assert not result.success
-    [failure] = [e for e in result.all_events if e.event_type_value == "RESOURCE_INIT_FAILURE"]
-    assert "max_duration_seconds (300 s) is shorter than heartbeat_timeout_seconds" in failure.event_specific_data.error.message
-    assert list(store.jobs.find()) == jobs_before
-    assert store.events.count_documents({}) == 0
 
 
 def test_a_partitioned_run_cleans_only_its_job_type(store, resources):
@@ -102,8 +69,23 @@ def test_a_partitioned_run_cleans_only_its_job_type(store, resources):
         + [job_document("/splits", f"u/b{i}", started_at=old) for i in range(3)]
         + [job_document("/splits", f"u/live{i}", started_at=utc_now(), last_heartbeat=utc_now()) for i in range(20)]
     )
-    result = run(resources, partition_key="/first-rows")
+    result = run_kill_zombies(resources, partition_key="/first-rows")
     assert result.success
     finalized_types = {event[Event.JOB][Job.TYPE] for event in store.events.find({Event.STATE: EventState.DONE})}
     assert finalized_types == {"/first-rows"}
     assert store.jobs.count_documents({Job.TYPE: "/splits", Job.STATUS: Status.STARTED}) == 23
+
+
+def test_an_opted_in_run_applies_the_latest_suggestions_and_says_so(store, resources):
+    """The suggested T2 of /first-rows (30 min) is below the configured 2 h: a job of 50 min is now overdue."""
+    store.jobs.insert_many([job_document("/first-rows", "u/slow", started_at=ago(50 * 60), last_heartbeat=ago(10))])
+    save_suggestions(store.suggestions, report_suggesting({"/first-rows": 1_800}))
+    configured = {"max_duration_seconds_by_type": {"/first-rows": 7_200}}
+
+    kept = run_kill_zombies({**resources, "zombie_policy": ZombiePolicyResource(**configured)})
+    assert step_metadata(kept, "summarize")["finalized"] == 0
+    opted_in = run_kill_zombies({**resources, "zombie_policy": ZombiePolicyResource(**configured, use_suggested_max_durations=True)})
+    assert step_metadata(opted_in, "reconcile")["policy"]["max_duration_seconds_by_type"] == {"/first-rows": 1_800}
+    assert step_metadata(opted_in, "summarize")["reason/exceeded_max_duration"] == 1
+    assert [event[Event.THRESHOLD_SECONDS] for event in store.events.find()] == [1_800]
+

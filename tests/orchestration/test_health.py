@@ -6,35 +6,27 @@ import time
 import dagster as dg
 import pytest
 
-from zombie_pipeline.documents import ID, Cache, ErrorCode, Event, Job, cache_key_of_job
-from zombie_pipeline.orchestration.checks import (
-    ASSET_CHECKS,
-    CLEANUP_RUN_TAG,
-    HEALTH_ASSETS,
+from tests.helpers import ago, crashed_job, job_document, workload
+from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
+from zombie_pipeline.documents import ID, Cache, ErrorCode, Event, Job, cache_key_of_job, utc_now
+from zombie_pipeline.orchestration.cleanup import kill_zombies_job
+from zombie_pipeline.orchestration.health import (
+    no_zombies_left,
     queue_health,
     queue_health_job,
     zombies_have_cache_errors,
 )
-from zombie_pipeline.orchestration.jobs import kill_zombies_job
-from zombie_pipeline.orchestration.partitions import JOB_TYPE_PARTITIONS
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
-from zombie_pipeline.simulate import Workload, cache_document, job_document, simulate, utc_now
+from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, JOB_TYPE_PARTITIONS
+from zombie_pipeline.simulate import cache_document, simulate
 
 TIMEOUT = 300  # the policy resource's default heartbeat timeout
 
 
-def ago(seconds: float) -> dt.datetime:
-    return utc_now() - dt.timedelta(seconds=seconds)
-
-
-def crashed(job_type: str = "/splits", dataset: str = "user/crashed") -> dict:
-    return job_document(job_type=job_type, dataset=dataset, started_at=ago(900), last_heartbeat=ago(800))
-
-
 @pytest.fixture
 def resources(mongo_url, queue_db, cache_db, monkeypatch):
-    monkeypatch.setenv("QUEUE_MONGO_URL", mongo_url)
-    monkeypatch.setenv("CACHE_MONGO_URL", mongo_url)
+    monkeypatch.setenv(QUEUE_URL_ENV, mongo_url)
+    monkeypatch.setenv(CACHE_URL_ENV, mongo_url)
     return {
         "queue_db": QueueDatabase(database=queue_db.name),
         "cache_db": CacheDatabase(database=cache_db.name),
@@ -50,7 +42,10 @@ def instance():
 @pytest.fixture
 def defs(resources):
     return dg.Definitions(
-        assets=HEALTH_ASSETS, asset_checks=ASSET_CHECKS, jobs=[kill_zombies_job, queue_health_job], resources=resources
+        assets=[queue_health],
+        asset_checks=[no_zombies_left, zombies_have_cache_errors],
+        jobs=[kill_zombies_job, queue_health_job],
+        resources=resources,
     )
 
 
@@ -78,7 +73,7 @@ def metadata(evaluation) -> dict:
 
 
 def test_queue_health_job_materializes_the_snapshot_and_runs_both_checks(store, defs, instance):
-    simulate(store.jobs.database, store.cache.database, Workload(finished=50, crashed=3, never_heartbeated=1, overdue=1, running=10, waiting=4, seed=3))
+    simulate(store, workload(finished=50, crashed=3, never_heartbeated=1, overdue=1, running=10, waiting=4, seed=3))
     result = defs.resolve_job_def(queue_health_job.name).execute_in_process(instance=instance)
     [materialization] = result.asset_materializations_for_node(queue_health.op.name)
     values = {name: value.value for name, value in materialization.metadata.items()}
@@ -88,7 +83,7 @@ def test_queue_health_job_materializes_the_snapshot_and_runs_both_checks(store, 
 
 
 def test_zombies_before_any_cleanup_fail_no_zombies_left_with_their_evidence(store, defs, instance):
-    store.jobs.insert_many([crashed(dataset="user/a"), crashed(dataset="user/b")])
+    store.jobs.insert_many([crashed_job("user/a"), crashed_job("user/b")])
     evaluation = check_results(defs, instance)["no_zombies_left"]
     assert not evaluation.passed
     assert metadata(evaluation)["zombies_left"] == 2
@@ -96,7 +91,7 @@ def test_zombies_before_any_cleanup_fail_no_zombies_left_with_their_evidence(sto
 
 
 def test_after_a_cleanup_both_checks_pass(store, defs, instance):
-    simulate(store.jobs.database, store.cache.database, Workload(finished=50, crashed=4, never_heartbeated=2, overdue=2, running=10, waiting=4, seed=5))
+    simulate(store, workload(finished=50, crashed=4, never_heartbeated=2, overdue=2, running=10, waiting=4, seed=5))
     run_id = cleanup(defs, instance)
     evaluations = check_results(defs, instance, after_cleanup=run_id)
     assert evaluations["no_zombies_left"].passed
@@ -106,14 +101,14 @@ def test_after_a_cleanup_both_checks_pass(store, defs, instance):
 
 
 def test_a_partitioned_cleanup_is_judged_on_its_own_job_type(store, defs, instance):
-    store.jobs.insert_many([crashed("/splits", "user/a"), crashed("/first-rows", "user/b")])
+    store.jobs.insert_many([crashed_job("user/a", "/splits"), crashed_job("user/b", "/first-rows")])
     run_id = cleanup(defs, instance, partition_key="/splits")
     assert check_results(defs, instance, after_cleanup=run_id)["no_zombies_left"].passed
     assert not check_results(defs, instance)["no_zombies_left"].passed  # /first-rows is still a zombie
 
 
 def test_a_cleanup_of_configured_job_types_is_judged_on_those_types(store, defs, instance):
-    store.jobs.insert_many([crashed("/splits", "user/a"), crashed("/parquet", "user/b"), crashed("/first-rows", "user/c")])
+    store.jobs.insert_many([crashed_job("user/a", "/splits"), crashed_job("user/b", "/parquet"), crashed_job("user/c", "/first-rows")])
     run_id = cleanup(defs, instance, job_types=["/splits", "/parquet"])
     evaluation = check_results(defs, instance, after_cleanup=run_id)["no_zombies_left"]
     assert evaluation.passed
@@ -133,7 +128,7 @@ def test_a_job_that_went_stale_after_the_cleanup_started_is_not_held_against_it(
 
 
 def _finalized_jobs(store, defs, instance, count: int) -> list[dict]:
-    store.jobs.insert_many([crashed(dataset=f"user/{i}") for i in range(count)])
+    store.jobs.insert_many([crashed_job(f"user/{i}") for i in range(count)])
     cleanup(defs, instance)
     return [event[Event.JOB] for event in store.events.find().sort(ID, 1)]
 

@@ -8,13 +8,12 @@ from urllib.parse import quote_plus
 import dagster as dg
 import pytest
 
+from tests.helpers import report_suggesting
+from tests.test_policy import BAD_POLICIES, assert_refused, case_id
+from zombie_pipeline.config import CACHE_DATABASE_ENV, CACHE_URL_ENV, QUEUE_DATABASE_ENV, QUEUE_URL_ENV
 from zombie_pipeline.embedded import free_port
 from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable, client_for
 from zombie_pipeline.orchestration.resources import (
-    CACHE_DATABASE_ENV,
-    CACHE_URL_ENV,
-    QUEUE_DATABASE_ENV,
-    QUEUE_URL_ENV,
     CacheDatabase,
     QueueDatabase,
     ZombiePolicyResource,
@@ -22,6 +21,7 @@ from zombie_pipeline.orchestration.resources import (
     store_of,
 )
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
+from zombie_pipeline.statistics.suggestions import save_suggestions
 
 PASSWORD = "p@ss/w:rd %"
 SECRET_URL = f"mongodb://zombie:{quote_plus(PASSWORD)}@db.example.com:27017/admin?authSource=admin"
@@ -63,7 +63,7 @@ def test_the_url_never_enters_resource_config_and_describe_redacts_it(monkeypatc
     queue = QueueDatabase(database="q")
 
     description = queue.describe()
-    config = repr(queue.model_dump() if hasattr(queue, "model_dump") else dict(queue))
+    config = repr(queue.model_dump())
 
     assert description == "mongodb://***:***@db.example.com:27017/admin database=q"
     for shown in (description, config):
@@ -90,9 +90,10 @@ def test_an_unreachable_database_fails_fast_without_the_password(monkeypatch):
         assert secret not in str(raised.value)
 
 
-def test_the_server_selection_timeout_must_be_positive():
+@pytest.mark.parametrize("timeout", [0, -1])
+def test_a_non_positive_server_selection_timeout_is_refused_naming_the_field(timeout: int):
     with pytest.raises(Exception, match="server_selection_timeout_ms"):
-        QueueDatabase(database="q", server_selection_timeout_ms=0)
+        QueueDatabase(database="q", server_selection_timeout_ms=timeout)
 
 
 def test_resources_from_env_take_database_names_from_the_environment(monkeypatch):
@@ -134,60 +135,18 @@ def test_the_default_policy_is_valid():
     assert ZombiePolicyResource().policy() == ZombiePolicy()
 
 
-def test_per_type_maximum_durations_can_be_passed_in():
-    policy = ZombiePolicyResource(max_duration_seconds_by_type={"/splits": 900}).policy({"/first-rows": 3_600})
-    assert policy.max_duration_seconds_by_type == {"/first-rows": 3_600}
-    assert policy.max_duration_of("/first-rows") == 3_600
-    assert policy.max_duration_of("/splits") == 1_200
+@pytest.mark.parametrize("values, named, across_fields", BAD_POLICIES, ids=[case_id(case) for case in BAD_POLICIES])
+def test_the_resource_refuses_a_bad_policy_when_it_is_built(values, named, across_fields):
+    """It is the policy (it inherits the model): a bad value never reaches a run (a run's config: tests/test_bad_input.py)."""
+    with pytest.raises(PolicyError) as refused:
+        ZombiePolicyResource(**values)
+    assert_refused(refused.value, named, across_fields)
 
 
-@pytest.mark.parametrize(
-    "values, field",
-    [
-        ({"heartbeat_timeout_seconds": -1}, "heartbeat_timeout_seconds"),
-        ({"heartbeat_timeout_seconds": 0}, "heartbeat_timeout_seconds"),
-        ({"batch_size": 0}, "batch_size"),
-        ({"max_duration_seconds": 120}, "max_duration_seconds"),  # T2 below the heartbeat timeout
-        ({"max_duration_seconds_by_type": {"/splits": 60}}, "max_duration_seconds_by_type['/splits']"),
-        ({"crashed_retry_limit": -1}, "crashed_retry_limit"),
-        ({"exceeded_retry_limit": -2}, "exceeded_retry_limit"),
-        ({"claim_lease_seconds": -5}, "claim_lease_seconds"),
-        ({"max_stale_fraction": 0.0}, "max_stale_fraction"),
-        ({"max_stale_fraction": 1.5}, "max_stale_fraction"),
-        ({"http_status": 200}, "http_status"),
-        ({"cache_generation": "1999-12"}, "cache_generation"),
-    ],
-)
-def test_a_bad_value_is_refused_with_a_message_naming_the_field(values, field):
-    with pytest.raises(PolicyError) as raised:
-        ZombiePolicyResource(**values).policy()
-    assert field in str(raised.value)
+def test_the_policy_in_force_takes_the_suggestions_only_when_it_opts_in(store):
+    save_suggestions(store.suggestions, report_suggesting({"/splits": 1_500}))
+    configured = {"max_duration_seconds_by_type": {"/splits": 900, "/first-rows": 1_800}}
 
-
-def test_every_bad_field_is_named_at_once():
-    with pytest.raises(PolicyError) as raised:
-        ZombiePolicyResource(heartbeat_timeout_seconds=-1, batch_size=0, crashed_retry_limit=-1).policy()
-    message = str(raised.value)
-    assert all(name in message for name in ("heartbeat_timeout_seconds", "batch_size", "crashed_retry_limit"))
-
-
-def test_a_run_with_a_bad_policy_fails_before_any_op_runs():
-    ran = []
-
-    @dg.op
-    def act(zombie_policy: ZombiePolicyResource) -> None:
-        ran.append(True)
-
-    @dg.job
-    def acting():
-        act()
-
-    result = acting.execute_in_process(
-        resources={"zombie_policy": ZombiePolicyResource(batch_size=0)}, raise_on_error=False
-    )
-
-    assert not result.success
-    assert ran == []
-    init_failures = [event for event in result.all_events if event.event_type_value == "RESOURCE_INIT_FAILURE"]
-    assert len(init_failures) == 1
-    assert "invalid zombie policy: batch_size must be a positive integer" in init_failures[0].event_specific_data.error.message
+    assert ZombiePolicyResource(**configured).in_force(store) == ZombiePolicy(**configured)
+    in_force = ZombiePolicyResource(**configured, use_suggested_max_durations=True).in_force(store)
+    assert in_force.max_duration_seconds_by_type == {"/splits": 1_500, "/first-rows": 1_800}

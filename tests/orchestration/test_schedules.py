@@ -8,17 +8,20 @@ import sys
 import dagster as dg
 import pytest
 
+from tests.helpers import crashed_job, documents, opcounters
+from zombie_pipeline.config import CACHE_DATABASE_ENV, CACHE_URL_ENV, KILL_CRON_ENV, QUEUE_DATABASE_ENV, QUEUE_URL_ENV
 from zombie_pipeline.definitions import defs
-from zombie_pipeline.orchestration.jobs import kill_zombies_job
+from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.schedules import (
     DEFAULT_KILL_CRON,
-    KILL_CRON_ENV,
     ScheduleConfigError,
     build_kill_zombies_schedule,
     kill_zombies_cron,
 )
+from zombie_pipeline.orchestration.tags import TRIGGER_TAG
 
 UTC = dt.timezone.utc
+BAD_CRONS = ["*/10 * * *", "61 * * * *", "every ten minutes", "every 10 minutes", "* * * * * * *", "*/0 * * * *"]
 
 
 def test_the_cleanup_runs_every_ten_minutes_by_default():
@@ -30,12 +33,13 @@ def test_the_cleanup_runs_every_ten_minutes_by_default():
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
 
 
-def test_the_cleanup_cron_comes_from_the_environment():
-    assert kill_zombies_cron({KILL_CRON_ENV: "*/2 * * * *"}) == "*/2 * * * *"
-    assert build_kill_zombies_schedule("*/2 * * * *").cron_schedule == "*/2 * * * *"
+@pytest.mark.parametrize("cron", ["*/2 * * * *", "*/5 * * * *"])
+def test_the_cleanup_cron_comes_from_the_environment(cron):
+    assert kill_zombies_cron({KILL_CRON_ENV: cron}) == cron
+    assert build_kill_zombies_schedule(cron).cron_schedule == cron
 
 
-@pytest.mark.parametrize("cron", ["*/10 * * *", "every 10 minutes", "61 * * * *"])
+@pytest.mark.parametrize("cron", BAD_CRONS)
 def test_an_invalid_cron_is_refused_with_the_variable_named(cron):
     with pytest.raises(ScheduleConfigError) as raised:
         build_kill_zombies_schedule(cron)
@@ -43,13 +47,26 @@ def test_an_invalid_cron_is_refused_with_the_variable_named(cron):
     assert KILL_CRON_ENV in message and repr(cron) in message and "five fields" in message
 
 
-def test_an_invalid_cron_stops_the_code_location_from_loading():
-    env = {**os.environ, KILL_CRON_ENV: "every 10 minutes"}
+def test_an_invalid_cron_stops_the_code_location_from_loading_and_touches_no_database(store, mongo_url):
+    store.jobs.insert_many([crashed_job("u/z1")])
+    before = documents(store)
+    client = store.jobs.database.client
+    counters = opcounters(client)
+    env = {
+        **os.environ,
+        KILL_CRON_ENV: "every 10 minutes",
+        QUEUE_URL_ENV: mongo_url,
+        CACHE_URL_ENV: mongo_url,
+        QUEUE_DATABASE_ENV: store.jobs.database.name,
+        CACHE_DATABASE_ENV: store.cache.database.name,
+    }
     result = subprocess.run(
         [sys.executable, "-c", "import zombie_pipeline.definitions"], env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode != 0
     assert f"{KILL_CRON_ENV}='every 10 minutes' is not a valid cron schedule" in result.stderr
+    assert opcounters(client) == counters
+    assert documents(store) == before
 
 
 def test_a_cleanup_tick_requests_one_run_over_every_job_type():
@@ -57,7 +74,7 @@ def test_a_cleanup_tick_requests_one_run_over_every_job_type():
     context = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2024, 3, 5, 10, 20, tzinfo=UTC))
     [request] = schedule.evaluate_tick(context).run_requests
     assert request.partition_key is None
-    assert request.tags["zombie_pipeline/trigger"] == "kill_zombies_schedule"
+    assert request.tags[TRIGGER_TAG] == "kill_zombies_schedule"
     assert schedule.job_name == kill_zombies_job.name
 
 

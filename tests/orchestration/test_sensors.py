@@ -1,6 +1,5 @@
 """Sensors: evaluated as the daemon would, against the real server and a real Dagster instance."""
 
-import datetime as dt
 import http.server
 import json
 import threading
@@ -8,41 +7,27 @@ import threading
 import dagster as dg
 import pytest
 
+from tests.helpers import crashed_job, healthy_job, job_document
+from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.documents import ID, Failure, Job, Status
 from zombie_pipeline.embedded import free_port
-from zombie_pipeline.orchestration.checks import CLEANUP_RUN_TAG
-from zombie_pipeline.orchestration.jobs import kill_zombies_job
-from zombie_pipeline.orchestration.partitions import JOB_TYPE_PARTITIONS
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.cleanup import kill_zombies_job
+from zombie_pipeline.orchestration.resources import CacheDatabase, FailureWebhook, QueueDatabase, ZombiePolicyResource
 from zombie_pipeline.orchestration.sensors import (
-    STALE_COUNT_TAG,
-    FailureWebhook,
     cleanup_checks_sensor,
     job_types_sensor,
     pipeline_failure_sensor,
     stale_jobs_sensor,
 )
-from zombie_pipeline.simulate import job_document, utc_now
+from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, JOB_TYPE_PARTITIONS, STALE_COUNT_TAG
 
 WEBHOOK_ENV = "ZOMBIE_TEST_FAILURE_WEBHOOK_URL"
 
 
-def ago(seconds: float) -> dt.datetime:
-    return utc_now() - dt.timedelta(seconds=seconds)
-
-
-def crashed(job_type: str = "/splits", dataset: str = "user/crashed") -> dict:
-    return job_document(job_type=job_type, dataset=dataset, started_at=ago(900), last_heartbeat=ago(800))
-
-
-def healthy(job_type: str = "/splits", dataset: str = "user/healthy") -> dict:
-    return job_document(job_type=job_type, dataset=dataset, started_at=ago(120), last_heartbeat=ago(30))
-
-
 @pytest.fixture
 def resources(mongo_url, queue_db, cache_db, monkeypatch):
-    monkeypatch.setenv("QUEUE_MONGO_URL", mongo_url)
-    monkeypatch.setenv("CACHE_MONGO_URL", mongo_url)
+    monkeypatch.setenv(QUEUE_URL_ENV, mongo_url)
+    monkeypatch.setenv(CACHE_URL_ENV, mongo_url)
     monkeypatch.delenv(WEBHOOK_ENV, raising=False)
     return {
         "queue_db": QueueDatabase(database=queue_db.name),
@@ -66,14 +51,14 @@ def tick(sensor, instance, resources):
 
 
 def test_stale_sensor_skips_when_every_started_job_is_alive(store, instance, resources):
-    store.jobs.insert_many([healthy(), job_document(status=Status.WAITING)])
+    store.jobs.insert_many([healthy_job(), job_document(status=Status.WAITING)])
     result = tick(stale_jobs_sensor, instance, resources)
     assert result.run_requests == []
     assert "no started job" in result.skip_message
 
 
 def test_stale_sensor_requests_one_unpartitioned_cleanup_keyed_by_the_stale_state(store, instance, resources):
-    store.jobs.insert_many([crashed(dataset="user/a"), crashed(dataset="user/b"), healthy()])
+    store.jobs.insert_many([crashed_job("user/a"), crashed_job("user/b"), healthy_job()])
     first = tick(stale_jobs_sensor, instance, resources)
     again = tick(stale_jobs_sensor, instance, resources)
     [request] = first.run_requests
@@ -82,20 +67,20 @@ def test_stale_sensor_requests_one_unpartitioned_cleanup_keyed_by_the_stale_stat
     assert request.tags[STALE_COUNT_TAG] == "2"
     assert [r.run_key for r in again.run_requests] == [request.run_key]  # same state, same key: launched once
 
-    store.jobs.insert_one(crashed(dataset="user/c"))
+    store.jobs.insert_one(crashed_job("user/c"))
     [changed] = tick(stale_jobs_sensor, instance, resources).run_requests
     assert changed.run_key != request.run_key
 
 
 def test_stale_sensor_judges_with_the_policy_resource(store, instance, resources):
-    store.jobs.insert_one(crashed())
+    store.jobs.insert_one(crashed_job())
     patient = ZombiePolicyResource(heartbeat_timeout_seconds=3_600, max_duration_seconds=7_200)
     result = tick(stale_jobs_sensor, instance, {**resources, "zombie_policy": patient})
     assert result.run_requests == []
 
 
 def test_stale_sensor_waits_while_a_cleanup_is_in_flight(store, instance, resources):
-    store.jobs.insert_one(crashed())
+    store.jobs.insert_one(crashed_job())
     run = instance.create_run_for_job(kill_zombies_job, status=dg.DagsterRunStatus.STARTED)
     result = tick(stale_jobs_sensor, instance, resources)
     assert result.run_requests == []
@@ -103,7 +88,7 @@ def test_stale_sensor_waits_while_a_cleanup_is_in_flight(store, instance, resour
 
 
 def test_stale_sensor_fails_the_tick_with_a_clean_message_when_the_queue_is_unreachable(instance, resources, monkeypatch):
-    monkeypatch.setenv("QUEUE_MONGO_URL", f"mongodb://user:s3cret@127.0.0.1:{free_port()}/?directConnection=true")
+    monkeypatch.setenv(QUEUE_URL_ENV, f"mongodb://user:s3cret@127.0.0.1:{free_port()}/?directConnection=true")
     broken = {**resources, "queue_db": QueueDatabase(database="q", server_selection_timeout_ms=300)}
     with pytest.raises(Exception) as raised:
         tick(stale_jobs_sensor, instance, broken)
@@ -115,7 +100,7 @@ def test_stale_sensor_fails_the_tick_with_a_clean_message_when_the_queue_is_unre
 
 
 def test_job_types_sensor_registers_each_type_once(store, instance, resources):
-    store.jobs.insert_many([healthy("/splits"), crashed("/first-rows"), job_document(job_type="/splits", status=Status.SUCCESS)])
+    store.jobs.insert_many([healthy_job(job_type="/splits"), crashed_job(job_type="/first-rows"), job_document(job_type="/splits", status=Status.SUCCESS)])
     first = tick(job_types_sensor, instance, resources)
     [request] = first.dynamic_partitions_requests
     assert request.partitions_def_name == JOB_TYPE_PARTITIONS.name
@@ -162,7 +147,7 @@ def _status_context(instance, run_id, event_type, sensor_name, resources=None):
 
 
 def test_checks_run_after_each_successful_cleanup_tagged_with_its_run(store, instance, resources):
-    store.jobs.insert_one(crashed())
+    store.jobs.insert_one(crashed_job())
     run_id = _finished_cleanup(instance, resources)
     context = _status_context(instance, run_id, dg.DagsterEventType.RUN_SUCCESS, cleanup_checks_sensor.name)
     request = cleanup_checks_sensor(context)
@@ -172,7 +157,7 @@ def test_checks_run_after_each_successful_cleanup_tagged_with_its_run(store, ins
 
 
 def test_checks_are_not_run_after_a_dry_run(store, instance, resources):
-    store.jobs.insert_one(crashed())
+    store.jobs.insert_one(crashed_job())
     run_id = _finished_cleanup(instance, resources, dry_run=True)
     context = _status_context(instance, run_id, dg.DagsterEventType.RUN_SUCCESS, cleanup_checks_sensor.name)
     assert isinstance(cleanup_checks_sensor(context), dg.SkipReason)
@@ -209,7 +194,7 @@ def webhook():
 
 def _braked_cleanup(store, instance, resources):
     """Every started job looks dead: the brake stops the run in find_zombies."""
-    store.jobs.insert_many([crashed(dataset=f"user/{i}") for i in range(3)])
+    store.jobs.insert_many([crashed_job(f"user/{i}") for i in range(3)])
     braked = {**resources, "zombie_policy": ZombiePolicyResource(min_started_for_brake=1)}
     result = kill_zombies_job.execute_in_process(
         instance=instance,

@@ -10,37 +10,35 @@ import pydantic
 import pytest
 from bson import ObjectId
 
-from zombie_pipeline.documents import (
-    DEFAULT_EVENTS_COLLECTION,
-    DEFAULT_JOBS_COLLECTION,
-    DEFAULT_SUGGESTIONS_COLLECTION,
-    ID,
-    Job,
-    Status,
-)
-from zombie_pipeline.durations import BadData, analyze_window, latest_suggested_max_durations
-from zombie_pipeline.orchestration.assets import (
-    ASSETS,
+from tests.helpers import QUEUE_GENERATION, database_resources, workload
+from zombie_pipeline.documents import ID, Job, Status
+from zombie_pipeline.generations import QUEUE_GENERATIONS
+from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.statistics import (
     DAILY_PARTITIONS,
     GROUP,
-    STATS_JOBS,
     SUGGESTED_T2_METADATA_PREFIX,
+    duration_statistics_job,
     job_duration_statistics,
     job_duration_tallies,
 )
-from zombie_pipeline.orchestration.resources import QueueDatabase, ZombiePolicyResource
-from zombie_pipeline.simulate import Workload, simulate
+from zombie_pipeline.simulate import simulate
+from zombie_pipeline.statistics.suggest import analyze_window
+from zombie_pipeline.statistics.suggestions import latest_suggested_max_durations
+from zombie_pipeline.statistics.tallies import BadData
+from zombie_pipeline.store import Store
 
 URL_ENV = "ZOMBIE_STATS_TEST_MONGO_URL"
 UTC = dt.timezone.utc
 
 
 @pytest.fixture
-def resources(mongo_url, queue_db, monkeypatch):
+def resources(mongo_url, store, monkeypatch):
     monkeypatch.setenv(URL_ENV, mongo_url)
     return {
-        "queue_db": QueueDatabase(url_env_var=URL_ENV, database=queue_db.name),
-        "zombie_policy": ZombiePolicyResource(max_duration_seconds_by_type={"/first-rows": 1800}),
+        **database_resources(store, URL_ENV),
+        # the queue's generation named: a few bare job documents are evidence of none
+        "zombie_policy": ZombiePolicyResource(max_duration_seconds_by_type={"/first-rows": 1800}, queue_generation=QUEUE_GENERATION),
     }
 
 
@@ -53,14 +51,9 @@ def _metadata(result: dg.ExecuteInProcessResult, asset: dg.AssetsDefinition) -> 
     return {key: value.value for key, value in materialization.metadata.items()}
 
 
-def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources, queue_db, cache_db, tmp_path):
+def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources, store: Store, tmp_path):
     end = dt.datetime(2024, 3, 11, tzinfo=UTC)
-    simulate(
-        queue_db,
-        cache_db,
-        Workload(finished=500, crashed=0, never_heartbeated=0, overdue=0, running=0, waiting=0, days=2, seed=7),
-        now=end,
-    )
+    simulate(store, workload(finished=500, crashed=0, never_heartbeated=0, overdue=0, running=0, waiting=0, days=2, seed=7), now=end)
     with dg.instance_for_test() as instance:
         for day in ("2024-03-09", "2024-03-10"):
             daily = dg.materialize([job_duration_tallies], partition_key=day, resources=resources, instance=instance)
@@ -75,8 +68,8 @@ def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources,
         )
 
     metadata = _metadata(window, job_duration_statistics)
-    jobs, events = queue_db[DEFAULT_JOBS_COLLECTION], queue_db[DEFAULT_EVENTS_COLLECTION]
-    one_pass = analyze_window(jobs, events, resources["zombie_policy"].policy(), end=end, window_days=2)
+    generation = QUEUE_GENERATIONS[QUEUE_GENERATION]
+    one_pass = analyze_window(store, generation, resources["zombie_policy"].policy(), end=end, window_days=2)
     assert (metadata["days_in_window"], metadata["days_missing"]) == (2, 0)
     suggested = {key[len(SUGGESTED_T2_METADATA_PREFIX):]: value for key, value in metadata.items() if key.startswith(SUGGESTED_T2_METADATA_PREFIX)}
     assert suggested == {job_type.lstrip("/"): float(seconds) for job_type, seconds in one_pass.suggested_max_durations().items()}
@@ -85,14 +78,14 @@ def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources,
     assert "max_duration_seconds_by_type" in metadata["zombie_policy_snippet"]
     for name in ("csv", "json", "markdown", "chart"):
         assert Path(metadata[name]).parent == tmp_path and Path(metadata[name]).stat().st_size > 0
-    stored = latest_suggested_max_durations(queue_db[DEFAULT_SUGGESTIONS_COLLECTION])
+    stored = latest_suggested_max_durations(store.suggestions)
     assert stored == one_pass.suggested_max_durations()
-    assert queue_db[DEFAULT_SUGGESTIONS_COLLECTION].find_one({ID: end}) is not None
+    assert store.suggestions.find_one({ID: end}) is not None
 
 
-def test_days_not_computed_yet_are_listed_and_bad_data_counted(resources, queue_db, tmp_path):
+def test_days_not_computed_yet_are_listed_and_bad_data_counted(resources, store: Store, tmp_path):
     noon = dt.datetime(2024, 3, 10, 12, tzinfo=UTC)
-    queue_db[DEFAULT_JOBS_COLLECTION].insert_many(
+    store.jobs.insert_many(
         [
             {ID: ObjectId(), Job.TYPE: "/a", Job.STATUS: Status.SUCCESS, Job.STARTED_AT: noon, Job.FINISHED_AT: noon - dt.timedelta(seconds=5)},
             {ID: ObjectId(), Job.TYPE: "/a", Job.STATUS: Status.SUCCESS, Job.STARTED_AT: noon - dt.timedelta(seconds=5), Job.FINISHED_AT: noon},
@@ -115,13 +108,14 @@ def test_days_not_computed_yet_are_listed_and_bad_data_counted(resources, queue_
     assert metadata["skipped_documents"] == 1
     assert "2024-03-08, 2024-03-09" in metadata["statistics"]
     assert not any(key.startswith(SUGGESTED_T2_METADATA_PREFIX) for key in metadata)  # 1 job: not enough data
-    assert queue_db[DEFAULT_SUGGESTIONS_COLLECTION].count_documents({}) == 0
+    assert store.suggestions.count_documents({}) == 0
 
 
 def test_an_out_of_range_setting_fails_the_run_before_anything_is_read(monkeypatch, tmp_path):
     monkeypatch.setenv(URL_ENV, "mongodb://127.0.0.1:1/?directConnection=true")  # nothing listens there
     unreachable = {
         "queue_db": QueueDatabase(url_env_var=URL_ENV, database="unused", server_selection_timeout_ms=200),
+        "cache_db": CacheDatabase(url_env_var=URL_ENV, database="unused", server_selection_timeout_ms=200),
         "zombie_policy": ZombiePolicyResource(),
     }
     with dg.instance_for_test() as instance, pytest.raises(pydantic.ValidationError, match="quantile"):
@@ -136,16 +130,16 @@ def test_an_out_of_range_setting_fails_the_run_before_anything_is_read(monkeypat
 
 
 def test_the_assets_form_a_daily_group_with_a_partitioned_job():
+    assets = [job_duration_tallies, job_duration_statistics]
     defs = dg.Definitions(
-        assets=ASSETS,
-        jobs=STATS_JOBS,
-        resources={"queue_db": QueueDatabase(), "zombie_policy": ZombiePolicyResource()},
+        assets=assets,
+        jobs=[duration_statistics_job],
+        resources={"queue_db": QueueDatabase(), "cache_db": CacheDatabase(), "zombie_policy": ZombiePolicyResource()},
     )
-    dg.Definitions.validate_loadable(defs)
 
-    for asset in ASSETS:
+    for asset in assets:
         assert asset.group_names_by_key[asset.key] == GROUP
         assert asset.descriptions_by_key[asset.key]
         assert asset.partitions_def == DAILY_PARTITIONS
-    job = defs.resolve_job_def(STATS_JOBS[0].name)
+    job = defs.resolve_job_def(duration_statistics_job.name)
     assert isinstance(job.partitions_def, dg.DailyPartitionsDefinition)

@@ -10,19 +10,18 @@ import pandas as pd
 import pytest
 import yaml
 
-from zombie_pipeline import embedded
 from zombie_pipeline.documents import Reason, Status
-from zombie_pipeline.durations import BadData, Period, Tally, analyze
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.reports import (
-    default_reports_dir,
+from zombie_pipeline.statistics.reports import (
     format_duration,
     markdown_table,
     policy_snippet,
     summary_text,
     write_reports,
 )
+from zombie_pipeline.statistics.suggest import analyze
+from zombie_pipeline.statistics.tallies import BadData, Period, Tally
 
 UTC = dt.timezone.utc
 END = dt.datetime(2024, 3, 8, tzinfo=UTC)
@@ -116,13 +115,6 @@ def test_an_empty_window_still_makes_a_report(tmp_path):
     assert files.chart.exists()
     assert "max_duration_seconds_by_type: {}" in policy_snippet(report)
     assert yaml.safe_load(policy_snippet(report))["resources"]["zombie_policy"]["config"] == {"max_duration_seconds_by_type": {}}
-
-
-def test_reports_go_under_zombie_pipeline_home_when_it_is_set(tmp_path, monkeypatch):
-    monkeypatch.setenv(embedded.HOME_ENV, str(tmp_path))
-    assert default_reports_dir() == tmp_path / "reports"
-    monkeypatch.delenv(embedded.HOME_ENV)
-    assert default_reports_dir().name == "reports" and default_reports_dir() != tmp_path / "reports"
 
 
 def test_the_summary_gives_a_few_lines_per_type_and_the_snippet(report, tmp_path):

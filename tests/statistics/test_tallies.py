@@ -1,88 +1,34 @@
-"""Duration statistics and T2 suggestions: reading a period, the statistics, each suggestion rule, the backtest."""
+"""Reading a period: finished jobs and audited zombies, indexed and projected, folded into per-type tallies."""
 
 from __future__ import annotations
 
 import datetime as dt
 import itertools
-import math
 import zoneinfo
 from collections import Counter
 
 import numpy as np
-import pytest
 import pandas as pd
+import pytest
 from bson import ObjectId
 from bson.tz_util import utc as bson_utc
-from pymongo import MongoClient, monitoring
 
-from zombie_pipeline.documents import (
-    DEFAULT_SUGGESTIONS_COLLECTION,
-    ID,
-    Event,
-    EventState,
-    Job,
-    Reason,
-    Status,
-    T2Suggestion,
-)
-from zombie_pipeline.durations import (
+from tests.helpers import logged_store, workload
+from tests.statistics.builders import DAY, NEXT_DAY, NOON, UTC, event, job, tally
+from zombie_pipeline.documents import ID, Event, EventState, Job, Reason, Status
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.simulate import simulate
+from zombie_pipeline.statistics.suggest import analyze
+from zombie_pipeline.statistics.tallies import (
     BadData,
     Period,
-    SuggestionRules,
-    Tally,
-    analyze,
-    analyze_window,
-    binomial_cdf,
     classify_job,
     combine,
     count_undated_jobs,
-    latest_suggested_max_durations,
-    policy_with_suggestions,
-    quantile_interval,
     read_period,
-    readable_round_up,
-    save_suggestions,
-    suggest,
     tally_events,
     tally_jobs,
 )
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import Workload, simulate
-
-UTC = dt.timezone.utc
-DAY = dt.datetime(2024, 3, 5, tzinfo=UTC)
-NEXT_DAY = DAY + dt.timedelta(days=1)
-NOON = DAY + dt.timedelta(hours=12)
-
-
-def job(job_type: str, status: str, seconds: float | None, finished_at: dt.datetime = NOON, **fields) -> dict:
-    """A finished job that ran ``seconds`` (None: never started)."""
-    document = {ID: ObjectId(), Job.TYPE: job_type, Job.STATUS: status, Job.FINISHED_AT: finished_at}
-    if seconds is not None:
-        document[Job.STARTED_AT] = finished_at - dt.timedelta(seconds=seconds)
-    document.update(fields)
-    return document
-
-
-def event(job_document: dict, reason: str, state: str = EventState.DONE) -> dict:
-    """The audit event of a zombie finalization; its finalized_at is the job's finished_at."""
-    return {
-        ID: job_document[ID],
-        Event.JOB: {Job.TYPE: job_document[Job.TYPE], Job.STARTED_AT: job_document[Job.STARTED_AT]},
-        Event.REASON: reason,
-        Event.FINALIZED_AT: job_document[Job.FINISHED_AT],
-        Event.STATE: state,
-    }
-
-
-def tally(success=(), error=(), stopped=()) -> Tally:
-    return Tally(
-        statuses={Status.SUCCESS: len(success), Status.ERROR: len(error) + len(stopped)},
-        started=len(success) + len(error) + len(stopped),
-        success=np.asarray(success, dtype=np.float32),
-        error=np.asarray(error, dtype=np.float32),
-        stopped=np.asarray(stopped, dtype=np.float32),
-    )
 
 
 # --- reading and statistics --------------------------------------------------------------
@@ -176,7 +122,7 @@ def test_bad_data_is_counted_and_skipped_never_fatal(store):
         BadData.STARTED_AT_NOT_A_DATE: 1,
         BadData.FINISHED_BEFORE_STARTED: 1,
         BadData.UNKNOWN_STATUS: 4,
-        BadData.MISSING_TYPE: 1,
+        BadData.INVALID_TYPE: 1,
         BadData.FINISHED_AT_AS_STRING: 1,
         BadData.MISSING_FINISHED_AT: 1,
         BadData.INCOMPLETE_AUDIT_EVENT: 1,
@@ -186,12 +132,7 @@ def test_bad_data_is_counted_and_skipped_never_fatal(store):
 
 def test_days_combined_equal_one_pass_over_the_window(store):
     end = dt.datetime(2024, 3, 8, tzinfo=UTC)
-    simulate(
-        store.jobs.database,
-        store.cache.database,
-        Workload(finished=600, crashed=0, never_heartbeated=0, overdue=0, running=0, waiting=0, days=3, seed=4),
-        now=end,
-    )
+    simulate(store, workload(finished=600, crashed=0, never_heartbeated=0, overdue=0, running=0, waiting=0, days=3, seed=4), now=end)
     audited = [job("/first-rows", Status.ERROR, 1300 + 10 * day, finished_at=end - dt.timedelta(days=day, hours=5)) for day in range(3)]
     store.jobs.insert_many(audited)
     store.events.insert_many([event(document, Reason.EXCEEDED_MAX_DURATION) for document in audited])
@@ -215,31 +156,14 @@ def test_days_combined_equal_one_pass_over_the_window(store):
 def test_only_the_needed_fields_leave_the_database_in_batches(mongo_url, store):
     store.jobs.insert_many([job("/a", Status.SUCCESS, seconds, note="x" * 200) for seconds in range(1, 26)])
 
-    class Listener(monitoring.CommandListener):
-        commands: list = []
-
-        def started(self, event):
-            self.commands.append(event.command)
-
-        def succeeded(self, event):
-            pass
-
-        def failed(self, event):
-            pass
-
-    listener = Listener()
-    client = MongoClient(mongo_url, event_listeners=[listener], tz_aware=True)
-    try:
-        database = client[store.jobs.database.name]
-        period = read_period(database[store.jobs.name], database[store.events.name], DAY, NEXT_DAY, batch_size=10)
-    finally:
-        client.close()
+    with logged_store(mongo_url, store) as (logged, log):
+        period = read_period(logged.jobs, logged.events, DAY, NEXT_DAY, batch_size=10)
 
     assert len(period.tallies["/a"].success) == 25
-    finds = [command for command in listener.commands if command.get("find") == store.jobs.name]
+    finds = [command for command in log.named("find") if command["find"] == store.jobs.name]
     assert finds and all(set(command["projection"]) == {ID, Job.TYPE, Job.STATUS, Job.STARTED_AT, Job.FINISHED_AT} for command in finds)
     assert all(command.get("batchSize") == 10 for command in finds)
-    assert sum(1 for command in listener.commands if "getMore" in command) >= 2  # 25 documents of one status, 10 a batch
+    assert len(log.named("getMore")) >= 2  # 25 documents of one status, 10 a batch
 
 
 # --- a batch classified on arrays, as one document at a time ------------------------------
@@ -314,7 +238,8 @@ def test_a_batch_of_every_kind_of_job_is_tallied_as_each_job_alone(batch_size):
     tallies, bad_data = batched(documents, batch_size)
 
     assert (tallies, bad_data) == one_by_one(documents)
-    assert set(bad_data) == {kind for name, kind in vars(BadData).items() if name.isupper()} - {BadData.INCOMPLETE_AUDIT_EVENT}
+    not_of_jobs = {BadData.INCOMPLETE_AUDIT_EVENT, BadData.MISSING_DURATION, BadData.INVALID_DURATION, BadData.INVALID_HTTP_STATUS}
+    assert set(bad_data) == {kind for name, kind in vars(BadData).items() if name.isupper()} - not_of_jobs
     assert tallies["/a"][0] == {Status.SUCCESS: 4, Status.ERROR: 1, Status.CANCELLED: 2}
 
 
@@ -359,18 +284,6 @@ def test_an_audited_job_in_a_batch_counts_once_and_a_bad_one_counts_as_gone():
     assert period.bad_data == {BadData.FINISHED_BEFORE_STARTED: 1}
 
 
-@pytest.mark.parametrize("n", [1, 30, 299, 300, 5_000, 200_000])
-@pytest.mark.parametrize("quantile", [0.5, 0.99])
-def test_the_quantile_interval_reads_only_likely_counts_and_agrees_with_the_whole_binomial_law(n, quantile):
-    cdf = binomial_cdf(n, quantile)[:n]  # every count
-    low, high = np.nonzero(cdf <= 0.025)[0], np.nonzero(cdf >= 0.975)[0]
-
-    assert quantile_interval(np.arange(n, dtype=np.float64), quantile, 0.95) == (
-        float(low[-1]) if len(low) else None,
-        float(high[0]) if len(high) else None,
-    )
-
-
 def test_combining_many_periods_joins_each_type_in_order():
     days = [
         Period(start=DAY + dt.timedelta(days=day), end=DAY + dt.timedelta(days=day + 1))
@@ -384,191 +297,3 @@ def test_combining_many_periods_joins_each_type_in_order():
     assert a.success.tolist() == [float(day) for day in range(30)]
     assert a.stopped.tolist() == [day + 0.5 for day in range(30)]
     assert (a.statuses, a.started) == ({Status.SUCCESS: 30, Status.ERROR: 30}, 60)
-
-
-# --- suggestion rules ---------------------------------------------------------------------
-
-
-def test_the_suggestion_is_the_quantile_times_the_margin_rounded_up():
-    durations = list(range(1, 1001))  # p99 = 990.01 s, p90 = 900.1 s
-
-    assert suggest("/a", tally(durations), 1200, 300).suggested_t2_seconds == 1500  # 1485.0 s -> 25 min
-    assert suggest("/a", tally(durations), 1200, 300, SuggestionRules(quantile=0.9)).suggested_t2_seconds == 1380  # 1350.2 s -> 23 min
-    assert suggest("/a", tally(durations), 1200, 300, SuggestionRules(margin=2.0)).suggested_t2_seconds == 2100  # 1980.0 s -> 35 min
-    report = suggest("/a", tally(durations), 1200, 300)
-    assert report.quantile_seconds == pytest.approx(990.01)
-    assert report.change == "raise"
-
-
-@pytest.mark.parametrize(
-    ("seconds", "readable"),
-    [
-        (1, 30),
-        (299.5, 300),
-        (600, 600),
-        (601, 660),
-        (1200, 1200),
-        (1200.0001, 1260),
-        (1801, 2100),
-        (7199, 7200),
-        (7201, 8100),
-        (43_201, 46_800),
-    ],
-)
-def test_readable_rounding_goes_up_to_the_next_step_of_its_magnitude(seconds, readable):
-    assert readable_round_up(seconds) == readable
-    assert readable >= seconds and readable <= max(seconds * 1.17, 30)
-
-
-def test_the_suggestion_never_goes_below_the_heartbeat_timeout():
-    report = suggest("/fast", tally([2.0] * 100), 1200, 300)
-
-    assert report.suggested_t2_seconds == 300
-    assert report.change == "lower"
-    assert any("heartbeat" in flag for flag in report.flags)
-
-
-def test_a_type_with_fewer_than_min_samples_keeps_its_current_t2():
-    too_few = suggest("/rare", tally([5.0] * 29), 1800, 300)
-    enough = suggest("/rare", tally([5.0] * 30), 1800, 300)
-
-    assert (too_few.enough_data, too_few.suggested_t2_seconds, too_few.change) == (False, 1800, "keep")
-    assert any("not enough data" in flag for flag in too_few.flags)
-    assert (enough.enough_data, enough.suggested_t2_seconds) == (True, 300)
-    assert suggest("/rare", tally([5.0] * 29), 1800, 300, SuggestionRules(min_samples=10)).enough_data
-
-
-def test_many_jobs_stopped_make_the_suggestion_a_lower_bound_that_never_lowers_t2():
-    successes = [float(value) for value in range(1, 201)]  # p99 199.01 s -> 300 s floor
-
-    few = suggest("/a", tally(successes, error=[1200.0]), 1200, 300)  # 1 of 201 stopped: 0.5 % < 1 %
-    many = suggest("/a", tally(successes, error=[1200.0, 1250.0], stopped=[1300.0]), 1200, 300)  # 3 of 203
-    audited_only = suggest("/a", tally(successes, stopped=[1300.0, 1400.0, 1500.0]), 1200, 300)
-
-    assert not few.censored and few.suggested_t2_seconds == 300
-    assert many.censored and many.stopped == 3 and many.stopped_share == pytest.approx(3 / 203)
-    assert many.suggested_t2_seconds == 1200
-    assert any("lower bound" in flag and "raise T2 and measure again" in flag for flag in many.flags)
-    assert audited_only.censored
-    assert suggest("/a", tally(successes, error=[1200.0]), 1200, 300, SuggestionRules(censored_fraction=0.004)).censored
-
-
-def test_errors_shorter_than_the_current_t2_are_not_counted_as_stopped():
-    report = suggest("/a", tally([10.0] * 100, error=[30.0] * 50 + [1199.0]), 1200, 300)
-
-    assert report.stopped == 0 and not report.censored
-
-
-def test_the_quantile_interval_comes_from_order_statistics():
-    durations = np.arange(1, 101, dtype=np.float32)
-
-    assert quantile_interval(durations, 0.5, 0.95) == (40.0, 61.0)  # the textbook X(40), X(61) for n = 100
-    assert quantile_interval(np.arange(1, 31, dtype=np.float32), 0.99, 0.95) == (28.0, None)  # no upper bound yet
-    assert quantile_interval(np.empty(0, dtype=np.float32), 0.99) == (None, None)
-    low, high = quantile_interval(np.arange(1, 1001, dtype=np.float32), 0.99, 0.95)
-    assert low < 990.01 < high
-
-
-def test_binomial_cdf_matches_exact_sums():
-    n, p = 20, 0.3
-    exact = np.cumsum([math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)])
-
-    assert binomial_cdf(n, p) == pytest.approx(exact, abs=1e-12)
-
-
-def test_suggestion_rules_refuse_out_of_range_settings():
-    for bad in ({"quantile": 1.0}, {"quantile": 0.2}, {"margin": 0.9}, {"min_samples": 0}, {"confidence": 1.0}, {"censored_fraction": 0.0}):
-        with pytest.raises(ValueError, match=next(iter(bad))):
-            SuggestionRules(**bad)
-
-
-# --- backtest -------------------------------------------------------------------------------
-
-
-def test_backtest_counts_successes_the_suggestion_would_kill_and_how_much_sooner_overruns_stop():
-    successes = [float(value) for value in range(10, 1001, 10)]  # p90 = 901 s -> 960 s with margin 1
-    rules = SuggestionRules(quantile=0.9, margin=1.0)
-
-    report = suggest("/a", tally(successes, error=[30.0, 1200.0, 1500.0]), 1200, 300, rules)
-
-    assert report.suggested_t2_seconds == 960
-    assert report.backtest_successes_stopped == 4  # 970, 980, 990, 1000 s
-    assert report.backtest_successes_stopped_share == pytest.approx(0.04)
-    assert report.backtest_stopped_sooner == 2
-    assert report.backtest_seconds_saved == pytest.approx((1200 - 960) + (1500 - 960))
-    assert report.backtest_given_more_time == 0
-
-
-def test_backtest_counts_stopped_jobs_a_higher_t2_would_have_let_run():
-    successes = [float(value) for value in range(10, 1001, 10)]
-    rules = SuggestionRules(quantile=0.9, margin=1.0)
-
-    report = suggest("/a", tally(successes, error=[600.0, 700.0, 1500.0]), 600, 300, rules)
-
-    assert (report.suggested_t2_seconds, report.change) == (960, "raise")
-    assert report.stopped == 3
-    assert report.backtest_given_more_time == 2
-    assert (report.backtest_stopped_sooner, report.backtest_seconds_saved) == (1, pytest.approx(540.0))
-
-
-# --- the report and the suggestions collection -------------------------------------------
-
-
-def _period(tallies: dict[str, Tally], end: dt.datetime = NEXT_DAY) -> Period:
-    return Period(start=end - dt.timedelta(days=7), end=end, tallies=tallies)
-
-
-def test_types_configured_in_the_policy_appear_even_without_jobs():
-    policy = ZombiePolicy(max_duration_seconds_by_type={"/unseen": 3600})
-
-    report = analyze(_period({"/a": tally([10.0] * 50)}), policy)
-
-    assert [entry.job_type for entry in report.types] == ["/a", "/unseen"]
-    unseen = report.type_report("/unseen")
-    assert (unseen.enough_data, unseen.suggested_t2_seconds, unseen.statistics["count"]) == (False, 3600, 0)
-    assert report.suggested_max_durations() == {"/a": 300}
-    assert report.policy_max_durations() == {"/a": 300, "/unseen": 3600}
-
-
-def test_latest_suggested_max_durations_come_from_the_newest_window_and_only_with_enough_data(queue_db):
-    collection = queue_db[DEFAULT_SUGGESTIONS_COLLECTION]
-    assert latest_suggested_max_durations(collection) == {}
-    policy = ZombiePolicy()
-    newer = analyze(_period({"/a": tally([100.0] * 50), "/rare": tally([5.0] * 3)}, NEXT_DAY), policy)
-    older = analyze(_period({"/a": tally([1000.0] * 50)}, DAY), policy)
-
-    save_suggestions(collection, newer)
-    save_suggestions(collection, older)  # a backfill of an older window
-    save_suggestions(collection, newer)  # recomputing a window replaces its document
-
-    assert collection.count_documents({}) == 2
-    assert latest_suggested_max_durations(collection) == {"/a": 300}
-    assert latest_suggested_max_durations(collection, minimum_seconds=600) == {"/a": 600}
-    stored = collection.find_one({ID: NEXT_DAY})
-    assert {entry[T2Suggestion.TYPE]: entry[T2Suggestion.ENOUGH_DATA] for entry in stored[T2Suggestion.BY_TYPE]} == {
-        "/a": True,
-        "/rare": False,
-    }
-
-
-def test_a_policy_with_suggestions_takes_the_suggested_t2_of_each_type_and_keeps_the_others(queue_db):
-    collection = queue_db[DEFAULT_SUGGESTIONS_COLLECTION]
-    policy = ZombiePolicy(max_duration_seconds_by_type={"/a": 3600, "/b": 2400})
-    assert policy_with_suggestions(policy, collection) is policy  # nothing suggested yet
-    save_suggestions(collection, analyze(_period({"/a": tally([100.0] * 50), "/c": tally([400.0] * 50)}), policy))
-
-    in_force = policy_with_suggestions(policy, collection)
-
-    assert in_force.max_duration_seconds_by_type == {"/a": 300, "/b": 2400, "/c": 600}
-    assert policy_with_suggestions(ZombiePolicy(heartbeat_timeout_seconds=450), collection).max_duration_of("/a") == 450
-
-
-def test_analyze_window_reads_the_days_before_its_end(store):
-    store.jobs.insert_many(
-        [job("/a", Status.SUCCESS, 100, finished_at=NOON - dt.timedelta(days=days)) for days in (0, 1, 6, 8)]
-    )
-
-    report = analyze_window(store.jobs, store.events, ZombiePolicy(), end=NEXT_DAY, window_days=7)
-
-    assert report.type_report("/a").statistics["count"] == 3
-    assert report.window_start == NEXT_DAY - dt.timedelta(days=7)

@@ -1,0 +1,182 @@
+"""What the fault scenarios share: sizes, connections, a cleanup run in process, actors in processes, the final audit.
+
+Each scenario prints its figures on a ``FIGURES {...}`` line (``pytest -s``) and
+appends them as JSON lines to ``$ZOMBIE_FIGURES_FILE`` when set; docs/reliability.md
+quotes them. The default suite runs small versions; ``ZOMBIE_FAULTS_FULL=1`` runs
+the sizes of the report (1,000 zombies and 1,000 healthy jobs under live workers,
+20 SIGKILLs).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+from bson import ObjectId
+from pymongo import MongoClient
+
+from tests.servers import REPO_ROOT
+from zombie_pipeline.documents import CACHE_KEY, ID, Cache, CacheOutcome, Event, EventState, Job, RetryOutcome, Status, cache_key_of_job
+from zombie_pipeline.generations import failed_runs_after_crash
+from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.store import Store
+
+FULL = os.environ.get("ZOMBIE_FAULTS_FULL") == "1"
+#: A parameter of the report's size: skipped, saying so, unless ``ZOMBIE_FAULTS_FULL=1``.
+FULL_SIZE = [pytest.mark.slow, pytest.mark.skipif(not FULL, reason="set ZOMBIE_FAULTS_FULL=1")]
+QUEUE = "faults_queue"
+CACHE = "faults_cache"
+
+
+def connect(url: str, timeout_ms: int = 5_000, **options: Any) -> MongoClient:
+    return MongoClient(url, tz_aware=True, tzinfo=dt.timezone.utc, serverSelectionTimeoutMS=timeout_ms, **options)
+
+
+def store_of(client: MongoClient, queue: str = QUEUE, cache: str = CACHE) -> Store:
+    return Store.of(client[queue], client[cache])
+
+
+def snapshot(client: MongoClient) -> dict[str, Any]:
+    """Every document and every index of every user database."""
+    state = {}
+    for name in sorted(client.list_database_names()):
+        if name in {"admin", "local", "config"}:
+            continue
+        for collection_name in sorted(client[name].list_collection_names()):
+            collection = client[name][collection_name]
+            state[f"{name}.{collection_name}"] = (
+                sorted(collection.find(), key=lambda doc: str(doc[ID])),
+                sorted(collection.index_information()),
+            )
+    return state
+
+
+# --- kill_zombies_job in process -----------------------------------------------------------------------
+
+
+def dagster_resources(timeout_ms: int = 3_000, **policy: Any) -> dict[str, Any]:
+    return {
+        "queue_db": QueueDatabase(database=QUEUE, server_selection_timeout_ms=timeout_ms),
+        "cache_db": CacheDatabase(database=CACHE, server_selection_timeout_ms=timeout_ms),
+        "zombie_policy": ZombiePolicyResource(**policy),
+    }
+
+
+def step_seconds(result: dg.ExecuteInProcessResult) -> dict[str, float]:
+    """Each op's duration, from the run's event log."""
+    starts, seconds = {}, {}
+    for record in result.logs:
+        event = record.dagster_event
+        if event is None or event.step_key is None:
+            continue
+        if event.event_type_value == "STEP_START":
+            starts[event.step_key] = record.timestamp
+        elif event.event_type_value in ("STEP_SUCCESS", "STEP_FAILURE"):
+            seconds[event.step_key] = record.timestamp - starts[event.step_key]
+    return seconds
+
+
+# --- actors: programs of their own, in processes of their own ------------------------------------------------
+
+
+def start_actor(name: str, tmp_path: Path, args: dict[str, Any]) -> subprocess.Popen:
+    """``python -m tests.faults.actors.<name>``, its arguments in a JSON file, its stdout and stderr piped."""
+    path = tmp_path / f"{name}-{len(list(tmp_path.glob(f'{name}-*.json')))}.json"
+    path.write_text(json.dumps(args, default=str))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.Popen(
+        [sys.executable, "-m", f"tests.faults.actors.{name}", str(path)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def last_report(output: str) -> dict[str, Any]:
+    return json.loads(output.strip().splitlines()[-1])
+
+
+# --- checks of a final state ----------------------------------------------------------------------
+
+
+def audit(store: Store, zombie_ids: list[ObjectId], prior_failed_runs: dict[ObjectId, int]) -> dict[str, int]:
+    """Count what the cleanup did to ``zombie_ids``; every 'lost' and 'duplicate' figure must be 0."""
+    jobs = {job[ID]: job for job in store.jobs.find()}
+    events = {event[ID]: event for event in store.events.find()}
+    entries = {tuple(entry.get(name) for name in CACHE_KEY): entry for entry in store.cache.find()}
+    figures = Counter()
+    retry_ids = Counter()
+    for job_id in zombie_ids:
+        job = jobs[job_id]
+        event = events.get(job_id)
+        if job[Job.STATUS] == Status.STARTED:
+            figures["lost_zombies_still_started"] += 1
+            continue
+        if job[Job.STATUS] != Status.ERROR or event is None:
+            figures["lost_not_finalized_by_cleanup"] += 1
+            continue
+        figures["zombies_finalized"] += 1
+        if job.get(Job.FINISHED_AT) != event[Event.FINALIZED_AT]:
+            figures["duplicate_finished_at_mismatch"] += 1
+        if event[Event.STATE] != EventState.DONE:
+            figures["lost_event_not_done"] += 1
+        key = tuple(cache_key_of_job(job).values())
+        entry = entries.get(key)
+        if event.get(Event.CACHE_OUTCOME) == CacheOutcome.WRITTEN:
+            if entry is not None and entry.get(Cache.UPDATED_AT) > event[Event.FINALIZED_AT]:
+                figures["cache_entries_superseded_by_a_later_worker_write"] += 1
+            elif entry is None or entry.get(Cache.UPDATED_AT) != event[Event.FINALIZED_AT]:
+                figures["lost_cache_entries"] += 1
+            else:
+                figures["cache_entries_written"] += 1
+                runs = entry.get(Cache.FAILED_RUNS, (entry.get(Cache.DETAILS) or {}).get(Cache.FAILED_RUNS))
+                if runs != prior_failed_runs.get(job_id, 0) + 1:
+                    figures["duplicate_failed_runs_counted"] += 1
+        elif event.get(Event.CACHE_OUTCOME) == CacheOutcome.SKIPPED_FRESHER:
+            figures["cache_entries_kept_fresher"] += 1
+        else:
+            figures["lost_cache_entries"] += 1
+        if event.get(Event.RETRY_OUTCOME) == RetryOutcome.ENQUEUED:
+            retry = jobs.get(event[Event.RETRY_JOB_ID])
+            if retry is None:
+                figures["lost_retries"] += 1
+            else:
+                figures["retries_enqueued"] += 1
+                retry_ids[job[Job.UNICITY_ID]] += 1
+    waiting = Counter(job[Job.UNICITY_ID] for job in jobs.values() if job[Job.STATUS] == Status.WAITING)
+    figures["duplicate_retries"] = sum(max(0, waiting[u] - 1) for u in retry_ids)
+    figures["events"] = len(events)
+    figures["duplicate_events"] = len(events) - len({e[ID] for e in events.values()})
+    for name in (
+        "lost_zombies_still_started",
+        "lost_not_finalized_by_cleanup",
+        "lost_event_not_done",
+        "lost_cache_entries",
+        "lost_retries",
+        "duplicate_finished_at_mismatch",
+        "duplicate_failed_runs_counted",
+    ):
+        figures.setdefault(name, 0)
+    return dict(figures)
+
+
+def prior_failed_runs(store: Store, zombie_ids: list[ObjectId]) -> dict[ObjectId, int]:
+    """The failed runs each zombie's cache entry counts before the cleanup, as the deployment counts them on a crash."""
+    jobs = {job[ID]: job for job in store.jobs.find({ID: {"$in": zombie_ids}})}
+    entries = {tuple(entry.get(name) for name in CACHE_KEY): entry for entry in store.cache.find()}
+    return {job_id: failed_runs_after_crash(entries.get(tuple(cache_key_of_job(job).values())), job) - 1 for job_id, job in jobs.items()}
+
+
+def assert_nothing_lost_or_doubled(figures: dict[str, int]) -> None:
+    bad = {name: value for name, value in figures.items() if name.startswith(("lost_", "duplicate_")) and value}
+    assert bad == {}, figures

@@ -1,0 +1,242 @@
+"""What many suites build or read alike: jobs of a given age, the commands a client sends, a cleanup run in process."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from typing import Any, Iterator
+
+import dagster as dg
+import numpy as np
+from pymongo import MongoClient, monitoring
+
+from zombie_pipeline import cleanup, retries, simulate
+from zombie_pipeline.detection import Candidate
+from zombie_pipeline.documents import ID, Event, EventState, utc_now
+from zombie_pipeline.events import StepResult
+from zombie_pipeline.finish import finish_jobs
+from zombie_pipeline.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.orchestration.cleanup import kill_zombies_job
+from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase
+from zombie_pipeline.orchestration.tags import JOB_TYPE_PARTITIONS
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.statistics.suggest import DurationReport, analyze
+from zombie_pipeline.statistics.tallies import Period, Tally
+from zombie_pipeline.store import Store
+
+#: Dagster's console logger at ERROR: a run's debug lines would drown the test output.
+QUIET_LOGGERS = {"console": {"config": {"log_level": "ERROR"}}}
+
+
+# --- jobs ---------------------------------------------------------------------------------------------
+
+#: The queue the suites are written for unless they say otherwise: early 2023, where a finished job is kept
+#: with its status (``generations.QUEUE_GENERATIONS``), beside the newest cache. The simulator's default is
+#: the newest queue, whose finished jobs are deleted.
+QUEUE_GENERATION = OLDEST_QUEUE_GENERATION
+CACHE_GENERATION = NEWEST_CACHE_GENERATION
+
+
+def job_document(*args: Any, **fields: Any) -> dict[str, Any]:
+    """``simulate.job_document`` in :data:`QUEUE_GENERATION` unless ``generation`` says otherwise."""
+    return simulate.job_document(*args, **{"generation": QUEUE_GENERATION, **fields})
+
+
+def workload(**fields: Any) -> simulate.Workload:
+    """``simulate.Workload`` in :data:`QUEUE_GENERATION` and :data:`CACHE_GENERATION` unless told otherwise."""
+    return simulate.Workload(**{"generation": QUEUE_GENERATION, "cache_generation": CACHE_GENERATION, **fields})
+
+
+def ago(seconds: float) -> dt.datetime:
+    return utc_now() - dt.timedelta(seconds=seconds)
+
+
+def crashed_job(dataset: str = "user/crashed", job_type: str = "/splits", **fields: Any) -> dict[str, Any]:
+    """Started 15 minutes ago, its worker silent for 800 s: a zombie under the default policy (300 s timeout)."""
+    return job_document(job_type=job_type, dataset=dataset, started_at=ago(900), last_heartbeat=ago(800), **fields)
+
+
+def healthy_job(dataset: str = "user/healthy", job_type: str = "/splits", **fields: Any) -> dict[str, Any]:
+    """Started two minutes ago, beating every minute."""
+    return job_document(job_type=job_type, dataset=dataset, started_at=ago(120), last_heartbeat=ago(30), **fields)
+
+
+def documents(store: Store) -> dict[str, list]:
+    """Every job, cache entry and event, in a stable order: equal before and after means nothing was written."""
+    return {
+        collection.full_name: sorted(collection.find(), key=lambda doc: str(doc[ID]))
+        for collection in (store.jobs, store.cache, store.events)
+    }
+
+
+def opcounters(client: MongoClient) -> dict[str, int]:
+    """The server's own count of operations: unchanged means no client of any process read or wrote."""
+    counters = client.admin.command("serverStatus").get("opcounters", {})
+    return {name: counters.get(name) for name in ("insert", "query", "update", "delete", "getmore")}
+
+
+def report_suggesting(by_type: dict[str, int], end: dt.datetime = dt.datetime(2024, 3, 8, tzinfo=dt.timezone.utc)) -> DurationReport:
+    """The statistics of a week whose 50 successes per type suggest exactly ``by_type`` (p99 x 1.5, on the readable steps)."""
+    tallies = {job_type: Tally(success=np.full(50, seconds / 1.5, dtype=np.float32)) for job_type, seconds in by_type.items()}
+    report = analyze(Period(start=end - dt.timedelta(days=7), end=end, tallies=tallies), ZombiePolicy(), computed_at=end)
+    assert report.suggested_max_durations() == by_type, "not a suggestion these durations can make"
+    return report
+
+
+# --- the cleanup's steps one at a time, as a run that dies between them leaves its work ----------------------
+# In :data:`QUEUE_GENERATION` a job is set to error first, then its cache error is written (``cleanup.finalize``
+# does both), then the retry is enqueued (``cleanup.retry``).
+
+
+def claim(store: Store, candidates: list[Candidate], policy: ZombiePolicy, run_id: str) -> StepResult:
+    return cleanup.claim(store, candidates, policy, run_id, utc_now(), QUEUE_GENERATIONS[QUEUE_GENERATION])
+
+
+def finish(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
+    """The claimed jobs set to error by compare-and-set, and nothing more."""
+    claimed = {Event.STATE: EventState.CLAIMED, Event.QUEUE_GENERATION: QUEUE_GENERATION}
+    return finish_jobs(store, run_id, policy, QUEUE_GENERATIONS[QUEUE_GENERATION], claimed)
+
+
+def write_cache_errors(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
+    """The cache errors of the jobs already set to error."""
+    finalized = {Event.STATE: EventState.FINALIZED, Event.QUEUE_GENERATION: QUEUE_GENERATION}
+    return cleanup.write_cache_errors(store, run_id, policy, QUEUE_GENERATIONS[QUEUE_GENERATION], finalized)
+
+
+def enqueue_retries(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
+    return retries.enqueue_retries(store, run_id, policy, QUEUE_GENERATIONS[QUEUE_GENERATION])
+
+
+def complete(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
+    """Every event this run owns driven to done: finished, cache errors, retries."""
+    return cleanup.finalize(store, run_id, policy).merge(cleanup.retry(store, run_id, policy))
+
+
+# --- the commands a client sends ----------------------------------------------------------------------------
+
+
+#: What a client sends around the commands of the code: handshakes, authentication, ending its sessions.
+HANDSHAKES = frozenset({"hello", "ismaster", "isMaster", "ping", "saslStart", "saslContinue", "endSessions", "buildInfo"})
+
+
+class CommandLog(monitoring.CommandListener):
+    """Every command a client sends while it listens, but the ``ignored`` ones."""
+
+    def __init__(self, ignored: frozenset[str] = frozenset()) -> None:
+        self.ignored = ignored
+        self.commands: list[dict[str, Any]] = []
+        self.names: list[str] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name not in self.ignored:
+            self.names.append(event.command_name)
+            self.commands.append(dict(event.command))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        """The commands of one kind (``find``, ``insert`` ...), in the order sent."""
+        return [command for command, sent in zip(self.commands, self.names) if sent == name]
+
+    def clear(self) -> None:
+        self.commands.clear()
+        self.names.clear()
+
+
+@contextlib.contextmanager
+def logged_store(mongo_url: str, store: Store) -> Iterator[tuple[Store, CommandLog]]:
+    """``store``'s collections through a client of their own whose every command is logged."""
+    log = CommandLog()
+    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.timezone.utc, event_listeners=[log])
+    try:
+        yield Store.of(client[store.jobs.database.name], client[store.cache.database.name]), log
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def logging_every_client(ignored: frozenset[str] = frozenset()) -> Iterator[CommandLog]:
+    """A :class:`CommandLog` registered process-wide: it sees the clients Dagster's resources create too."""
+    log = CommandLog(ignored)
+    monitoring.register(log)
+    try:
+        yield log
+    finally:
+        unregister(log)
+
+
+def unregister(listener: monitoring.CommandListener) -> None:
+    """pymongo has no public way to take a process-wide listener back."""
+    listeners = getattr(monitoring, "_LISTENERS", None)
+    if listeners is not None and listener in listeners.command_listeners:
+        listeners.command_listeners.remove(listener)
+
+
+# --- kill_zombies_job in process ------------------------------------------------------------------------
+
+
+def database_resources(store: Store, url_env: str, **options: Any) -> dict[str, Any]:
+    """The ``queue_db`` and ``cache_db`` resources of ``store``'s databases, their URL in ``$url_env``."""
+    return {
+        "queue_db": QueueDatabase(url_env_var=url_env, database=store.jobs.database.name, **options),
+        "cache_db": CacheDatabase(url_env_var=url_env, database=store.cache.database.name, **options),
+    }
+
+
+def run_kill_zombies(
+    resources: dict[str, Any],
+    partition_key: str | None = None,
+    instance: dg.DagsterInstance | None = None,
+    run_config: dict[str, Any] | None = None,
+    **config: Any,
+) -> dg.ExecuteInProcessResult:
+    """kill_zombies_job in process, with ``config`` as the cleanup options, never raising.
+
+    Without ``instance``, an in-memory one (0.1 s, where a temporary sqlite one takes 1.8 s).
+    """
+    run_config = {"ops": {"reconcile": {"config": config}}, "loggers": QUIET_LOGGERS, **(run_config or {})}
+    with contextlib.ExitStack() as stack:
+        if instance is None:
+            instance = stack.enter_context(dg.DagsterInstance.ephemeral())
+        if partition_key is not None:
+            instance.add_dynamic_partitions(JOB_TYPE_PARTITIONS.name, [partition_key])
+        result = kill_zombies_job.execute_in_process(
+            run_config=run_config, resources=resources, instance=instance, partition_key=partition_key, raise_on_error=False
+        )
+        result.logs = list(instance.all_logs(result.run_id))
+        return result
+
+
+def step_metadata(result: dg.ExecuteInProcessResult, step: str) -> dict[str, Any]:
+    """The output metadata of one op, as plain values."""
+    [event] = [e for e in result.events_for_node(step) if e.event_type_value == "STEP_OUTPUT"]
+    return {key: value.value for key, value in event.step_output_data.metadata.items()}
+
+
+def step_failure_messages(result: dg.ExecuteInProcessResult) -> list[str]:
+    """The error message of each failed op."""
+    return [
+        event.step_failure_data.error.message
+        for event in result.all_events
+        if event.is_step_failure and event.step_failure_data.error is not None
+    ]
+
+
+def error_text(result: dg.ExecuteInProcessResult) -> str:
+    """Every error message of the run's events (op and resource failures, the run's own), with their causes."""
+    messages = []
+    for event in result.all_events:
+        error = getattr(event.event_specific_data, "error", None)
+        while error is not None:
+            messages.append(error.message)
+            error = getattr(error, "cause", None)
+    return "\n".join(messages)
+
+
+def failed_steps(result: dg.ExecuteInProcessResult) -> list[str]:
+    return [event.step_key for event in result.all_events if event.is_step_failure]

@@ -1,0 +1,52 @@
+"""Finished jobs, audit events and tallies of known durations, for the statistics suites."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+from bson import ObjectId
+
+from zombie_pipeline.documents import ID, Event, EventState, Job, Status
+from zombie_pipeline.statistics.tallies import Period, Tally
+
+UTC = dt.timezone.utc
+DAY = dt.datetime(2024, 3, 5, tzinfo=UTC)
+NEXT_DAY = DAY + dt.timedelta(days=1)
+NOON = DAY + dt.timedelta(hours=12)
+
+
+def job(job_type: str, status: str, seconds: float | None, finished_at: dt.datetime = NOON, **fields) -> dict:
+    """A finished job that ran ``seconds`` (None: never started)."""
+    document = {ID: ObjectId(), Job.TYPE: job_type, Job.STATUS: status, Job.FINISHED_AT: finished_at}
+    if seconds is not None:
+        document[Job.STARTED_AT] = finished_at - dt.timedelta(seconds=seconds)
+    document.update(fields)
+    return document
+
+
+def event(job_document: dict, reason: str, state: str = EventState.DONE) -> dict:
+    """The audit event of a zombie finalization; its finalized_at is the job's finished_at."""
+    return {
+        ID: job_document[ID],
+        Event.JOB: {Job.TYPE: job_document[Job.TYPE], Job.STARTED_AT: job_document[Job.STARTED_AT]},
+        Event.REASON: reason,
+        Event.FINALIZED_AT: job_document[Job.FINISHED_AT],
+        Event.STATE: state,
+    }
+
+
+def tally(success=(), error=(), stopped=()) -> Tally:
+    return Tally(
+        statuses={Status.SUCCESS: len(success), Status.ERROR: len(error) + len(stopped)},
+        started=len(success) + len(error) + len(stopped),
+        success=np.asarray(success, dtype=np.float32),
+        error=np.asarray(error, dtype=np.float32),
+        stopped=np.asarray(stopped, dtype=np.float32),
+    )
+
+
+
+def week(tallies: dict[str, Tally], end: dt.datetime = NEXT_DAY) -> Period:
+    """The seven days to ``end``, holding ``tallies``."""
+    return Period(start=end - dt.timedelta(days=7), end=end, tallies=tallies)

@@ -1,0 +1,62 @@
+"""A failed run, told once: the record, the webhook POST that never raises, the secrets scrubbed."""
+
+import http.server
+import threading
+import time
+
+from zombie_pipeline import alerts
+from zombie_pipeline.documents import ID, Failure, utc_now
+from zombie_pipeline.embedded import free_port
+
+
+class _Hanging(http.server.BaseHTTPRequestHandler):
+    """Answers nothing until the test lets it go."""
+
+    release = threading.Event()
+
+    def do_POST(self):  # noqa: N802 - the http.server API
+        self.release.wait(timeout=30)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_webhook_post_that_fails_or_hangs_is_an_outcome_not_an_exception():
+    assert alerts.post_json(None, {}, 1) == alerts.WEBHOOK_NOT_CONFIGURED
+    refused = alerts.post_json(f"http://127.0.0.1:{free_port()}/t0ken", {"a": 1}, 1)
+    assert refused.startswith("failed:") and "t0ken" not in refused
+    assert alerts.post_json("not a url", {}, 1).startswith("failed:")
+
+    _Hanging.release.clear()
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Hanging)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        outcome = alerts.post_json(f"http://127.0.0.1:{server.server_port}/", {}, 0.5)
+        assert outcome.startswith("failed:") and time.monotonic() - started < 2.5
+    finally:
+        _Hanging.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_failure_record_says_what_failed_in_one_line():
+    record = alerts.FailureRecord(
+        run_id="r1", job_name="kill_zombies_job", failed_at=utc_now(), message="brake engaged", partition_key="/splits", failed_steps=("find_zombies",)
+    )
+    line = record.log_line()
+    for part in ("FAILED", "kill_zombies_job", "'/splits'", "r1", "find_zombies", "brake engaged"):
+        assert part in line
+    assert record.payload()["text"] == line
+    assert record.document("sent (HTTP 200)")["_id"] == "r1"
+
+
+def test_a_failure_is_recorded_once_per_run(store):
+    record = alerts.FailureRecord(run_id="r2", job_name="kill_zombies_job", failed_at=utc_now(), message="boom")
+
+    alerts.record_failure(store.failures, record, "not configured")
+    alerts.record_failure(store.failures, record, "sent (HTTP 204)")  # a sensor tick evaluated twice
+
+    [stored] = store.failures.find()
+    assert (stored[ID], stored[Failure.MESSAGE], stored[Failure.WEBHOOK_OUTCOME]) == ("r2", "boom", "sent (HTTP 204)")

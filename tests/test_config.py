@@ -1,0 +1,33 @@
+"""The environment, read in one place: blank means unset, and where the project keeps its state and reports."""
+
+from __future__ import annotations
+
+from zombie_pipeline import config
+
+
+def test_a_blank_variable_is_unset():
+    assert config.setting("ANY", {"ANY": "  "}) is None
+    assert config.setting("ANY", {"ANY": " value "}) == "value"
+    assert config.setting("ANY", {}) is None
+
+
+def test_database_names_default_to_the_deployments_own(monkeypatch):
+    monkeypatch.delenv(config.QUEUE_DATABASE_ENV, raising=False)
+    monkeypatch.setenv(config.CACHE_DATABASE_ENV, "cache_prod")
+    assert (config.queue_database(), config.cache_database()) == ("datasets_server_queue", "cache_prod")
+
+
+def test_urls_are_read_when_asked_for_never_kept(monkeypatch):
+    monkeypatch.setenv(config.QUEUE_URL_ENV, "mongodb://a:b@queue.example/")
+    monkeypatch.delenv(config.CACHE_URL_ENV, raising=False)
+    assert config.configured_urls() == ["mongodb://a:b@queue.example/", None]
+    monkeypatch.setenv(config.QUEUE_URL_ENV, "mongodb://other.example/")
+    assert config.queue_url() == "mongodb://other.example/"
+
+
+def test_reports_go_under_zombie_pipeline_home_when_it_is_set(tmp_path, monkeypatch):
+    monkeypatch.setenv(config.HOME_ENV, str(tmp_path))
+    assert config.home() == tmp_path
+    assert config.reports_dir() == tmp_path / "reports"
+    monkeypatch.delenv(config.HOME_ENV)
+    assert config.reports_dir().name == "reports" and config.reports_dir() != tmp_path / "reports"

@@ -1,0 +1,133 @@
+"""The policy and the suggestion rules: validated when built, every bad field named, and what the cleanup asks of them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from zombie_pipeline.documents import ErrorCode
+from zombie_pipeline.policy import PolicyError, SuggestionRules, ZombiePolicy, policy_fields
+
+#: (values, the names the message must hold, whether it is a rule across fields: "invalid zombie policy: ...")
+BAD_POLICIES = [
+    ({"heartbeat_timeout_seconds": 0}, ["heartbeat_timeout_seconds"], False),
+    ({"heartbeat_timeout_seconds": -1}, ["heartbeat_timeout_seconds"], False),
+    ({"heartbeat_timeout_seconds": -300}, ["heartbeat_timeout_seconds"], False),
+    ({"max_duration_seconds": 0}, ["max_duration_seconds"], False),
+    ({"max_duration_seconds": -1200}, ["max_duration_seconds"], False),
+    ({"max_duration_seconds": 200}, ["max_duration_seconds (200 s)", "heartbeat_timeout_seconds (300 s)"], True),
+    (
+        {"heartbeat_timeout_seconds": 600, "max_duration_seconds": 300},
+        ["max_duration_seconds (300 s) is shorter than heartbeat_timeout_seconds"],
+        True,
+    ),
+    ({"max_duration_seconds_by_type": {"/splits": 60}}, ["max_duration_seconds_by_type['/splits']"], True),
+    ({"max_duration_seconds_by_type": {"/x": 100}}, ["max_duration_seconds_by_type['/x']"], True),
+    ({"max_duration_seconds_by_type": {"/splits": -5}}, ["max_duration_seconds_by_type['/splits'] must be positive"], True),
+    ({"max_duration_seconds_by_type": {"": 2000}}, ["max_duration_seconds_by_type has a job type that is not one"], True),
+    ({"max_duration_seconds_by_type": {"a.b": 2000}}, ["max_duration_seconds_by_type", "dot"], True),
+    ({"batch_size": 0}, ["batch_size"], False),
+    ({"batch_size": -10}, ["batch_size"], False),
+    ({"crashed_retry_limit": -1}, ["crashed_retry_limit"], False),
+    ({"exceeded_retry_limit": -1}, ["exceeded_retry_limit"], False),
+    ({"exceeded_retry_limit": -2}, ["exceeded_retry_limit"], False),
+    ({"claim_lease_seconds": -5}, ["claim_lease_seconds"], False),
+    ({"claim_lease_seconds": -60}, ["claim_lease_seconds"], False),
+    ({"min_started_for_brake": -1}, ["min_started_for_brake"], False),
+    ({"max_stale_fraction": 0.0}, ["max_stale_fraction"], False),
+    ({"max_stale_fraction": 1.5}, ["max_stale_fraction"], False),
+    ({"http_status": 200}, ["http_status"], False),
+    ({"cache_generation": "1999-01"}, ["cache_generation", "'1999-01'"], True),
+    ({"queue_generation": "1999-01"}, ["queue_generation", "'1999-01'"], True),
+    ({"no_such_setting": 1}, ["no_such_setting"], False),
+]
+
+
+def case_id(case) -> str:
+    return ",".join(f"{name}={value}" for name, value in case[0].items())
+
+
+def assert_refused(error: PolicyError, named: list[str], across_fields: bool) -> None:
+    """The message names every offending field; a rule across fields says the policy is invalid as a whole."""
+    message = str(error)
+    for name in named:
+        assert name in message, message
+    assert ("invalid zombie policy: " in message) is across_fields, message
+
+
+@pytest.mark.parametrize("values, named, across_fields", BAD_POLICIES, ids=[case_id(case) for case in BAD_POLICIES])
+def test_a_bad_value_is_refused_when_the_policy_is_built_with_the_field_named(values, named, across_fields):
+    with pytest.raises(PolicyError) as refused:
+        ZombiePolicy(**values)
+    assert_refused(refused.value, named, across_fields)
+
+
+def test_every_bad_field_is_named_at_once():
+    with pytest.raises(PolicyError) as refused:
+        ZombiePolicy(heartbeat_timeout_seconds=-1, batch_size=0, crashed_retry_limit=-1)
+    assert refused.value.error_count() == 3
+    assert all(name in str(refused.value) for name in ("heartbeat_timeout_seconds", "batch_size", "crashed_retry_limit"))
+
+    with pytest.raises(PolicyError) as refused:
+        ZombiePolicy(max_duration_seconds=200, max_duration_seconds_by_type={"/a": 100, "$where": 2000})
+    assert all(name in str(refused.value) for name in ("max_duration_seconds (200 s)", "['/a']", "'$where'"))
+
+
+def test_the_default_policy_is_valid_and_frozen():
+    policy = ZombiePolicy()
+    assert (policy.heartbeat_timeout_seconds, policy.max_duration_seconds, policy.use_suggested_max_durations) == (300, 1200, False)
+    with pytest.raises(Exception):
+        policy.batch_size = 0
+
+
+def test_each_type_has_its_maximum_duration_and_each_error_code_its_retry_limit():
+    policy = ZombiePolicy(max_duration_seconds_by_type={"/slow": 7200}, crashed_retry_limit=5, exceeded_retry_limit=1)
+
+    assert (policy.max_duration_of("/slow"), policy.max_duration_of("/other")) == (7200, 1200)
+    assert policy.retry_limit_of(ErrorCode.CRASHED) == 5
+    assert policy.retry_limit_of(ErrorCode.EXCEEDED_MAX_DURATION) == 1
+
+
+def test_maximum_durations_given_later_replace_those_of_their_types_only():
+    policy = ZombiePolicy(max_duration_seconds_by_type={"/splits": 900, "/first-rows": 1800})
+
+    changed = policy.with_max_durations({"/first-rows": 3_600, "/parquet": 600})
+
+    assert changed.max_duration_seconds_by_type == {"/splits": 900, "/first-rows": 3_600, "/parquet": 600}
+    assert changed.max_duration_of("/first-rows") == 3_600 and changed.max_duration_of("/sizes") == 1_200
+    assert policy.max_duration_seconds_by_type == {"/splits": 900, "/first-rows": 1800}  # the original is unchanged
+
+
+def test_the_audit_copy_of_a_policy_keeps_job_types_as_values():
+    document = ZombiePolicy(max_duration_seconds_by_type={'{"$gt": ""}': 900, "/a": 600}).as_document()
+
+    assert document["max_duration_seconds_by_type"] == [{"type": "/a", "seconds": 600}, {"type": '{"$gt": ""}', "seconds": 900}]
+    assert document["heartbeat_timeout_seconds"] == 300
+
+
+def test_the_policy_fields_are_picked_out_of_a_larger_configuration():
+    assert policy_fields({"batch_size": 7, "url_env_var": "X", "window_days": 3}) == {"batch_size": 7}
+
+
+# --- the suggestion rules ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"quantile": 1.0}, {"quantile": 0.2}, {"margin": 0.9}, {"margin": 11}, {"min_samples": 0}, {"confidence": 1.0}, {"censored_fraction": 0.0}],
+    ids=lambda bad: ",".join(f"{name}={value}" for name, value in bad.items()),
+)
+def test_suggestion_rules_refuse_out_of_range_settings_naming_them(bad):
+    with pytest.raises(PolicyError, match=re.escape(next(iter(bad)))):
+        SuggestionRules(**bad)
+
+
+def test_the_censoring_threshold_is_one_minus_the_quantile_unless_set():
+    assert SuggestionRules(quantile=0.95).censoring_threshold == pytest.approx(0.05)
+    assert SuggestionRules(censored_fraction=0.2).censoring_threshold == 0.2
+    assert SuggestionRules(quantile=0.9).as_dict()["censored_fraction"] == pytest.approx(0.1)
+
+
+def test_the_rules_are_picked_out_of_a_larger_configuration():
+    assert SuggestionRules.of({"quantile": 0.9, "window_days": 3, "reports_dir": None}) == SuggestionRules(quantile=0.9)
