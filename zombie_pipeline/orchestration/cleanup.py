@@ -14,7 +14,7 @@ from typing import Any, Optional
 import dagster as dg
 from pydantic import Field
 
-from zombie_pipeline import cleanup
+from zombie_pipeline import cleanup, config
 from zombie_pipeline.cleanup import BrakeEngaged, GenerationUnknown
 from zombie_pipeline.detection import Candidate, unknown_job_types
 from zombie_pipeline.documents import REASONS, utc_now
@@ -22,7 +22,16 @@ from zombie_pipeline.events import StepResult
 from zombie_pipeline.generations import QUEUE_GENERATIONS, QueueVerdict
 from zombie_pipeline.orchestration.metadata import counts_metadata, malformed_metadata, table_metadata
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
-from zombie_pipeline.orchestration.tags import CLEANUP_GROUP, JOB_TYPE_PARTITIONS
+from zombie_pipeline.orchestration.tags import (
+    CLEANUP_GROUP,
+    JOB_TYPE_PARTITIONS,
+    MAX_RETRIES_TAG,
+    MAX_RUNTIME_TAG,
+    PIPELINE_TAG,
+    PRIORITY_TAG,
+    QUEUE_DATABASE_TAG,
+    RETRY_STRATEGY_TAG,
+)
 from zombie_pipeline.policy import ZombiePolicy
 
 
@@ -198,7 +207,24 @@ def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: Queue
     ),
     partitions_def=JOB_TYPE_PARTITIONS,
     executor_def=dg.in_process_executor,  # five short steps: one process, not five imports of Dagster
-    tags={"pipeline": CLEANUP_GROUP},
+    # Read by the production instance (deploy/dagster.yaml); in-process executions ignore them.
+    tags={
+        PIPELINE_TAG: CLEANUP_GROUP,
+        # One cleanup per queue database at a time (a tag concurrency limit on this key), whoever launched it.
+        QUEUE_DATABASE_TAG: config.queue_database(),
+        # Ahead of statistics runs waiting for a slot in the run queue.
+        PRIORITY_TAG: "10",
+        # The zombie killer must not become a zombie: a cleanup takes seconds (a fixed number of commands per
+        # batch), so after 15 minutes run monitoring fails it and stops its worker; the next tick starts afresh.
+        MAX_RUNTIME_TAG: "900",
+        # Retried twice, from the start, when it fails: safe because a cleanup is idempotent. Each zombie is
+        # claimed by inserting its audit event (_id = job _id) and finished by compare-and-set on what
+        # detection saw, so a retry can neither finalize a job twice nor overwrite a live worker; what a dead
+        # run left half done is completed once its lease expires. ALL_STEPS: the retry re-reads the queue
+        # rather than trust candidates a failed run detected minutes ago.
+        MAX_RETRIES_TAG: "2",
+        RETRY_STRATEGY_TAG: "ALL_STEPS",
+    },
 )
 def kill_zombies_job():
     plan = reconcile()

@@ -24,7 +24,7 @@ import dagster as dg
 from pydantic import Field
 
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
-from zombie_pipeline.orchestration.tags import STATISTICS_GROUP
+from zombie_pipeline.orchestration.tags import PIPELINE_TAG, STATISTICS_GROUP
 from zombie_pipeline.policy import SuggestionRules
 from zombie_pipeline.statistics.reports import markdown_table, policy_snippet, write_reports
 from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze
@@ -204,4 +204,7 @@ duration_statistics_job = dg.define_asset_job(
     "duration_statistics_job",
     selection=dg.AssetSelection.groups(GROUP),
     description="One day's tallies, then the statistics and T2 suggestions of the window ending that day.",
+    # The production run queue (deploy/dagster.yaml) caps the statistics runs in flight on this tag, so a long
+    # backfill never holds every slot a cleanup needs.
+    tags={PIPELINE_TAG: STATISTICS_GROUP},
 )

@@ -13,5 +13,19 @@ STALE_COUNT_TAG = "zombie_pipeline/stale_jobs"
 #: Dagster's own tag of a partitioned run.
 PARTITION_TAG = "dagster/partition"
 
+# --- what the production run queue, run monitoring and run retries read (deploy/dagster.yaml) ---------------
+#: Which part of the pipeline a run belongs to (value: CLEANUP_GROUP or STATISTICS_GROUP).
+PIPELINE_TAG = "pipeline"
+#: The queue database a cleanup works on: the run queue allows one cleanup per value at a time.
+QUEUE_DATABASE_TAG = "zombie_pipeline/queue_database"
+#: Dagster's run-queue priority (higher first): a cleanup goes ahead of statistics runs waiting for a slot.
+PRIORITY_TAG = "dagster/priority"
+#: Dagster's per-run limit, in seconds, after which run monitoring fails the run and stops its worker.
+MAX_RUNTIME_TAG = "dagster/max_runtime"
+#: Dagster's per-run number of automatic retries of a failed run (run_retries must be enabled).
+MAX_RETRIES_TAG = "dagster/max_retries"
+#: How a retry re-executes: ALL_STEPS or FROM_FAILURE.
+RETRY_STRATEGY_TAG = "dagster/retry_strategy"
+
 #: Job types as dynamic partitions: the cleanup can run, and be backfilled, per type.
 JOB_TYPE_PARTITIONS = dg.DynamicPartitionsDefinition(name="job_types")

@@ -1,0 +1,1 @@
+"""The production deployment of deploy/, run for real: PostgreSQL, the code server, the daemon."""

@@ -1,0 +1,66 @@
+"""What an operator does to the production instance, done by the test in process.
+
+Starting a schedule or a sensor and launching a job are what ``dagster schedule start``, ``dagster sensor
+start`` and ``dagster job launch`` do with ``-w deploy/workspace.yaml``: load the code location from the code
+server, then record the state (or the queued run) in the instance's PostgreSQL storage, where the daemon
+reads it. Done here in process, with the calls those commands make (Dagster's own, pinned with it), so two
+launches are a few milliseconds apart and not two interpreter start-ups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator
+
+import dagster as dg
+from dagster._cli.job import execute_launch_command
+from dagster._core.remote_representation.external import RemoteRepository
+from dagster._core.scheduler.instigation import InstigatorTick
+from dagster._core.workspace.context import WorkspaceProcessContext
+from dagster._core.workspace.load_target import WorkspaceFileTarget
+from dagster_shared.cli import WorkspaceOpts
+
+from tests.deploy.processes import LOCATION, REPOSITORY
+
+
+class Operator:
+    def __init__(self, instance: dg.DagsterInstance, workspace_yaml: Path, repository: RemoteRepository) -> None:
+        self.instance = instance
+        self.workspace_yaml = workspace_yaml
+        self.repository = repository
+
+    def start_schedule(self, name: str) -> None:
+        self.instance.start_schedule(self.repository.get_schedule(name))
+
+    def start_sensor(self, name: str) -> None:
+        self.instance.start_sensor(self.repository.get_sensor(name))
+
+    def stop_sensor(self, name: str) -> None:
+        sensor = self.repository.get_sensor(name)
+        self.instance.stop_sensor(sensor.get_remote_origin_id(), sensor.selector_id, sensor)
+
+    def schedule_ticks(self, name: str) -> list[InstigatorTick]:
+        schedule = self.repository.get_schedule(name)
+        return list(self.instance.get_ticks(schedule.get_remote_origin_id(), schedule.selector_id))
+
+    def sensor_ticks(self, name: str) -> list[InstigatorTick]:
+        sensor = self.repository.get_sensor(name)
+        return list(self.instance.get_ticks(sensor.get_remote_origin_id(), sensor.selector_id))
+
+    def launch(self, job_name: str) -> dg.DagsterRun:
+        """``dagster job launch -j JOB -w deploy/workspace.yaml``: the run is queued; the daemon launches it."""
+        return execute_launch_command(
+            instance=self.instance, workspace_opts=WorkspaceOpts(workspace=[str(self.workspace_yaml)]), job_name=job_name
+        )
+
+
+@contextlib.contextmanager
+def operator(instance: dg.DagsterInstance, workspace_yaml: Path) -> Iterator[Operator]:
+    """The code location loaded from the code server that ``workspace_yaml`` names."""
+    with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[str(workspace_yaml)])) as process:
+        workspace = process.create_request_context()
+        error = workspace.get_code_location_error(LOCATION)
+        if error is not None:
+            raise RuntimeError(f"the code location did not load: {error.to_string()}")
+        yield Operator(instance, workspace_yaml, workspace.get_code_location(LOCATION).get_repository(REPOSITORY))
