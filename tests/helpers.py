@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from dataclasses import dataclass
 import datetime as dt
 from typing import Any, Iterator
 
@@ -15,6 +17,7 @@ from zombie_pipeline.detection import Candidate
 from zombie_pipeline.documents import ID, Event, EventState, utc_now
 from zombie_pipeline.events import StepResult
 from zombie_pipeline.finish import finish_jobs
+from zombie_pipeline.finish_effects import SideCollections
 from zombie_pipeline.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase
@@ -95,13 +98,13 @@ def claim(store: Store, candidates: list[Candidate], policy: ZombiePolicy, run_i
 def finish(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
     """The claimed jobs set to error by compare-and-set, and nothing more."""
     claimed = {Event.STATE: EventState.CLAIMED, Event.QUEUE_GENERATION: QUEUE_GENERATION}
-    return finish_jobs(store, run_id, policy, QUEUE_GENERATIONS[QUEUE_GENERATION], claimed)
+    return finish_jobs(store, run_id, policy, SideCollections.of(store, QUEUE_GENERATIONS[QUEUE_GENERATION]), claimed)
 
 
 def write_cache_errors(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
     """The cache errors of the jobs already set to error."""
     finalized = {Event.STATE: EventState.FINALIZED, Event.QUEUE_GENERATION: QUEUE_GENERATION}
-    return cleanup.write_cache_errors(store, run_id, policy, QUEUE_GENERATIONS[QUEUE_GENERATION], finalized)
+    return cleanup.write_cache_errors(store, run_id, policy, SideCollections.of(store, QUEUE_GENERATIONS[QUEUE_GENERATION]), finalized)
 
 
 def enqueue_retries(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
@@ -240,3 +243,48 @@ def error_text(result: dg.ExecuteInProcessResult) -> str:
 
 def failed_steps(result: dg.ExecuteInProcessResult) -> list[str]:
     return [event.step_key for event in result.all_events if event.is_step_failure]
+
+
+# --- a process that dies between two writes ---------------------------------------------------------------------
+
+
+class Crash(Exception):
+    """The cleanup process died here."""
+
+
+@dataclass
+class Budget:
+    writes: int | None  # None: no crash
+
+    def spend(self) -> None:
+        if self.writes is not None:
+            if self.writes <= 0:
+                raise Crash()
+            self.writes -= 1
+
+
+class CrashingCollection:
+    """A collection whose writes stop (the process dies) once the budget is spent."""
+
+    WRITES = {"insert_one", "insert_many", "update_one", "update_many", "replace_one", "bulk_write", "delete_one", "delete_many"}
+
+    def __init__(self, collection, budget: Budget) -> None:
+        self._collection = collection
+        self._budget = budget
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._collection, name)
+        if name not in self.WRITES:
+            return attribute
+
+        def write(*args: Any, **kwargs: Any) -> Any:
+            self._budget.spend()
+            return attribute(*args, **kwargs)
+
+        return write
+
+
+def crashing(store: Store, writes: int | None) -> Store:
+    """``store`` with every collection sharing one budget of writes."""
+    budget = Budget(writes)
+    return Store(**{part.name: CrashingCollection(getattr(store, part.name), budget) for part in dataclasses.fields(Store)})

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import Crash, crashing
 from zombie_pipeline import cleanup, counters
 from zombie_pipeline.cleanup import run_cleanup
 from zombie_pipeline.documents import (
@@ -268,45 +269,6 @@ def _key_of(job: dict[str, Any]) -> dict[str, Any]:
 # --- killed between any two writes -----------------------------------------------------------------------------
 
 
-class Crash(Exception):
-    """The cleanup's process died here."""
-
-
-class Countdown:
-    def __init__(self, writes: int) -> None:
-        self.writes = writes
-
-    def spend(self) -> None:
-        if self.writes <= 0:
-            raise Crash()
-        self.writes -= 1
-
-
-class Dying:
-    """A collection whose writes stop once the countdown is spent: the process died."""
-
-    WRITES = {"insert_one", "insert_many", "update_one", "update_many", "replace_one", "bulk_write", "delete_one", "delete_many"}
-
-    def __init__(self, collection: Any, countdown: Countdown) -> None:
-        self._collection, self._countdown = collection, countdown
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._collection, name)
-        if name not in self.WRITES:
-            return attribute
-
-        def write(*args: Any, **kwargs: Any) -> Any:
-            self._countdown.spend()
-            return attribute(*args, **kwargs)
-
-        return write
-
-
-def dying(store: Store, writes: int) -> Store:
-    countdown = Countdown(writes)
-    return Store(**{name: Dying(collection, countdown) for name, collection in vars(store).items()})
-
-
 def outcome(store: Store) -> dict[str, Any]:
     """What a cleanup leaves, comparable between two databases simulated alike (retry ids and stamps differ)."""
     snapshot = state(store)
@@ -341,7 +303,7 @@ def test_a_cleanup_killed_between_any_two_writes_is_completed_by_the_next_run_wi
     for writes in range(0, 1_000, 5):
         attempt = queue()
         try:
-            run_cleanup(dying(attempt, writes), policy, run_id="killed")
+            run_cleanup(crashing(attempt, writes), policy, run_id="killed")
         except Crash:
             crashes += 1
             run_cleanup(attempt, policy, run_id="next")

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from tests import helpers
 from tests.figures import report_figures
-from tests.helpers import job_document
+from tests.helpers import Crash, crashing, job_document
 from zombie_pipeline import cleanup
 from zombie_pipeline.documents import (
     CACHE_KEY,
@@ -68,48 +68,6 @@ CACHES = {
     "fresher_success": (60, HTTP_OK),
     "fresher_error": (60, 500),
 }
-
-
-class Crash(Exception):
-    """The cleanup process died here."""
-
-
-@dataclass
-class Budget:
-    writes: int | None  # None: no crash
-
-    def spend(self) -> None:
-        if self.writes is not None:
-            if self.writes <= 0:
-                raise Crash()
-            self.writes -= 1
-
-
-class CrashingCollection:
-    """A collection whose writes stop (the process dies) once the budget is spent."""
-
-    WRITES = {"insert_one", "insert_many", "update_one", "update_many", "replace_one", "bulk_write", "delete_one", "delete_many"}
-
-    def __init__(self, collection, budget: Budget) -> None:
-        self._collection = collection
-        self._budget = budget
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._collection, name)
-        if name not in self.WRITES:
-            return attribute
-
-        def write(*args: Any, **kwargs: Any) -> Any:
-            self._budget.spend()
-            return attribute(*args, **kwargs)
-
-        return write
-
-
-def crashing(store: Store, writes: int | None) -> Store:
-    """``store`` with every collection sharing one budget of writes."""
-    budget = Budget(writes)
-    return Store(**{part.name: CrashingCollection(getattr(store, part.name), budget) for part in dataclasses.fields(Store)})
 
 
 # --- strategies ---------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from zombie_pipeline.events import (
 )
 from zombie_pipeline.finish import finalized_row, finish_jobs, forget_changed
 from zombie_pipeline.finish_effects import SideCollections
-from zombie_pipeline.generations import OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS, QueueGeneration, QueueVerdict, detect_queue_generation
+from zombie_pipeline.generations import QUEUE_GENERATIONS, QueueGeneration, QueueVerdict, detect_queue_generation
 from zombie_pipeline.mongo import atomically
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.retries import enqueue_retries
@@ -122,12 +122,10 @@ def _event_of(
 # --- finalize -------------------------------------------------------------------------
 
 
-def write_cache_errors(
-    store: Store, run_id: str, policy: ZombiePolicy, queue_generation: QueueGeneration, ready: Mapping[str, Any]
-) -> StepResult:
+def write_cache_errors(store: Store, run_id: str, policy: ZombiePolicy, side: SideCollections, ready: Mapping[str, Any]) -> StepResult:
     """Write the error entry of this run's ``ready`` events, unless a fresher one is there."""
-    generation = detect_cache_generation(store, policy, queue_generation)
-    cache_metrics = SideCollections.of(store, queue_generation).cache_metrics
+    generation = detect_cache_generation(store, policy, side.generation)
+    cache_metrics = side.cache_metrics
     result = StepResult()
     result.counts[f"cache_generation:{generation.name}"] = 1
     client = store.cache.database.client
@@ -140,40 +138,44 @@ def write_cache_errors(
     return result
 
 
-def finalize(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
-    """Drive every claimed event of this run to finalized, in the order its generation finishes a job."""
+def finalize(store: Store, run_id: str, policy: ZombiePolicy, generation: QueueGeneration | None = None, recovering: bool = False) -> StepResult:
+    """Drive this run's claimed events to finalized, in the order their generation finishes a job.
+
+    ``generation``: the one this run claimed in; else every generation its events (taken over from
+    crashed runs: ``recovering``) carry.
+    """
     result = StepResult()
-    for name in _generations_of(store, run_id, {Event.STATE: {"$ne": EventState.DONE}}):
-        generation = QUEUE_GENERATIONS[name]
-        claimed = {Event.STATE: EventState.CLAIMED, Event.QUEUE_GENERATION: name}
-        if generation.cache_first:
+    for queue in [generation] if generation else _generations_of(store, run_id, {Event.STATE: {"$ne": EventState.DONE}}):
+        side = SideCollections.of(store, queue)
+        claimed = {Event.STATE: EventState.CLAIMED, Event.QUEUE_GENERATION: queue.name}
+        if queue.cache_first:
             result.merge(forget_changed(store, run_id, policy, {**claimed, Event.CACHE_OUTCOME: {"$exists": False}}))
-            result.merge(write_cache_errors(store, run_id, policy, generation, claimed))
-            result.merge(finish_jobs(store, run_id, policy, generation, {**claimed, Event.CACHE_OUTCOME: {"$exists": True}}))
+            result.merge(write_cache_errors(store, run_id, policy, side, claimed))
+            result.merge(finish_jobs(store, run_id, policy, side, {**claimed, Event.CACHE_OUTCOME: {"$exists": True}}, recovering))
         else:
-            result.merge(finish_jobs(store, run_id, policy, generation, claimed))
-            result.merge(write_cache_errors(store, run_id, policy, generation, {Event.STATE: EventState.FINALIZED, Event.QUEUE_GENERATION: name}))
+            result.merge(finish_jobs(store, run_id, policy, side, claimed, recovering))
+            result.merge(write_cache_errors(store, run_id, policy, side, {Event.STATE: EventState.FINALIZED, Event.QUEUE_GENERATION: queue.name}))
     return result
 
 
-def retry(store: Store, run_id: str, policy: ZombiePolicy, now: dt.datetime | None = None) -> StepResult:
+def retry(store: Store, run_id: str, policy: ZombiePolicy, generation: QueueGeneration | None = None, now: dt.datetime | None = None) -> StepResult:
     """Re-enqueue where each event's generation wants it, then close the events."""
     result = StepResult()
-    for name in _generations_of(store, run_id, {Event.STATE: EventState.FINALIZED}):
-        result.merge(enqueue_retries(store, run_id, policy, QUEUE_GENERATIONS[name], now))
+    for queue in [generation] if generation else _generations_of(store, run_id, {Event.STATE: EventState.FINALIZED}):
+        result.merge(enqueue_retries(store, run_id, policy, queue, now))
     return result
 
 
-def _generations_of(store: Store, run_id: str, query: Mapping[str, Any]) -> list[str]:
+def _generations_of(store: Store, run_id: str, query: Mapping[str, Any]) -> list[QueueGeneration]:
     names = store.events.distinct(Event.QUEUE_GENERATION, {Event.LEASE_OWNER: run_id, **query})
-    return [name for name in QUEUE_GENERATIONS if name in names]
+    return [generation for name, generation in QUEUE_GENERATIONS.items() if name in names]
 
 
 def finalize_zombies(
     store: Store, candidates: list[Candidate], policy: ZombiePolicy, run_id: str, now: dt.datetime, generation: QueueGeneration
 ) -> StepResult:
     """Claim the candidates, then finalize the ones claimed."""
-    return claim(store, candidates, policy, run_id, now, generation).merge(finalize(store, run_id, policy))
+    return claim(store, candidates, policy, run_id, now, generation).merge(finalize(store, run_id, policy, generation))
 
 
 def reconcile(store: Store, run_id: str, policy: ZombiePolicy, now: dt.datetime | None = None) -> StepResult:
@@ -182,14 +184,10 @@ def reconcile(store: Store, run_id: str, policy: ZombiePolicy, now: dt.datetime 
     Events left by a version that knew only early-2023 queues carry no
     generation: they are completed as that generation.
     """
-    store.events.update_many(
-        {Event.QUEUE_GENERATION: {"$exists": False}, Event.STATE: {"$ne": EventState.DONE}},
-        {"$set": {Event.QUEUE_GENERATION: OLDEST_QUEUE_GENERATION}},
-    )
     taken = take_over_expired(store, run_id, now or utc_now(), policy)
     result = StepResult()
     if taken:
-        result.merge(finalize(store, run_id, policy)).merge(retry(store, run_id, policy))
+        result.merge(finalize(store, run_id, policy, recovering=True)).merge(retry(store, run_id, policy))
     result.counts["taken_over"] += taken
     return result
 
@@ -255,7 +253,7 @@ def run_cleanup(
         return report
     generation = required_generation(report.verdict)
     report.steps.merge(finalize_zombies(store, report.detection.candidates, policy, run_id, now or utc_now(), generation))
-    report.steps.merge(retry(store, run_id, policy))
+    report.steps.merge(retry(store, run_id, policy, generation))
     return report
 
 

@@ -19,25 +19,20 @@ from zombie_pipeline.orchestration.sensors import (
     stale_jobs_sensor,
 )
 
-cleanup_defs = dg.Definitions(jobs=[kill_zombies_job])
-health_defs = dg.Definitions(
-    assets=[health.queue_health],
-    asset_checks=[health.no_zombies_left, health.zombies_have_cache_errors],
-    jobs=[health.queue_health_job],
-)
-statistics_defs = dg.Definitions(
-    assets=[statistics.job_duration_tallies, statistics.job_duration_statistics],
-    jobs=[statistics.duration_statistics_job],
-)
-automation_defs = dg.Definitions(
-    schedules=[kill_zombies_schedule, duration_stats_schedule],
-    sensors=[stale_jobs_sensor, job_types_sensor, cleanup_checks_sensor, pipeline_failure_sensor],
-)
-
 defs = dg.Definitions.merge(
-    cleanup_defs,
-    health_defs,
-    statistics_defs,
-    automation_defs,
+    dg.Definitions(jobs=[kill_zombies_job]),  # the cleanup
+    dg.Definitions(  # the queue's health after a cleanup
+        assets=[health.queue_health],
+        asset_checks=[health.no_zombies_left, health.zombies_have_cache_errors],
+        jobs=[health.queue_health_job],
+    ),
+    dg.Definitions(  # the duration statistics
+        assets=[statistics.job_duration_tallies, statistics.job_duration_statistics],
+        jobs=[statistics.duration_statistics_job],
+    ),
+    dg.Definitions(  # the automation that runs them
+        schedules=[kill_zombies_schedule, duration_stats_schedule],
+        sensors=[stale_jobs_sensor, job_types_sensor, cleanup_checks_sensor, pipeline_failure_sensor],
+    ),
     dg.Definitions(resources=resources_from_env()),
 )

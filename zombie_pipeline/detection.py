@@ -225,7 +225,8 @@ def detect(
     detection = Detection(now=now)
     # Whole documents: the few that come back are the snapshot a retry is copied from,
     # in whatever generation the deployment wrote them.
-    for job in jobs.aggregate(stale_pipeline(policy, now, job_types), batchSize=max(policy.batch_size, 101)):
+    # one reply for up to a batch of zombies, the cursor closed with it (a batch exactly full would need a getMore)
+    for job in jobs.aggregate(stale_pipeline(policy, now, job_types), batchSize=max(policy.batch_size + 1, 101)):
         problem = problem_of(job)
         if problem:
             detection.malformed.append(Malformed(job.get(ID), problem))

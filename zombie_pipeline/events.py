@@ -21,6 +21,7 @@ from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
 from zombie_pipeline.documents import ID, Event, EventState, ZombieEvent, utc_now
+from zombie_pipeline.generations import OLDEST_QUEUE_GENERATION
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.store import Store
 
@@ -50,11 +51,24 @@ def lease_end(now: dt.datetime, policy: ZombiePolicy) -> dt.datetime:
     return now + dt.timedelta(seconds=policy.claim_lease_seconds)
 
 
-def take_over_expired(store: Store, run_id: str, now: dt.datetime, policy: ZombiePolicy) -> int:
-    """Make this run the driver of every unfinished event whose lease ran out (its run died)."""
+def take_over_expired(
+    store: Store, run_id: str, now: dt.datetime, policy: ZombiePolicy, default_generation: str = OLDEST_QUEUE_GENERATION
+) -> int:
+    """Make this run the driver of every unfinished event whose lease ran out (its run died).
+
+    An event without a queue generation (written before generations were recorded) gets ``default_generation``.
+    """
     result = store.events.update_many(
         {Event.STATE: {"$ne": EventState.DONE}, Event.LEASE_UNTIL: {"$lt": now}},
-        {"$set": {Event.LEASE_OWNER: run_id, Event.LEASE_UNTIL: lease_end(now, policy)}},
+        [
+            {
+                "$set": {
+                    Event.LEASE_OWNER: run_id,
+                    Event.LEASE_UNTIL: lease_end(now, policy),
+                    Event.QUEUE_GENERATION: {"$ifNull": [f"${Event.QUEUE_GENERATION}", default_generation]},
+                }
+            }
+        ],
     )
     return result.modified_count
 

@@ -40,7 +40,6 @@ from zombie_pipeline.documents import (
 )
 from zombie_pipeline.events import READ_BATCH, StepResult, drain, set_on_events
 from zombie_pipeline.finish_effects import Finished, SideCollections, after_finish
-from zombie_pipeline.generations import QueueGeneration
 from zombie_pipeline.mongo import atomically
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.store import Store
@@ -48,43 +47,50 @@ from zombie_pipeline.store import Store
 _JOB_STATE = {Job.STATUS: 1, Job.FINISHED_AT: 1, Job.STARTED_AT: 1, Job.LAST_HEARTBEAT: 1, Job.TERMINATED_AT: 1}
 
 
-def finish_jobs(store: Store, run_id: str, policy: ZombiePolicy, generation: QueueGeneration, ready: Mapping[str, Any]) -> StepResult:
-    """Finish the jobs of this run's ``ready`` events, a batch at a time."""
+def finish_jobs(
+    store: Store, run_id: str, policy: ZombiePolicy, side: SideCollections, ready: Mapping[str, Any], recovering: bool = False
+) -> StepResult:
+    """Finish the jobs of this run's ``ready`` events, a batch at a time.
+
+    ``recovering``: the events were taken over from a run that died, so some of their jobs may be
+    finished already by it: they are told apart first, and their counters left alone.
+    """
     result = StepResult()
-    side = SideCollections.of(store, generation)
     client = store.jobs.database.client
     for events in drain(store, run_id, ready, policy):
-        outcome = atomically(client, lambda session: _finish_batch(store, run_id, events, side, session), policy.transactions)
+        outcome = atomically(client, lambda session: _finish_batch(store, run_id, events, side, recovering, session), policy.transactions)
         result.merge(outcome)
     return result
 
 
 def _finish_batch(
-    store: Store, run_id: str, events: list[dict[str, Any]], side: SideCollections, session: ClientSession | None
+    store: Store, run_id: str, events: list[dict[str, Any]], side: SideCollections, recovering: bool, session: ClientSession | None
 ) -> StepResult:
     keeps = side.generation.keeps_finished_jobs
     now = utc_now()
-    current = _jobs_of(store, events, session)
-    done_before, to_finish, lost = [], [], []
-    for event in events:
-        job = current.get(event[ID])
-        if keeps and _finished_by_us(job, event, keeps):  # our stamp on the job: an earlier attempt finished it
-            done_before.append(event)
-        elif is_as_seen(job, event[Event.JOB]):
-            to_finish.append(event)
-        else:
-            lost.append(event)
-    if not keeps:  # a job gone beside our error entry: an earlier attempt deleted it
-        gone = [event for event in lost if event[ID] not in current and event.get(Event.CACHE_OUTCOME) == CacheOutcome.WRITTEN]
-        ours = _still_our_entries(store, gone)
-        done_before += [event for event in gone if event[ID] in ours]
-        lost = [event for event in lost if event[ID] not in ours]
-    won = []
+    done_before, to_finish, lost = [], events, []
+    if recovering:
+        current = _jobs_of(store, events, session)
+        done_before = [event for event in events if keeps and _finished_by_us(current.get(event[ID]), event, keeps)]
+        if not keeps:  # a job gone beside our error entry: the dead run deleted it
+            gone = [event for event in events if event[ID] not in current and event.get(Event.CACHE_OUTCOME) == CacheOutcome.WRITTEN]
+            ours = _still_our_entries(store, gone)
+            done_before = [event for event in gone if event[ID] in ours]
+        settled = {event[ID] for event in done_before}
+        to_finish = [event for event in events if event[ID] not in settled and is_as_seen(current.get(event[ID]), event[Event.JOB])]
+        finishing = {event[ID] for event in to_finish}
+        lost = [event for event in events if event[ID] not in settled and event[ID] not in finishing]
+    won: list[dict[str, Any]] = []
     if to_finish:
-        store.jobs.bulk_write([_finish_operation(event, keeps) for event in to_finish], ordered=False, session=session)
+        written = store.jobs.bulk_write([_finish_operation(event, keeps) for event in to_finish], ordered=False, session=session)
         after = _jobs_of(store, to_finish, session)
-        for event in to_finish:
-            (won if _finished_by_us(after.get(event[ID]), event, keeps) else lost).append(event)
+        finished = [event for event in to_finish if _finished_by_us(after.get(event[ID]), event, keeps)]
+        if not keeps and written.deleted_count < len(finished):  # a worker deleted some itself: theirs no longer hold our entry
+            ours = _still_our_entries(store, finished)
+            finished = [event for event in finished if event[ID] in ours]
+        won = finished
+        settled = {event[ID] for event in won}
+        lost += [event for event in to_finish if event[ID] not in settled]
     effects = after_finish(store, side, _finished(won), now, session)
     effects.update(after_finish(store, side, _finished(done_before), now, session, count=False))
     finished = won + done_before
@@ -153,7 +159,11 @@ def _finish_operation(event: Mapping[str, Any], keeps: bool) -> UpdateOne | Dele
 
 
 def _still_our_entries(store: Store, events: list[Mapping[str, Any]]) -> set[Any]:
-    """The events whose error entry is still the one we wrote: nobody finished their job after us."""
+    """The events whose error entry is still the one we wrote: nobody finished their job after us.
+
+    A worker writes its result before it deletes its job, so a job gone beside our entry was deleted by us.
+    """
+    events = [event for event in events if event.get(Event.CACHE_OUTCOME) == CacheOutcome.WRITTEN]
     if not events:
         return set()
     entries = entries_of_jobs(store.cache, [event[Event.JOB] for event in events], {Cache.DETAILS: 1, Cache.ERROR_CODE: 1})

@@ -79,7 +79,7 @@ class SideCollections:
         """From 2023-12 the deployment writes its counters at its first job, creating them: so do we. Before,
         they came and went with releases (a recount in another database, then in step): kept only where they exist."""
         kept = generation.side_collections
-        if generation.keeps_finished_jobs:
+        if generation.keeps_finished_jobs and kept:
             existing = store.queue_collection_names() | ({CACHE_METRICS_COLLECTION} if store.has_cache_metrics() else set())
             kept &= existing
         row = store.job_metrics.find_one({}, {JobMetric.DATASET_STATUS: 1}) if JOB_METRICS_COLLECTION in kept else None

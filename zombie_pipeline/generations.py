@@ -267,7 +267,7 @@ def queue_clues(database: Database, jobs_collection: str) -> list[Clue]:
     clues = []
     fields: set[str] = set()
     for query in ({}, {Job.STATUS: Status.STARTED}):
-        for job in jobs.find(query).sort(ID, -1).limit(_SAMPLE):
+        for job in jobs.find(query).sort(ID, -1).limit(_SAMPLE).batch_size(_SAMPLE):
             fields |= set(job)
     for name, allows in _FIELD_CLUES.items():
         if name in fields:

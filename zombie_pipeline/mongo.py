@@ -162,22 +162,39 @@ class Conflict(Exception):
 
 
 def atomically(client: MongoClient, work: Callable[[ClientSession | None], T], enabled: bool = True, attempts: int = 5) -> T:
-    """``work(session)`` in one transaction where the server has them, else ``work(None)``.
+    """``work(session)`` in one transaction where asked and the server has them, else ``work(None)``.
 
-    ``work`` may run more than once (a write conflict with a worker retries the
-    whole transaction, as does a :class:`Conflict` it raises), so it computes
-    everything from what it reads.
+    A write conflict with a worker (or a :class:`Conflict` the work raises) starts the transaction
+    again, a few times: ``work`` computes everything from what it reads. Anything else, a lost
+    connection above all, is raised at once: the work is recognized as done or not by the next run,
+    and a dead server must not hold a cleanup for minutes.
     """
     if not (enabled and supports_transactions(client)):
         return work(None)
     for attempt in range(attempts):
-        try:
-            with client.start_session() as session:
-                return session.with_transaction(work)
-        except Conflict:
-            if attempt == attempts - 1:
+        with client.start_session() as session:
+            session.start_transaction()
+            try:
+                result = work(session)
+                session.commit_transaction()
+                return result
+            except (Conflict, pymongo.errors.OperationFailure) as error:
+                _abort(session)
+                transient = isinstance(error, Conflict) or error.has_error_label("TransientTransactionError")
+                if not transient or attempt == attempts - 1:
+                    raise
+            except BaseException:
+                _abort(session)
                 raise
     raise AssertionError("unreachable")
+
+
+def _abort(session: ClientSession) -> None:
+    try:
+        if session.in_transaction:
+            session.abort_transaction()
+    except pymongo.errors.PyMongoError:
+        pass  # the server aborts it after its lifetime anyway
 
 
 # --- indexes -------------------------------------------------------------------

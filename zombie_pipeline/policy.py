@@ -58,9 +58,11 @@ class ZombiePolicy(BaseModel):
         "no after: the deployment's backfill re-creates failed jobs).",
     )
     transactions: bool = Field(
-        default=True,
-        description="Finish a batch and keep the deployment's counters in step in one transaction, where the server "
-        "has them (a replica set); off: one write after the other.",
+        default=False,
+        description="Finish a batch and move the deployment's counters in one transaction, where the server has them "
+        "(a replica set): exact counters even across a crash, at the price of holding the counters' documents until "
+        "the commit (up to the server's transaction lifetime if the cleanup is killed meanwhile). Off: one write "
+        "after the other; a crash may leave a counter one off until the deployment's own recount.",
     )
     use_suggested_max_durations: bool = Field(
         default=False, description="Take per-type T2 from the latest statistics suggestions (opt-in)."

@@ -48,9 +48,10 @@ def enqueue_retries(
     """Re-enqueue this run's finalized jobs of ``generation`` below their retry limit, once; close their events."""
     now = now or utc_now()
     result = StepResult()
-    side = SideCollections.of(store, generation)
+    side: SideCollections | None = None
     ready = {**READY, Event.QUEUE_GENERATION: generation.name}
     for events in drain(store, run_id, ready, policy):
+        side = side or SideCollections.of(store, generation)  # read once, and only when there is work
         outcomes = atomically(
             store.jobs.database.client,
             lambda session: _retry_batch(store, run_id, events, policy, side, now, session),

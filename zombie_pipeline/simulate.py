@@ -431,7 +431,7 @@ def simulate(store: Store, workload: Workload = Workload(), now: dt.datetime | N
     markers.insert_one({ID: ObjectId(), "generation": workload.generation, "seed": workload.seed, "at": now})
     generator = _Generator(workload, now, run)
     generation = workload.queue_generation
-    result = Simulation(now=now, generation=generation.name)
+    result = Simulation(now=now, generation=generation.name, insert_commands=1)
     job_batch: list[dict[str, Any]] = []
     latest_entries: dict[tuple, dict[str, Any]] = {}
     past_jobs: list[dict[str, Any]] = []
@@ -484,7 +484,7 @@ def simulate(store: Store, workload: Workload = Workload(), now: dt.datetime | N
         store.cache.insert_many(entries[start : start + INSERT_BATCH_SIZE], ordered=False)
         result.insert_commands += 1
     result.cache_entries = len(entries)
-    _write_side(store, generation, locks, past_jobs)
+    result.insert_commands += _write_side(store, generation, locks, past_jobs)
     result.past_jobs = len(past_jobs)
     return result
 
@@ -497,8 +497,11 @@ def _past_job(job: dict[str, Any], finished_at: dt.datetime, now: dt.datetime) -
     return [{ID: ObjectId(), PastJob.DATASET: job[Job.DATASET], PastJob.DURATION: seconds, PastJob.FINISHED_AT: finished_at}]
 
 
-def _write_side(store: Store, generation: QueueGeneration, locks: list[dict[str, Any]], past_jobs: list[dict[str, Any]]) -> None:
-    """The deployment's collections around the queue: locks, rate limiter, counters, and the indexes it declares."""
+def _write_side(store: Store, generation: QueueGeneration, locks: list[dict[str, Any]], past_jobs: list[dict[str, Any]]) -> int:
+    """The deployment's collections around the queue: locks, rate limiter, counters, and the indexes it declares.
+
+    Returns the insert commands sent."""
+    inserts = 0
     existing = store.queue_collection_names()
     for name in generation.side_collections - existing - {store.cache_metrics.name}:
         store.jobs.database.create_collection(name)
@@ -506,11 +509,14 @@ def _write_side(store: Store, generation: QueueGeneration, locks: list[dict[str,
         store.cache.database.create_collection(store.cache_metrics.name)
     if locks:
         store.locks.insert_many(locks)
+        inserts += 1
     if past_jobs and generation.keeps(store.past_jobs.name):
         store.past_jobs.insert_many(past_jobs)
+        inserts += 1
     if generation.cache_updated_index:
         store.cache.create_index([(Cache.KIND, pymongo.ASCENDING), (Cache.UPDATED_AT, pymongo.ASCENDING), (Cache.DATASET, pymongo.ASCENDING)], name="kind_updated")
     counters.write_recount(store, generation)
+    return inserts
 
 
 def job_document(
