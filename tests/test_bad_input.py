@@ -434,7 +434,7 @@ def _allowed_keys() -> set:
         "$group", "$sort", "$count", "$project", "count", "n", "$db", "lsid", "id", "txnNumber", "$clusterTime", "clusterTime", "signature",
         "hash", "keyId", "getMore", "collection", "listIndexes", "createIndexes", "indexes", "key", "name", "unique",
         "distinct", "query", "readConcern", "writeConcern", "singleBatch", "killCursors", "cursors", "endSessions",
-        "$readPreference", "mode", "comment", "maxTimeMS", "let", "skip", "$sum", "$limit", "$skip", "apiVersion",
+        "$readPreference", "mode", "comment", "maxTimeMS", "let", "skip", "$sum", "$ifNull", "$limit", "$skip", "apiVersion",
         "bypassDocumentValidation", "collation", "arrayFilters", "ping", "listCollections", "nameOnly",
         "hello", "startTransaction", "autocommit", "commitTransaction", "abortTransaction", "recoveryToken",
     }
