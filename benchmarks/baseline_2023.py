@@ -1,7 +1,7 @@
 """The 2023 way of killing zombies, re-implemented for comparison only (never use it).
 
 What datasets-server's queue library and worker loop did in 2023, as the
-project's reference notes describe it (``/work/shared/reference/datasets-server.md``),
+datasets-server reference notes shared with the team describe it,
 written here in our own words with plain pymongo:
 
 1. **Load every started job**, whole documents, through one cursor (the
