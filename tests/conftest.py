@@ -12,6 +12,11 @@ import pytest
 from pymongo import MongoClient
 from pymongo.database import Database
 
+from zombie_pipeline.config import STATISTICS_START_ENV
+
+# The statistics tests materialize fixed days of 2024: their partitions must exist, whatever today is.
+os.environ.setdefault(STATISTICS_START_ENV, "2024-01-01")
+
 from tests.servers import TEST_URL_ENV, fresh_databases, on_real_mongodb, running_server
 from zombie_pipeline.mongo import client_for
 from zombie_pipeline.store import Store

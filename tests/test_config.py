@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
+import pytest
+
 from zombie_pipeline import config
 
 
@@ -31,3 +35,19 @@ def test_reports_go_under_zombie_pipeline_home_when_it_is_set(tmp_path, monkeypa
     assert config.reports_dir() == tmp_path / "reports"
     monkeypatch.delenv(config.HOME_ENV)
     assert config.reports_dir().name == "reports" and config.reports_dir() != tmp_path / "reports"
+
+
+def test_a_statistics_start_that_is_not_a_date_is_refused_naming_the_variable(monkeypatch):
+    monkeypatch.setenv(config.STATISTICS_START_ENV, "last spring")
+    with pytest.raises(ValueError, match=config.STATISTICS_START_ENV):
+        config.statistics_start()
+
+
+def test_without_the_variable_the_statistics_start_follows_today(monkeypatch):
+    monkeypatch.delenv(config.STATISTICS_START_ENV, raising=False)
+    assert config.statistics_start(dt.date(2026, 12, 1)) == dt.date(2026, 10, 6)
+
+
+def test_a_statistics_start_that_is_set_is_taken(monkeypatch):
+    monkeypatch.setenv(config.STATISTICS_START_ENV, "2025-03-01")
+    assert config.statistics_start(dt.date(2026, 12, 1)) == dt.date(2025, 3, 1)

@@ -8,6 +8,7 @@ config either.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from pathlib import Path
 from typing import Mapping
@@ -23,6 +24,9 @@ HOME_ENV = "ZOMBIE_PIPELINE_HOME"
 KILL_CRON_ENV = "ZOMBIE_KILL_CRON"
 WEBHOOK_URL_ENV = "ZOMBIE_FAILURE_WEBHOOK_URL"
 DAGSTER_HOME_ENV = "DAGSTER_HOME"
+#: The first day of the statistics' daily partitions (YYYY-MM-DD); unset: eight weeks back.
+STATISTICS_START_ENV = "ZOMBIE_STATISTICS_START"
+STATISTICS_DAYS_BACK = 56
 
 #: The project directory of a source checkout (editable install), else None.
 _CHECKOUT = Path(__file__).resolve().parent.parent
@@ -75,6 +79,17 @@ def reports_dir() -> Path:
 def kill_cron(environ: Mapping[str, str] | None = None) -> str | None:
     """The cleanup schedule's cron when one is set (validated by the schedule)."""
     return setting(KILL_CRON_ENV, environ)
+
+
+def statistics_start(today: dt.date | None = None) -> dt.date:
+    """The first daily partition: far enough back for a few windows, not a history of empty days."""
+    configured = setting(STATISTICS_START_ENV)
+    if configured:
+        try:
+            return dt.date.fromisoformat(configured)
+        except ValueError:
+            raise ValueError(f"{STATISTICS_START_ENV}={configured!r} is not a date (YYYY-MM-DD)") from None
+    return (today or dt.date.today()) - dt.timedelta(days=STATISTICS_DAYS_BACK)
 
 
 def dagster_home_is_set() -> bool:

@@ -59,13 +59,17 @@ def test_durations_read_in_the_units_of_a_timeout(seconds, text):
     assert format_duration(seconds) == text
 
 
-def test_the_markdown_table_has_a_row_per_type_with_current_and_suggested_t2(report):
+def test_the_markdown_tables_have_a_row_per_type_with_runs_then_current_and_suggested_t2(report):
     table = markdown_table(report)
     rows = [line for line in table.splitlines() if line.startswith("| `")]
+    headers = [line for line in table.splitlines() if line.startswith("| type")]
 
+    assert len(headers) == 2 and len(rows) == 2 * len(report.types)  # the runs, then the maximum durations
+    runs, rows = rows[: len(report.types)], rows[len(report.types) :]
     assert [row.split(" | ")[0] for row in rows] == ["| `/fast`", "| `/gone`", "| `/rare\\|odd`", "| `/slow`"]
-    header = next(line for line in table.splitlines() if line.startswith("| type"))
-    assert all(row.count(" | ") == header.count(" | ") for row in rows)  # the pipe in a type name is escaped
+    assert all(row.count(" | ") == headers[0].count(" | ") for row in runs)  # the pipe in a type name is escaped
+    assert all(row.count(" | ") == headers[1].count(" | ") for row in rows)
+    assert all(len(header.split(" | ")) <= 12 for header in headers)  # narrow enough for the UI's dialog
     fast = rows[0]
     assert "20 min" in fast and "**5 min** (lower)" in fast and "kills 0/400 successes" in fast
     assert "lower bound" in rows[3]

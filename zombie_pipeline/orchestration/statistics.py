@@ -23,6 +23,7 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
+from zombie_pipeline import config
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
 from zombie_pipeline.orchestration.tags import PIPELINE_TAG, STATISTICS_GROUP
 from zombie_pipeline.policy import SuggestionRules
@@ -35,7 +36,7 @@ from zombie_pipeline.statistics.history import read_history
 from zombie_pipeline.statistics.tallies import READ_BATCH_SIZE, Period, combine, count_undated_jobs
 
 GROUP = STATISTICS_GROUP
-PARTITIONS_START = "2024-01-01"
+PARTITIONS_START = config.statistics_start().isoformat()
 MAX_WINDOW_DAYS = 28
 SUGGESTED_T2_METADATA_PREFIX = "suggested_t2_seconds/"
 DAILY_PARTITIONS = dg.DailyPartitionsDefinition(start_date=PARTITIONS_START)

@@ -56,14 +56,19 @@ def _share(value: float | None) -> str:
 
 
 def _window(report: DurationReport) -> str:
-    return f"{report.window_start:%Y-%m-%d %H:%M} – {report.window_end:%Y-%m-%d %H:%M} UTC"
+    """The window, and how much of it the figures cover when days are missing."""
+    window = f"{report.window_start:%Y-%m-%d %H:%M} – {report.window_end:%Y-%m-%d %H:%M} UTC"
+    if report.missing_days:
+        days = max(round((report.window_end - report.window_start).total_seconds() / 86_400), 1)
+        window += f" (only {days - len(report.missing_days)} of its {days} days computed)"
+    return window
 
 
 def _interval(entry: TypeReport) -> str:
     if entry.quantile_seconds is None:
         return "–"
-    low = format_duration(entry.quantile_low_seconds) if entry.quantile_low_seconds is not None else "?"
-    high = format_duration(entry.quantile_high_seconds) if entry.quantile_high_seconds is not None else "beyond data"
+    low = format_duration(entry.quantile_low_seconds) if entry.quantile_low_seconds is not None else "no lower bound yet"
+    high = format_duration(entry.quantile_high_seconds) if entry.quantile_high_seconds is not None else "no upper bound yet: too few runs"
     return f"{format_duration(entry.quantile_seconds)} [{low}, {high}]"
 
 
@@ -86,46 +91,61 @@ def _cell(text: str) -> str:
 
 
 def markdown_table(report: DurationReport) -> str:
-    """One row per job type: counts, percentiles, current and suggested T2, interval, backtest, flags."""
+    """Two tables of a row per job type, narrow enough for a dialog: the runs, then the maximum duration (T2)."""
     q = percentile_name(report.rules.quantile)
-    header = [
-        "type", "success", "error", "cancelled", "skipped", "zombies (crashed / never beat / too long)",
-        "zombie rate", "mean", "p50", "p90", "p95", "p99", "max", "current T2", "suggested T2",
-        f"{q} [{report.rules.confidence:.0%} CI]", "stopped at T2", "backtest", "flags",
-    ]
-    lines = [
-        f"**Job durations {_window(report)}** — suggested T2 = {q} × {report.rules.margin:g}, rounded up, "
-        f"at least the heartbeat timeout ({format_duration(report.heartbeat_timeout_seconds)}); "
-        f"at least {report.rules.min_samples} successful jobs needed.",
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
-    ]
+    statuses = [status for status in (Status.SUCCESS, Status.ERROR, Status.CANCELLED, Status.SKIPPED)
+                if status in (Status.SUCCESS, Status.ERROR) or any(entry.statuses.get(status) for entry in report.types)]
+    runs_header = ["type", *statuses, "zombies (crashed / never beat / SIGTERM / too long)", "zombie rate", "p50", "p90", "p99", "max"]
+    t2_header = ["type", "current T2", "suggested T2", f"{q} [{report.rules.confidence:.0%} CI]", "stopped at T2", "backtest", "flags"]
+    runs_rows, t2_rows = [], []
     for entry in report.types:
         stats = entry.statistics
-        zombies = " / ".join(str(entry.zombies.get(reason, 0)) for reason in REASONS)
+        name = f"`{entry.job_type}`"
         suggested = format_duration(entry.suggested_t2_seconds)
         if entry.enough_data and entry.change != "keep":
             suggested = f"**{suggested}** ({entry.change})"
-        row = [
-            f"`{entry.job_type}`",
-            str(entry.statuses.get(Status.SUCCESS, 0)),
-            str(entry.statuses.get(Status.ERROR, 0)),
-            str(entry.statuses.get(Status.CANCELLED, 0)),
-            str(entry.statuses.get(Status.SKIPPED, 0)),
-            zombies,
-            _share(entry.zombie_rate),
-            *(format_duration(stats[name]) for name in ("mean", "p50", "p90", "p95", "p99", "max")),
-            format_duration(entry.current_t2_seconds),
-            suggested,
-            _interval(entry),
-            f"{entry.stopped} ({_share(entry.stopped_share)})" if entry.stopped else "0",
-            _backtest(entry),
-            "; ".join(entry.flags) or "–",
-        ]
-        lines.append("| " + " | ".join(_cell(value) for value in row) + " |")
-    lines += ["", _data_notes(report)]
+        runs_rows.append(
+            [
+                name,
+                *(str(entry.statuses.get(status, 0)) for status in statuses),
+                " / ".join(str(entry.zombies.get(reason, 0)) for reason in REASONS),
+                _share(entry.zombie_rate),
+                *(format_duration(stats[name]) for name in ("p50", "p90", "p99", "max")),
+            ]
+        )
+        t2_rows.append(
+            [
+                name,
+                format_duration(entry.current_t2_seconds),
+                suggested,
+                _interval(entry),
+                f"{entry.stopped} ({_share(entry.stopped_share)})" if entry.stopped else "0",
+                _backtest(entry),
+                "; ".join(entry.flags) or "–",
+            ]
+        )
+    lines = [
+        f"**Job durations {_window(report)}**",
+        "",
+        *_table(runs_header, runs_rows),
+        "",
+        f"**Maximum duration (T2)**: suggested = {q} × {report.rules.margin:g}, rounded up, at least the heartbeat "
+        f"timeout ({format_duration(report.heartbeat_timeout_seconds)}); at least {report.rules.min_samples} successful "
+        "runs needed.",
+        "",
+        *_table(t2_header, t2_rows),
+        "",
+        _data_notes(report),
+    ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(_cell(value) for value in row) + " |" for row in rows),
+    ]
 
 
 def _read_what(report: DurationReport) -> str:
@@ -162,7 +182,10 @@ def policy_snippet(report: DurationReport) -> str:
 def summary_text(report: DurationReport, files: ReportFiles | None = None) -> str:
     """A few plain lines per type, for a terminal: what to change and how sure we are."""
     q = percentile_name(report.rules.quantile)
-    lines = [f"Job durations, {_window(report)}: {report.jobs_read} {_read_what(report)}, {report.events_read} zombies audited"]
+    lines = [
+        f"Job durations, {_window(report)}: {report.jobs_read} {_read_what(report)}, {report.events_read} zombies "
+        "finalized in the window (the ones of the day running count in tomorrow's)"
+    ]
     for entry in report.types:
         counts = ", ".join(f"{count} {status}" for status, count in sorted(entry.statuses.items()) if count) or "no jobs"
         lines.append(f"{entry.job_type}: {counts}; zombie rate {_share(entry.zombie_rate)}")
@@ -235,10 +258,10 @@ def report_json(report: DurationReport) -> dict[str, Any]:
 
 
 def write_reports(report: DurationReport, directory: Path | str | None = None) -> ReportFiles:
-    """Write Markdown, CSV, JSON and the chart, named after the window's end; return their paths."""
+    """Write Markdown, CSV, JSON and the chart, named after the window (start and end); return their paths."""
     directory = Path(directory) if directory is not None else config.reports_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    stem = f"durations_{report.window_end:%Y-%m-%dT%H%M}"
+    stem = f"durations_{_stamp(report.window_start)}_{_stamp(report.window_end)}"
     files = ReportFiles(
         csv=directory / f"{stem}.csv",
         json=directory / f"{stem}.json",
@@ -250,6 +273,10 @@ def write_reports(report: DurationReport, directory: Path | str | None = None) -
     files.markdown.write_text(markdown_table(report) + "\n```yaml\n" + policy_snippet(report) + "```\n")
     plot_durations(report, files.chart)
     return files
+
+
+def _stamp(moment) -> str:
+    return f"{moment:%Y-%m-%d}" if (moment.hour, moment.minute) == (0, 0) else f"{moment:%Y-%m-%dT%H%M}"
 
 
 def plot_durations(report: DurationReport, path: Path | str) -> Path:
