@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from tests.e2e.harness import descendants, wait_for
+from tests.servers import pid_alive
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The code location's name, in the code server's command and in deploy/workspace.yaml.
@@ -80,15 +81,6 @@ class ProcessTree:
 
     def log_tail(self, characters: int = 4_000) -> str:
         return self.log_path.read_text(errors="replace")[-characters:] if self.log_path.exists() else ""
-
-
-def pid_alive(pid: int) -> bool:
-    """True while the process exists and has not exited (a zombie waiting for its parent has)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _signal(pid: int, signum: int) -> None:
