@@ -32,7 +32,8 @@ from pymongo.cursor import Cursor
 from benchmarks.cleanup_bench import CleanupSettings, _row, run_contenders
 from benchmarks.data import QUEUE_GENERATION, History, Snapshot, add_finished_history, history_for
 from benchmarks.harness import CommandCounter, ServerHandle, drop_if_exists, explain_aggregate, explain_command, explain_find, measure, median
-from zombie_pipeline.detection import detect, on_index, stale_filter, stale_pipeline
+from zombie_pipeline.detection import detect, stale_filter, stale_pipeline
+from zombie_pipeline.mongo import on_index
 from zombie_pipeline.documents import FINISHED_STATUSES, ID, Cache, Job, Status, cache_key_of_job
 from zombie_pipeline.generations import NEWEST_CACHE_GENERATION
 from zombie_pipeline.policy import ZombiePolicy

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 import dataclasses
 from dataclasses import dataclass
 import datetime as dt
@@ -12,12 +13,10 @@ import dagster as dg
 import numpy as np
 from pymongo import MongoClient, monitoring
 
-from zombie_pipeline import cleanup, retries, simulate
+from zombie_pipeline import cleanup, simulate
 from zombie_pipeline.detection import Candidate
 from zombie_pipeline.documents import ID, Event, EventState, utc_now
 from zombie_pipeline.events import StepResult
-from zombie_pipeline.finish import finish_jobs
-from zombie_pipeline.finish_effects import SideCollections
 from zombie_pipeline.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase
@@ -87,33 +86,18 @@ def report_suggesting(by_type: dict[str, int], end: dt.datetime = dt.datetime(20
 
 
 # --- the cleanup's steps one at a time, as a run that dies between them leaves its work ----------------------
-# In :data:`QUEUE_GENERATION` a job is set to error first, then its cache error is written (``cleanup.finalize``
-# does both), then the retry is enqueued (``cleanup.retry``).
 
 
 def claim(store: Store, candidates: list[Candidate], policy: ZombiePolicy, run_id: str) -> StepResult:
     return cleanup.claim(store, candidates, policy, run_id, utc_now(), QUEUE_GENERATIONS[QUEUE_GENERATION])
 
 
-def finish(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
-    """The claimed jobs set to error by compare-and-set, and nothing more."""
-    claimed = {Event.STATE: EventState.CLAIMED, Event.QUEUE_GENERATION: QUEUE_GENERATION}
-    return finish_jobs(store, run_id, policy, SideCollections.of(store, QUEUE_GENERATIONS[QUEUE_GENERATION]), claimed)
+def finalize(store: Store, run_id: str, policy: ZombiePolicy, recovering: bool = False) -> StepResult:
+    """The claimed jobs finished, their cache errors written, their retries enqueued, their events completed.
 
-
-def write_cache_errors(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
-    """The cache errors of the jobs already set to error."""
-    finalized = {Event.STATE: EventState.FINALIZED, Event.QUEUE_GENERATION: QUEUE_GENERATION}
-    return cleanup.write_cache_errors(store, run_id, policy, SideCollections.of(store, QUEUE_GENERATIONS[QUEUE_GENERATION]), finalized)
-
-
-def enqueue_retries(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
-    return retries.enqueue_retries(store, run_id, policy, QUEUE_GENERATIONS[QUEUE_GENERATION])
-
-
-def complete(store: Store, run_id: str, policy: ZombiePolicy) -> StepResult:
-    """Every event this run owns driven to done: finished, cache errors, retries."""
-    return cleanup.finalize(store, run_id, policy).merge(cleanup.retry(store, run_id, policy))
+    In :data:`QUEUE_GENERATION` a batch costs four writes: the jobs, the cache entries, the retries, the events.
+    """
+    return cleanup.finalize(store, run_id, policy, QUEUE_GENERATIONS[QUEUE_GENERATION], recovering)
 
 
 # --- the commands a client sends ----------------------------------------------------------------------------
@@ -126,18 +110,27 @@ HANDSHAKES = frozenset({"hello", "ismaster", "isMaster", "ping", "saslStart", "s
 class CommandLog(monitoring.CommandListener):
     """Every command a client sends while it listens, but the ``ignored`` ones."""
 
+    WRITES = {"insert", "update", "delete"}
+
     def __init__(self, ignored: frozenset[str] = frozenset()) -> None:
         self.ignored = ignored
         self.commands: list[dict[str, Any]] = []
         self.names: list[str] = []
+        self.written: Counter = Counter()  # collection -> documents the server says were written
+        self._targets: dict[int, str] = {}
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if event.command_name not in self.ignored:
             self.names.append(event.command_name)
             self.commands.append(dict(event.command))
+        if event.command_name in self.WRITES:
+            self._targets[event.request_id] = event.command[event.command_name]
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
+        collection = self._targets.pop(event.request_id, None)
+        if collection is not None:
+            reply = event.reply
+            self.written[collection] += reply.get("nModified", reply.get("n", 0)) + len(reply.get("upserted", []))
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         pass

@@ -1,7 +1,8 @@
 """The cache entries of a batch of jobs: found by their full key, by indexed queries."""
 
-from tests.helpers import job_document, logged_store
+from tests.helpers import HANDSHAKES, job_document, logged_store
 from zombie_pipeline.cache_entries import entries_of_jobs, key_of
+from zombie_pipeline.detection import query_plan_of
 from zombie_pipeline.documents import Cache, cache_key_of_job, utc_now
 from zombie_pipeline.simulate import cache_document
 
@@ -20,11 +21,31 @@ def test_each_job_gets_the_entry_of_its_own_full_key_only(store):
     assert all(Cache.CONTENT not in entry for entry in found.values())
 
 
-def test_one_query_per_job_type_with_the_type_only_as_a_value(store, mongo_url):
-    jobs = [job_document(job_type, f"u/d-{i}") for i in range(30) for job_type in ("/a", "$where", "/c")]
+def test_one_read_for_a_batch_whatever_its_job_types_with_types_only_as_values(store, mongo_url):
+    jobs = [job_document(job_type, f"u/d-{i}") for i in range(30) for job_type in ("/a", "$where", "/c", "/d", "/e")]
     store.cache.insert_many([cache_document(job, utc_now()) for job in jobs])
     with logged_store(mongo_url, store) as (logged, log):
         found = entries_of_jobs(logged.cache, jobs, {Cache.UPDATED_AT: 1})
 
-    assert len(found) == 90
-    assert sorted(query["filter"][Cache.KIND] for query in log.named("find")) == ["$where", "/a", "/c"]
+    assert len(found) == 150
+    [read] = log.named("aggregate")
+    assert [name for name in log.names if name not in HANDSHAKES] == ["aggregate"]  # one command, however many types
+    datasets, kinds = read["pipeline"][0]["$match"], read["pipeline"][1]["$match"]
+    assert datasets == {Cache.DATASET: {"$in": sorted({f"u/d-{i}" for i in range(30)})}}  # the index's first field first
+    assert kinds == {Cache.KIND: {"$in": ["$where", "/a", "/c", "/d", "/e"]}}  # a type name is only ever a value
+
+
+def test_the_read_of_a_batch_is_planned_on_the_deployments_dataset_index(store):
+    store.ensure_indexes()
+    jobs = [job_document(job_type, f"u/d-{i}") for i in range(20) for job_type in ("/a", "/b")]
+    store.cache.insert_many([cache_document(job, utc_now()) for job in jobs] + [
+        cache_document(job_document("/a", f"other/d-{i}"), utc_now()) for i in range(200)
+    ])
+    keys = [key_of(cache_key_of_job(job)) for job in jobs]
+    pipeline = [{"$match": {Cache.DATASET: {"$in": sorted({key[1] for key in keys})}}}, {"$match": {Cache.KIND: {"$in": ["/a", "/b"]}}}]
+
+    explained = store.cache.database.command("explain", {"aggregate": store.cache.name, "pipeline": pipeline, "cursor": {}}, verbosity="executionStats")
+
+    plan = query_plan_of(explained)
+    assert "IXSCAN" in str(plan["queryPlanner"]["winningPlan"])  # never a collection scan
+    assert plan["executionStats"]["totalDocsExamined"] <= 40 + 1  # the batch's entries, not the 200 others

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests import helpers
-from tests.helpers import ago, claim, complete, crashed_job, documents, job_document, logged_store, workload
+from tests.helpers import Crash, ago, claim, crashed_job, crashing, documents, job_document, logged_store, workload
 from zombie_pipeline import cache_errors, events
 from zombie_pipeline.cleanup import BrakeEngaged, run_cleanup
 from zombie_pipeline.detection import detect
@@ -128,7 +128,7 @@ def test_a_job_that_heartbeats_between_detection_and_finalization_is_not_finaliz
     store.jobs.update_one({ID: job[ID]}, {"$set": {Job.LAST_HEARTBEAT: utc_now()}})  # the worker is alive
 
     claim(store, detection.candidates, POLICY, "run-1")
-    result = complete(store, "run-1", POLICY)
+    result = helpers.finalize(store, "run-1", POLICY)
 
     assert result.counts["lost_to_live_worker"] == 1 and result.counts["finalized"] == 0
     assert store.jobs.find_one({ID: job[ID]})[Job.STATUS] == Status.STARTED
@@ -146,7 +146,7 @@ def test_a_job_that_finishes_between_detection_and_finalization_keeps_its_result
     entry_before = store.cache.find_one()
 
     claim(store, detection.candidates, POLICY, "run-1")
-    complete(store, "run-1", POLICY)
+    helpers.finalize(store, "run-1", POLICY)
 
     assert store.jobs.find_one({ID: job[ID]})[Job.STATUS] == Status.SUCCESS
     assert store.cache.find_one() == entry_before
@@ -224,17 +224,24 @@ def _assert_failed_runs_incremented_once(store: Store, zombie_ids) -> None:
 # --- crashes -------------------------------------------------------------------------
 
 
-def test_a_crash_between_job_updates_and_cache_writes_is_completed_by_the_next_run(store):
-    simulation = simulate(store, SMALL)
+def crash_after(store: Store, writes: int) -> None:
+    """A cleanup that claims the zombies, then dies after ``writes`` writes of its pass (jobs, cache, retries, events)."""
     detection = detect(store.jobs, POLICY, utc_now())
     claim(store, detection.candidates, POLICY, "crashed-run")
-    helpers.finish(store, "crashed-run", POLICY)  # ... and the process dies here
-    assert store.events.count_documents({Event.STATE: EventState.FINALIZED}) == 20
+    with pytest.raises(Crash):
+        helpers.finalize(crashing(store, writes), "crashed-run", POLICY)
+    assert store.events.count_documents({Event.STATE: EventState.CLAIMED}) == 20  # no event was completed
+
+
+def test_a_crash_between_job_updates_and_cache_writes_is_completed_by_the_next_run(store):
+    simulation = simulate(store, SMALL)
+    crash_after(store, 1)
+    assert store.jobs.count_documents({ID: {"$in": simulation.zombie_ids}, Job.STATUS: Status.ERROR}) == 20
 
     report = run_cleanup(store, POLICY, "next-run")
 
     assert report.reconciled.counts["taken_over"] == 20
-    assert report.reconciled.counts["cache_written"] == 20
+    assert report.reconciled.counts["finalized"] == 20 and report.reconciled.counts["cache_written"] == 20
     assert report.counts["finalized"] == 0  # nothing new: the zombies were the crashed run's
     assert store.events.count_documents({Event.STATE: EventState.DONE}) == 20
     _assert_failed_runs_incremented_once(store, simulation.zombie_ids)
@@ -242,34 +249,25 @@ def test_a_crash_between_job_updates_and_cache_writes_is_completed_by_the_next_r
 
 def test_a_crash_after_the_cache_writes_does_not_count_a_failed_run_twice(store):
     simulation = simulate(store, SMALL)
-    detection = detect(store.jobs, POLICY, utc_now())
-    claim(store, detection.candidates, POLICY, "crashed-run")
-    helpers.finish(store, "crashed-run", POLICY)
-    helpers.write_cache_errors(store, "crashed-run", POLICY)
-    # the process dies before recording the outcomes: forget them, as if never written
-    store.events.update_many({}, {"$unset": {Event.CACHE_OUTCOME: "", Event.FAILED_RUNS: ""}})
+    crash_after(store, 2)
 
     report = run_cleanup(store, POLICY, "next-run")
 
-    assert report.reconciled.counts["cache_written"] == 20
+    assert report.reconciled.counts["cache_written"] == 20  # recognized as ours, not written again
     _assert_failed_runs_incremented_once(store, simulation.zombie_ids)
     retries = store.jobs.count_documents({Job.STATUS: Status.WAITING, Job.UNICITY_ID: {"$regex": "live-"}})
     assert retries == report.reconciled.counts["retry_enqueued"]
 
 
-def test_a_crash_after_some_retries_were_enqueued_enqueues_none_twice(store):
+def test_a_crash_after_the_retries_were_enqueued_enqueues_none_twice(store):
     simulate(store, SMALL)
-    detection = detect(store.jobs, POLICY, utc_now())
-    claim(store, detection.candidates, POLICY, "crashed-run")
-    helpers.finish(store, "crashed-run", POLICY)
-    helpers.write_cache_errors(store, "crashed-run", POLICY)
-    helpers.enqueue_retries(store, "crashed-run", POLICY)
-    store.events.update_many({}, {"$set": {Event.STATE: EventState.FINALIZED}, "$unset": {Event.RETRY_OUTCOME: ""}})
+    crash_after(store, 3)
     waiting_before = store.jobs.count_documents({Job.STATUS: Status.WAITING})
 
-    run_cleanup(store, POLICY, "next-run")
+    report = run_cleanup(store, POLICY, "next-run")
 
     assert store.jobs.count_documents({Job.STATUS: Status.WAITING}) == waiting_before
+    assert report.reconciled.counts["retry_enqueued"] > 0  # recognized, with the outcome they had
 
 
 def test_a_running_cleanup_keeps_its_events_until_its_lease_expires(store):
@@ -361,11 +359,13 @@ def test_no_retry_when_the_same_unicity_id_is_already_waiting(store):
 
 @pytest.mark.parametrize("batch_size", [25, 120])
 def test_database_commands_grow_with_zombies_over_batch_size(store, mongo_url, batch_size):
-    """Bound: 16 fixed commands + 15 per batch of zombies of one type.
+    """Bound: 15 fixed commands + 10 per batch of zombies, whatever their job types.
 
     Fixed: telling the queue's generation 5 (two samples of jobs, the statuses, the indexes, the
-    collections), detection 4, the take-over 1, the steps' last empty reads. Per batch: claim 1,
-    finalize 4, cache 5 (one of them per job type in the batch), retries 4, +1 slack.
+    collections), the take-over 1, detection 4 or 5, the cache's generation 1, the last empty read 1,
+    the client's goodbye. Per batch: the claim 1, then one pass: the batch's events 1, the jobs 2
+    (compare-and-set, read-back), the cache 3 (one read of the batch's entries, the writes, read-back),
+    the retries 2, the events' completion 1.
     """
     zombies = 120
     store.jobs.insert_many([crashed_job(f"user/z-{i}") for i in range(zombies)])
@@ -373,8 +373,22 @@ def test_database_commands_grow_with_zombies_over_batch_size(store, mongo_url, b
         report = run_cleanup(counted, ZombiePolicy(batch_size=batch_size, claim_lease_seconds=0), "counted", override_brake=True)
     assert report.counts["finalized"] == zombies
     batches = math.ceil(zombies / batch_size)
-    assert len(log.names) <= 16 + 15 * batches, " ".join(log.names)
+    assert len(log.names) <= 15 + 10 * batches, " ".join(log.names)
     assert len(log.names) < zombies  # never one command per zombie
+
+
+def test_a_zombie_costs_its_claim_its_job_its_cache_entry_one_completion_and_its_retry(store, mongo_url):
+    simulate(store, SMALL)
+    with logged_store(mongo_url, store) as (counted, log):
+        report = run_cleanup(counted, POLICY, "counted")
+    zombies, retries = report.counts["finalized"], report.counts["retry_enqueued"]
+
+    assert zombies == 20 and retries > 0
+    assert log.written == {
+        store.events.name: 2 * zombies,  # the claim, then one completion with every outcome
+        store.jobs.name: zombies + retries,  # each job finished once, each retry inserted once
+        store.cache.name: zombies,
+    }
 
 
 def test_a_long_step_renews_its_leases_so_no_reconcile_takes_its_work_over(store):

@@ -72,7 +72,7 @@ CACHES = {
 
 # --- strategies ---------------------------------------------------------------------------------
 
-budgets = st.one_of(st.none(), st.integers(min_value=0, max_value=3))
+budgets = st.one_of(st.none(), st.integers(min_value=0, max_value=4))  # a pass writes jobs, cache, retries, events
 runs = st.sampled_from(RUNS)
 actions = st.one_of(
     st.tuples(st.just("claim"), runs, budgets),  # twice: most sequences should claim early
@@ -80,8 +80,7 @@ actions = st.one_of(
     st.tuples(st.just("complete"), st.integers(0, 4), st.booleans()),
     st.tuples(st.just("claim"), runs, budgets),
     st.tuples(st.just("finalize"), runs, budgets),
-    st.tuples(st.just("cache_errors"), runs, budgets),
-    st.tuples(st.just("retries"), runs, budgets),
+    st.tuples(st.just("finalize"), runs, budgets),
     st.tuples(st.just("reconcile"), runs, budgets),
 )
 #: each job: its kind, its cache entry, and whether it shares the previous job's unicity_id (a queue whose
@@ -192,11 +191,7 @@ def act(world: World, action: tuple) -> None:
             detection = cleanup.find_zombies(steps, POLICY, utc_now(), override_brake=True)
             helpers.claim(steps, detection.candidates, POLICY, run_id)
         elif name == "finalize":
-            helpers.finish(steps, run_id, POLICY)
-        elif name == "cache_errors":
-            helpers.write_cache_errors(steps, run_id, POLICY)
-        elif name == "retries":
-            helpers.enqueue_retries(steps, run_id, POLICY)
+            helpers.finalize(steps, run_id, POLICY)
         elif name == "reconcile":
             cleanup.reconcile(steps, run_id, POLICY, now=utc_now() + dt.timedelta(seconds=1))
     except Crash:

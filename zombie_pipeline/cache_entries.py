@@ -1,4 +1,4 @@
-"""Finding the cache entries of a batch of jobs, in a few indexed queries."""
+"""Finding the cache entries of a batch of jobs, in one indexed read."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 
 from zombie_pipeline.documents import CACHE_KEY, Cache, cache_key_of_job
+from zombie_pipeline.mongo import on_index
 
 _READ_BATCH = 10_000  # the entries of a batch come back in one reply
 
@@ -23,22 +24,23 @@ def entries_of_jobs(
     projection: Mapping[str, Any],
     session: ClientSession | None = None,
 ) -> dict[tuple, dict[str, Any]]:
-    """The current entry of each job that has one, by key: one query per job type.
+    """The current entry of each job that has one, by key: one read for the batch, whatever its job types.
 
-    ``kind`` by equality keeps every query on the key index, also on servers whose
-    planner scans the collection for an ``$in`` on the first field of an index.
+    The datasets first, then the kinds (``mongo.on_index``): MongoDB plans the two as one range of the
+    deployment's ``(dataset, kind, http_status)`` index; the embedded server reads the datasets' entries
+    on that index and filters them (a single ``$in`` on both makes it scan the cache: docs/benchmarks.md).
     Type names are only ever values.
     """
     if any(projection.values()):  # fields named to be returned: the key must come back too
         projection = {**projection, **{name: 1 for name in CACHE_KEY}}
     keys = {key_of(cache_key_of_job(job)) for job in jobs}
-    datasets_by_kind: dict[str, set[str]] = {}
-    for kind, dataset, _, _ in keys:
-        datasets_by_kind.setdefault(kind, set()).add(dataset)
+    if not keys:
+        return {}
+    datasets = sorted({dataset for _, dataset, _, _ in keys})
+    kinds = sorted({kind for kind, _, _, _ in keys})
+    pipeline = on_index({Cache.DATASET: {"$in": datasets}}, {Cache.KIND: {"$in": kinds}}, {"$project": dict(projection)})
     found: dict[tuple, dict[str, Any]] = {}
-    for kind, datasets in sorted(datasets_by_kind.items()):
-        query = {Cache.KIND: kind, Cache.DATASET: {"$in": sorted(datasets)}}
-        for entry in cache.find(query, dict(projection), session=session).batch_size(_READ_BATCH):
-            if key_of(entry) in keys:
-                found[key_of(entry)] = entry
+    for entry in cache.aggregate(pipeline, session=session, batchSize=_READ_BATCH):
+        if key_of(entry) in keys:
+            found[key_of(entry)] = entry
     return found

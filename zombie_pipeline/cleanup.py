@@ -1,14 +1,13 @@
 """Finalizing zombies exactly once, never over a live worker, as the queue's generation finishes a job.
 
-The audit collection is also the write-ahead log of a cleanup (:mod:`events`).
-Each step moves events forward and is safe to repeat, so a run that dies
-anywhere leaves work that the next run's reconcile completes:
+The audit collection is also the write-ahead log of a cleanup (:mod:`events`):
 
 1. **claim**: insert one event per candidate, ``_id`` = the job's ``_id``, with
    the job as detection saw it and the queue generation it is finalized in.
    The unique ``_id`` makes the claim exclusive: of two concurrent cleanups,
    one insert fails and that cleanup leaves the job alone.
-2. **finalize**, in the order the generation finishes a job:
+2. **finalize**, a batch of claims at a time, in the order the generation
+   finishes a job:
 
    - jobs kept (before 2023-12): the job is set to ``error`` by compare-and-set
      (:mod:`finish`), then its cache error entry is written (:mod:`cache_errors`);
@@ -18,13 +17,17 @@ anywhere leaves work that the next run's reconcile completes:
      proof that the claim won.
 
    Around the finish, what the deployment does (:mod:`finish_effects`):
-   counters, ``pastJobs`` and blockages, locks released.
-3. **retries** (:mod:`retries`): re-enqueue below the limit where the generation
-   wants it, with an ``_id`` chosen at claim time.
-4. **done**.
+   counters, ``pastJobs`` and blockages, locks released. Then the retries where
+   the generation wants them (:mod:`retries`), and each event is completed once,
+   with every outcome: a zombie costs its claim, its job, its cache entry and
+   that one completion (and its retry).
+3. A pass that dies leaves its events claimed: the next run's **reconcile**
+   takes them over and redoes the pass, which recognizes what was done (our
+   stamp on a kept job, our entry beside a deleted one, the retry's ``_id``
+   chosen at claim time) and never does it twice.
 
-Every step works in batches of ``policy.batch_size``: the database commands of
-a cleanup grow with zombies / batch size, not with zombies.
+Every part works on a batch of ``policy.batch_size``: the database commands of
+a cleanup grow with zombies / batch size, not with zombies, nor with job types.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from bson import ObjectId
+from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
 from zombie_pipeline.cache_errors import detect_cache_generation, write_batch
 from zombie_pipeline.detection import Candidate, Detection, brake_for, detect, find_malformed_started
-from zombie_pipeline.documents import REASONS, Event, EventState, utc_now
+from zombie_pipeline.documents import ID, REASONS, Event, EventState, Job, ZombieEvent, as_utc, job_row, utc_now
 from zombie_pipeline.events import (
     StepResult,
     batched,
@@ -49,9 +53,9 @@ from zombie_pipeline.events import (
     set_on_events,
     take_over_expired,
 )
-from zombie_pipeline.finish import finalized_row, finish_jobs, forget_changed
+from zombie_pipeline.finish import Outcome, finish, sort_claims
 from zombie_pipeline.finish_effects import SideCollections
-from zombie_pipeline.generations import QUEUE_GENERATIONS, QueueGeneration, QueueVerdict, detect_queue_generation
+from zombie_pipeline.generations import QUEUE_GENERATIONS, CacheGeneration, QueueGeneration, QueueVerdict, detect_queue_generation
 from zombie_pipeline.mongo import atomically
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.retries import enqueue_retries
@@ -122,52 +126,99 @@ def _event_of(
 # --- finalize -------------------------------------------------------------------------
 
 
-def write_cache_errors(store: Store, run_id: str, policy: ZombiePolicy, side: SideCollections, ready: Mapping[str, Any]) -> StepResult:
-    """Write the error entry of this run's ``ready`` events, unless a fresher one is there."""
-    generation = detect_cache_generation(store, policy, side.generation)
-    cache_metrics = side.cache_metrics
-    result = StepResult()
-    result.counts[f"cache_generation:{generation.name}"] = 1
-    client = store.cache.database.client
-    for events in drain(store, run_id, {**ready, Event.CACHE_OUTCOME: {"$exists": False}}, policy):
-        outcomes = atomically(
-            client, lambda session: write_batch(store, events, generation, policy, cache_metrics, session), policy.transactions
-        )
-        set_on_events(store, run_id, outcomes)
-        result.counts.update(f"cache_{outcome[Event.CACHE_OUTCOME]}" for outcome in outcomes.values())
-    return result
-
-
-def finalize(store: Store, run_id: str, policy: ZombiePolicy, generation: QueueGeneration | None = None, recovering: bool = False) -> StepResult:
-    """Drive this run's claimed events to finalized, in the order their generation finishes a job.
+def finalize(
+    store: Store, run_id: str, policy: ZombiePolicy, generation: QueueGeneration | None = None, recovering: bool = False
+) -> StepResult:
+    """Drive this run's claimed events to done, a batch at a time, as their generation finishes a job.
 
     ``generation``: the one this run claimed in; else every generation its events (taken over from
     crashed runs: ``recovering``) carry.
     """
     result = StepResult()
-    for queue in [generation] if generation else _generations_of(store, run_id, {Event.STATE: {"$ne": EventState.DONE}}):
+    for queue in [generation] if generation else _generations_of(store, run_id):
         side = SideCollections.of(store, queue)
-        claimed = {Event.STATE: EventState.CLAIMED, Event.QUEUE_GENERATION: queue.name}
-        if queue.cache_first:
-            result.merge(forget_changed(store, run_id, policy, {**claimed, Event.CACHE_OUTCOME: {"$exists": False}}))
-            result.merge(write_cache_errors(store, run_id, policy, side, claimed))
-            result.merge(finish_jobs(store, run_id, policy, side, {**claimed, Event.CACHE_OUTCOME: {"$exists": True}}, recovering))
-        else:
-            result.merge(finish_jobs(store, run_id, policy, side, claimed, recovering))
-            result.merge(write_cache_errors(store, run_id, policy, side, {Event.STATE: EventState.FINALIZED, Event.QUEUE_GENERATION: queue.name}))
+        cache: CacheGeneration | None = None
+        for events in drain(store, run_id, {Event.STATE: EventState.CLAIMED, Event.QUEUE_GENERATION: queue.name}, policy):
+            cache = cache or detect_cache_generation(store, policy, queue)  # read once, and only when there is work
+            result.counts[f"cache_generation:{cache.name}"] = 1
+            result.merge(_finalize_batch(store, run_id, events, policy, side, cache, recovering))
     return result
 
 
-def retry(store: Store, run_id: str, policy: ZombiePolicy, generation: QueueGeneration | None = None, now: dt.datetime | None = None) -> StepResult:
-    """Re-enqueue where each event's generation wants it, then close the events."""
+def _finalize_batch(
+    store: Store,
+    run_id: str,
+    events: list[ZombieEvent],
+    policy: ZombiePolicy,
+    side: SideCollections,
+    cache: CacheGeneration,
+    recovering: bool,
+) -> StepResult:
+    """One batch from claimed to done; each part is safe to redo, the events are written once, at the end."""
+    queue_client, cache_client = store.jobs.database.client, store.cache.database.client
+
+    def write_cache(finished: list[ZombieEvent]) -> dict[Any, dict[str, Any]]:
+        return atomically(cache_client, lambda session: write_batch(store, finished, cache, policy, side.cache_metrics, session), policy.transactions)
+
+    claims = sort_claims(store, events, side, recovering)
+    if side.generation.cache_first:
+        cached = write_cache(claims.to_finish + claims.done_before)
+        outcome = atomically(queue_client, lambda session: finish(store, claims, side, session), policy.transactions)
+    else:
+        outcome = atomically(queue_client, lambda session: finish(store, claims, side, session), policy.transactions)
+        cached = write_cache(outcome.finished)
+    finished = [{**event, **cached[event[ID]]} for event in outcome.finished]
+    now = utc_now()
+
+    def complete(session: ClientSession | None) -> dict[Any, str]:
+        retried = enqueue_retries(store, finished, policy, side, now, session)
+        done = {
+            event[ID]: {
+                Event.STATE: EventState.DONE,
+                **cached[event[ID]],
+                Event.EFFECTS: outcome.effects[event[ID]],
+                Event.RETRY_OUTCOME: retried[event[ID]],
+                Event.COMPLETED_AT: now,
+            }
+            for event in finished
+        }
+        set_on_events(store, run_id, done, session)
+        if outcome.lost:  # the worker was alive after all: forget the claim, the job may be judged again later
+            lost = [event[ID] for event in outcome.lost]
+            store.events.delete_many({ID: {"$in": lost}, Event.LEASE_OWNER: run_id, Event.STATE: EventState.CLAIMED}, session=session)
+        return retried
+
+    retried = atomically(queue_client, complete, policy.transactions)
+    return _result(outcome, cached, retried)
+
+
+def _result(outcome: Outcome, cached: Mapping[Any, Mapping[str, Any]], retried: Mapping[Any, str]) -> StepResult:
     result = StepResult()
-    for queue in [generation] if generation else _generations_of(store, run_id, {Event.STATE: EventState.FINALIZED}):
-        result.merge(enqueue_retries(store, run_id, policy, queue, now))
+    result.counts["finalized"] += len(outcome.finished)
+    result.counts["lost_to_live_worker"] += len(outcome.lost)
+    for event in outcome.finished:
+        result.counts[f"reason:{event[Event.REASON]}"] += 1
+        result.counts[f"type:{event[Event.JOB][Job.TYPE]}"] += 1
+        result.counts[f"cache_{cached[event[ID]][Event.CACHE_OUTCOME]}"] += 1
+        result.counts[f"retry_{retried[event[ID]]}"] += 1
+        result.counts.update(f"effect:{effect}" for effect in outcome.effects[event[ID]])
+        result.rows.append(finalized_row(event))
     return result
 
 
-def _generations_of(store: Store, run_id: str, query: Mapping[str, Any]) -> list[QueueGeneration]:
-    names = store.events.distinct(Event.QUEUE_GENERATION, {Event.LEASE_OWNER: run_id, **query})
+def finalized_row(event: Mapping[str, Any]) -> dict[str, Any]:
+    job = event[Event.JOB]
+    return job_row(
+        event[ID],
+        job,
+        reason=event[Event.REASON],
+        threshold_seconds=event[Event.THRESHOLD_SECONDS],
+        ran_seconds=round((event[Event.FINALIZED_AT] - as_utc(job[Job.STARTED_AT])).total_seconds(), 1),
+    )
+
+
+def _generations_of(store: Store, run_id: str) -> list[QueueGeneration]:
+    names = store.events.distinct(Event.QUEUE_GENERATION, {Event.LEASE_OWNER: run_id, Event.STATE: EventState.CLAIMED})
     return [generation for name, generation in QUEUE_GENERATIONS.items() if name in names]
 
 
@@ -187,7 +238,7 @@ def reconcile(store: Store, run_id: str, policy: ZombiePolicy, now: dt.datetime 
     taken = take_over_expired(store, run_id, now or utc_now(), policy)
     result = StepResult()
     if taken:
-        result.merge(finalize(store, run_id, policy, recovering=True)).merge(retry(store, run_id, policy))
+        result.merge(finalize(store, run_id, policy, recovering=True))
     result.counts["taken_over"] += taken
     return result
 
@@ -253,7 +304,6 @@ def run_cleanup(
         return report
     generation = required_generation(report.verdict)
     report.steps.merge(finalize_zombies(store, report.detection.candidates, policy, run_id, now or utc_now(), generation))
-    report.steps.merge(retry(store, run_id, policy, generation))
     return report
 
 

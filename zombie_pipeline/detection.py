@@ -29,6 +29,7 @@ from zombie_pipeline.documents import (
     job_type_problem,
     name_problem,
 )
+from zombie_pipeline.mongo import on_index
 from zombie_pipeline.policy import ZombiePolicy
 
 
@@ -142,21 +143,6 @@ def stale_filter(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str
     """The MongoDB filter matching every zombie under ``policy`` at ``now``, as one document."""
     index_range, rules = stale_stages(policy, now, job_types)
     return {**index_range, **rules}
-
-
-def on_index(index_part: Mapping[str, Any], rest: Mapping[str, Any], *stages: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """An aggregation matching ``index_part`` first, then ``rest``.
-
-    MongoDB merges the two ``$match`` stages and plans them as one query; a server
-    whose planner scans the whole collection for an ``$or`` or an ``$in`` (the
-    embedded SecantusDB does, and a hint makes it slower still) keeps to the index
-    for the first stage. Either way the cost follows the jobs the index range
-    holds, never the finished history.
-    """
-    pipeline = [{"$match": dict(index_part)}]
-    if rest:
-        pipeline.append({"$match": dict(rest)})
-    return pipeline + [dict(stage) for stage in stages]
 
 
 def stale_pipeline(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> list[dict[str, Any]]:
@@ -324,13 +310,26 @@ class Brake:
     def engaged(self) -> bool:
         return self.started >= self.min_started and self.stale > self.max_stale_fraction * self.started
 
+    @property
+    def stale_fraction(self) -> float:
+        return self.stale / self.started if self.started else 0.0
+
     def message(self) -> str:
-        share = self.stale / self.started if self.started else 0.0
         return (
-            f"brake engaged: {self.stale} of {self.started} started jobs ({share:.0%}) look dead, more than "
+            f"brake engaged: {self.stale} of {self.started} started jobs ({self.stale_fraction:.0%}) look dead, more than "
             f"max_stale_fraction={self.max_stale_fraction:.0%}. A broken heartbeat path looks like mass death, "
             "so nothing was written. Check the workers; to proceed anyway, run again with override_brake=true."
         )
+
+    def facts(self) -> dict[str, int | float]:
+        """The numbers the brake judged, for a person deciding whether to override it."""
+        return {
+            "stale": self.stale,
+            "started": self.started,
+            "stale_fraction": round(self.stale_fraction, 4),
+            "max_stale_fraction": self.max_stale_fraction,
+            "min_started_for_brake": self.min_started,
+        }
 
 
 def brake_for(jobs: Collection, detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None) -> Brake:
@@ -342,6 +341,14 @@ def brake_for(jobs: Collection, detection: Detection, policy: ZombiePolicy, job_
         max_stale_fraction=policy.max_stale_fraction,
         min_started=policy.min_started_for_brake,
     )
+
+
+def engaged_brake(jobs: Collection, detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None) -> Brake | None:
+    """The brake when it stops this detection's cleanup (too many of the started jobs look dead), else None."""
+    if not detection.candidates:
+        return None
+    brake = brake_for(jobs, detection, policy, job_types)
+    return brake if brake.engaged else None
 
 
 def unknown_job_types(jobs: Collection, job_types: Iterable[str]) -> list[str]:

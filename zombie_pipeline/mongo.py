@@ -14,7 +14,7 @@ import datetime as dt
 import re
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 from urllib.parse import unquote, unquote_plus, urlsplit
 
 import pymongo
@@ -24,11 +24,13 @@ from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 from pymongo.database import Database
 
+from zombie_pipeline.config import SERVER_SELECTION_TIMEOUT_ENV
 from zombie_pipeline.documents import Cache, Event, Job
 
 INDEX_PREFIX = "zombie_pipeline_"
 T = TypeVar("T")
-DEFAULT_SERVER_SELECTION_TIMEOUT_MS = 10_000
+#: How long a command waits for a server before it fails: seconds, not the minutes a dead database would hold a run.
+DEFAULT_SERVER_SELECTION_TIMEOUT_MS = 5_000
 
 _clients: dict[tuple[str, int], MongoClient] = {}
 _clients_lock = threading.Lock()
@@ -121,18 +123,34 @@ def scrub(text: str, urls: Iterable[str | None] = ()) -> str:
 
 
 class DatabaseUnavailable(RuntimeError):
-    """The database could not be reached; the message carries no credentials."""
+    """The database could not be reached; the message carries no credentials, ``facts`` say where and how long."""
+
+    def __init__(self, message: str, facts: dict[str, str | int] | None = None) -> None:
+        super().__init__(message)
+        self.facts = facts or {}
 
 
 def check_reachable(database: Database, url: str | None, variable: str | None = None) -> None:
     """Fail fast, with one clean line naming the URL (and the variable it came from), when the server cannot be reached."""
     where = redact_url(url) + (f" (from ${variable})" if variable and url else "")
+    timeout_ms = database.client.options.server_selection_timeout * 1000
+    facts: dict[str, str | int] = {"url": redact_url(url), "database": database.name, "timeout_ms": round(timeout_ms)}
+    if variable:
+        facts["variable"] = variable
     try:
         database.client.admin.command("ping")
     except pymongo.errors.OperationFailure as error:  # reached, but refused (credentials, rights)
-        raise DatabaseUnavailable(f"MongoDB at {where} refused the connection: {_first_words(error, url)}") from None
+        raise DatabaseUnavailable(
+            f"MongoDB at {where} refused the connection: {_first_words(error, url)}. Check the user, password and "
+            "authSource in the URL.",
+            facts,
+        ) from None
     except pymongo.errors.PyMongoError as error:
-        raise DatabaseUnavailable(f"cannot reach MongoDB at {where}: {_first_words(error, url)}") from None
+        raise DatabaseUnavailable(
+            f"cannot reach MongoDB at {where} within {timeout_ms / 1000:g} s: {_first_words(error, url)}. Is the server "
+            f"up, and the URL right? (${SERVER_SELECTION_TIMEOUT_ENV} waits longer)",
+            facts,
+        ) from None
 
 
 def _first_words(error: Exception, url: str | None) -> str:
@@ -140,7 +158,25 @@ def _first_words(error: Exception, url: str | None) -> str:
     text = str(error)
     for cut in (" (configured timeouts", ", Timeout:", ", full error:"):
         text = text.split(cut, 1)[0]
-    return scrub(text.strip(), [url])
+    return scrub(text.strip().rstrip("."), [url])
+
+
+# --- query shapes ------------------------------------------------------------------
+
+
+def on_index(index_part: Mapping[str, Any], rest: Mapping[str, Any], *stages: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An aggregation matching ``index_part`` first, then ``rest``.
+
+    MongoDB merges the two ``$match`` stages and plans them as one query; a server
+    whose planner scans the whole collection for an ``$or`` or an ``$in`` (the
+    embedded SecantusDB does, and a hint makes it slower still) keeps to the index
+    for the first stage. Either way the cost follows the documents the index range
+    holds, never the whole collection.
+    """
+    pipeline = [{"$match": dict(index_part)}]
+    if rest:
+        pipeline.append({"$match": dict(rest)})
+    return pipeline + [dict(stage) for stage in stages]
 
 
 # --- transactions ---------------------------------------------------------------
@@ -241,12 +277,20 @@ JOB_INDEXES = (
     ),
 )
 
+#: The deployment declares both on its cache (every generation): created only where missing, which a
+#: deployment's cache never is (a simulated or empty one may be).
 CACHE_INDEXES = (
     IndexSpec(
         "key",
         tuple((field, pymongo.ASCENDING) for field in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)),
-        "cache errors: read the entries of a batch, one job type at a time; unique, as in the deployment",
+        "cache errors: an error entry is unique per key, as in the deployment",
         unique=True,
+        as_deployment=True,
+    ),
+    IndexSpec(
+        "dataset_kind",
+        ((Cache.DATASET, pymongo.ASCENDING), (Cache.KIND, pymongo.ASCENDING), (Cache.HTTP_STATUS, pymongo.ASCENDING)),
+        "cache errors and the cache check: a batch's entries in one read, by dataset then kind",
         as_deployment=True,
     ),
 )

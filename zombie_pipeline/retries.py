@@ -18,58 +18,37 @@ from typing import Any, Mapping
 from bson import ObjectId
 from pymongo.client_session import ClientSession
 
-from zombie_pipeline.detection import on_index
 from zombie_pipeline.documents import (
     ID,
     RUN_FIELDS,
     CacheOutcome,
     Event,
-    EventState,
     Job,
     RetryOutcome,
     Status,
-    utc_now,
     without_none,
 )
-from zombie_pipeline.events import READ_BATCH, StepResult, drain, set_on_events
+from zombie_pipeline.events import READ_BATCH
 from zombie_pipeline.finish_effects import SideCollections, after_insert
 from zombie_pipeline.generations import QueueGeneration
-from zombie_pipeline.mongo import atomically
+from zombie_pipeline.mongo import on_index
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.store import Store
 
-#: The events whose job is finished and whose cache entry is settled.
-READY = {Event.STATE: EventState.FINALIZED, Event.CACHE_OUTCOME: {"$exists": True}}
-
 
 def enqueue_retries(
-    store: Store, run_id: str, policy: ZombiePolicy, generation: QueueGeneration, now: dt.datetime | None = None
-) -> StepResult:
-    """Re-enqueue this run's finalized jobs of ``generation`` below their retry limit, once; close their events."""
-    now = now or utc_now()
-    result = StepResult()
-    side: SideCollections | None = None
-    ready = {**READY, Event.QUEUE_GENERATION: generation.name}
-    for events in drain(store, run_id, ready, policy):
-        side = side or SideCollections.of(store, generation)  # read once, and only when there is work
-        outcomes = atomically(
-            store.jobs.database.client,
-            lambda session: _retry_batch(store, run_id, events, policy, side, now, session),
-            policy.transactions,
-        )
-        result.counts.update(f"retry_{outcome}" for outcome in outcomes.values())
-    return result
-
-
-def _retry_batch(
     store: Store,
-    run_id: str,
     events: list[Mapping[str, Any]],
     policy: ZombiePolicy,
     side: SideCollections,
     now: dt.datetime,
-    session: ClientSession | None,
+    session: ClientSession | None = None,
 ) -> dict[Any, RetryOutcome]:
+    """Re-enqueue the finished jobs of ``events`` (their cache outcome known) below their retry limit, once each.
+
+    A retry already inserted by a pass that died (its ``_id`` is the event's) holds its
+    ``unicity_id``: it is not inserted, nor counted, again.
+    """
     outcomes = {event[ID]: retry_decision(event, policy, side.generation) for event in events}
     wanted = [event for event in events if outcomes[event[ID]] == RetryOutcome.ENQUEUED]
     queued = _queued_unicity_ids(store, wanted, session)
@@ -84,12 +63,6 @@ def _retry_batch(
     if new_jobs:
         store.jobs.insert_many(new_jobs, ordered=False, session=session)
         after_insert(store, side, new_jobs, session)
-    set_on_events(
-        store,
-        run_id,
-        {event_id: {Event.RETRY_OUTCOME: outcome, Event.STATE: EventState.DONE, Event.COMPLETED_AT: now} for event_id, outcome in outcomes.items()},
-        session,
-    )
     return outcomes
 
 

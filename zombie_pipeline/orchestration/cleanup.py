@@ -15,8 +15,8 @@ import dagster as dg
 from pydantic import Field
 
 from zombie_pipeline import cleanup, config
-from zombie_pipeline.cleanup import BrakeEngaged, GenerationUnknown
-from zombie_pipeline.detection import Candidate, unknown_job_types
+from zombie_pipeline.cleanup import GenerationUnknown
+from zombie_pipeline.detection import Candidate, engaged_brake, unknown_job_types
 from zombie_pipeline.documents import REASONS, utc_now
 from zombie_pipeline.events import StepResult
 from zombie_pipeline.generations import QUEUE_GENERATIONS, QueueVerdict
@@ -57,6 +57,7 @@ class CleanupPlan:
     started_at: dt.datetime
     generation: Optional[str]  # None: undecided, and ``generation_problem`` says why
     generation_problem: Optional[str] = None
+    generation_candidates: tuple[str, ...] = ()  # the generations the evidence leaves open
     counts: tuple[tuple[str, int], ...] = ()  # what the steps so far did
 
     def add(self, result: StepResult) -> "CleanupPlan":
@@ -100,6 +101,7 @@ def reconcile(
         started_at=utc_now(),
         generation=verdict.generation.name if verdict.generation else None,
         generation_problem=verdict.problem,
+        generation_candidates=verdict.candidates,
     )
     metadata: dict[str, Any] = {
         "queue": queue_db.describe(),
@@ -135,10 +137,11 @@ def find_zombies(
     context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> list[Candidate]:
     store = store_of(queue_db, cache_db, check=True)
-    try:
-        detection = cleanup.find_zombies(store, plan.policy, None, plan.job_types, plan.override_brake)
-    except BrakeEngaged as error:
-        raise dg.Failure(str(error)) from None
+    # The brake applied here rather than inside cleanup.find_zombies: its numbers become the failure's metadata.
+    detection = cleanup.find_zombies(store, plan.policy, None, plan.job_types, override_brake=True)
+    brake = None if plan.override_brake else engaged_brake(store.jobs, detection, plan.policy, plan.job_types)
+    if brake is not None:
+        raise dg.Failure(description=brake.message(), metadata=brake.facts())
     rows = [candidate.evidence() for candidate in detection.candidates]
     by_reason = detection.count_by("reason")
     metadata: dict[str, Any] = {f"candidates/{reason}": by_reason.get(reason, 0) for reason in REASONS}
@@ -157,29 +160,27 @@ def find_zombies(
 
 @dg.op(
     description="Claim each zombie in the audit trail, then finish it as the queue's generation does (set to error, "
-    "or error entry then deletion), by compare-and-set, with the deployment's counters, rate limiter and locks."
+    "or error entry then deletion), by compare-and-set, with the deployment's counters, rate limiter and locks; "
+    "write the error users see; re-enqueue within the retry limits where the generation wants it."
 )
 def finalize_zombies(
     context: dg.OpExecutionContext, plan: CleanupPlan, candidates: list[Candidate], queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> CleanupPlan:
     store = store_of(queue_db, cache_db, check=True)
     if candidates and plan.generation is None:
-        raise dg.Failure(str(GenerationUnknown(plan.generation_problem)))
+        raise dg.Failure(
+            description=str(GenerationUnknown(plan.generation_problem)),
+            metadata={
+                "zombies_found": len(candidates),
+                "queue_generation_candidates": dg.MetadataValue.json(list(plan.generation_candidates)),
+                "to_decide": "set queue_generation in the zombie_policy resource",
+            },
+        )
     result = StepResult()
     if candidates:
         generation = QUEUE_GENERATIONS[plan.generation]
         result = cleanup.finalize_zombies(store, candidates, plan.policy, plan.run_id, utc_now(), generation)
     context.add_output_metadata({**counts_metadata(result.counts), "finalized_jobs": table_metadata(result.rows)})
-    return plan.add(result)
-
-
-@dg.op(description="Re-enqueue finalized jobs below their retry limit where the generation wants it, once each; close their events.")
-def enqueue_retries(
-    context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
-) -> CleanupPlan:
-    store = store_of(queue_db, cache_db, check=True)
-    result = cleanup.retry(store, plan.run_id, plan.policy)
-    context.add_output_metadata(counts_metadata(result.counts))
     return plan.add(result)
 
 
@@ -206,7 +207,7 @@ def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: Queue
         "limits, and record everything in the zombieEvents audit trail."
     ),
     partitions_def=JOB_TYPE_PARTITIONS,
-    executor_def=dg.in_process_executor,  # five short steps: one process, not five imports of Dagster
+    executor_def=dg.in_process_executor,  # four short steps: one process, not four imports of Dagster
     # Read by the production instance (deploy/dagster.yaml); in-process executions ignore them.
     tags={
         PIPELINE_TAG: CLEANUP_GROUP,
@@ -228,4 +229,4 @@ def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: Queue
 )
 def kill_zombies_job():
     plan = reconcile()
-    summarize(enqueue_retries(finalize_zombies(plan, find_zombies(plan))))
+    summarize(finalize_zombies(plan, find_zombies(plan)))
