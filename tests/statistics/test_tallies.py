@@ -161,7 +161,8 @@ def test_only_the_needed_fields_leave_the_database_in_batches(mongo_url, store):
 
     assert len(period.tallies["/a"].success) == 25
     finds = [command for command in log.named("find") if command["find"] == store.jobs.name]
-    assert finds and all(set(command["projection"]) == {ID, Job.TYPE, Job.STATUS, Job.STARTED_AT, Job.FINISHED_AT} for command in finds)
+    needed = {ID, Job.TYPE, Job.STATUS, Job.STARTED_AT, Job.FINISHED_AT}  # the status only where the query does not say it
+    assert finds and all(set(command["projection"]) <= needed and "note" not in command["projection"] for command in finds)
     assert all(command.get("batchSize") == 10 for command in finds)
     assert len(log.named("getMore")) >= 2  # 25 documents of one status, 10 a batch
 
@@ -297,3 +298,20 @@ def test_combining_many_periods_joins_each_type_in_order():
     assert a.success.tolist() == [float(day) for day in range(30)]
     assert a.stopped.tolist() == [day + 0.5 for day in range(30)]
     assert (a.statuses, a.started) == ({Status.SUCCESS: 30, Status.ERROR: 30}, 60)
+
+
+def test_a_clean_status_is_read_into_columns_and_one_holding_a_string_date_falls_back_to_documents(mongo_url, store):
+    good = [job("/a", Status.SUCCESS, seconds) for seconds in range(1, 11)] + [job("/a", Status.ERROR, 5)]
+    bad = job("/a", Status.ERROR, 7)
+    bad[Job.STARTED_AT] = bad[Job.STARTED_AT].isoformat()  # a date stored as a string
+    store.jobs.insert_many(good + [bad])
+
+    with logged_store(mongo_url, store) as (logged, log):
+        period = read_period(logged.jobs, logged.events, DAY, NEXT_DAY)
+
+    assert len(period.tallies["/a"].success) == 10 and period.tallies["/a"].statuses[Status.ERROR] == 1
+    assert period.bad_data == {BadData.STARTED_AT_AS_STRING: 1}
+    finds = {command["filter"][Job.STATUS]: command for command in log.named("find") if command["find"] == store.jobs.name}
+    assert Job.STATUS not in finds[Status.SUCCESS]["projection"]  # decoded into columns: the status is the query's
+    error_finds = [command for command in log.named("find") if command.get("filter", {}).get(Job.STATUS) == Status.ERROR]
+    assert len(error_finds) == 2 and Job.STATUS in error_finds[1]["projection"]  # then read again as documents

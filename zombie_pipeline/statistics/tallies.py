@@ -30,7 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from bson import ObjectId
 from pymongo.collection import Collection
+from pymongoarrow.api import Schema, find_arrow_all
+from pymongoarrow.types import ObjectIdType
 
 from zombie_pipeline.documents import (
     FINISHED_STATUSES,
@@ -396,32 +401,123 @@ class _Pieces:
             setattr(tally, kind, np.concatenate([getattr(tally, kind), *pieces]))
 
 
+@dataclass
+class _Columns:
+    """A batch of jobs as the counting needs it, however it was read: codes, masks and seconds."""
+
+    types: np.ndarray  # codes into type_names
+    type_names: list[Any]
+    statuses: np.ndarray  # codes into status_names
+    status_names: list[Any]
+    valid: np.ndarray  # counted: a job type, a finished status, and usable dates (or none, never started)
+    seconds: np.ndarray  # NaN: never started
+    stopped: np.ndarray  # audited as stopped at T2: its duration comes from its event
+
+
 def _fold(period: Period, pieces: _Pieces, batch: _Batch, audited: _Audited, found: set[Any]) -> None:
-    """Count one batch of jobs per (type, status), jobs started per type, and gather their durations.
+    """Count one batch of documents (the rules of :func:`classify_job`, on arrays where they can be)."""
+    valid, seconds, bad_data = _classify(batch)
+    period.bad_data.update(bad_data)
+    stopped = _audited_stopped(batch, valid, audited, found)
+    _count(period, pieces, _Columns(batch.types, batch.type_names, batch.statuses, batch.status_names, valid, seconds, stopped))
+
+
+def _count(period: Period, pieces: _Pieces, columns: _Columns) -> None:
+    """Count jobs per (type, status), jobs started per type, and gather their durations.
 
     A job audited as stopped for exceeding T2 already has its duration in
     ``stopped``, from its event: it counts as started, without a duration here.
     """
-    valid, seconds, bad_data = _classify(batch)
-    period.bad_data.update(bad_data)
-    stopped = _audited_stopped(batch, valid, audited, found)
+    valid, seconds, stopped = columns.valid, columns.seconds, columns.stopped
     ran = ~np.isnan(seconds)
-    width = len(batch.status_names)
-    pairs = np.bincount(batch.types[valid] * width + batch.statuses[valid], minlength=len(batch.type_names) * width)
-    pairs = pairs.reshape(len(batch.type_names), width)
-    started = np.bincount(batch.types[valid & (ran | stopped)], minlength=len(batch.type_names))
+    width = len(columns.status_names)
+    pairs = np.bincount(columns.types[valid] * width + columns.statuses[valid], minlength=len(columns.type_names) * width)
+    pairs = pairs.reshape(len(columns.type_names), width)
+    started = np.bincount(columns.types[valid & (ran | stopped)], minlength=len(columns.type_names))
     for code in np.flatnonzero(pairs.sum(axis=1)):
-        tally = period.tally(batch.type_names[code])
-        tally.statuses.update({status: int(count) for status, count in zip(batch.status_names, pairs[code]) if count})
+        tally = period.tally(columns.type_names[code])
+        tally.statuses.update({status: int(count) for status, count in zip(columns.status_names, pairs[code]) if count})
         tally.started += int(started[code])
     timed = valid & ran & ~stopped
-    for status_code, status in enumerate(batch.status_names):
+    for status_code, status in enumerate(columns.status_names):
         kind = _DURATIONS_OF_STATUS.get(status)
         if kind is None:
             continue
-        chosen = timed & (batch.statuses == status_code)
-        for code, values in _groups(batch.types[chosen], seconds[chosen]):
-            pieces.add(batch.type_names[code], kind, values)
+        chosen = timed & (columns.statuses == status_code)
+        for code, values in _groups(columns.types[chosen], seconds[chosen]):
+            pieces.add(columns.type_names[code], kind, values)
+
+
+# --- reading straight into columns (Arrow) ---------------------------------------------
+
+_JOB_SCHEMA = Schema({ID: ObjectIdType(), Job.TYPE: pa.string(), Job.STARTED_AT: pa.timestamp("ms"), Job.FINISHED_AT: pa.timestamp("ms")})
+
+
+def _arrow_table(jobs: Collection, query: Mapping[str, Any], batch_size: int) -> pa.Table | None:
+    """The query's jobs decoded straight into columns, or None when a value does not fit them (a date stored
+    as a string, a type that is a number ...): those documents then go through the rules one by one."""
+    try:
+        return find_arrow_all(jobs, dict(query), schema=_JOB_SCHEMA, batch_size=batch_size)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _table_columns(period: Period, table: pa.Table, status: Any, audited: _Audited, found: set[Any]) -> _Columns | None:
+    """:func:`classify_job`'s rules over a table of jobs of one ``status``, on whole columns; the bad data counted."""
+    rows = table.num_rows
+    if not isinstance(status, str) or status not in FINISHED_STATUSES:
+        if rows:
+            period.bad_data[BadData.UNKNOWN_STATUS] += rows
+        return None
+    encoded = table[Job.TYPE].combine_chunks().dictionary_encode()
+    type_names = [*encoded.dictionary.to_pylist(), None]  # the last code: no type at all
+    types = pc.fill_null(encoded.indices, len(type_names) - 1).to_numpy(zero_copy_only=False).astype(np.intp)
+    typed = np.fromiter(map(is_job_type, type_names), dtype=bool, count=len(type_names))[types]
+    started, has_start = _milliseconds(table[Job.STARTED_AT])
+    finished, has_finish = _milliseconds(table[Job.FINISHED_AT])
+    never_started = typed & ~has_start & (status in NEVER_STARTED_STATUSES)
+    timed = typed & has_start & has_finish
+    seconds = np.full(rows, np.nan)
+    seconds[timed] = (finished[timed] - started[timed]) / 1_000.0
+    backwards = timed & (seconds < 0)
+    valid = (timed & ~backwards) | never_started
+    period.bad_data.update(
+        +Counter(
+            {
+                BadData.INVALID_TYPE: int(np.count_nonzero(~typed)),
+                BadData.MISSING_STARTED_AT: int(np.count_nonzero(typed & ~has_start & ~never_started)),
+                BadData.MISSING_FINISHED_AT: int(np.count_nonzero(typed & has_start & ~has_finish)),
+                BadData.FINISHED_BEFORE_STARTED: int(np.count_nonzero(backwards)),
+            }
+        )
+    )
+    stopped = np.zeros(rows, dtype=bool)
+    if audited:
+        ids = table[ID].combine_chunks().storage
+        known = pa.array([job_id.binary for job_id in audited], type=ids.type)
+        for row in np.flatnonzero(pc.is_in(ids, value_set=known).to_numpy(zero_copy_only=False) & valid):
+            job_id = ObjectId(ids[int(row)].as_py())
+            found.add(job_id)
+            stopped[row] = audited[job_id][1] == Reason.EXCEEDED_MAX_DURATION
+    return _Columns(types, type_names, np.zeros(rows, dtype=np.intp), [status], valid, seconds, stopped)
+
+
+def tally_table(period: Period, table: pa.Table, status: Any, audited: _Audited | None = None) -> Period:
+    """Fold a table of jobs of one ``status`` (columns ``_id``, ``type``, ``started_at``, ``finished_at``) into the tallies."""
+    audited = audited or {}
+    pieces, found = _Pieces(), set()
+    period.jobs_read += table.num_rows
+    columns = _table_columns(period, table, status, audited, found)
+    if columns is not None:
+        _count(period, pieces, columns)
+    return _close(period, pieces, audited, found)
+
+
+def _milliseconds(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """A timestamp column as int64 milliseconds, and where it holds a value."""
+    values = pc.cast(column.combine_chunks(), pa.int64())
+    present = pc.is_valid(values).to_numpy(zero_copy_only=False)
+    return pc.fill_null(values, 0).to_numpy(zero_copy_only=False), present
 
 
 def read_period(
@@ -431,17 +527,33 @@ def read_period(
     end: dt.datetime,
     batch_size: int = READ_BATCH_SIZE,
 ) -> Period:
-    """Tallies of the jobs finished and the zombies finalized in ``[start, end)``."""
+    """Tallies of the jobs finished and the zombies finalized in ``[start, end)``.
+
+    One status at a time, the jobs are decoded straight into columns (Arrow); a
+    status whose documents hold a value that does not fit a column is read as
+    documents instead, and each one judged by :func:`classify_job`: bad data is
+    counted by its reason, never a crash.
+    """
     start, end = as_utc(start), as_utc(end)
     if start is None or end is None or not start < end:
         raise ValueError("read_period needs two dates, start before end")
     period = Period(start=start, end=end)
     audited = tally_events(period, events.find(events_filter(start, end), EVENT_PROJECTION, batch_size=batch_size))
-    cursors = (
-        jobs.find(finished_jobs_filter(status, start, end), _JOB_PROJECTION, batch_size=batch_size)
-        for status in statuses_to_read(jobs)
-    )
-    return tally_jobs(period, itertools.chain.from_iterable(cursors), audited, batch_size)
+    pieces, found = _Pieces(), set()
+    for status in statuses_to_read(jobs):
+        query = finished_jobs_filter(status, start, end)
+        table = _arrow_table(jobs, query, batch_size)
+        if table is None:
+            documents = jobs.find(query, _JOB_PROJECTION, batch_size=batch_size)
+            for batch in _batches(documents, batch_size):
+                period.jobs_read += len(batch)
+                _fold(period, pieces, _Batch.of(batch), audited, found)
+            continue
+        period.jobs_read += table.num_rows
+        columns = _table_columns(period, table, status, audited, found)
+        if columns is not None:
+            _count(period, pieces, columns)
+    return _close(period, pieces, audited, found)
 
 
 def tally_events(period: Period, events: Iterable[Mapping[str, Any]]) -> _Audited:
@@ -487,6 +599,11 @@ def tally_jobs(
     for batch in _batches(documents, batch_size):
         period.jobs_read += len(batch)
         _fold(period, pieces, _Batch.of(batch), audited, found)
+    return _close(period, pieces, audited, found)
+
+
+def _close(period: Period, pieces: _Pieces, audited: _Audited, found: set[Any]) -> Period:
+    """The gathered durations joined into the tallies; audited zombies whose job is gone (TTL) counted too."""
     pieces.join_into(period)
     for job_id, (job_type, _) in audited.items():
         if job_id not in found:
