@@ -30,7 +30,7 @@ from tests.helpers import (
 from tests.test_policy import BAD_POLICIES, case_id
 from zombie_pipeline.cleanup import run_cleanup
 from zombie_pipeline.detection import stale_filter
-from zombie_pipeline.documents import CACHE_KEY, ID, Cache, Event, EventState, Job, Status, cache_key_of_job, job_type_problem, utc_now
+from zombie_pipeline.documents import CACHE_KEY, ID, Cache, Event, EventState, Job, ScheduledRetry, Status, cache_key_of_job, job_type_problem, utc_now
 from zombie_pipeline.generations import QUEUE_GENERATIONS
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
@@ -422,12 +422,13 @@ def _allowed_keys() -> set:
     fields = set(job_fields) | {ID}
     fields |= {value for name, value in vars(Cache).items() if name.isupper()}
     fields |= {value for name, value in vars(Event).items() if name.isupper()}
+    fields |= {value for name, value in vars(ScheduledRetry).items() if name.isupper()}
     fields |= {f"{Event.JOB}.{name}" for name in job_fields}
     # the error entry's free-form content and details, and the policy snapshot stored in each event
     fields |= {"error", "reason", "last_heartbeat", "threshold_seconds", "run_id", "job_id", "result", "type", "seconds"}
     fields |= {"runner_version"}  # the summary of the entry an error replaced, kept in the event
     fields |= set(ZombiePolicy.model_fields)
-    operators = {"$in", "$nin", "$lt", "$gt", "$ne", "$or", "$and", "$exists", "$not", "$type", "$set", "$natural", "$hint"}
+    operators = {"$in", "$nin", "$lt", "$lte", "$gt", "$ne", "$or", "$and", "$exists", "$not", "$type", "$set", "$natural", "$hint"}
     command_keys = {
         "find", "filter", "sort", "limit", "batchSize", "projection", "hint", "update", "updates", "q", "u", "upsert",
         "multi", "insert", "documents", "ordered", "delete", "deletes", "aggregate", "pipeline", "cursor", "$match",

@@ -43,7 +43,7 @@ from pymongo.errors import BulkWriteError
 
 from zombie_pipeline.cache_errors import detect_cache_generation, write_batch
 from zombie_pipeline.detection import Candidate, Detection, brake_for, detect, find_malformed_started
-from zombie_pipeline.documents import ID, REASONS, Event, EventState, Job, ZombieEvent, as_utc, job_row, utc_now
+from zombie_pipeline.documents import ID, REASONS, Event, EventState, Job, RetryOutcome, ZombieEvent, as_utc, job_row, utc_now
 from zombie_pipeline.events import (
     StepResult,
     batched,
@@ -58,7 +58,7 @@ from zombie_pipeline.finish_effects import SideCollections
 from zombie_pipeline.generations import QUEUE_GENERATIONS, CacheGeneration, QueueGeneration, QueueVerdict, detect_queue_generation
 from zombie_pipeline.mongo import atomically
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.retries import enqueue_retries
+from zombie_pipeline.retries import enqueue_due_retries, enqueue_retries, pending_retries
 from zombie_pipeline.store import Store
 
 
@@ -170,14 +170,15 @@ def _finalize_batch(
     finished = [{**event, **cached[event[ID]]} for event in outcome.finished]
     now = utc_now()
 
-    def complete(session: ClientSession | None) -> dict[Any, str]:
+    def complete(session: ClientSession | None) -> dict[Any, RetryOutcome]:
         retried = enqueue_retries(store, finished, policy, side, now, session)
         done = {
             event[ID]: {
                 Event.STATE: EventState.DONE,
                 **cached[event[ID]],
                 Event.EFFECTS: outcome.effects[event[ID]],
-                Event.RETRY_OUTCOME: retried[event[ID]],
+                Event.RETRY_OUTCOME: retried[event[ID]][0],
+                **({Event.RETRY_DUE_AT: retried[event[ID]][1]} if retried[event[ID]][1] else {}),
                 Event.COMPLETED_AT: now,
             }
             for event in finished
@@ -186,7 +187,7 @@ def _finalize_batch(
         if outcome.lost:  # the worker was alive after all: forget the claim, the job may be judged again later
             lost = [event[ID] for event in outcome.lost]
             store.events.delete_many({ID: {"$in": lost}, Event.LEASE_OWNER: run_id, Event.STATE: EventState.CLAIMED}, session=session)
-        return retried
+        return {event_id: decision[0] for event_id, decision in retried.items()}
 
     retried = atomically(queue_client, complete, policy.transactions)
     return _result(outcome, cached, retried)
@@ -233,13 +234,15 @@ def reconcile(store: Store, run_id: str, policy: ZombiePolicy, now: dt.datetime 
     """Complete what crashed runs left half done; runs first in every cleanup.
 
     Events left by a version that knew only early-2023 queues carry no
-    generation: they are completed as that generation.
+    generation: they are completed as that generation. Delayed retries that are
+    due are enqueued here too.
     """
     taken = take_over_expired(store, run_id, now or utc_now(), policy)
     result = StepResult()
     if taken:
         result.merge(finalize(store, run_id, policy, recovering=True))
     result.counts["taken_over"] += taken
+    result.counts.update(enqueue_due_retries(store, policy, now))
     return result
 
 
@@ -307,6 +310,19 @@ def run_cleanup(
     return report
 
 
+SUMMARY_COUNTS = (
+    "finalized",
+    "lost_to_live_worker",
+    "cache_written",
+    "cache_skipped_fresher",
+    "retry_enqueued",
+    "retry_scheduled",
+    "retry_limit_reached",
+    "due_retry_enqueued",
+    "due_retry_already_queued",
+)
+
+
 @dataclass
 class RunSummary:
     """A run's work as the audit trail records it, plus the counts of the steps that left no event."""
@@ -320,7 +336,9 @@ class RunSummary:
         return (
             f"finalized {c['finalized']} zombies ({reasons}); {c['lost_to_live_worker']} lost to live workers; "
             f"{c['cache_written']} cache errors written, {c['cache_skipped_fresher']} kept as fresher; "
-            f"{c['retry_enqueued']} retries enqueued, {c['retry_limit_reached']} at their retry limit"
+            f"{c['retry_enqueued']} retries enqueued, {c['retry_scheduled']} scheduled after a delay, "
+            f"{c['retry_limit_reached']} at their retry limit; {c['due_retry_enqueued']} delayed retries enqueued, "
+            f"{c['retries_pending']} still waiting for their delay"
         )
 
     def markdown(self) -> str:
@@ -333,8 +351,9 @@ class RunSummary:
 def summarize_run(store: Store, run_id: str, step_counts: Mapping[str, int] | None = None) -> RunSummary:
     """Counts and a table of every finalization this run drove, read back from the audit trail."""
     counts: Counter = Counter(step_counts or {})
-    for name in ("finalized", "lost_to_live_worker", "cache_written", "cache_skipped_fresher", "retry_enqueued", "retry_limit_reached"):
+    for name in SUMMARY_COUNTS:
         counts.setdefault(name, 0)
+    counts["retries_pending"] = pending_retries(store)
     for reason in REASONS:
         counts.setdefault(f"reason:{reason}", 0)
     rows = []

@@ -27,10 +27,16 @@ DAGSTER_HOME_ENV = "DAGSTER_HOME"
 #: The first day of the statistics' daily partitions (YYYY-MM-DD); unset: eight weeks back.
 STATISTICS_START_ENV = "ZOMBIE_STATISTICS_START"
 STATISTICS_DAYS_BACK = 56
+#: How long to wait for a MongoDB server before giving up, in milliseconds (the resources' default, the CLI's).
+SERVER_SELECTION_TIMEOUT_ENV = "ZOMBIE_MONGO_TIMEOUT_MS"
 
 #: The project directory of a source checkout (editable install), else None.
 _CHECKOUT = Path(__file__).resolve().parent.parent
 SOURCE_CHECKOUT: Path | None = _CHECKOUT if (_CHECKOUT / "pyproject.toml").exists() else None
+
+
+class SettingError(ValueError):
+    """An environment variable holds a value the pipeline cannot use; the message names it."""
 
 
 def setting(name: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -88,8 +94,22 @@ def statistics_start(today: dt.date | None = None) -> dt.date:
         try:
             return dt.date.fromisoformat(configured)
         except ValueError:
-            raise ValueError(f"{STATISTICS_START_ENV}={configured!r} is not a date (YYYY-MM-DD)") from None
+            raise SettingError(f"{STATISTICS_START_ENV}={configured!r} is not a date (YYYY-MM-DD)") from None
     return (today or dt.date.today()) - dt.timedelta(days=STATISTICS_DAYS_BACK)
+
+
+def server_selection_timeout_ms(default: int) -> int:
+    """``$ZOMBIE_MONGO_TIMEOUT_MS`` when set (a positive integer), else ``default``."""
+    configured = setting(SERVER_SELECTION_TIMEOUT_ENV)
+    if configured is None:
+        return default
+    try:
+        value = int(configured)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise SettingError(f"{SERVER_SELECTION_TIMEOUT_ENV}={configured!r} is not a positive number of milliseconds")
+    return value
 
 
 def dagster_home_is_set() -> bool:

@@ -24,6 +24,8 @@ DEFAULT_FAILURES_COLLECTION = "zombiePipelineFailures"
 DEFAULT_SUGGESTIONS_COLLECTION = "zombieT2Suggestions"
 #: Written by the simulator: the proof that a database's documents are ours to drop or fill.
 SIMULATIONS_COLLECTION = "zombieSimulations"
+#: Retries waiting for their delay to pass (a field on the deployment's jobs could not hold it).
+RETRIES_COLLECTION = "zombieRetries"
 #: The deployment's collections beside the queue and the cache (which generation has which: ``generations``).
 LOCKS_COLLECTION = "locks"
 JOB_METRICS_COLLECTION = "jobTotalMetric"
@@ -227,9 +229,11 @@ class Event:
     RETRY_OUTCOME = "retry_outcome"
     COMPLETED_AT = "completed_at"
     QUEUE_GENERATION = "queue_generation"  # the generation the finalization follows, to its end
-    CACHE_GENERATION = "cache_generation"
     PREVIOUS_ENTRY = "previous_entry"  # what the cache knew before our error entry (small fields only)
     EFFECTS = "effects"  # what was done around the finish, as the deployment does it (counters, locks, ...)
+    RETRY_DUE_AT = "retry_due_at"  # a retry scheduled after a delay: when it becomes due
+    COMPENSATION_STATE = "compensation_state"  # pending, done or failed: the zombie's side effects undone?
+    COMPENSATIONS = "compensations"  # per action: state, attempts, last error, done_at
 
 
 class EventState(StrEnum):
@@ -256,9 +260,33 @@ class Effect(StrEnum):
 
 class RetryOutcome(StrEnum):
     ENQUEUED = "enqueued"
+    SCHEDULED = "scheduled"  # enqueued by a later run, once its delay has passed
     ALREADY_QUEUED = "already_queued"
     LIMIT_REACHED = "limit_reached"
     NOT_RETRIED = "not_retried"
+
+
+class ScheduledRetry:
+    """Field names of ``zombieRetries``: one document per delayed retry, ``_id`` = the retry job's ``_id``."""
+
+    JOB = "job"  # the waiting job to insert, exactly as it will be inserted
+    EVENT_ID = "event_id"
+    QUEUE_GENERATION = "queue_generation"
+    DUE_AT = "due_at"
+    STATE = "state"
+    DECIDED_AT = "decided_at"
+
+
+class ScheduledState(StrEnum):
+    PENDING = "pending"
+    ENQUEUED = "enqueued"
+    ALREADY_QUEUED = "already_queued"  # a twin waited or ran when it became due
+
+
+class CompensationState(StrEnum):
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"  # tried again by later runs, up to the policy's attempts
 
 
 class JobSnapshot(TypedDict, total=False):
@@ -304,9 +332,11 @@ class ZombieEvent(TypedDict, total=False):
     retry_outcome: RetryOutcome
     completed_at: dt.datetime
     queue_generation: str
-    cache_generation: str
     previous_entry: dict[str, Any] | None
     effects: list[str]
+    retry_due_at: dt.datetime
+    compensation_state: str
+    compensations: dict[str, Any]
 
 
 class Failure:
@@ -328,7 +358,9 @@ class T2Suggestion:
     """
 
     WINDOW_START = "window_start"
-    WINDOW_END = "window_end"  # the _id: recomputing a window replaces its document
+    WINDOW_END = "window_end"  # the _id: recomputing a window replaces its document, unless it covers fewer days
+    DAYS_PRESENT = "days_present"  # days of the window whose tallies were computed
+    DAYS_EXPECTED = "days_expected"
     COMPUTED_AT = "computed_at"
     SETTINGS = "settings"
     BY_TYPE = "by_type"

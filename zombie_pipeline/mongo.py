@@ -25,7 +25,7 @@ from pymongo.collection import Collection
 from pymongo.database import Database
 
 from zombie_pipeline.config import SERVER_SELECTION_TIMEOUT_ENV
-from zombie_pipeline.documents import Cache, Event, Job
+from zombie_pipeline.documents import Cache, Event, Job, ScheduledRetry
 
 INDEX_PREFIX = "zombie_pipeline_"
 T = TypeVar("T")
@@ -308,7 +308,21 @@ EVENT_INDEXES = (
     IndexSpec(
         "finalized_at",
         ((Event.FINALIZED_AT, pymongo.ASCENDING),),
-        "statistics: zombies of one day",
+        "statistics and repeat offenders: zombies of one day",
+    ),
+    IndexSpec(
+        "compensation_state",
+        ((Event.COMPENSATION_STATE, pymongo.ASCENDING),),
+        "compensations: the ones still to run or to try again",
+    ),
+)
+
+
+RETRY_INDEXES = (
+    IndexSpec(
+        "state_due_at",
+        ((ScheduledRetry.STATE, pymongo.ASCENDING), (ScheduledRetry.DUE_AT, pymongo.ASCENDING)),
+        "delayed retries: the pending ones that are due",
     ),
 )
 

@@ -67,6 +67,21 @@ class ZombiePolicy(BaseModel):
     use_suggested_max_durations: bool = Field(
         default=False, description="Take per-type T2 from the latest statistics suggestions (opt-in)."
     )
+    retry_delay_seconds: int = Field(
+        default=0, ge=0, description="Delay before a crashed job's first retry; 0: at once (the job often died of its pod's size)."
+    )
+    retry_backoff_factor: float = Field(default=2.0, ge=1.0, le=10.0, description="Each further retry waits this many times longer.")
+    retry_delay_max_seconds: int = Field(default=3_600, ge=0, description="No retry waits longer than this.")
+    retry_jitter: float = Field(
+        default=0.1, ge=0.0, le=1.0, description="Delays spread by up to this share either way, so retries do not come all at once."
+    )
+    compensation_webhooks: dict[str, str] = Field(
+        default_factory=dict,
+        description="Job type ('*': every type) -> name of the environment variable holding a URL that each finalized zombie "
+        "of that type is POSTed to, once its cache entry is written (the URL itself never enters config).",
+    )
+    compensation_timeout_seconds: float = Field(default=10.0, gt=0, le=120, description="A compensation webhook must answer within this.")
+    compensation_max_attempts: int = Field(default=5, ge=1, description="A failing compensation is tried again by later runs, up to this.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "ZombiePolicy":
@@ -87,6 +102,11 @@ class ZombiePolicy(BaseModel):
             problem = job_type_problem(job_type)
             if problem:
                 problems.append(f"max_duration_seconds_by_type has a job type that is not one: {problem} ({job_type!r})")
+        for job_type, variable in self.compensation_webhooks.items():
+            if job_type != "*" and job_type_problem(job_type):
+                problems.append(f"compensation_webhooks has a key that is neither '*' nor a job type: {job_type!r}")
+            if not isinstance(variable, str) or not variable.strip():
+                problems.append(f"compensation_webhooks[{job_type!r}] must name an environment variable, got {variable!r}")
         if self.queue_generation is not None and self.queue_generation not in QUEUE_GENERATIONS:
             problems.append(f"queue_generation must be one of {sorted(QUEUE_GENERATIONS)} or unset, got {self.queue_generation!r}")
         if self.cache_generation is not None and self.cache_generation not in CACHE_GENERATIONS:
@@ -102,6 +122,13 @@ class ZombiePolicy(BaseModel):
         if error_code == ErrorCode.EXCEEDED_MAX_DURATION:
             return self.exceeded_retry_limit
         return self.crashed_retry_limit
+
+    def retry_delay_of(self, failed_runs: int, spread: float = 0.0) -> float:
+        """Seconds before the retry that follows the ``failed_runs``-th failure; ``spread`` in [-1, 1] picks the jitter."""
+        if self.retry_delay_seconds == 0:
+            return 0.0
+        delay = min(self.retry_delay_seconds * self.retry_backoff_factor ** max(failed_runs - 1, 0), self.retry_delay_max_seconds)
+        return max(delay * (1 + self.retry_jitter * spread), 0.0)
 
     def retries_in(self, generation: QueueGeneration) -> bool:
         """Whether this cleanup re-enqueues crashed jobs in a queue of ``generation``."""

@@ -1,4 +1,4 @@
-"""Re-enqueueing a finalized zombie below its retry limit, once, as the deployment inserts a job.
+"""Re-enqueueing a finalized zombie below its retry limit, once, as the deployment inserts a job, at once or after a delay.
 
 Before December 2023 nothing in the deployment re-ran a crashed job, so the
 cleanup does (``crashed_retry_limit``). From then on the deployment's backfill
@@ -8,6 +8,11 @@ waiting job with the fields of the one it retries that its generation declares,
 never a run's (``started_at``, ``last_heartbeat``, ``terminated_at`` ...), with the
 ``_id`` chosen at claim time (so it is never inserted twice) and the counters the
 deployment increments on an insert.
+
+A job killed for its pod's size usually dies again if it runs again at once. With
+``retry_delay_seconds``, a retry waits (base × factor^(failed runs - 1), capped,
+jittered) in our own ``zombieRetries``, and the first cleanup after it is due
+enqueues it, unless a twin already waits or runs by then.
 """
 
 from __future__ import annotations
@@ -15,8 +20,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Mapping
 
+import random
+from collections import Counter
+
 from bson import ObjectId
+from pymongo import UpdateOne
 from pymongo.client_session import ClientSession
+from pymongo.errors import BulkWriteError
 
 from zombie_pipeline.documents import (
     ID,
@@ -25,12 +35,16 @@ from zombie_pipeline.documents import (
     Event,
     Job,
     RetryOutcome,
+    ScheduledRetry,
+    ScheduledState,
     Status,
+    truncate_ms,
+    utc_now,
     without_none,
 )
-from zombie_pipeline.events import READ_BATCH
+from zombie_pipeline.events import READ_BATCH, duplicate_indexes
 from zombie_pipeline.finish_effects import SideCollections, after_insert
-from zombie_pipeline.generations import QueueGeneration
+from zombie_pipeline.generations import QUEUE_GENERATIONS, QueueGeneration
 from zombie_pipeline.mongo import on_index
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.store import Store
@@ -43,27 +57,117 @@ def enqueue_retries(
     side: SideCollections,
     now: dt.datetime,
     session: ClientSession | None = None,
-) -> dict[Any, RetryOutcome]:
+) -> dict[Any, tuple[RetryOutcome, dt.datetime | None]]:
     """Re-enqueue the finished jobs of ``events`` (their cache outcome known) below their retry limit, once each.
 
-    A retry already inserted by a pass that died (its ``_id`` is the event's) holds its
-    ``unicity_id``: it is not inserted, nor counted, again.
+    Each event's outcome, and when a delayed retry becomes due. A retry already
+    inserted (or scheduled) by a pass that died, under the ``_id`` chosen at claim
+    time, is not inserted, nor counted, again.
     """
-    outcomes = {event[ID]: retry_decision(event, policy, side.generation) for event in events}
-    wanted = [event for event in events if outcomes[event[ID]] == RetryOutcome.ENQUEUED]
+    outcomes: dict[Any, tuple[RetryOutcome, dt.datetime | None]] = {
+        event[ID]: (retry_decision(event, policy, side.generation), None) for event in events
+    }
+    wanted = [event for event in events if outcomes[event[ID]][0] == RetryOutcome.ENQUEUED]
     queued = _queued_unicity_ids(store, wanted, session)
-    new_jobs = []
+    new_jobs, scheduled = [], []
     for event in wanted:
         holder = queued.get(event[Event.JOB][Job.UNICITY_ID])
         if holder is not None and holder != event[Event.RETRY_JOB_ID]:
-            outcomes[event[ID]] = RetryOutcome.ALREADY_QUEUED
+            outcomes[event[ID]] = (RetryOutcome.ALREADY_QUEUED, None)
+            continue
+        queued[event[Event.JOB][Job.UNICITY_ID]] = event[Event.RETRY_JOB_ID]  # one retry per unicity_id in a batch too
+        delay = policy.retry_delay_of(event.get(Event.FAILED_RUNS, 1), _spread(event[ID]))
+        if delay > 0:
+            due_at = truncate_ms(event[Event.FINALIZED_AT] + dt.timedelta(seconds=delay))
+            outcomes[event[ID]] = (RetryOutcome.SCHEDULED, due_at)
+            scheduled.append(_scheduled(event, side.generation, now, due_at))
         elif holder is None:
             new_jobs.append(retry_job(event, side.generation, now))
-            queued[event[Event.JOB][Job.UNICITY_ID]] = event[Event.RETRY_JOB_ID]  # one retry per unicity_id in a batch too
     if new_jobs:
         store.jobs.insert_many(new_jobs, ordered=False, session=session)
         after_insert(store, side, new_jobs, session)
+    if scheduled:
+        present = {document[ID] for document in store.retries.find({ID: {"$in": [item[ID] for item in scheduled]}}, {ID: 1}, session=session)}
+        fresh = [item for item in scheduled if item[ID] not in present]
+        if fresh:
+            store.retries.insert_many(fresh, ordered=False, session=session)
     return outcomes
+
+
+def _spread(event_id: Any) -> float:
+    """Where in [-1, 1] the jitter of this event's delay falls: fixed by its id, so a redone pass picks the same."""
+    return random.Random(str(event_id)).uniform(-1.0, 1.0)
+
+
+def _scheduled(event: Mapping[str, Any], generation: QueueGeneration, now: dt.datetime, due_at: dt.datetime) -> dict[str, Any]:
+    return {
+        ID: event[Event.RETRY_JOB_ID],
+        ScheduledRetry.JOB: retry_job(event, generation, now),
+        ScheduledRetry.EVENT_ID: event[ID],
+        ScheduledRetry.QUEUE_GENERATION: generation.name,
+        ScheduledRetry.DUE_AT: due_at,
+        ScheduledRetry.STATE: ScheduledState.PENDING,
+    }
+
+
+def enqueue_due_retries(store: Store, policy: ZombiePolicy, now: dt.datetime | None = None) -> Counter:
+    """Insert the delayed retries that are due, once each, unless a twin already waits or runs; what was done.
+
+    Two cleanups at once insert the same ``_id``: the server refuses the second,
+    which neither counts it nor records it as enqueued twice.
+    """
+    now = now or utc_now()
+    counts: Counter = Counter()
+    while True:
+        due = list(
+            store.retries.find({ScheduledRetry.STATE: ScheduledState.PENDING, ScheduledRetry.DUE_AT: {"$lte": now}})
+            .sort(ScheduledRetry.DUE_AT, 1)
+            .limit(policy.batch_size)
+        )
+        if not due:
+            return counts
+        decided: dict[Any, ScheduledState] = {}
+        for name in sorted({item[ScheduledRetry.QUEUE_GENERATION] for item in due}):
+            generation = QUEUE_GENERATIONS[name]
+            batch = [item for item in due if item[ScheduledRetry.QUEUE_GENERATION] == name]
+            decided.update(_enqueue_due(store, batch, SideCollections.of(store, generation), now))
+        store.retries.bulk_write(
+            [
+                UpdateOne({ID: item_id, ScheduledRetry.STATE: ScheduledState.PENDING}, {"$set": {ScheduledRetry.STATE: state, ScheduledRetry.DECIDED_AT: now}})
+                for item_id, state in decided.items()
+            ],
+            ordered=False,
+        )
+        counts.update(f"due_retry_{state}" for state in decided.values())
+
+
+def pending_retries(store: Store) -> int:
+    """Delayed retries not enqueued yet, due or not."""
+    return store.retries.count_documents({ScheduledRetry.STATE: ScheduledState.PENDING})
+
+
+def _enqueue_due(store: Store, due: list[Mapping[str, Any]], side: SideCollections, now: dt.datetime) -> dict[Any, ScheduledState]:
+    jobs = [{**item[ScheduledRetry.JOB], Job.CREATED_AT: now} for item in due]  # it joins the queue now, not when it was scheduled
+    holders = _queued_unicity_ids(store, [{Event.JOB: job} for job in jobs], None)
+    decided, to_insert = {}, []
+    for item, job in zip(due, jobs):
+        holder = holders.get(job[Job.UNICITY_ID])
+        if holder is not None and holder != item[ID]:
+            decided[item[ID]] = ScheduledState.ALREADY_QUEUED
+        else:
+            decided[item[ID]] = ScheduledState.ENQUEUED
+            if holder is None:
+                to_insert.append(job)
+                holders[job[Job.UNICITY_ID]] = item[ID]
+    if to_insert:
+        try:
+            store.jobs.insert_many(to_insert, ordered=False)
+            inserted = to_insert
+        except BulkWriteError as error:  # another cleanup inserted some first: theirs to count
+            refused = duplicate_indexes(error)
+            inserted = [job for index, job in enumerate(to_insert) if index not in refused]
+        after_insert(store, side, inserted)
+    return decided
 
 
 def retry_decision(event: Mapping[str, Any], policy: ZombiePolicy, generation: QueueGeneration) -> RetryOutcome:

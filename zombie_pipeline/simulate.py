@@ -316,22 +316,23 @@ class _Generator:
         job_type = self.rng.choice(w.job_types)
         limit = w.policy.max_duration_of(job_type.name)
         timeout = w.policy.heartbeat_timeout_seconds
+        beat = min(HEARTBEAT_INTERVAL_SECONDS, timeout / 3)  # workers beat well within the timeout, however short
         terminated_at = None
         if kind == "overdue":  # alive and beating, but far too long
             age = self.rng.uniform(1.2, 3.0) * limit
-            last_beat_age = self.rng.uniform(0, HEARTBEAT_INTERVAL_SECONDS)
+            last_beat_age = self.rng.uniform(0, beat)
         elif kind == "running":
             age = self.rng.uniform(0, 0.8 * min(limit, 10 * timeout))
-            last_beat_age = min(age, self.rng.uniform(0, HEARTBEAT_INTERVAL_SECONDS))
+            last_beat_age = min(age, self.rng.uniform(0, beat))
         else:  # crashed, never heartbeated or terminated: dead for more than twice the timeout, not yet overdue
-            low = 2 * timeout + 2 * HEARTBEAT_INTERVAL_SECONDS
+            low = 2 * timeout + 2 * beat
             age = self.rng.uniform(low, max(low, 0.9 * limit))
-            last_beat_age = self.rng.uniform(2 * timeout, age - HEARTBEAT_INTERVAL_SECONDS)
+            last_beat_age = self.rng.uniform(2 * timeout, age - beat)
             if kind == "terminated":
-                terminated_at = self.seconds_ago(last_beat_age - self.rng.uniform(0, HEARTBEAT_INTERVAL_SECONDS))
+                terminated_at = self.seconds_ago(last_beat_age - self.rng.uniform(0, beat))
         started_at = self.seconds_ago(age)
         last_heartbeat = None
-        if kind != "never_heartbeated" and age - last_beat_age >= HEARTBEAT_INTERVAL_SECONDS:
+        if kind != "never_heartbeated" and age - last_beat_age >= beat:
             last_heartbeat = self.seconds_ago(last_beat_age)
         job = self.job(
             job_type,

@@ -13,6 +13,7 @@ from zombie_pipeline.documents import (
     JOB_METRICS_COLLECTION,
     LOCKS_COLLECTION,
     PAST_JOBS_COLLECTION,
+    RETRIES_COLLECTION,
     WORKER_SIZE_METRICS_COLLECTION,
     DEFAULT_CACHE_COLLECTION,
     DEFAULT_EVENTS_COLLECTION,
@@ -20,7 +21,7 @@ from zombie_pipeline.documents import (
     DEFAULT_JOBS_COLLECTION,
     DEFAULT_SUGGESTIONS_COLLECTION,
 )
-from zombie_pipeline.mongo import CACHE_INDEXES, EVENT_INDEXES, JOB_INDEXES, ensure_indexes
+from zombie_pipeline.mongo import CACHE_INDEXES, EVENT_INDEXES, JOB_INDEXES, RETRY_INDEXES, ensure_indexes
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Store:
     cache: Collection
     failures: Collection
     suggestions: Collection
+    retries: Collection
     locks: Collection
     job_metrics: Collection
     worker_size_metrics: Collection
@@ -62,6 +64,7 @@ class Store:
             cache=cache_db[cache_collection],
             failures=queue_db[failures_collection],
             suggestions=queue_db[suggestions_collection],
+            retries=queue_db[RETRIES_COLLECTION],
             locks=queue_db[LOCKS_COLLECTION],
             job_metrics=queue_db[JOB_METRICS_COLLECTION],
             worker_size_metrics=queue_db[WORKER_SIZE_METRICS_COLLECTION],
@@ -73,7 +76,7 @@ class Store:
     @property
     def ours(self) -> tuple[Collection, ...]:
         """The collections this project owns; the deployment never reads them."""
-        return (self.events, self.failures, self.suggestions)
+        return (self.events, self.failures, self.suggestions, self.retries)
 
     def queue_collection_names(self) -> frozenset[str]:
         return frozenset(self.jobs.database.list_collection_names())
@@ -87,4 +90,5 @@ class Store:
         created = ensure_indexes(self.jobs, JOB_INDEXES)
         created += ensure_indexes(self.cache, CACHE_INDEXES)
         created += ensure_indexes(self.events, EVENT_INDEXES)
+        created += ensure_indexes(self.retries, RETRY_INDEXES)
         return created

@@ -10,7 +10,9 @@ crashes (it stops heartbeating and never finishes: a zombie) or runs on past
 its type's maximum duration. New waiting jobs arrive so the queue never dries up.
 
 Time is real: heartbeats and thresholds are the policy's. ``speed`` shortens
-the jobs' durations only, so a demo sees many finishes in a few seconds.
+the jobs' durations only, so a demo sees many finishes in a few seconds. The
+pool reads time through ``clock`` (seconds, for its schedule) and ``now`` (the
+dates it writes), so a test can drive it through minutes in a moment.
 :meth:`WorkerPool.stop` finishes the jobs still in flight, so a pool that is
 stopped leaves no false zombie behind.
 """
@@ -48,7 +50,7 @@ from zombie_pipeline.documents import (
 from zombie_pipeline.finish_effects import Finished, SideCollections, after_finish, after_insert, worker_size
 from zombie_pipeline.generations import CACHE_GENERATIONS, QueueGeneration, failed_runs_after_crash, stored_failed_runs
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import JOB_TYPES, START_LOCK_TTL_SECONDS, JobType, job_document
+from zombie_pipeline.simulate import JOB_TYPES, START_LOCK_TTL_SECONDS, JobType, WorkloadError, job_document
 from zombie_pipeline.store import Store
 
 
@@ -75,7 +77,7 @@ class WorkerRates:
         if not self.heartbeat_seconds > 0:
             problems.append(f"heartbeat_seconds must be positive, got {self.heartbeat_seconds!r}")
         if problems:
-            raise ValueError("invalid worker rates: " + "; ".join(problems))
+            raise WorkloadError("invalid worker rates: " + "; ".join(problems))
 
 
 @dataclass
@@ -98,6 +100,7 @@ class WorkerPool:
     seed: int = 0
     job_types: tuple[JobType, ...] = JOB_TYPES
     clock: Callable[[], float] = time.monotonic
+    now: Callable[[], dt.datetime] = utc_now
     counts: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -106,10 +109,11 @@ class WorkerPool:
         self.side = SideCollections.of(self.store, self.generation)
         self.cache_generation = CACHE_GENERATIONS[self.generation.cache_generation]
         self.types = {job_type.name: job_type for job_type in self.job_types}
+        self._openings: tuple[set, set, list] | None = None
 
     def adopt_running(self) -> int:
         """Take over the started jobs that look alive (a recent heartbeat or start): their workers are ours now."""
-        cutoff = utc_now() - dt.timedelta(seconds=self.policy.heartbeat_timeout_seconds)
+        cutoff = self.now() - dt.timedelta(seconds=self.policy.heartbeat_timeout_seconds)
         alive = self.store.jobs.find(
             {
                 Job.STATUS: Status.STARTED,
@@ -121,7 +125,7 @@ class WorkerPool:
         adopted = 0
         for job in alive:
             limit = self.policy.max_duration_of(job[Job.TYPE])
-            if (utc_now() - job[Job.STARTED_AT]).total_seconds() >= limit:
+            if (self.now() - job[Job.STARTED_AT]).total_seconds() >= limit:
                 continue  # already past its maximum duration: a zombie to clean, not a job to run
             job_type = self.types.get(job[Job.TYPE], self.job_types[0])
             seconds = job_type.median_seconds * math.exp(self.rng.gauss(0.0, job_type.sigma)) * self.rates.speed
@@ -135,6 +139,8 @@ class WorkerPool:
     def tick(self) -> None:
         """One step of every worker: start, heartbeat or finish; then top the waiting jobs up."""
         now = self.clock()
+        self._openings = None  # the waiting jobs and the busy users, read once a tick, when a worker looks for work
+        beating = []
         for index, run in enumerate(self.runs):
             if index >= self.rates.workers and (run is None or run.crashed):
                 self.runs[index] = None  # an adopted job's worker leaves once its job is done
@@ -144,7 +150,8 @@ class WorkerPool:
                 self._finish(run)
                 self.runs[index] = None
             elif not run.crashed and now >= run.next_beat:
-                self._beat(run, now)
+                beating.append(run)
+        self._beat(beating, now)
         self._top_up()
 
     def run(self, seconds: float, stop: Callable[[], bool] = lambda: False, interval: float = 0.5) -> Counter:
@@ -182,13 +189,22 @@ class WorkerPool:
         return _Run(job, finish_at, now + self.rates.heartbeat_seconds, crashed, self.rng.random() < job_type.error_rate)
 
     def _take_waiting(self) -> dict[str, Any] | None:
-        busy = set(self.store.jobs.distinct(Job.NAMESPACE, {Job.STATUS: Status.STARTED}))
-        started_ids = set(self.store.jobs.distinct(Job.UNICITY_ID, {Job.STATUS: Status.STARTED}))
-        for candidate in self.store.jobs.find({Job.STATUS: Status.WAITING}).sort(Job.CREATED_AT, 1).limit(50):
+        """The oldest waiting job whose user runs nothing and whose unicity id is not started, started; None if none."""
+        if self._openings is None:
+            self._openings = (
+                set(self.store.jobs.distinct(Job.NAMESPACE, {Job.STATUS: Status.STARTED})),
+                set(self.store.jobs.distinct(Job.UNICITY_ID, {Job.STATUS: Status.STARTED})),
+                list(self.store.jobs.find({Job.STATUS: Status.WAITING}).sort(Job.CREATED_AT, 1).limit(50)),
+            )
+        busy, started_ids, waiting = self._openings
+        while waiting:
+            candidate = waiting.pop(0)
             if candidate.get(Job.NAMESPACE) in busy or candidate.get(Job.UNICITY_ID) in started_ids:
                 continue
             started = self._start_one(candidate)
             if started is not None:
+                busy.add(started.get(Job.NAMESPACE))
+                started_ids.add(started.get(Job.UNICITY_ID))
                 return started
         return None
 
@@ -196,17 +212,17 @@ class WorkerPool:
         owner = str(uuid.uuid4())
         lock = self.generation.keeps(LOCKS_COLLECTION) and Lock.OWNER in self.generation.lock_fields
         if lock:  # held only while starting, then released: the lock document stays
-            taken = {Lock.OWNER: owner, Lock.UPDATED_AT: utc_now()}
+            taken = {Lock.OWNER: owner, Lock.UPDATED_AT: self.now()}
             if Lock.TTL in self.generation.lock_fields:
                 taken[Lock.TTL] = START_LOCK_TTL_SECONDS
             self.store.locks.update_one({ID: candidate[Job.UNICITY_ID], Lock.OWNER: None}, {"$set": taken}, upsert=True)
         started = self.store.jobs.find_one_and_update(
             {ID: candidate[ID], Job.STATUS: Status.WAITING},
-            {"$set": {Job.STATUS: Status.STARTED, Job.STARTED_AT: utc_now()}},
+            {"$set": {Job.STATUS: Status.STARTED, Job.STARTED_AT: self.now()}},
             return_document=ReturnDocument.AFTER,
         )
         if lock:
-            self.store.locks.update_one({ID: candidate[Job.UNICITY_ID], Lock.OWNER: owner}, {"$set": {Lock.OWNER: None, Lock.UPDATED_AT: utc_now()}})
+            self.store.locks.update_one({ID: candidate[Job.UNICITY_ID], Lock.OWNER: owner}, {"$set": {Lock.OWNER: None, Lock.UPDATED_AT: self.now()}})
         if started is not None:
             self._count_job(started, Status.WAITING, -1)
             self._count_job(started, Status.STARTED, +1)
@@ -218,9 +234,13 @@ class WorkerPool:
                 )
         return started
 
-    def _beat(self, run: _Run, now: float) -> None:
-        self.store.jobs.update_one({ID: run.job[ID], Job.STATUS: Status.STARTED}, {"$set": {Job.LAST_HEARTBEAT: utc_now()}})
-        run.next_beat = now + self.rates.heartbeat_seconds
+    def _beat(self, runs: list[_Run], now: float) -> None:
+        """The heartbeat of each of ``runs`` (one command for all: each worker's own write, sent together)."""
+        if runs:
+            ids = [run.job[ID] for run in runs]
+            self.store.jobs.update_many({ID: {"$in": ids}, Job.STATUS: Status.STARTED}, {"$set": {Job.LAST_HEARTBEAT: self.now()}})
+        for run in runs:
+            run.next_beat = now + self.rates.heartbeat_seconds
 
     def _finish(self, run: _Run) -> None:
         """The cache entry first, then the job finished as the generation finishes one (if it is still ours)."""
@@ -228,7 +248,7 @@ class WorkerPool:
         if current is None or current.get(Job.STATUS) != Status.STARTED:
             self.counts["finished_by_someone_else"] += 1  # the cleanup took it for a zombie
             return
-        finished_at = utc_now()
+        finished_at = self.now()
         self._write_result(current, finished_at, run.failed)
         status = Status.ERROR if run.failed else Status.SUCCESS
         if self.generation.keeps_finished_jobs:
@@ -279,7 +299,10 @@ class WorkerPool:
             config = None if job_type.level == "dataset" else self.rng.choice(["default", "en"])
             split = None if job_type.level != "split" else self.rng.choice(["train", "test"])
             new_jobs.append(
-                job_document(job_type.name, dataset, config, split, status=Status.WAITING, generation=self.generation, difficulty=job_type.difficulty)
+                job_document(
+                    job_type.name, dataset, config, split, status=Status.WAITING, generation=self.generation,
+                    difficulty=job_type.difficulty, created_at=self.now(),
+                )
             )
         self.store.jobs.insert_many(new_jobs)
         after_insert(self.store, self.side, new_jobs)

@@ -1,20 +1,48 @@
-"""The command line: the embedded server's ``db`` commands, and a missing server said plainly, never a traceback.
+"""The command line: the embedded server's ``db`` commands; nothing written where it was not asked; errors in one line.
 
 ``simulate`` and ``demo`` run, with credentials in their URLs, in tests/test_secrets.py.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+from pymongo import MongoClient
+from pymongo.database import Database
 
 from tests.servers import child_env, kill_recorded_server, wait_until_gone
 from zombie_pipeline import embedded
 from zombie_pipeline.app import cli
-from zombie_pipeline.config import HOME_ENV
-from zombie_pipeline.embedded import INSTALL_HINT, ServerInfo
+from zombie_pipeline.config import (
+    CACHE_DATABASE_ENV,
+    CACHE_URL_ENV,
+    DAGSTER_HOME_ENV,
+    HOME_ENV,
+    QUEUE_DATABASE_ENV,
+    QUEUE_URL_ENV,
+    SERVER_SELECTION_TIMEOUT_ENV,
+)
+from zombie_pipeline.documents import (
+    DEFAULT_CACHE_COLLECTION,
+    DEFAULT_JOBS_COLLECTION,
+    ID,
+    LOCKS_COLLECTION,
+    PAST_JOBS_COLLECTION,
+    Cache,
+    Job,
+    Lock,
+    PastJob,
+    utc_now,
+)
+from zombie_pipeline.embedded import INSTALL_HINT, ServerInfo, free_port
+from zombie_pipeline.simulate import cache_document, job_document
 
 PYTHON = sys.executable
 _CONSOLE_SCRIPT = Path(sys.executable).parent / "zombie-pipeline"
@@ -78,3 +106,133 @@ def test_cli_db_start_reports_the_missing_server_in_process(tmp_path, monkeypatc
     captured = capsys.readouterr()
     assert "pip install" in captured.err
     assert captured.out == ""
+
+
+# --- a database zombie-pipeline did not write ----------------------------------------------------------------
+
+
+@pytest.fixture
+def own_client(mongo_url):
+    """A client of the test's own: the CLI closes the process's shared clients when it exits."""
+    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.timezone.utc)
+    yield client
+    client.close()
+
+
+def foreign_databases(fresh_database, client: MongoClient) -> tuple[Database, Database]:
+    """A deployment of today's queue and cache: a zombie among its jobs, its lock, a past job, a cache entry, the
+    deployment's cache index, and a sentinel in each database."""
+    queue, cache = (client[fresh_database(prefix).name] for prefix in ("foreign_queue", "foreign_cache"))
+    long_ago = utc_now() - dt.timedelta(hours=2)
+    zombie = job_document("/splits", "acme/production", started_at=long_ago, last_heartbeat=long_ago)
+    queue[DEFAULT_JOBS_COLLECTION].insert_one(zombie)
+    queue["sentinel"].insert_one({ID: "sentinel", "note": "a real deployment's document"})
+    queue[LOCKS_COLLECTION].insert_one({ID: zombie[Job.UNICITY_ID], Lock.OWNER: None, Lock.UPDATED_AT: long_ago})
+    queue[PAST_JOBS_COLLECTION].insert_one({ID: "a past job", PastJob.DATASET: "acme/other", PastJob.DURATION: 42, PastJob.FINISHED_AT: long_ago})
+    cache[DEFAULT_CACHE_COLLECTION].insert_one(cache_document(zombie, updated_at=long_ago - dt.timedelta(days=1)))
+    cache[DEFAULT_CACHE_COLLECTION].create_index(
+        [(Cache.KIND, pymongo.ASCENDING), (Cache.UPDATED_AT, pymongo.ASCENDING), (Cache.DATASET, pymongo.ASCENDING)], name="kind_updated"
+    )
+    cache["sentinel"].insert_one({ID: "sentinel", "note": "a real cache's document"})
+    return queue, cache
+
+
+def contents(*databases: Database) -> dict[str, Any]:
+    """Every collection of the databases, its documents and its indexes: equal before and after means untouched."""
+    return {
+        f"{database.name}.{name}": (
+            sorted(database[name].find(), key=lambda document: str(document[ID])),
+            sorted((index, info["key"]) for index, info in database[name].index_information().items()),
+        )
+        for database in databases
+        for name in sorted(database.list_collection_names())
+    }
+
+
+def point_at(monkeypatch, mongo_url: str, queue: Database, cache: Database, home: Path) -> None:
+    for variable, value in (
+        (QUEUE_URL_ENV, mongo_url), (CACHE_URL_ENV, mongo_url), (QUEUE_DATABASE_ENV, queue.name), (CACHE_DATABASE_ENV, cache.name),
+        (HOME_ENV, str(home)),  # the demo's report files, not the project's
+    ):
+        monkeypatch.setenv(variable, value)
+    monkeypatch.delenv(DAGSTER_HOME_ENV, raising=False)
+
+
+def test_a_sentinel_in_a_foreign_database_survives_every_command_run_with_its_url(
+    mongo_url, fresh_database, own_client, tmp_path, monkeypatch, capsys
+):
+    queue, cache = foreign_databases(fresh_database, own_client)
+    point_at(monkeypatch, mongo_url, queue, cache, tmp_path / "home")
+    before = contents(queue, cache)
+    databases = set(queue.client.list_database_names())
+
+    refused = {
+        "simulate": ["simulate", "--finished", "10"],
+        "simulate --drop": ["simulate", "--drop", "--finished", "10"],
+        # naming one database gives up that one only: the other, still foreign, stops the command before any drop
+        "simulate --drop --overwrite-database <queue>": ["simulate", "--drop", "--overwrite-database", queue.name],
+        "workers": ["workers", "--duration", "1"],
+    }
+    for name, args in refused.items():
+        assert cli.main(args) == 2, name
+        error = capsys.readouterr().err
+        assert error.startswith("zombie-pipeline: ") and error.count("\n") == 1, (name, error)
+        assert "did not write" in error or "holds no simulated queue" in error, (name, error)
+        assert contents(queue, cache) == before, name
+
+    assert cli.main(["demo"]) == 0
+    printed = capsys.readouterr().out
+    assert "simulates nothing and writes nothing" in printed
+    assert "kill_zombies_job: succeeded" in printed and "dry run: 1 zombies found and left alone" in printed
+    assert "duration_statistics for the 7 days" in printed  # read, computed, not recorded
+    assert contents(queue, cache) == before
+    assert set(queue.client.list_database_names()) == databases
+
+
+def test_the_refusal_names_the_database_and_the_option_that_gives_it_up(
+    mongo_url, fresh_database, own_client, tmp_path, monkeypatch, capsys
+):
+    queue, cache = foreign_databases(fresh_database, own_client)
+    point_at(monkeypatch, mongo_url, queue, cache, tmp_path / "home")
+
+    assert cli.main(["simulate"]) == 2
+
+    error = capsys.readouterr().err
+    assert f"database {queue.name!r} holds documents zombie-pipeline did not write" in error
+    assert "jobsBlue (1)" in error and "sentinel (1)" in error
+    assert f"--overwrite-database {queue.name}" in error
+
+
+# --- errors a person reads ---------------------------------------------------------------------------------------
+
+PASSWORD = "Sup3r-s3cret-Pw"
+
+
+def test_error_outputs_are_one_line_naming_the_problem_with_no_traceback_nor_credential(mongo_url, fresh_database, own_client, tmp_path):
+    queue, cache = foreign_databases(fresh_database, own_client)
+    closed = f"mongodb://operator:{PASSWORD}@127.0.0.1:{free_port()}/?directConnection=true"
+    foreign = {QUEUE_URL_ENV: mongo_url, CACHE_URL_ENV: mongo_url, QUEUE_DATABASE_ENV: queue.name, CACHE_DATABASE_ENV: cache.name}
+    cases = {  # name: (arguments, environment, what the line must say)
+        "bad option value": (["simulate", "--jobs", "-5"], {}, "jobs must be a non-negative integer, got -5"),
+        "bad worker rate": (["workers", "--crash-rate", "2"], {}, "crash_rate must be in [0, 1], got 2.0"),
+        "unreachable URL with a password": (
+            ["simulate"], {QUEUE_URL_ENV: closed, CACHE_URL_ENV: closed, SERVER_SELECTION_TIMEOUT_ENV: "500"},
+            "cannot reach MongoDB at mongodb://***:***@127.0.0.1:",
+        ),
+        "bad timeout setting": (["demo"], {SERVER_SELECTION_TIMEOUT_ENV: "soon"}, f"{SERVER_SELECTION_TIMEOUT_ENV}='soon' is not"),
+        "foreign database": (["simulate", "--drop"], foreign, "holds documents zombie-pipeline did not write"),
+    }
+    started = {
+        name: subprocess.Popen(
+            [*CLI, *args], env=child_env(tmp_path / "home", **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for name, (args, env, _) in cases.items()
+    }
+    outputs = {name: process.communicate(timeout=120) for name, process in started.items()}
+
+    for name, (_, _, expected) in cases.items():
+        out, err = outputs[name]
+        assert started[name].returncode == 2, (name, out, err)
+        assert "Traceback" not in out + err and PASSWORD not in out + err, (name, out, err)
+        assert err.startswith("zombie-pipeline: ") and err.count("\n") == 1 and expected in err, (name, err)
+    assert "(from $QUEUE_MONGO_URL) within 0.5 s" in outputs["unreachable URL with a password"][1]

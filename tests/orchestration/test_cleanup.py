@@ -4,7 +4,9 @@ import pytest
 
 from tests.helpers import ago, database_resources, job_document, report_suggesting, run_kill_zombies, step_failure_messages, step_metadata, workload
 from zombie_pipeline.documents import ID, Event, EventState, Job, Status, utc_now
-from zombie_pipeline.orchestration.resources import ZombiePolicyResource
+from zombie_pipeline.embedded import free_port
+from zombie_pipeline.mongo import redact_url
+from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
 from zombie_pipeline.simulate import simulate
 from zombie_pipeline.statistics.suggestions import save_suggestions
 
@@ -56,6 +58,11 @@ def test_the_brake_fails_the_run_with_its_reason_and_the_override_proceeds(store
     assert not braked.success
     [message] = step_failure_messages(braked)
     assert "brake engaged: 25 of 25" in message
+    [failure] = failures(braked)
+    assert failure.description.startswith("brake engaged: 25 of 25 started jobs (100%) look dead") and "\n" not in failure.description
+    assert {name: value.value for name, value in failure.metadata.items()} == {
+        "stale": 25, "started": 25, "stale_fraction": 1.0, "max_stale_fraction": 0.5, "min_started_for_brake": 20,
+    }
     assert store.jobs.count_documents({Job.STATUS: Status.STARTED}) == 25
 
     assert run_kill_zombies(resources, override_brake=True).success
@@ -89,3 +96,48 @@ def test_an_opted_in_run_applies_the_latest_suggestions_and_says_so(store, resou
     assert step_metadata(opted_in, "summarize")["reason/exceeded_max_duration"] == 1
     assert [event[Event.THRESHOLD_SECONDS] for event in store.events.find()] == [1_800]
 
+
+
+def failures(result) -> list:
+    """What each failed step's ``Failure`` told: its description and metadata (not a bare exception)."""
+    return [
+        event.step_failure_data.user_failure_data
+        for event in result.all_events
+        if event.is_step_failure and event.step_failure_data.user_failure_data is not None
+    ]
+
+
+def test_a_queue_whose_generation_cannot_be_told_fails_the_run_in_one_line_with_the_candidates(store, resources):
+    """A job with 2023-01's ``force`` and 2023-05's ``revision``: no generation has both, so nothing is written."""
+    store.jobs.insert_one({**job_document(dataset="u/odd", started_at=ago(3_600)), Job.REVISION: "r1"})
+
+    result = run_kill_zombies(resources)
+
+    assert not result.success
+    [failure] = failures(result)
+    assert failure.description.startswith("the queue's evidence contradicts itself") and "\n" not in failure.description
+    assert "queue_generation" in failure.description
+    metadata = {name: value.value for name, value in failure.metadata.items()}
+    assert metadata["zombies_found"] == 1 and metadata["queue_generation_candidates"] == []
+    assert "queue_generation" in metadata["to_decide"]
+    assert store.events.count_documents({}) == 0 and store.jobs.count_documents({Job.STATUS: Status.STARTED}) == 1
+
+
+def test_an_unreachable_database_fails_the_run_in_seconds_in_one_line_with_where_it_looked(monkeypatch):
+    url = f"mongodb://127.0.0.1:{free_port()}/?directConnection=true"  # nothing listens there
+    monkeypatch.setenv(URL_ENV, url)
+    unreachable = {
+        "queue_db": QueueDatabase(url_env_var=URL_ENV, database="unreachable_queue", server_selection_timeout_ms=300),
+        "cache_db": CacheDatabase(url_env_var=URL_ENV, database="unreachable_cache", server_selection_timeout_ms=300),
+        "zombie_policy": ZombiePolicyResource(),
+    }
+
+    result = run_kill_zombies(unreachable)
+
+    assert not result.success
+    [failure] = failures(result)
+    assert failure.description.startswith(f"cannot reach MongoDB at {redact_url(url)} (from ${URL_ENV}) within 0.3 s: ")
+    assert "\n" not in failure.description
+    assert {name: value.value for name, value in failure.metadata.items()} == {
+        "url": redact_url(url), "database": "unreachable_queue", "timeout_ms": 300, "variable": URL_ENV,
+    }

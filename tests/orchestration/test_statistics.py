@@ -6,11 +6,12 @@ import datetime as dt
 from pathlib import Path
 
 import dagster as dg
+import numpy as np
 import pydantic
 import pytest
 from bson import ObjectId
 
-from tests.helpers import QUEUE_GENERATION, database_resources, workload
+from tests.helpers import QUEUE_GENERATION, database_resources, job_document, workload
 from zombie_pipeline.documents import ID, Job, Status
 from zombie_pipeline.generations import QUEUE_GENERATIONS
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
@@ -23,6 +24,7 @@ from zombie_pipeline.orchestration.statistics import (
     job_duration_tallies,
 )
 from zombie_pipeline.simulate import simulate
+from zombie_pipeline.statistics.reports import INLINE_MARKDOWN_LIMIT
 from zombie_pipeline.statistics.suggest import analyze_window
 from zombie_pipeline.statistics.suggestions import latest_suggested_max_durations
 from zombie_pipeline.statistics.tallies import BadData
@@ -58,6 +60,7 @@ def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources,
         for day in ("2024-03-09", "2024-03-10"):
             daily = dg.materialize([job_duration_tallies], partition_key=day, resources=resources, instance=instance)
             assert daily.success
+            assert_plottable_per_type(_metadata(daily, job_duration_tallies), daily.output_for_node(job_duration_tallies.op.name))
         window = dg.materialize(
             [job_duration_tallies, job_duration_statistics],
             selection=[job_duration_statistics],  # the window reads no job: only the stored tallies
@@ -70,7 +73,7 @@ def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources,
     metadata = _metadata(window, job_duration_statistics)
     generation = QUEUE_GENERATIONS[QUEUE_GENERATION]
     one_pass = analyze_window(store, generation, resources["zombie_policy"].policy(), end=end, window_days=2)
-    assert (metadata["days_in_window"], metadata["days_missing"]) == (2, 0)
+    assert (metadata["days_present"], metadata["days_expected"], metadata["days_missing"]) == (2, 2, 0)
     suggested = {key[len(SUGGESTED_T2_METADATA_PREFIX):]: value for key, value in metadata.items() if key.startswith(SUGGESTED_T2_METADATA_PREFIX)}
     assert suggested == {job_type.lstrip("/"): float(seconds) for job_type, seconds in one_pass.suggested_max_durations().items()}
     assert len(suggested) == 9
@@ -78,6 +81,12 @@ def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources,
     assert "max_duration_seconds_by_type" in metadata["zombie_policy_snippet"]
     for name in ("csv", "json", "markdown", "chart"):
         assert Path(metadata[name]).parent == tmp_path and Path(metadata[name]).stat().st_size > 0
+    assert Path(metadata["markdown"]).name == "durations_2024-03-09_2024-03-11.md"
+    charts = {key: value for key, value in metadata.items() if key.startswith("chart/")}
+    assert set(charts) == {f"chart/{job_type.lstrip('/')}" for job_type in one_pass.suggested_max_durations()}
+    for chart in charts.values():
+        marked = [line for line in chart.splitlines() if "◀" in line]
+        assert len(chart) < INLINE_MARKDOWN_LIMIT and any("suggested T2" in line for line in marked), chart  # shown inline
     stored = latest_suggested_max_durations(store.suggestions)
     assert stored == one_pass.suggested_max_durations()
     assert store.suggestions.find_one({ID: end}) is not None
@@ -103,12 +112,45 @@ def test_days_not_computed_yet_are_listed_and_bad_data_counted(resources, store:
         )
 
     assert _metadata(daily, job_duration_tallies)["bad_data"] == {BadData.FINISHED_BEFORE_STARTED: 1}
+    assert {key: value for key, value in _metadata(daily, job_duration_tallies).items() if "/" in key} == {
+        "runs/a": 1, "zombies/a": 0, "p50_seconds/a": 5.0, "p99_seconds/a": 5.0,
+    }
     metadata = _metadata(window, job_duration_statistics)
-    assert (metadata["days_in_window"], metadata["days_missing"]) == (1, 2)
+    assert Path(metadata["markdown"]).name == "durations_2024-03-08_2024-03-11_partial-1of3.md"  # never the full report's name
+    assert "(only 1 of its 3 days computed)" in metadata["window"] and "(only 1 of its 3 days computed)" in metadata["statistics"]
+    assert (metadata["days_present"], metadata["days_expected"], metadata["days_missing"]) == (1, 3, 2)
     assert metadata["skipped_documents"] == 1
     assert "2024-03-08, 2024-03-09" in metadata["statistics"]
     assert not any(key.startswith(SUGGESTED_T2_METADATA_PREFIX) for key in metadata)  # 1 job: not enough data
     assert store.suggestions.count_documents({}) == 0
+
+
+def assert_plottable_per_type(metadata: dict, period) -> None:
+    """Per type, numbers the UI plots over the daily partitions, under keys without the type's leading slash."""
+    for job_type, tally in period.tallies.items():
+        name = job_type.lstrip("/")
+        assert metadata[f"runs/{name}"] == sum(tally.statuses.values())
+        assert metadata[f"zombies/{name}"] == sum(tally.zombies.values())
+        durations = sorted(float(value) for value in tally.success)
+        assert metadata[f"p50_seconds/{name}"] == pytest.approx(float(np.percentile(durations, 50)), abs=1e-3)
+        assert metadata[f"p99_seconds/{name}"] == pytest.approx(float(np.percentile(durations, 99)), abs=1e-3)
+    assert not any(key.startswith("/") or "//" in key for key in metadata)
+
+
+def test_daily_tallies_of_a_queue_whose_generation_cannot_be_told_fail_in_one_line_with_the_candidates(resources, store: Store):
+    store.jobs.insert_one({**job_document(dataset="u/odd", status=Status.SUCCESS), Job.REVISION: "r1"})  # 2023-01 and 2023-05 at once
+    undecided = {**resources, "zombie_policy": ZombiePolicyResource()}
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [job_duration_tallies], partition_key="2024-03-10", resources=undecided, instance=instance, raise_on_error=False
+        )
+
+    assert not result.success
+    [failure] = [
+        event.step_failure_data.user_failure_data for event in result.all_events if event.is_step_failure
+    ]
+    assert failure.description.startswith("the queue's evidence contradicts itself") and "\n" not in failure.description
+    assert failure.metadata["queue_generation_candidates"].value == []
 
 
 def test_an_out_of_range_setting_fails_the_run_before_anything_is_read(monkeypatch, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,10 @@ from zombie_pipeline.documents import Reason, Status
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.statistics.reports import (
+    CHART_EDGES,
+    INLINE_MARKDOWN_LIMIT,
+    duration_chart,
+    duration_charts,
     format_duration,
     markdown_table,
     policy_snippet,
@@ -132,3 +137,68 @@ def test_the_summary_gives_a_few_lines_per_type_and_the_snippet(report, tmp_path
     assert str(files.chart) in text
     assert text.count("\n") < 8 * len(report.types) + 15
     assert '"/fast": 300' in text
+
+
+# --- a window with days missing -------------------------------------------------------------------------------
+
+
+def test_a_partial_window_says_so_and_its_files_never_replace_the_full_reports(report, tmp_path):
+    full = write_reports(report, tmp_path)
+    partial_report = analyze(
+        Period(start=report.window_start, end=report.window_end, tallies={"/fast": _tally([3.0] * 40)}),
+        ZombiePolicy(),
+        missing_days=["2024-03-01", "2024-03-02"],
+    )
+
+    partial = write_reports(partial_report, tmp_path)
+
+    assert full.markdown.name == "durations_2024-03-01_2024-03-08.md"
+    assert partial.markdown.name == "durations_2024-03-01_2024-03-08_partial-5of7.md"
+    assert {path.stem for path in tmp_path.iterdir()} == {full.markdown.stem, partial.markdown.stem}
+    assert "/slow" in full.markdown.read_text()  # the fuller report, as it was
+    assert (partial_report.days_present, partial_report.days_expected) == (5, 7)
+    assert "(only 5 of its 7 days computed)" in markdown_table(partial_report).splitlines()[0]
+    assert json.loads(partial.json.read_text())["days_present"] == 5
+
+
+# --- the chart in text, for the UI ------------------------------------------------------------------------------
+
+
+ROW = re.compile(r" – \S+(?: \S+)?\s+(\d+)")  # a bin's upper edge ("30 min", "more"), then its count
+
+
+def chart_rows(chart: str) -> list[str]:
+    return [line for line in chart.splitlines() if " – " in line]
+
+
+def test_the_text_chart_is_a_log_scale_histogram_of_the_successes_with_both_t2_marked(report):
+    fast = report.type_report("/fast")
+
+    chart = duration_chart(fast)
+
+    assert chart.startswith("```text\n/fast: 400 successful runs, p50 ") and chart.endswith("\n```")
+    rows = chart_rows(chart)
+    assert sum(int(ROW.search(row).group(1)) for row in rows) == 400
+    lows = [row.split(" – ")[0].strip() for row in rows]  # from the shortest run's bin to the current T2's
+    assert lows == [format_duration(edge) for edge in CHART_EDGES[CHART_EDGES.index(0.2): CHART_EDGES.index(1_200) + 1]]
+    assert max(row.count("█") for row in rows) == 20  # the fullest bin is a full bar
+    [current] = [row for row in rows if "current T2" in row]
+    [suggested] = [row for row in rows if "suggested T2" in row]
+    assert current.strip().startswith("20 min – 30 min") and current.endswith("◀ current T2 20 min")
+    assert suggested.strip().startswith("5 min – 10 min") and suggested.endswith("◀ suggested T2 5 min (lower)")
+
+
+def test_every_chart_is_short_enough_for_the_ui_to_show_it_inline_however_wide_the_durations(report):
+    spread = analyze(
+        Period(start=report.window_start, end=report.window_end, tallies={"/wide": _tally(np.geomspace(0.1, 600_000, 500))}),
+        ZombiePolicy(),
+    )
+
+    charts = {**duration_charts(report), **duration_charts(spread)}
+
+    assert set(charts) == {"/fast", "/gone", "/rare|odd", "/slow", "/wide"}
+    assert all(len(chart) < INLINE_MARKDOWN_LIMIT for chart in charts.values())
+    assert "0 successful runs" in charts["/gone"] and "current T2 15 min" in charts["/gone"]
+    assert "not enough data" in charts["/rare|odd"]
+    assert "20 more stopped at T2" in charts["/slow"]
+    assert "more" in chart_rows(charts["/wide"])[-1].split(" – ")[1]  # the last bin has no upper edge

@@ -48,3 +48,20 @@ def test_a_policy_that_does_not_opt_in_is_the_one_configured(store):
     save_suggestions(store.suggestions, analyze(week({"/a": tally([100.0] * 50)}), policy))
 
     assert effective_policy(policy, store.suggestions) is policy
+
+
+def test_a_partial_window_never_replaces_the_suggestions_of_a_fuller_one(store):
+    collection = store.suggestions
+    policy = ZombiePolicy()
+    full = analyze(week({"/a": tally([100.0] * 50)}), policy)
+    partial = analyze(week({"/a": tally([1000.0] * 50)}), policy, missing_days=["2024-02-28", "2024-02-29"])
+    fuller_partial = analyze(week({"/a": tally([200.0] * 50)}), policy, missing_days=["2024-02-28"])
+
+    assert save_suggestions(collection, partial)
+    assert save_suggestions(collection, fuller_partial)  # more days: it replaces the partial one
+    assert save_suggestions(collection, full)
+    assert not save_suggestions(collection, partial)  # fewer days: the full week's record is kept
+
+    [stored] = collection.find()
+    assert (stored[T2Suggestion.DAYS_PRESENT], stored[T2Suggestion.DAYS_EXPECTED]) == (7, 7)
+    assert latest_suggested_max_durations(collection) == {"/a": 300}

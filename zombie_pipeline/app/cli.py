@@ -9,19 +9,28 @@ from typing import Sequence
 from zombie_pipeline import config, embedded
 from zombie_pipeline.cleanup import GenerationUnknown
 from zombie_pipeline.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
-from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable, close_clients, redact
-from zombie_pipeline.simulate import STARTED_KINDS, NotOurs, Workload, WorkloadError, drop_simulation, simulate
+from zombie_pipeline.config import SettingError
+from zombie_pipeline.mongo import DatabaseUnavailable, close_clients, redact
+from zombie_pipeline.simulate import (
+    STARTED_KINDS,
+    NotOurs,
+    Workload,
+    WorkloadError,
+    check_ours,
+    drop_simulation,
+    simulate,
+    simulated_generation,
+)
 
 # Dagster is imported only by the commands that need it: `db` answers in a fraction of a second.
 
 
 def _store_and_resources():
-    """The configured databases, reachable: a refused or closed port fails now, naming the URL."""
-    from zombie_pipeline.orchestration.resources import resources_from_env, store_of
+    """The configured databases, reachable: a refused or closed port fails now (within the resources' timeout), naming the URL."""
+    from zombie_pipeline.orchestration.resources import check_databases, resources_from_env, store_of
 
     resources = resources_from_env()
-    for resource in (resources["queue_db"], resources["cache_db"]):
-        check_reachable(resource.get_database(), resource.url(), resource.url_env_var)
+    check_databases(resources["queue_db"], resources["cache_db"])
     return store_of(resources["queue_db"], resources["cache_db"]), resources
 
 
@@ -33,6 +42,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         workload = Workload(**counts, **options)
     store, resources = _store_and_resources()
+    check_ours(store, args.overwrite_database)  # before the first write, an index included
     if args.drop:
         drop_simulation(store, args.overwrite_database)
     store.ensure_indexes()
@@ -58,9 +68,11 @@ def cmd_workers(args: argparse.Namespace) -> int:
         heartbeat_seconds=args.heartbeat_seconds,
     )
     store, resources = _store_and_resources()
-    if resources["queue_db"].url() is not None:
-        print("zombie-pipeline: simulated workers run on the embedded default only; unset QUEUE_MONGO_URL", file=sys.stderr)
-        return 2
+    if simulated_generation(store) is None:  # workers write: only into a queue the simulator wrote
+        raise NotOurs(
+            f"{resources['queue_db'].describe()} holds no simulated queue: simulated workers only run on a queue "
+            "zombie-pipeline simulated (zombie-pipeline simulate first)"
+        )
     policy = resources["zombie_policy"].policy()
     generation = required_generation(queue_verdict(store, policy))
     pool = WorkerPool(store, generation, policy, rates, seed=args.seed)
@@ -132,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulated workers: keep the simulated queue alive (take, heartbeat, finish, crash)",
         description="Workers that take waiting jobs with the queue's own rules, heartbeat, finish with each type's "
         "duration law and write their cache entries, crashing or running long at the given rates, as the queue's "
-        "generation does. Stopped (Ctrl-C or --duration), they finish the jobs they hold.",
+        "generation does. Stopped (Ctrl-C or --duration), they finish the jobs they hold. They run only on a queue "
+        "zombie-pipeline simulated: any other database is refused.",
     )
     workers.add_argument("--workers", type=int, default=4, help="how many workers (default: %(default)s)")
     workers.add_argument("--crash-rate", type=float, default=0.05, help="share of jobs whose worker dies silently (default: %(default)s)")
@@ -161,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (embedded.EmbeddedServerError, DatabaseUnavailable, NotOurs, WorkloadError, GenerationUnknown) as error:
+    except (embedded.EmbeddedServerError, DatabaseUnavailable, NotOurs, WorkloadError, GenerationUnknown, SettingError) as error:
         print(f"zombie-pipeline: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # keep credentials out of whatever reaches the terminal

@@ -7,6 +7,7 @@ import datetime as dt
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 
@@ -15,17 +16,18 @@ from zombie_pipeline.cleanup import summarize_run
 from zombie_pipeline.detection import count_stale
 from zombie_pipeline.documents import utc_now
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
-from zombie_pipeline.orchestration.resources import resources_from_env, store_of
+from zombie_pipeline.orchestration.resources import check_databases, resources_from_env, store_of
 from zombie_pipeline.orchestration.statistics import job_duration_statistics, job_duration_tallies
 from zombie_pipeline.cleanup import queue_verdict, required_generation
 from zombie_pipeline.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.workers import WorkerPool, WorkerRates
-from zombie_pipeline.simulate import Workload, drop_simulation, simulate, simulated_generation
+from zombie_pipeline.simulate import Workload, check_ours, drop_simulation, simulate, simulated_generation
 from zombie_pipeline.statistics.reports import ReportFiles, summary_text
 from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze_window
 
 
-QUIET = {"console": {"config": {"log_level": "WARNING"}}}  # the summary printed says it all
+#: Dagster's console logger silenced: the demo prints its own summary, and a failure as its one line, never a stack trace.
+QUIET = {"console": {"config": {"log_level": "CRITICAL"}}}
 
 
 def _instance() -> dg.DagsterInstance:
@@ -35,10 +37,19 @@ def _instance() -> dg.DagsterInstance:
     return dg.DagsterInstance.ephemeral()
 
 
-def run_demo(finished: int = 3_000, seed: int = 0, fresh: bool = False, generation: str = NEWEST_QUEUE_GENERATION) -> int:
-    resources = resources_from_env()
+def run_demo(
+    finished: int = 3_000,
+    seed: int = 0,
+    fresh: bool = False,
+    generation: str = NEWEST_QUEUE_GENERATION,
+    resources: dict[str, Any] | None = None,
+    rates: WorkerRates | None = None,
+) -> int:
+    """The demo; ``resources`` (default: from the environment) and the workers' ``rates`` let a test shorten time."""
+    resources = resources or resources_from_env()
     queue_db, cache_db, policy_resource = resources["queue_db"], resources["cache_db"], resources["zombie_policy"]
     real_database = queue_db.url() is not None or cache_db.url() is not None
+    check_databases(queue_db, cache_db)  # a closed port or a refusal: one line, in seconds, before anything else
     store = store_of(queue_db, cache_db)
     policy = policy_resource.policy()
     print(f"queue: {queue_db.describe()}\ncache: {cache_db.describe()}")
@@ -46,6 +57,7 @@ def run_demo(finished: int = 3_000, seed: int = 0, fresh: bool = False, generati
     if real_database:
         print("A MongoDB URL is set: the demo simulates nothing and writes nothing (the cleanup runs as a dry run).")
     else:
+        check_ours(store)  # the embedded server may hold a database loaded by hand: never written to
         if fresh or simulated_generation(store) not in (None, generation):
             drop_simulation(store)
         store.ensure_indexes()
@@ -55,17 +67,17 @@ def run_demo(finished: int = 3_000, seed: int = 0, fresh: bool = False, generati
         "ops": {"reconcile": {"config": {"dry_run": real_database}}},
         "loggers": QUIET,
     }
-    with _living_queue(store, generation, policy, seed, enabled=not real_database):
+    with _living_queue(store, generation, policy, seed, rates or WorkerRates(crash_rate=0.0), enabled=not real_database):
         return _run_pipeline(store, resources, run_config, policy, real_database)
 
 
 @contextlib.contextmanager
-def _living_queue(store, generation: str, policy, seed: int, enabled: bool):
+def _living_queue(store, generation: str, policy, seed: int, rates: WorkerRates, enabled: bool):
     """Simulated workers take waiting jobs, heartbeat and finish while the demo runs; stopped, they finish what they hold."""
     if not enabled:
         yield None
         return
-    pool = WorkerPool(store, QUEUE_GENERATIONS[generation], policy, WorkerRates(crash_rate=0.0), seed=seed)
+    pool = WorkerPool(store, QUEUE_GENERATIONS[generation], policy, rates, seed=seed)
     pool.adopt_running()
     stopping = threading.Event()
     thread = threading.Thread(target=pool.run, args=(3_600, stopping.is_set), daemon=True, name="simulated-workers")
@@ -91,12 +103,13 @@ def _run_pipeline(store, resources, run_config, policy, real_database: bool) -> 
     seconds = time.monotonic() - started
     print(f"\nkill_zombies_job: {'succeeded' if result.success else 'FAILED'} in {seconds:.1f} s (run {result.run_id[:8]})")
     if not result.success:
-        failure = next((e for e in result.all_events if e.is_step_failure), None)
-        if failure is not None and failure.step_failure_data.error is not None:
-            print("  " + failure.step_failure_data.error.message.strip().splitlines()[-1])
+        print("  " + _failure_line(result))
         if not real_database:
             print("  (start from a fresh simulated queue with: zombie-pipeline demo --fresh)")
         return 1
+    if real_database:
+        found = _output_metadata(result, "find_zombies").get("candidates")
+        print(f"  dry run: {found.value if found else 0} zombies found and left alone (their evidence: the find_zombies step)")
     summary = summarize_run(store, result.run_id, result.output_for_node("summarize"))
     print("  " + summary.one_line())
     for row in summary.rows[:8]:
@@ -108,8 +121,8 @@ def _run_pipeline(store, resources, run_config, policy, real_database: bool) -> 
 
     try:
         files, window_end = _materialize_statistics(resources, _instance, save_suggestions=not real_database)
-    except dg.DagsterExecutionStepExecutionError as error:
-        print(f"\nduration_statistics: not computed: {error.user_exception}")
+    except _NotComputed as error:
+        print(f"\nduration_statistics: not computed: {error}")
         return 0
     print(f"\nduration_statistics for the {DEFAULT_WINDOW_DAYS} days to {window_end:%Y-%m-%d %H:%M} UTC:")
     verdict = queue_verdict(store, policy)
@@ -118,21 +131,46 @@ def _run_pipeline(store, resources, run_config, policy, real_database: bool) -> 
     return 0
 
 
+def _output_metadata(result: dg.ExecuteInProcessResult, step: str) -> dict:
+    for event in result.events_for_node(step):
+        if event.is_successful_output:
+            return dict(event.step_output_data.metadata)
+    return {}
+
+
+class _NotComputed(Exception):
+    """A statistics run failed; the message is its one line."""
+
+
+def _failure_line(result: dg.ExecuteInProcessResult) -> str:
+    """Why the run failed, in the one line its failure carries (a Failure's description, else the error's last line)."""
+    for event in result.all_events:
+        if event.is_step_failure:
+            data = event.step_failure_data
+            if data.user_failure_data is not None and data.user_failure_data.description:
+                return data.user_failure_data.description
+            if data.error is not None:
+                return data.error.message.strip().splitlines()[-1]
+    return "the run failed before its first step (see the Dagster run's events)"
+
+
 def _materialize_statistics(resources, instance_factory, save_suggestions: bool) -> tuple[ReportFiles, dt.datetime]:
     """The statistics assets through Dagster: each day of the window, then the window's report.
 
     Daily partitions are whole UTC days, so the window ends at midnight, with yesterday.
     """
-    # ERROR: the window's unused days (its mapping spans 28) would each log a warning
-    run_config: dict = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+    run_config: dict = {"loggers": QUIET}  # the window's unused days (its mapping spans 28) would each log a warning
     statistics_config = {**run_config, "ops": {job_duration_statistics.op.name: {"config": {"save_suggestions": save_suggestions}}}}
     window_end = dt.datetime.combine(utc_now().date(), dt.time(), tzinfo=dt.timezone.utc)
     days = [(window_end - dt.timedelta(days=n)).date().isoformat() for n in range(DEFAULT_WINDOW_DAYS, 0, -1)]
     with instance_factory() as instance:
         for day in days:
-            dg.materialize(
-                [job_duration_tallies], partition_key=day, resources=resources, instance=instance, run_config=run_config
+            daily = dg.materialize(
+                [job_duration_tallies], partition_key=day, resources=resources, instance=instance, run_config=run_config,
+                raise_on_error=False,
             )
+            if not daily.success:
+                raise _NotComputed(_failure_line(daily))
         result = dg.materialize(
             [job_duration_tallies, job_duration_statistics],
             selection=[job_duration_statistics],
@@ -140,7 +178,10 @@ def _materialize_statistics(resources, instance_factory, save_suggestions: bool)
             resources=resources,
             instance=instance,
             run_config=statistics_config,
+            raise_on_error=False,
         )
+    if not result.success:
+        raise _NotComputed(_failure_line(result))
     [materialization] = result.asset_materializations_for_node(job_duration_statistics.op.name)
     paths = {name: Path(materialization.metadata[name].value) for name in ("csv", "json", "chart", "markdown")}
     return ReportFiles(**paths), window_end
@@ -149,10 +190,10 @@ def _materialize_statistics(resources, instance_factory, save_suggestions: bool)
 def _fill(store, finished: int, seed: int, policy, generation: str) -> None:
     """Simulate a deployment into an empty queue; top up with new zombies once they are all cleaned."""
     if simulated_generation(store) is None:
-        workload = Workload(finished=finished, seed=seed, generation=generation)
+        workload = Workload(finished=finished, seed=seed, generation=generation, policy=policy)
         print(f"empty queue: simulating a {generation} deployment, {workload.total} jobs over {workload.days:.0f} days ...")
     elif count_stale(store.jobs, policy, utc_now()) == 0:
-        workload = Workload(finished=0, waiting=20, running=40, seed=seed, generation=generation)
+        workload = Workload(finished=0, waiting=20, running=40, seed=seed, generation=generation, policy=policy)
         print("no zombies left from earlier demos: simulating workers that crashed since ...")
     else:
         return

@@ -28,13 +28,15 @@ import dagster as dg
 from pydantic import Field
 
 from zombie_pipeline import monitoring
-from zombie_pipeline.documents import utc_now
+from zombie_pipeline.documents import ErrorCode, utc_now
 from zombie_pipeline.orchestration.cleanup import reconcile
 from zombie_pipeline.orchestration.metadata import malformed_metadata, table_metadata
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
 from zombie_pipeline.orchestration.tags import CLEANUP_GROUP, CLEANUP_RUN_TAG, PARTITION_TAG
+from zombie_pipeline.policy import ZombiePolicy
 
 SAMPLE_ROWS = 20
+_DEFAULT_POLICY = ZombiePolicy()
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def _checked_cleanup(context: dg.AssetCheckExecutionContext) -> Optional[Cleanup
 def queue_health(
     context: dg.AssetExecutionContext, queue_db: QueueDatabase, cache_db: CacheDatabase, zombie_policy: ZombiePolicyResource
 ) -> dg.MaterializeResult:
-    store = store_of(queue_db, cache_db)
+    store = store_of(queue_db, cache_db, check=True)
     policy = zombie_policy.in_force(store)
     snapshot = monitoring.queue_snapshot(store, policy, utc_now())
     metadata: dict[str, Any] = {
@@ -99,14 +101,17 @@ def queue_health(
     asset=queue_health,
     name="no_zombies_left",
     description=(
-        "No job that was a zombie when the checked cleanup started (stale_filter with the cleanup policy, "
-        "in the cleanup's job types) is still started. Without a cleanup run tag: no zombie right now."
+        "No job that was already a zombie when the checked cleanup started is still started: none past the heartbeat "
+        "timeout, SIGTERMed longer ago than it, or past its maximum duration, under the policy and in the job types of "
+        f"that cleanup (by default {_DEFAULT_POLICY.heartbeat_timeout_seconds} s without a heartbeat, "
+        f"{_DEFAULT_POLICY.max_duration_seconds} s at most). Jobs that died since are the next cleanup's. "
+        "Launched by hand, after no cleanup: no zombie right now, in any type."
     ),
 )
 def no_zombies_left(
     context: dg.AssetCheckExecutionContext, queue_db: QueueDatabase, cache_db: CacheDatabase, zombie_policy: ZombiePolicyResource
 ) -> dg.AssetCheckResult:
-    store = store_of(queue_db, cache_db)
+    store = store_of(queue_db, cache_db, check=True)
     policy = zombie_policy.in_force(store)
     scope = _checked_cleanup(context)
     as_of = scope.started_at if scope and scope.started_at else utc_now()
@@ -127,7 +132,10 @@ def no_zombies_left(
     return dg.AssetCheckResult(
         passed=count == 0,
         metadata=metadata,
-        description=None if count == 0 else f"{count} started jobs are still past their thresholds",
+        description=None
+        if count == 0
+        else f"{len(left.candidates)} jobs that were zombies at {as_of:%Y-%m-%d %H:%M:%S} UTC are still started"
+        + (f"; {len(left.malformed)} started jobs are malformed and left alone" if left.malformed else ""),
     )
 
 
@@ -139,14 +147,16 @@ class CacheErrorsCheckConfig(dg.Config):
     asset=queue_health,
     name="zombies_have_cache_errors",
     description=(
-        "Every zombie finalized in the last days whose cache error was written still has it: the cache entry "
-        "exists with the event's error code, or was updated later by a newer result."
+        f"Every zombie finalized in the last {CacheErrorsCheckConfig.model_fields['days'].default} days (the check's "
+        "days config) whose cache error was written still has "
+        f"it: its cache entry exists with the error code of its finalization ({ErrorCode.CRASHED} or "
+        f"{ErrorCode.EXCEEDED_MAX_DURATION}), or a newer result replaced it since."
     ),
 )
 def zombies_have_cache_errors(
     context: dg.AssetCheckExecutionContext, config: CacheErrorsCheckConfig, queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> dg.AssetCheckResult:
-    store = store_of(queue_db, cache_db)
+    store = store_of(queue_db, cache_db, check=True)
     since = utc_now() - dt.timedelta(days=config.days)
     audit = monitoring.audit_cache_errors(store, since, SAMPLE_ROWS)
     metadata: dict[str, Any] = {
@@ -162,7 +172,8 @@ def zombies_have_cache_errors(
         metadata=metadata,
         description=None
         if audit.passed
-        else f"{audit.missing} finalized zombies have no cache entry, {audit.wrong} an entry without their error",
+        else f"of {audit.checked} zombies finalized since {since:%Y-%m-%d %H:%M} UTC, {audit.missing} have no cache "
+        f"entry and {audit.wrong} an entry without their error",
     )
 
 

@@ -34,7 +34,8 @@ class _MongoDatabaseResource(dg.ConfigurableResource):
     database: str = Field(description="Database name.")
     server_selection_timeout_ms: int = Field(
         default=DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
-        description="How long to wait for the server before a run fails.",
+        description="How long to wait for the server before a run fails, in milliseconds "
+        f"(default ${config.SERVER_SELECTION_TIMEOUT_ENV}, else {DEFAULT_SERVER_SELECTION_TIMEOUT_MS}).",
         gt=0,
     )
 
@@ -73,6 +74,17 @@ class CacheDatabase(_MongoDatabaseResource):
     cache_collection: str = DEFAULT_CACHE_COLLECTION
 
 
+def check_databases(*resources: _MongoDatabaseResource) -> None:
+    """Raise :class:`DatabaseUnavailable`, one line naming the variable and the masked URL, if a database cannot be reached."""
+    for resource in resources:
+        check_reachable(resource.get_database(), resource.url(), resource.url_env_var)
+
+
+def unavailable_failure(error: DatabaseUnavailable) -> dg.Failure:
+    """A run's failure for a database it cannot reach: the one line, and where it looked and how long, as metadata."""
+    return dg.Failure(description=str(error), metadata=dict(error.facts))
+
+
 def store_of(queue_db: QueueDatabase, cache_db: CacheDatabase, check: bool = False) -> Store:
     """The collections of both databases; with ``check``, a run fails at once, cleanly, if one is unreachable."""
     store = Store.of(
@@ -86,10 +98,9 @@ def store_of(queue_db: QueueDatabase, cache_db: CacheDatabase, check: bool = Fal
     )
     if check:
         try:
-            check_reachable(store.jobs.database, queue_db.url())
-            check_reachable(store.cache.database, cache_db.url())
+            check_databases(queue_db, cache_db)
         except DatabaseUnavailable as error:
-            raise dg.Failure(str(error)) from None
+            raise unavailable_failure(error) from None
     return store
 
 
@@ -120,9 +131,10 @@ class FailureWebhook(dg.ConfigurableResource):
 
 def resources_from_env() -> dict[str, dg.ConfigurableResource]:
     """The resources of the deployment, database names from the environment (URLs stay there)."""
+    timeout_ms = config.server_selection_timeout_ms(DEFAULT_SERVER_SELECTION_TIMEOUT_MS)
     return {
-        "queue_db": QueueDatabase(database=config.queue_database()),
-        "cache_db": CacheDatabase(database=config.cache_database()),
+        "queue_db": QueueDatabase(database=config.queue_database(), server_selection_timeout_ms=timeout_ms),
+        "cache_db": CacheDatabase(database=config.cache_database(), server_selection_timeout_ms=timeout_ms),
         "zombie_policy": ZombiePolicyResource(),
         "failure_webhook": FailureWebhook(),
     }

@@ -27,7 +27,8 @@ from zombie_pipeline import config
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
 from zombie_pipeline.orchestration.tags import PIPELINE_TAG, STATISTICS_GROUP
 from zombie_pipeline.policy import SuggestionRules
-from zombie_pipeline.statistics.reports import markdown_table, policy_snippet, write_reports
+from zombie_pipeline.statistics.quantiles import success_statistics
+from zombie_pipeline.statistics.reports import duration_charts, markdown_table, policy_snippet, window_text, write_reports
 from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze
 from zombie_pipeline.statistics.suggestions import save_suggestions
 from zombie_pipeline.cleanup import GenerationUnknown, queue_verdict, required_generation
@@ -91,13 +92,20 @@ def job_duration_tallies(
     combine these instead of reading old documents again.
     """
     window = context.partition_time_window
-    store = store_of(queue_db, cache_db)
+    store = store_of(queue_db, cache_db, check=True)
     verdict = queue_verdict(store, zombie_policy.policy())
     try:
         generation = required_generation(verdict)
         period = read_history(store, generation, window.start, window.end, config.batch_size, config.create_cache_index)
-    except (GenerationUnknown, CacheIndexMissing) as error:
-        raise dg.Failure(str(error)) from None
+    except GenerationUnknown as error:
+        raise dg.Failure(
+            description=str(error),
+            metadata={"queue_generation_candidates": dg.MetadataValue.json(list(verdict.candidates))},
+        ) from None
+    except CacheIndexMissing as error:
+        raise dg.Failure(
+            description=str(error), metadata={"to_create_it": "create_cache_index: true in this asset's config"}
+        ) from None
     rows = ["| type | jobs | successful | zombies |", "|---|---|---|---|"]
     for job_type, tally in sorted(period.tallies.items()):
         rows.append(f"| `{job_type}` | {sum(tally.statuses.values())} | {len(tally.success)} | {sum(tally.zombies.values())} |")
@@ -112,16 +120,37 @@ def job_duration_tallies(
             "skipped_documents": sum(period.bad_data.values()),
             "bad_data": dg.MetadataValue.json(dict(period.bad_data)),
             "types": dg.MetadataValue.md("\n".join(rows)),
+            **daily_metadata(period),
         },
     )
 
 
+def metadata_key(prefix: str, job_type: str) -> str:
+    """``prefix/type``, the type without its leading slash (``runs/first-rows``): a key the UI plots and links."""
+    return f"{prefix}/{job_type.lstrip('/')}"
+
+
+def daily_metadata(period: Period) -> dict[str, dg.MetadataValue]:
+    """Per type, numbers whose plot over the daily partitions means something: runs, p50 and p99 seconds, zombies.
+
+    A day without successful runs of a type has no percentiles: its point is left out, not drawn at zero.
+    """
+    metadata: dict[str, dg.MetadataValue] = {}
+    for job_type, tally in sorted(period.tallies.items()):
+        metadata[metadata_key("runs", job_type)] = dg.MetadataValue.int(sum(tally.statuses.values()))
+        metadata[metadata_key("zombies", job_type)] = dg.MetadataValue.int(sum(tally.zombies.values()))
+        statistics = success_statistics(tally.success)
+        for name in ("p50", "p99"):
+            if statistics[name] is not None:
+                metadata[metadata_key(f"{name}_seconds", job_type)] = dg.MetadataValue.float(round(statistics[name], 3))
+    return metadata
+
+
 def window_days_of(partition_key: str, window_days: int) -> list[str]:
-    """The partition keys of the window ending with ``partition_key``, oldest first, none before the start."""
+    """The days of the window ending with ``partition_key``, oldest first (those before the first partition included:
+    they are days the window lacks too)."""
     last = dt.date.fromisoformat(partition_key)
-    first_partition = dt.date.fromisoformat(PARTITIONS_START)
-    days = [last - dt.timedelta(days=offset) for offset in reversed(range(window_days))]
-    return [day.isoformat() for day in days if day >= first_partition]
+    return [(last - dt.timedelta(days=offset)).isoformat() for offset in reversed(range(window_days))]
 
 
 @dg.asset(
@@ -153,7 +182,7 @@ def job_duration_statistics(
     cleanup's opt-in ``use_suggested_max_durations``.
     """
     rules = config.rules()
-    store = store_of(queue_db, cache_db)
+    store = store_of(queue_db, cache_db, check=True)
     policy = zombie_policy.in_force(store)  # "current T2" is the one the cleanup applies
     window = context.partition_time_window
     wanted = window_days_of(context.partition_key, config.window_days)
@@ -171,26 +200,35 @@ def job_duration_statistics(
         missing_days=missing,
     )
     files = write_reports(report, config.reports_dir)
-    if config.save_suggestions:
-        save_suggestions(store.suggestions, report)
+    saved = save_suggestions(store.suggestions, report) if config.save_suggestions else False
     if missing:
-        context.log.warning(f"{len(missing)} of {len(wanted)} days have no tallies yet: {', '.join(missing)}")
+        context.log.warning(
+            f"{len(missing)} of {len(wanted)} days have no tallies (not computed yet, or before the first partition): "
+            f"{', '.join(missing)}; the report says so and is named partial"
+        )
+    if config.save_suggestions and not saved:
+        context.log.info("the suggestions recorded for this window cover more of its days: kept")
     suggested = {
         SUGGESTED_T2_METADATA_PREFIX + entry.job_type.lstrip("/"): dg.MetadataValue.float(float(entry.suggested_t2_seconds))
         for entry in report.types
         if entry.enough_data
     }
+    charts = {metadata_key("chart", job_type): dg.MetadataValue.md(chart) for job_type, chart in duration_charts(report).items()}
     return dg.MaterializeResult(
         metadata={
+            "window": window_text(report),
             "statistics": dg.MetadataValue.md(markdown_table(report)),
+            **charts,
             "zombie_policy_snippet": dg.MetadataValue.md("```yaml\n" + policy_snippet(report) + "```"),
             **suggested,
             "source": report.source,
             "types": len(report.types),
             "types_with_suggestion": sum(entry.enough_data for entry in report.types),
             "censored_types": dg.MetadataValue.json([entry.job_type for entry in report.types if entry.censored]),
-            "days_in_window": len(loaded),
+            "days_present": report.days_present,
+            "days_expected": report.days_expected,
             "days_missing": len(missing),
+            "suggestions_saved": saved,
             "skipped_documents": sum(report.bad_data.values()),
             "bad_data": dg.MetadataValue.json(report.bad_data),
             "csv": dg.MetadataValue.path(str(files.csv)),

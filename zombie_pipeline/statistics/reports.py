@@ -55,12 +55,11 @@ def _share(value: float | None) -> str:
     return "–" if value is None else f"{value:.1%}"
 
 
-def _window(report: DurationReport) -> str:
+def window_text(report: DurationReport) -> str:
     """The window, and how much of it the figures cover when days are missing."""
     window = f"{report.window_start:%Y-%m-%d %H:%M} – {report.window_end:%Y-%m-%d %H:%M} UTC"
-    if report.missing_days:
-        days = max(round((report.window_end - report.window_start).total_seconds() / 86_400), 1)
-        window += f" (only {days - len(report.missing_days)} of its {days} days computed)"
+    if not report.complete:
+        window += f" (only {report.days_present} of its {report.days_expected} days computed)"
     return window
 
 
@@ -125,7 +124,7 @@ def markdown_table(report: DurationReport) -> str:
             ]
         )
     lines = [
-        f"**Job durations {_window(report)}**",
+        f"**Job durations {window_text(report)}**",
         "",
         *_table(runs_header, runs_rows),
         "",
@@ -183,7 +182,7 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
     """A few plain lines per type, for a terminal: what to change and how sure we are."""
     q = percentile_name(report.rules.quantile)
     lines = [
-        f"Job durations, {_window(report)}: {report.jobs_read} {_read_what(report)}, {report.events_read} zombies "
+        f"Job durations, {window_text(report)}: {report.jobs_read} {_read_what(report)}, {report.events_read} zombies "
         "finalized in the window (the ones of the day running count in tomorrow's)"
     ]
     for entry in report.types:
@@ -218,6 +217,85 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
     return "\n".join(lines) + "\n"
 
 
+# --- a chart in text, for the UI's metadata ---------------------------------------------
+
+#: Bin edges of the text chart, in seconds: about twice apart (a log scale), each a duration read at a glance.
+CHART_EDGES = (
+    0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1_200, 1_800, 3_600, 7_200, 14_400, 28_800, 43_200,
+    86_400, 172_800, 345_600, 604_800,
+)
+CHART_BAR_WIDTH = 20
+#: The Dagster UI shows a Markdown value shorter than this inline, longer ones behind a link.
+INLINE_MARKDOWN_LIMIT = 1_000
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def _bar(count: int, largest: int, width: int) -> str:
+    """``count`` as a bar of block characters, ``width`` full blocks for ``largest``; any run at least a sliver."""
+    if count <= 0:
+        return ""
+    eighths = max(round(count / largest * width * 8), 1)
+    full, rest = divmod(eighths, 8)
+    return "█" * full + (_EIGHTHS[rest] if rest else "")
+
+
+def _bin_of(seconds: float) -> int:
+    """The index of the chart bin holding ``seconds`` (below the first edge: the first bin)."""
+    return max(int(np.searchsorted(CHART_EDGES, seconds, side="right")) - 1, 0)
+
+
+def duration_chart(entry: TypeReport, width: int = CHART_BAR_WIDTH) -> str:
+    """One type's successful durations as a Markdown histogram in text, log-scale bins, the bins of the T2s marked.
+
+    Short enough (under :data:`INLINE_MARKDOWN_LIMIT`) for the Dagster UI to show it in the metadata
+    table itself; the bars come after the counts, so a font that draws blocks wider misaligns nothing.
+    """
+    stats = entry.statistics
+    lines = [f"{entry.job_type}: {entry.successes} successful runs"]
+    if entry.successes:
+        lines[0] += f", p50 {format_duration(stats['p50'])}, p99 {format_duration(stats['p99'])}"
+    if entry.stopped:
+        lines.append(f"{entry.stopped} more stopped at T2, their true durations unknown")
+    marks = {_bin_of(entry.current_t2_seconds): [f"current T2 {format_duration(entry.current_t2_seconds)}"]}
+    if entry.enough_data:
+        suggested = f"suggested T2 {format_duration(entry.suggested_t2_seconds)}" + (
+            f" ({entry.change})" if entry.change != "keep" else ""
+        )
+        marks.setdefault(_bin_of(entry.suggested_t2_seconds), []).append(suggested)
+    else:
+        lines.append("not enough data for a suggestion: the current T2 stays")
+    bins = [_bin_of(float(value)) for value in entry.success_durations]
+    counts = np.bincount(np.asarray(bins, dtype=np.int64), minlength=len(CHART_EDGES))
+    shown = [*bins, *marks]
+    first, last = min(shown), max(shown)
+    largest = max(int(counts.max()), 1)
+    lows = [format_duration(CHART_EDGES[index]) for index in range(first, last + 1)]
+    highs = [format_duration(CHART_EDGES[index + 1]) if index + 1 < len(CHART_EDGES) else "more" for index in range(first, last + 1)]
+    low_width, high_width = max(map(len, lows)), max(map(len, highs))
+    count_width = len(str(largest))
+    for index, low, high in zip(range(first, last + 1), lows, highs):
+        count = int(counts[index])
+        label = f"{low:>{low_width}} – {high:<{high_width}}"
+        row = f"{label} {count:>{count_width}} {_bar(count, largest, width)}"
+        if index in marks:
+            row += ("  " if count else "") + "◀ " + ", ".join(marks[index])
+        lines.append(row.rstrip())
+    return "```text\n" + "\n".join(lines) + "\n```"
+
+
+def duration_charts(report: DurationReport) -> dict[str, str]:
+    """:func:`duration_chart` per type, keyed by type; each short enough to be shown inline."""
+    charts = {}
+    for entry in report.types:
+        chart = duration_chart(entry)
+        width = CHART_BAR_WIDTH
+        while len(chart) >= INLINE_MARKDOWN_LIMIT and width > 4:
+            width //= 2
+            chart = duration_chart(entry, width)
+        charts[entry.job_type] = chart
+    return charts
+
+
 # --- files -------------------------------------------------------------------------
 
 
@@ -247,6 +325,8 @@ def report_json(report: DurationReport) -> dict[str, Any]:
             "default_t2_seconds": report.default_t2_seconds,
             "bad_data": report.bad_data,
             "missing_days": report.missing_days,
+            "days_present": report.days_present,
+            "days_expected": report.days_expected,
             "source": report.source,
             "jobs_read": report.jobs_read,
             "events_read": report.events_read,
@@ -257,11 +337,19 @@ def report_json(report: DurationReport) -> dict[str, Any]:
     )
 
 
+def report_stem(report: DurationReport) -> str:
+    """``durations_<start>_<end>``, plus ``_partial-3of7`` when days are missing: a partial window never replaces a fuller one."""
+    stem = f"durations_{_stamp(report.window_start)}_{_stamp(report.window_end)}"
+    if not report.complete:
+        stem += f"_partial-{report.days_present}of{report.days_expected}"
+    return stem
+
+
 def write_reports(report: DurationReport, directory: Path | str | None = None) -> ReportFiles:
-    """Write Markdown, CSV, JSON and the chart, named after the window (start and end); return their paths."""
+    """Write Markdown, CSV, JSON and the chart, named after the window and its completeness; return their paths."""
     directory = Path(directory) if directory is not None else config.reports_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    stem = f"durations_{_stamp(report.window_start)}_{_stamp(report.window_end)}"
+    stem = report_stem(report)
     files = ReportFiles(
         csv=directory / f"{stem}.csv",
         json=directory / f"{stem}.json",
@@ -327,7 +415,7 @@ def plot_durations(report: DurationReport, path: Path | str) -> Path:
         ax.legend(fontsize=7, loc="upper left")
     for ax in axes[len(report.types):]:
         ax.set_visible(False)
-    figure.suptitle(f"Successful job durations per type, {_window(report)}", fontsize=12)
+    figure.suptitle(f"Successful job durations per type, {window_text(report)}", fontsize=12)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=90)
     return path

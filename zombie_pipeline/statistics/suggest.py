@@ -193,6 +193,20 @@ class DurationReport:
     events_read: int = 0
     source: str = "jobs"  # tallies.SOURCES
 
+    @property
+    def days_expected(self) -> int:
+        """Days the window spans."""
+        return max(round((self.window_end - self.window_start).total_seconds() / 86_400), 1)
+
+    @property
+    def days_present(self) -> int:
+        """Days of the window whose tallies were computed: the figures cover these only."""
+        return max(self.days_expected - len(self.missing_days), 0)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing_days
+
     def type_report(self, job_type: str) -> TypeReport:
         for report in self.types:
             if report.job_type == job_type:

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 from pymongo.collection import Collection
+from pymongo.errors import DuplicateKeyError
 
 from zombie_pipeline.documents import ID, T2Suggestion
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.statistics.suggest import DurationReport
 
 
-def save_suggestions(collection: Collection, report: DurationReport) -> None:
-    """Record the window's suggestions; recomputing a window replaces its document."""
+def save_suggestions(collection: Collection, report: DurationReport) -> bool:
+    """Record the window's suggestions; False when a record of the same window covering more of its days is kept.
+
+    Recomputing a window replaces its document, but a partial window (days not computed yet) never
+    replaces a fuller one.
+    """
     document = {
         ID: report.window_end,
         T2Suggestion.WINDOW_START: report.window_start,
         T2Suggestion.WINDOW_END: report.window_end,
+        T2Suggestion.DAYS_PRESENT: report.days_present,
+        T2Suggestion.DAYS_EXPECTED: report.days_expected,
         T2Suggestion.COMPUTED_AT: report.computed_at,
         T2Suggestion.SETTINGS: {**report.rules.as_dict(), "heartbeat_timeout_seconds": report.heartbeat_timeout_seconds},
         T2Suggestion.BY_TYPE: [
@@ -29,7 +36,12 @@ def save_suggestions(collection: Collection, report: DurationReport) -> None:
             for entry in report.types
         ],
     }
-    collection.replace_one({ID: report.window_end}, document, upsert=True)
+    no_fuller = {"$or": [{T2Suggestion.DAYS_PRESENT: {"$lte": report.days_present}}, {T2Suggestion.DAYS_PRESENT: {"$exists": False}}]}
+    try:
+        collection.replace_one({ID: report.window_end, **no_fuller}, document, upsert=True)
+    except DuplicateKeyError:  # the window's record exists and covers more days: the upsert's insert collides
+        return False
+    return True
 
 
 def latest_suggested_max_durations(collection: Collection, minimum_seconds: int = 0) -> dict[str, int]:
