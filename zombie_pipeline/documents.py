@@ -457,3 +457,9 @@ def namespace_of(dataset: str) -> str:
 def without_none(document: Mapping[str, Any]) -> dict[str, Any]:
     """Drop None values, as mongoengine does when it saves a document."""
     return {key: value for key, value in document.items() if value is not None}
+
+
+# --- repeat offenders ------------------------------------------------------------
+
+#: The key of a cache entry's ``content`` that holds the error message users read.
+CACHE_CONTENT_ERROR = "error"
