@@ -150,6 +150,9 @@ class RepeatOffenders:
     def skipped(self) -> int:
         return sum(self.malformed.values())
 
+    def window_text(self) -> str:
+        return f"{self.start:%Y-%m-%d %H:%M} – {self.end:%Y-%m-%d %H:%M} UTC"
+
     def rows(self) -> list[dict[str, Any]]:
         """One row per (offending dataset, job type): plain values for a table."""
         return [

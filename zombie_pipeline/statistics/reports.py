@@ -11,12 +11,13 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from zombie_pipeline import config
 from zombie_pipeline.documents import REASONS, Status
+from zombie_pipeline.offenders import RepeatOffenders
 from zombie_pipeline.statistics.quantiles import percentile_name
 from zombie_pipeline.statistics.suggest import DurationReport, TypeReport
 from zombie_pipeline.statistics.tallies import SOURCES
@@ -217,6 +218,46 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
     return "\n".join(lines) + "\n"
 
 
+# --- repeat offenders ---------------------------------------------------------------------
+
+
+def offenders_markdown(found: RepeatOffenders, max_rows: int = 20) -> str:
+    """The datasets finalized again and again in a window: a row per dataset and job type, the most finalized first.
+
+    Short enough to read in a report: past ``max_rows`` rows the rest are counted, not listed.
+    """
+    lines = [
+        f"**Repeat offenders {found.window_text()}**: {found.offenders_total} datasets finalized at least {found.threshold} times "
+        f"({found.events} finalizations of {found.datasets} datasets in the window).",
+        "",
+    ]
+    rows = found.rows()
+    if rows:
+        header = ["dataset", "type", "zombies (crashed / never beat / SIGTERM / too long)", "first seen", "last seen",
+                  "retry limit reached", "last error"]
+        table_rows = [
+            [
+                f"`{row['dataset']}`",
+                f"`{row['type']}`",
+                f"{row['finalizations']} (" + " / ".join(str(row[reason.value]) for reason in REASONS) + ")",
+                row["first_seen"],
+                row["last_seen"],
+                "yes" if row["retry_limit_reached"] else "no",
+                f"{row['last_error']} ({row['error_from']})",
+            ]
+            for row in rows[:max_rows]
+        ]
+        lines += _table(header, table_rows)
+        hidden = len(rows) - len(table_rows)
+        if hidden or found.truncated:
+            lines += ["", f"Not listed: {hidden} more rows" + (
+                f", {found.offenders_total - len(found.offenders)} more datasets" if found.truncated else ""
+            ) + "."]
+    if found.malformed:
+        lines += ["", "Skipped events: " + ", ".join(f"{name} {count}" for name, count in sorted(found.malformed.items())) + "."]
+    return "\n".join(lines).rstrip() + "\n"
+
+
 # --- a chart in text, for the UI's metadata ---------------------------------------------
 
 #: Bin edges of the text chart, in seconds: about twice apart (a log scale), each a duration read at a glance.
@@ -345,8 +386,11 @@ def report_stem(report: DurationReport) -> str:
     return stem
 
 
-def write_reports(report: DurationReport, directory: Path | str | None = None) -> ReportFiles:
-    """Write Markdown, CSV, JSON and the chart, named after the window and its completeness; return their paths."""
+def write_reports(report: DurationReport, directory: Path | str | None = None, sections: Sequence[str] = ()) -> ReportFiles:
+    """Write Markdown, CSV, JSON and the chart, named after the window and its completeness; return their paths.
+
+    ``sections`` (Markdown, such as :func:`offenders_markdown`) follow the tables in the Markdown file.
+    """
     directory = Path(directory) if directory is not None else config.reports_dir()
     directory.mkdir(parents=True, exist_ok=True)
     stem = report_stem(report)
@@ -358,7 +402,9 @@ def write_reports(report: DurationReport, directory: Path | str | None = None) -
     )
     report.statistics_frame().to_csv(files.csv, index=False)
     files.json.write_text(json.dumps(report_json(report), indent=2) + "\n")
-    files.markdown.write_text(markdown_table(report) + "\n```yaml\n" + policy_snippet(report) + "```\n")
+    files.markdown.write_text(
+        markdown_table(report) + "\n```yaml\n" + policy_snippet(report) + "```\n" + "".join("\n" + section for section in sections)
+    )
     plot_durations(report, files.chart)
     return files
 
