@@ -1,6 +1,9 @@
 """The data the benchmarks run on: simulated queues, a fast finished-history generator, and a reset.
 
-* :func:`cleanup_workload`: a queue of ``jobs`` with ``zombies`` zombies, for the simulator.
+* :func:`cleanup_workload`: a queue of ``jobs`` with ``zombies`` zombies, for the simulator,
+  in a given queue generation and with a given number of job types (:func:`job_types`).
+* :func:`build_cleanup_queue`: writes it (indexes first) and says what was written; the
+  benchmark runs it once per case into a server whose storage then serves every run.
 * :func:`add_finished_history`: finished jobs only, inserted with large ``insert_many``
   batches, with the simulator's job types and duration laws (log-normal per type,
   killed at the maximum duration, the type's error rate). Much faster than the
@@ -38,19 +41,52 @@ from zombie_pipeline.documents import (
     unicity_id,
     without_none,
 )
-from zombie_pipeline.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION
-from zombie_pipeline.simulate import HEARTBEAT_INTERVAL_SECONDS, JOB_TYPES, JobType, Simulation, Workload
+from zombie_pipeline.generations import NEWEST_CACHE_GENERATION, NEWEST_QUEUE_GENERATION, OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.simulate import HEARTBEAT_INTERVAL_SECONDS, JOB_TYPES, JobType, Simulation, Workload, simulate
 from zombie_pipeline.store import Store
 
 #: The queue the 2023 killer (``baseline_2023``) ran on: early 2023, finished jobs kept with their status.
 QUEUE_GENERATION = OLDEST_QUEUE_GENERATION
+#: Today's queue: finished jobs deleted, ``pastJobs``, blockages, locks and counters kept in step.
+TODAY_GENERATION = NEWEST_QUEUE_GENERATION
 #: Running (healthy) started jobs beside the zombies: every started job is loaded by the baseline.
 RUNNING_JOBS = 200
 HISTORY_INSERT_BATCH = 20_000
 
 
-def cleanup_workload(jobs: int, zombies: int, seed: int = 2023, running: int = RUNNING_JOBS) -> Workload:
-    """``jobs`` in all, ``zombies`` of them dead: 80 % crashed, 10 % never beat, 10 % past T2."""
+def job_types(count: int | None) -> tuple[JobType, ...]:
+    """``count`` job types: the simulator's own (9), fewer of them, or more, each extra one a copy of one of
+    the simulator's (its level and duration law) under a name of its own (``/splits-2`` ...).
+
+    The deployment has about 30: a batch of zombies then spans about 30 types.
+    """
+    if count is None or count == len(JOB_TYPES):
+        return JOB_TYPES
+    if count < 1:
+        raise ValueError("at least one job type")
+    if count <= len(JOB_TYPES):
+        return JOB_TYPES[:count]
+    extra = [
+        JobType(f"{base.name}-{2 + index // len(JOB_TYPES)}", base.level, base.median_seconds, base.sigma, base.error_rate, base.difficulty)
+        for index, base in ((i, JOB_TYPES[i % len(JOB_TYPES)]) for i in range(count - len(JOB_TYPES)))
+    ]
+    return JOB_TYPES + tuple(extra)
+
+
+def cleanup_workload(
+    jobs: int,
+    zombies: int,
+    seed: int = 2023,
+    running: int = RUNNING_JOBS,
+    generation: str = QUEUE_GENERATION,
+    types: int | None = None,
+) -> Workload:
+    """``jobs`` in all, ``zombies`` of them dead: 80 % crashed, 10 % never beat, 10 % past T2.
+
+    Where finished jobs are deleted (2023-12 on), the finished ones are not in the jobs
+    collection: the deployment keeps their results in the cache and the last hour of
+    their runs in ``pastJobs``, and so does the simulator.
+    """
     never = zombies // 10
     overdue = zombies // 10
     crashed = zombies - never - overdue
@@ -66,9 +102,35 @@ def cleanup_workload(jobs: int, zombies: int, seed: int = 2023, running: int = R
         running=running,
         waiting=waiting,
         seed=seed,
-        generation=QUEUE_GENERATION,
-        cache_generation=NEWEST_CACHE_GENERATION,
+        generation=generation,
+        # the first benchmark's pairing for the 2023 queue, kept so that its figures compare; else the generation's own
+        cache_generation=NEWEST_CACHE_GENERATION if generation == QUEUE_GENERATION else None,
+        terminated=0,
+        job_types=job_types(types),
     )
+
+
+def build_cleanup_queue(
+    client: Any, queue_db: str, cache_db: str, workload: Workload, now: dt.datetime | None = None
+) -> dict[str, Any]:
+    """Write ``workload`` into fresh databases (indexes first: building them afterwards is far slower on the
+    embedded server) and say what is there: the facts every run of the case is checked against."""
+    store = Store.of(client[queue_db], client[cache_db])
+    store.ensure_indexes()
+    simulation = simulate(store, workload, now=now)
+    started = store.jobs.count_documents({Job.STATUS: Status.STARTED})
+    return {
+        "now": simulation.now,
+        "zombies": len(simulation.zombie_ids),
+        "started": started,
+        "jobs_in_collection": store.jobs.estimated_document_count(),
+        "cache_entries": simulation.cache_entries,
+        "past_jobs": simulation.past_jobs,
+        "generation": workload.generation,
+        "keeps_finished_jobs": QUEUE_GENERATIONS[workload.generation].keeps_finished_jobs,
+        "job_types": len(workload.job_types),
+        "started_job_types": len({job[Job.TYPE] for job in store.jobs.find({Job.STATUS: Status.STARTED}, {Job.TYPE: 1})}),
+    }
 
 
 # --- finished history -------------------------------------------------------------------

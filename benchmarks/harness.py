@@ -1,14 +1,17 @@
-"""What every benchmark needs: a server, counted clients, timed and traced calls.
+"""What every benchmark needs: counted clients, timed and traced calls, the machine.
 
-* :func:`server` yields a MongoDB URL: ``QUEUE_MONGO_URL`` when set, else a
-  SecantusDB server started here on a free port, in a temporary directory,
-  and stopped (by its PID) when the block ends.
 * :class:`CommandCounter` is a ``pymongo.monitoring.CommandListener``: the
   commands a contender sends, the documents that come back in cursor batches,
-  and the BSON size of requests and replies. It is attached to a *dedicated*
-  client, so loading data or asking for an ``explain`` is never counted.
-* :func:`measure` runs a call once and returns its wall time, its command
-  counts and (optionally) the peak of Python allocations seen by ``tracemalloc``.
+  the documents the server says it wrote (``n`` of an insert or a delete,
+  ``nModified`` plus the upserted of an update), and the BSON size of requests
+  and replies. It is attached to a *dedicated* client, so loading data or
+  asking for an ``explain`` is never counted.
+* :func:`measure` runs a call once and returns its wall time, the CPU time of
+  this process, its command counts and (optionally) the peak of Python
+  allocations seen by ``tracemalloc``.
+* :func:`spread` summarises repeated runs: median, quartiles, min and max.
+
+Servers (a fresh one per run) and the delay proxy are in :mod:`benchmarks.servers`.
 """
 
 from __future__ import annotations
@@ -17,16 +20,13 @@ import contextlib
 import datetime as dt
 import os
 import platform
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import tracemalloc
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -38,6 +38,8 @@ from pymongo import MongoClient, monitoring
 from zombie_pipeline.detection import query_plan_of
 
 URL_ENV = "QUEUE_MONGO_URL"
+#: Commands that write, and the reply field that says how many documents they wrote.
+WRITE_COMMANDS = ("insert", "update", "delete")
 MB = 1024 * 1024
 
 
@@ -55,6 +57,9 @@ class CommandCounter(monitoring.CommandListener):
         self.commands: Counter = Counter()
         self.micros: Counter = Counter()  # round-trip time per command name, as pymongo measured it
         self._names: dict[int, str] = {}
+        self._writes: dict[int, tuple[str, str]] = {}  # request id -> (collection, command)
+        self.written: Counter = Counter()  # (collection, command) -> documents the server says it wrote
+        self.write_commands = 0
         self.docs_returned = 0
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -66,12 +71,18 @@ class CommandCounter(monitoring.CommandListener):
         target = command.get(event.command_name)
         collection = target if isinstance(target, str) else command.get("collection")
         self._names[event.request_id] = f"{event.command_name} {collection}" if isinstance(collection, str) else event.command_name
+        if event.command_name in WRITE_COMMANDS and isinstance(collection, str):
+            self._writes[event.request_id] = (collection, event.command_name)
+            self.write_commands += 1
         if self.measure_bytes:
             self.bytes_sent += len(bson.encode(event.command))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         self.micros[self._names.pop(event.request_id, event.command_name)] += event.duration_micros
         reply = event.reply
+        target = self._writes.pop(event.request_id, None)
+        if target is not None:
+            self.written[target] += documents_written(target[1], reply)
         cursor = reply.get("cursor") if isinstance(reply, dict) else None
         if isinstance(cursor, dict):
             batch = cursor.get("firstBatch", cursor.get("nextBatch")) or []
@@ -81,16 +92,30 @@ class CommandCounter(monitoring.CommandListener):
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:  # type: ignore[override]
         self.failed_commands += 1
+        self._writes.pop(event.request_id, None)
         self.micros[self._names.pop(event.request_id, event.command_name)] += event.duration_micros
 
     @property
     def total(self) -> int:
         return sum(self.commands.values())
 
+    @property
+    def documents_written(self) -> int:
+        return sum(self.written.values())
+
+    def written_by_collection(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for (collection, command), count in sorted(self.written.items()):
+            out.setdefault(collection, {})[command] = count
+        return out
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "commands": self.total,
             "commands_by_name": dict(sorted(self.commands.items())),
+            "write_commands": self.write_commands,
+            "documents_written": self.documents_written,
+            "written_by_collection": self.written_by_collection(),
             "docs_returned": self.docs_returned,
             "bytes_sent": self.bytes_sent if self.measure_bytes else None,
             "bytes_received": self.bytes_received if self.measure_bytes else None,
@@ -99,6 +124,15 @@ class CommandCounter(monitoring.CommandListener):
                 name: round(micros / 1e6, 3) for name, micros in sorted(self.micros.items(), key=lambda item: -item[1])
             },
         }
+
+
+def documents_written(command: str, reply: Any) -> int:
+    """What the server's reply to a write command says it wrote (a failed document is not counted)."""
+    if not isinstance(reply, dict):
+        return 0
+    if command == "update":
+        return int(reply.get("nModified", 0)) + len(reply.get("upserted") or [])
+    return int(reply.get("n", 0))
 
 
 def new_client(url: str, counter: CommandCounter | None = None) -> MongoClient:
@@ -125,6 +159,7 @@ class Measurement:
     result: Any = None
     timed_out: bool = False
     error: str | None = None
+    cpu_seconds: float = 0.0  # this process (the client side: our Python, pymongo's encoding and decoding)
 
 
 def measure(
@@ -133,7 +168,7 @@ def measure(
     trace_memory: bool = False,
     cap_seconds: float | None = None,
 ) -> Measurement:
-    """Run ``call`` once: wall time, commands, and the tracemalloc peak when asked.
+    """Run ``call`` once: wall time, CPU time of this process, commands, and the tracemalloc peak when asked.
 
     ``cap_seconds`` bounds every database operation of the call (pymongo's
     client-side timeout); a call that runs past it is reported as timed out.
@@ -144,6 +179,7 @@ def measure(
         tracemalloc.start()
         tracemalloc.reset_peak()
     timed_out, error, result = False, None, None
+    cpu_started = time.process_time()
     started = time.perf_counter()
     try:
         with pymongo.timeout(cap_seconds) if cap_seconds else contextlib.nullcontext():
@@ -153,110 +189,50 @@ def measure(
             raise
         timed_out, error = True, f"{type(exc).__name__}: {str(exc)[:200]}"
     wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     peak = None
     if trace_memory:
         peak = tracemalloc.get_traced_memory()[1] / MB
         tracemalloc.stop()
     counts = counter.snapshot() if counter is not None else {}
-    return Measurement(wall, counts, peak, result, timed_out, error)
+    return Measurement(wall, counts, peak, result, timed_out, error, cpu)
 
 
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-# --- the server ------------------------------------------------------------------------
-
-
-@dataclass
-class ServerHandle:
-    url: str
-    embedded: bool
-    pid: int | None = None
-    storage_path: str | None = None
-    version: str = "?"
-    notes: list[str] = field(default_factory=list)
-
-    def rss_mb(self) -> float | None:
-        """Resident memory of the embedded server (None for an external one)."""
-        if self.pid is None:
-            return None
-        try:
-            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            return None
-        return None
-
-    def cpu_seconds(self) -> float | None:
-        if self.pid is None:
-            return None
-        try:
-            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            return None
-
-    def wait_idle(self, quiet_share: float = 0.15, window: float = 2.0, limit_seconds: float = 900.0) -> float:
-        """Wait until the embedded server uses under ``quiet_share`` of a core (after a client timeout
-        the server may still be working on the abandoned command). Returns the seconds waited."""
-        if self.pid is None:
-            return 0.0
-        started = time.monotonic()
-        while time.monotonic() - started < limit_seconds:
-            before = self.cpu_seconds()
-            time.sleep(window)
-            after = self.cpu_seconds()
-            if before is None or after is None or (after - before) / window < quiet_share:
-                break
-        return time.monotonic() - started
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=30)
+def spread(values: list[float], digits: int = 3) -> dict[str, Any]:
+    """Median, quartiles (``statistics.quantiles``, inclusive), min and max of repeated runs."""
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return {"n": 0, "median": None, "q1": None, "q3": None, "min": None, "max": None}
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else (values[0],) * 3
+    return {
+        "n": len(values),
+        "median": round(statistics.median(values), digits),
+        "q1": round(q1, digits),
+        "q3": round(q3, digits),
+        "min": round(values[0], digits),
+        "max": round(values[-1], digits),
+    }
 
 
 @contextlib.contextmanager
-def server(url: str | None = None, keep_storage: bool = False, log: Callable[[str], None] = print) -> Iterator[ServerHandle]:
-    """``url``, else ``QUEUE_MONGO_URL``, else an embedded SecantusDB started (and stopped) here."""
-    url = url or os.environ.get(URL_ENV)
-    if url:
-        handle = ServerHandle(url=url, embedded=False)
-        handle.version = _server_version(url)
-        yield handle
-        return
-    from zombie_pipeline.embedded import start_server
+def exit_on_sigterm() -> Iterator[None]:
+    """A SIGTERM to the benchmark unwinds it (so the servers and proxies it started are stopped by their PIDs)."""
 
-    base = Path(tempfile.mkdtemp(prefix="zp-bench-"))
-    process, info = start_server(base / "data", log_path=base / "server.log", detach=False)
-    handle = ServerHandle(url=info.url, embedded=True, pid=process.pid, storage_path=str(base))
-    log(f"started SecantusDB pid {process.pid} on {info.url} (storage {base})")
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_term(signum, frame):  # stop our server when the benchmark is stopped by PID
+    def on_term(signum, frame):
         raise SystemExit(143)
 
-    signal.signal(signal.SIGTERM, on_term)
+    previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        handle.version = _server_version(info.url)
-        yield handle
+        yield
     finally:
-        _stop(process)
         signal.signal(signal.SIGTERM, previous)
-        log(f"stopped SecantusDB pid {process.pid}")
-        if not keep_storage:
-            shutil.rmtree(base, ignore_errors=True)
 
 
-def _server_version(url: str) -> str:
+def server_version(url: str) -> str:
     client = new_client(url)
     try:
         return str(client.server_info().get("version", "?"))
@@ -322,7 +298,7 @@ def plan_text(stage: dict[str, Any]) -> str:
 # --- the machine -----------------------------------------------------------------------
 
 
-def machine_info(handle: ServerHandle) -> dict[str, Any]:
+def machine_info(embedded: bool, reported_version: str) -> dict[str, Any]:
     memory_gib = None
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -344,9 +320,9 @@ def machine_info(handle: ServerHandle) -> dict[str, Any]:
         "pymongo": pymongo.version,
         "pandas": version("pandas"),
         "numpy": version("numpy"),
-        "server": "SecantusDB (embedded, started by the benchmark)" if handle.embedded else "external (QUEUE_MONGO_URL)",
-        "server_version_reported": handle.version,
-        "secantusdb": version("secantusdb") if handle.embedded else None,
+        "server": "SecantusDB (embedded, a fresh server per run, started by the benchmark)" if embedded else "external (QUEUE_MONGO_URL)",
+        "server_version_reported": reported_version,
+        "secantusdb": version("secantusdb") if embedded else None,
         "load_average_at_start": list(os.getloadavg()),
     }
 

@@ -1,8 +1,10 @@
-"""Measures 2-4: detection, statistics and cleanup as the finished history grows.
+"""Measures 2-4: detection and statistics as the finished history grows.
 
 One queue holds the same started jobs (zombies and healthy ones) and waiting
 jobs throughout; finished jobs are added in steps (10k, 100k, 1M), and at each
-step the same measures are taken:
+step the same measures are taken (on one long-lived server,
+:class:`benchmarks.servers.HistoryServer`; the cleanup itself is measured on a
+fresh server per run by :mod:`benchmarks.cleanup_bench`):
 
 * **detection**: :func:`zombie_pipeline.detection.detect`, its commands and
   documents, and the server's ``explain`` of the stale query (plan, documents
@@ -13,8 +15,6 @@ step the same measures are taken:
   compute, peak memory, bytes; beside a naive version that loads whole documents
   into one DataFrame; and one daily partition alone (what it reads, what the
   server examines);
-* **cleanup growth**: both cleanup contenders on this queue (the cache holds the
-  entries of the started jobs only, so what grows is the jobs collection);
 * **query plans** of the other queries a cleanup sends, on this server.
 """
 
@@ -29,9 +29,9 @@ import pandas as pd
 from pymongo import MongoClient
 from pymongo.cursor import Cursor
 
-from benchmarks.cleanup_bench import CleanupSettings, _row, run_contenders
+from benchmarks.cleanup_bench import CleanupSettings
 from benchmarks.data import QUEUE_GENERATION, History, Snapshot, add_finished_history, history_for
-from benchmarks.harness import CommandCounter, ServerHandle, drop_if_exists, explain_aggregate, explain_command, explain_find, measure, median
+from benchmarks.harness import CommandCounter, drop_if_exists, explain_aggregate, explain_command, explain_find, measure, median
 from zombie_pipeline.detection import detect, stale_filter, stale_pipeline
 from zombie_pipeline.mongo import on_index
 from zombie_pipeline.documents import FINISHED_STATUSES, ID, Cache, Job, Status, cache_key_of_job
@@ -58,8 +58,6 @@ class HistorySettings:
     stats_repeats: int = 3
     slow_seconds: float = 120.0
     cleanup: CleanupSettings = field(default_factory=CleanupSettings)
-    growth_cleanup: bool = True
-    growth_cleanup_sizes: tuple[int, ...] | None = None  # None: at every size
     plans: bool = True
 
 
@@ -173,7 +171,7 @@ def statistics_day(jobs: Any, events: Any, start: dt.datetime, end: dt.datetime,
 class HistoryBench:
     def __init__(
         self,
-        handle: ServerHandle,
+        handle: Any,  # benchmarks.servers.HistoryServer: embedded, rss_mb()
         setup_client: MongoClient,
         measured_client: MongoClient,
         counter: CommandCounter,
@@ -226,8 +224,6 @@ class HistoryBench:
                     self.plans(size)
                 if size in s.stats_sizes:
                     self.statistics(size)
-                if s.growth_cleanup and (s.growth_cleanup_sizes is None or size in s.growth_cleanup_sizes):
-                    self.cleanup(size)
         finally:
             if not self.handle.embedded:
                 drop_if_exists(self.setup_client, QUEUE_DB, CACHE_DB)
@@ -439,26 +435,3 @@ class HistoryBench:
             f"{explained['docs_examined']} docs / {explained['keys_examined']} keys ({explained['plan']})"
         )
         self.emit("statistics", rows)
-
-    # cleanup as the history grows ------------------------------------------------------------------
-
-    def cleanup(self, size: int) -> None:
-        label = f"history {size}"
-        results = run_contenders(
-            self.handle,
-            self.setup_store,
-            self.measured_store,
-            self.counter,
-            self.snapshot,
-            self.now,
-            self.settings.cleanup,
-            self.log,
-            label,
-        )
-        case = {
-            "queue_jobs": size + self.live_jobs,
-            "finished_jobs": size,
-            "zombies": len(self.snapshot.zombie_jobs),
-            "started_jobs": self.snapshot.started,
-        }
-        self.emit("growth_cleanup", [_row("growth_cleanup", case, name, entry, self.settings.cleanup) for name, entry in results.items()])

@@ -1,5 +1,8 @@
 """``python -m benchmarks.run [--quick] [...]``: every measure in one run, results written as they come.
 
+Sections: ``cleanup`` (ours and the 2023 baseline, a fresh server per run, interleaved, at injected
+round-trip times), ``compute`` (the statistics step at 1M jobs without the server, the documents path
+and the Arrow path) and ``history`` (detection and statistics as the finished history grows).
 Prints each figure as it is measured and, after every measure, rewrites
 ``benchmarks-results.json``, ``benchmarks-results.md`` and
 ``benchmarks-growth.png`` in the output directory (``docs/`` by default,
@@ -14,74 +17,80 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from benchmarks import report
-from benchmarks.cleanup_bench import CleanupSettings, cleanup_case
+from benchmarks.cleanup_bench import BASELINE, OURS, CleanupCase, CleanupSettings, cleanup_section, models, summaries
 from benchmarks.compute_bench import compute_case
-from benchmarks.harness import CommandCounter, machine_info, new_client, now_iso, python_command, server
+from benchmarks.data import TODAY_GENERATION
+from benchmarks.harness import CommandCounter, exit_on_sigterm, machine_info, new_client, now_iso, python_command, server_version
 from benchmarks.history_bench import HistoryBench, HistorySettings
+from benchmarks.servers import HistoryServer, Servers
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_JSON = "benchmarks-results.json"
 RESULTS_MD = "benchmarks-results.md"
 GROWTH_PNG = "benchmarks-growth.png"
+SECTIONS = ("cleanup", "compute", "history")
+
+
+def default_cases() -> tuple[CleanupCase, ...]:
+    """The 2023 queue with the deployment's ~30 job types, both contenders at every RTT; the same with 3 types
+    (ours, for the commands: they must not grow with the types); today's queue (ours: the deployment's
+    collections written around a finish)."""
+    return (
+        CleanupCase("2023-01", 10_000, 1_000, 30),
+        CleanupCase("2023-01", 10_000, 1_000, 3, (OURS,), (0.0,)),
+        CleanupCase(TODAY_GENERATION, 10_000, 1_000, 30, (OURS,), (0.0,)),
+    )
 
 
 @dataclass
 class Config:
     mode: str = "full"
-    # (queue jobs, zombies); the 10,000-zombie case last: it is the longest
-    cleanup_cases: tuple[tuple[int, int], ...] = (
-        (10_000, 100),
-        (10_000, 1_000),
-        (100_000, 100),
-        (100_000, 1_000),
-        (100_000, 10_000),
-    )
-    history: HistorySettings = field(default_factory=HistorySettings)
+    cleanup_cases: tuple[CleanupCase, ...] = field(default_factory=default_cases)
     cleanup: CleanupSettings = field(default_factory=CleanupSettings)
-    #: the cleanup cases with at least this many jobs run after the history section
-    late_cleanup_from: int = 100_000
-    #: per-case caps (seconds) replacing ``cleanup.cap_seconds``
-    case_caps: dict[tuple[int, int], float] = field(default_factory=lambda: {(100_000, 10_000): 1_200.0})
-    #: statistics step fed from memory (``compute_bench``): its compute target is at 1M jobs
+    history: HistorySettings = field(default_factory=HistorySettings)
+    #: statistics step fed from memory (``compute_bench``): its targets are at 1M jobs
     compute_sizes: tuple[int, ...] = (1_000_000,)
-    sections: tuple[str, ...] = ("cleanup", "history", "compute")
+    compute_repeats: int = 5
+    sections: tuple[str, ...] = SECTIONS
 
     @classmethod
     def full(cls) -> "Config":
         cleanup = CleanupSettings()
-        return cls(history=HistorySettings(cleanup=cleanup), cleanup=cleanup)
+        return cls(cleanup=cleanup, history=HistorySettings(cleanup=cleanup))
 
     @classmethod
     def quick(cls) -> "Config":
         """A few minutes on the embedded server: small queues, still 1,000 zombies for the targets."""
-        cleanup = CleanupSettings(repeats=2, cap_seconds=300.0, slow_seconds=60.0)
+        cleanup = CleanupSettings(repeats=2, cap_seconds=300.0)
         return cls(
             mode="quick",
-            cleanup_cases=((2_000, 100), (5_000, 1_000)),
-            history=HistorySettings(
-                sizes=(5_000, 20_000),
-                stats_sizes=(5_000, 20_000),
-                repeats=2,
-                stats_repeats=1,
-                cleanup=cleanup,
-                growth_cleanup_sizes=(20_000,),
+            cleanup_cases=(
+                CleanupCase("2023-01", 3_000, 1_000, 30),
+                CleanupCase("2023-01", 3_000, 1_000, 3, (OURS,), (0.0,)),
             ),
             cleanup=cleanup,
+            history=HistorySettings(sizes=(5_000, 20_000), stats_sizes=(5_000, 20_000), repeats=2, stats_repeats=1, cleanup=cleanup),
             compute_sizes=(100_000,),
+            compute_repeats=2,
         )
 
     @classmethod
     def smoke(cls) -> "Config":
-        """Seconds, for the test suite: tiny queues, one run each."""
-        cleanup = CleanupSettings(repeats=0, batch_size=20, cap_seconds=60.0, slow_seconds=10.0)
+        """Seconds, for the test suite: tiny queues, one timed run each, RTT 0 and 1 ms."""
+        cleanup = CleanupSettings(repeats=1, rtts_ms=(0.0, 1.0), batch_size=20, cap_seconds=60.0, pings=5)
         return cls(
             mode="smoke",
-            cleanup_cases=((500, 50),),
+            cleanup_cases=(
+                CleanupCase("2023-01", 500, 50, 30),
+                CleanupCase("2023-01", 500, 50, 3, (OURS,), (0.0,)),
+                CleanupCase(TODAY_GENERATION, 500, 50, 30, (OURS,), (0.0,)),
+            ),
+            cleanup=cleanup,
             history=HistorySettings(
                 sizes=(200, 400),
                 stats_sizes=(400,),
@@ -91,11 +100,10 @@ class Config:
                 repeats=0,
                 stats_repeats=0,
                 cleanup=cleanup,
-                growth_cleanup_sizes=(400,),
                 plans=False,
             ),
-            cleanup=cleanup,
             compute_sizes=(2_000,),
+            compute_repeats=1,
         )
 
 
@@ -106,7 +114,17 @@ class Results:
         self.out_dir = out_dir
         self.log = log
         self._chart_written = -1e9
-        self.data: dict[str, Any] = {"meta": meta, "cleanup": [], "detection": [], "plans": [], "statistics": [], "compute": [], "growth_cleanup": []}
+        self.data: dict[str, Any] = {
+            "meta": meta,
+            "cleanup_cases": [],
+            "cleanup_runs": [],
+            "cleanup": [],
+            "cleanup_models": [],
+            "detection": [],
+            "plans": [],
+            "statistics": [],
+            "compute": [],
+        }
         out_dir.mkdir(parents=True, exist_ok=True)
 
     def emit(self, section: str, rows: list[dict[str, Any]]) -> None:
@@ -119,11 +137,14 @@ class Results:
         meta["written_at"] = now_iso()
         meta["complete"] = complete
         meta.setdefault("machine", {})["load_average_now"] = list(os.getloadavg())
+        runs = self.data["cleanup_runs"]
+        self.data["cleanup"] = summaries(runs)  # computed from the runs alone: a partial run still renders
+        self.data["cleanup_models"] = models(runs)
         self.data["targets"] = report.targets(self.data)
         self.data["growth"] = report.growth_rows(self.data)
         (self.out_dir / RESULTS_JSON).write_text(json.dumps(self.data, indent=1, default=str) + "\n")
         (self.out_dir / RESULTS_MD).write_text(report.markdown(self.data) + "\n")
-        if complete or time.monotonic() - self._chart_written > 60:  # drawing takes a second: not after every row
+        if self.data["growth"] and (complete or time.monotonic() - self._chart_written > 60):  # a second to draw
             try:
                 report.growth_chart(self.data, self.out_dir / GROWTH_PNG)
                 self._chart_written = time.monotonic()
@@ -132,52 +153,65 @@ class Results:
 
 
 def run(config: Config, out_dir: Path, url: str | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run every measure of ``config`` against ``url`` (or the embedded server); return the results."""
+    """Run every measure of ``config`` against ``url`` (or fresh embedded servers); return the results."""
     log = log or (lambda line: print(line, flush=True))
+    url = url or os.environ.get("QUEUE_MONGO_URL") or None
     started = time.perf_counter()
-    with server(url, log=log) as handle:
-        meta = {
-            "command": python_command() if config.mode != "smoke" else "benchmarks.run.run(Config.smoke())",
-            "mode": config.mode,
-            "started_at": now_iso(),
-            "machine": machine_info(handle),
-            "code": code_state(),
-            "settings": {
-                "cleanup_cases": [list(case) for case in config.cleanup_cases],
-                "history_sizes": list(config.history.sizes),
-                "stats_sizes": list(config.history.stats_sizes),
-                "repeats": config.cleanup.repeats,
-                "batch_size": config.cleanup.batch_size,
-                "cap_seconds": config.cleanup.cap_seconds,
-                "case_caps": {f"{jobs}:{zombies}": cap for (jobs, zombies), cap in config.case_caps.items()},
-                "slow_seconds": config.cleanup.slow_seconds,
-            },
-        }
-        results = Results(out_dir, meta, log)
-        log(f"server {handle.version} at {'embedded SecantusDB' if handle.embedded else 'QUEUE_MONGO_URL'}; results in {out_dir}")
-        counter = CommandCounter()
-        setup_client, measured_client = new_client(handle.url), new_client(handle.url, counter)
+    with exit_on_sigterm():
+        servers = Servers(url, log=log)
         try:
-            early = [case for case in config.cleanup_cases if case[0] < config.late_cleanup_from]
-            late = [case for case in config.cleanup_cases if case[0] >= config.late_cleanup_from]
-            if "cleanup" in config.sections:
-                _cleanup_cases(handle, setup_client, measured_client, counter, early, config, results, log)
-            if "history" in config.sections:
-                log("detection, statistics and growth")
-                HistoryBench(handle, setup_client, measured_client, counter, config.history, log, results.emit).run()
-            if "cleanup" in config.sections:
-                _cleanup_cases(handle, setup_client, measured_client, counter, late, config, results, log)
+            meta = {
+                "command": python_command() if config.mode != "smoke" else "benchmarks.run.run(Config.smoke())",
+                "mode": config.mode,
+                "started_at": now_iso(),
+                "machine": machine_info(servers.embedded, server_version(url) if url else "(a fresh SecantusDB per run)"),
+                "code": code_state(),
+                "settings": {
+                    "sections": list(config.sections),
+                    "cleanup_cases": [case.key + ("" if case.rtts_ms is None else f" at {'/'.join(f'{r:g}' for r in case.rtts_ms)} ms") + f" ({'+'.join(case.contenders)})" for case in config.cleanup_cases],
+                    "rtts_ms": list(config.cleanup.rtts_ms),
+                    "repeats": config.cleanup.repeats,
+                    "batch_size": config.cleanup.batch_size,
+                    "cap_seconds": config.cleanup.cap_seconds,
+                    "history_sizes": list(config.history.sizes),
+                    "stats_sizes": list(config.history.stats_sizes),
+                    "history_repeats": config.history.repeats,
+                    "compute_sizes": list(config.compute_sizes),
+                    "compute_repeats": config.compute_repeats,
+                },
+                "notes": servers.notes,
+            }
+            results = Results(out_dir, meta, log)
+            log(f"servers: {'a fresh embedded SecantusDB per run' if servers.embedded else 'QUEUE_MONGO_URL'}; results in {out_dir}")
+            if "cleanup" in config.sections and config.cleanup_cases:
+                log(f"cleanup: {len(config.cleanup_cases)} cases, injected RTT {', '.join(f'{r:g}' for r in config.cleanup.rtts_ms)} ms, {config.cleanup.repeats} repetitions")
+                cleanup_section(servers, config.cleanup_cases, config.cleanup, log, results.emit)
             if "compute" in config.sections:
-                log("the statistics step without the server")
+                log("the statistics step without the server (documents vs Arrow)")
                 for size in config.compute_sizes:
-                    results.emit("compute", [compute_case(size, config.history.stats_repeats, log)])
-            results.data["meta"]["total_seconds"] = round(time.perf_counter() - started, 1)
+                    results.emit("compute", compute_case(size, config.compute_repeats, log))
+            if "history" in config.sections and config.history.sizes:
+                log("detection and statistics as the history grows (one long-lived server)")
+                _history(servers, config, results, log)
+            meta["servers_started"] = servers.started
+            meta["total_seconds"] = round(time.perf_counter() - started, 1)
             results.write(complete=True)
         finally:
-            setup_client.close()
-            measured_client.close()
+            servers.close()
     _print_summary(results.data, log)
     return results.data
+
+
+def _history(servers: Servers, config: Config, results: Results, log: Callable[[str], None]) -> None:
+    history = HistoryServer(servers).start()
+    counter = CommandCounter()
+    setup_client, measured_client = new_client(history.url), new_client(history.url, counter)
+    try:
+        HistoryBench(history, setup_client, measured_client, counter, config.history, log, results.emit).run()
+    finally:
+        setup_client.close()
+        measured_client.close()
+        history.stop()
 
 
 def code_state() -> dict[str, Any]:
@@ -205,30 +239,25 @@ def code_state() -> dict[str, Any]:
     }
 
 
-def _cleanup_cases(handle, setup_client, measured_client, counter, cases, config, results, log) -> None:
-    for jobs, zombies in cases:
-        settings = config.cleanup
-        if (jobs, zombies) in config.case_caps:
-            settings = replace(settings, cap_seconds=config.case_caps[(jobs, zombies)])
-        log(f"cleanup: {jobs} jobs, {zombies} zombies (cap {settings.cap_seconds} s per run)")
-        results.emit("cleanup", cleanup_case(handle, setup_client, measured_client, counter, jobs, zombies, settings, log))
-
-
 def _print_summary(data: dict[str, Any], log: Callable[[str], None]) -> None:
     log("")
     if data["cleanup"]:
         log(report.cleanup_table(data["cleanup"]))
         log("")
+        log(report.written_table(data["cleanup"]))
+        log("")
         log(report.ratio_table(data["cleanup"]))
+        log("")
+        log(report.models_table(data["cleanup_models"]))
+        log("")
+    if data["compute"]:
+        log(report.compute_table(data["compute"]))
         log("")
     if data["detection"]:
         log(report.detection_table(data["detection"]))
         log("")
     if data["statistics"]:
         log(report.statistics_table(data["statistics"]))
-        log("")
-    if data["growth"]:
-        log(report.growth_table(data))
         log("")
     log(report.targets_table(data))
 
@@ -237,42 +266,53 @@ def _sizes(text: str) -> tuple[int, ...]:
     return tuple(int(float(part)) for part in text.split(",") if part.strip())
 
 
-def _cases(text: str) -> tuple[tuple[int, int], ...]:
-    cases = []
-    for part in text.split(","):
-        jobs, _, zombies = part.partition(":")
-        cases.append((int(float(jobs)), int(float(zombies))))
-    return tuple(cases)
+def _cases(text: str) -> tuple[CleanupCase, ...]:
+    return tuple(CleanupCase.parse(part) for part in text.split(",") if part.strip())
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(part) for part in text.split(",") if part.strip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few minutes: queues of 2k and 5k jobs, history up to 20k")
+    parser.add_argument("--quick", action="store_true", help="a few minutes: small queues, history up to 20k, statistics at 100k")
+    parser.add_argument("--cleanup-cases", type=_cases, help="GENERATION:JOBS:ZOMBIES[:TYPES[:CONTENDERS[:RTTS]]],... e.g. 2023-01:10000:1000:30,2023-01:10000:1000:3:ours:0")
+    parser.add_argument("--rtts", type=_floats, help="injected round-trip times in ms (default 0,1,3)")
+    parser.add_argument("--repeats", type=int, help="timed runs per cleanup case, contender and RTT (default 5)")
+    parser.add_argument("--cap-seconds", type=float, help="stop a cleanup run after this long (default 900)")
+    parser.add_argument("--compute-sizes", type=_sizes, help="finished jobs for the statistics step without the server (default 1000000)")
+    parser.add_argument("--compute-repeats", type=int, help="timed runs per statistics path (default 5)")
     parser.add_argument("--sizes", type=_sizes, help="finished-history sizes, e.g. 10000,100000,1000000")
-    parser.add_argument("--stats-sizes", type=_sizes, help="history sizes at which statistics are measured")
-    parser.add_argument("--cleanup-cases", type=_cases, help="queue_jobs:zombies,... e.g. 10000:100,100000:1000")
-    parser.add_argument("--repeats", type=int, help="timed runs per contender (median); default 3")
-    parser.add_argument("--cap-seconds", type=float, help="stop a cleanup run after this long (default 2400; 1200 for 100000:10000)")
-    parser.add_argument("--only", choices=["cleanup", "history", "compute"], help="one section only")
+    parser.add_argument("--stats-sizes", type=_sizes, help="history sizes at which statistics are read from the server")
+    parser.add_argument("--only", help=f"comma-separated sections among {', '.join(SECTIONS)}")
     parser.add_argument("--out", type=Path, help="output directory (default docs/, or build/benchmarks-quick with --quick)")
-    parser.add_argument("--url", help="MongoDB URL (default: QUEUE_MONGO_URL, else an embedded SecantusDB)")
+    parser.add_argument("--url", help="MongoDB URL (default: QUEUE_MONGO_URL, else a fresh embedded SecantusDB per run)")
     args = parser.parse_args(argv)
     config = Config.quick() if args.quick else Config.full()
-    if args.sizes:
-        config.history.sizes = args.sizes
-        config.history.stats_sizes = args.stats_sizes or tuple(s for s in config.history.stats_sizes if s in args.sizes) or args.sizes
-    if args.stats_sizes:
-        config.history.stats_sizes = args.stats_sizes
     if args.cleanup_cases:
         config.cleanup_cases = args.cleanup_cases
+    if args.rtts:
+        config.cleanup.rtts_ms = args.rtts
     if args.repeats:
-        config.cleanup.repeats = config.history.repeats = args.repeats
-        config.history.stats_repeats = args.repeats
+        config.cleanup.repeats = config.history.repeats = config.history.stats_repeats = args.repeats
     if args.cap_seconds:
         config.cleanup.cap_seconds = args.cap_seconds
-        config.case_caps = {}
+    if args.compute_sizes:
+        config.compute_sizes = args.compute_sizes
+    if args.compute_repeats:
+        config.compute_repeats = args.compute_repeats
+    if args.sizes:
+        config.history.sizes = args.sizes
+        config.history.stats_sizes = args.stats_sizes or tuple(s for s in config.history.stats_sizes if s in args.sizes)
+    if args.stats_sizes:
+        config.history.stats_sizes = args.stats_sizes
     if args.only:
-        config.sections = (args.only,)
+        sections = tuple(part.strip() for part in args.only.split(",") if part.strip())
+        unknown = set(sections) - set(SECTIONS)
+        if unknown:
+            parser.error(f"unknown sections {sorted(unknown)}")
+        config.sections = sections
     out_dir = args.out or (REPO / "build" / "benchmarks-quick" if args.quick else REPO / "docs")
     run(config, out_dir, args.url)
     return 0
