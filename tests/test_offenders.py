@@ -23,6 +23,7 @@ from zombie_pipeline.documents import (
 )
 from zombie_pipeline.offenders import ErrorSource, Problem, find_offenders, offenders_pipeline
 from zombie_pipeline.simulate import cache_document
+from zombie_pipeline.statistics.reports import offenders_markdown
 
 UTC = dt.timezone.utc
 START, END = dt.datetime(2024, 3, 8, tzinfo=UTC), dt.datetime(2024, 3, 11, tzinfo=UTC)  # three days
@@ -210,3 +211,24 @@ def test_the_window_is_read_on_the_finalized_at_index(crafted):
     plan = query_plan_of(explained)
     assert "IXSCAN" in str(plan["queryPlanner"]["winningPlan"])  # never a scan of the whole audit trail
     assert plan["executionStats"]["totalDocsExamined"] <= 16  # the window's events, not those around it
+
+
+def test_the_reports_section_lists_each_offending_type_and_what_was_skipped(crafted):
+    section = offenders_markdown(find_offenders(crafted, START, END, threshold=3), max_rows=2)
+
+    lines = section.splitlines()
+    assert lines[0] == (
+        "**Repeat offenders 2024-03-08 00:00 – 2024-03-11 00:00 UTC**: 2 datasets finalized at least 3 times "
+        "(10 finalizations of 3 datasets in the window)."
+    )
+    assert "| `user/big` | `/splits` | 4 (2 / 1 / 1 / 0) | 2024-03-08 01:00:00 | 2024-03-10 20:00:00 | no | JobManagerCrashedError (cache) |" in lines
+    assert "| `user/big` | `/first-rows` | 1 (0 / 0 / 0 / 1) | 2024-03-10 08:00:00 | 2024-03-10 08:00:00 | yes | JobManagerExceededMaximumDurationError (event) |" in lines
+    assert "Not listed: 1 more rows." in lines
+    assert lines[-1] == "Skipped events: invalid_dataset 3, invalid_job_type 1, unknown_reason 1."
+
+
+def test_a_window_without_offenders_says_so_in_one_line(store):
+    assert offenders_markdown(find_offenders(store, START, END)) == (
+        "**Repeat offenders 2024-03-08 00:00 – 2024-03-11 00:00 UTC**: 0 datasets finalized at least 3 times "
+        "(0 finalizations of 0 datasets in the window).\n"
+    )

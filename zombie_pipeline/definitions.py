@@ -2,13 +2,14 @@
 
 Grouped by domain, as ``orchestration/`` is: the cleanup (``kill_zombies_job``,
 partitioned by job type), the queue's health after a cleanup (``queue_health``
-and its checks), and the duration statistics (daily tallies, window statistics,
-T2 suggestions), then the automation that runs them.
+and its checks), the duration statistics (daily tallies, window statistics,
+T2 suggestions), the repeat offenders (daily, in the statistics' group and job),
+then the automation that runs them.
 """
 
 import dagster as dg
 
-from zombie_pipeline.orchestration import health, statistics
+from zombie_pipeline.orchestration import health, offenders, statistics
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import resources_from_env
 from zombie_pipeline.orchestration.schedules import duration_stats_schedule, kill_zombies_schedule
@@ -29,6 +30,9 @@ defs = dg.Definitions.merge(
     dg.Definitions(  # the duration statistics
         assets=[statistics.job_duration_tallies, statistics.job_duration_statistics],
         jobs=[statistics.duration_statistics_job],
+    ),
+    dg.Definitions(  # the repeat offenders, with their check no_repeat_offenders
+        assets=[offenders.repeat_offenders],
     ),
     dg.Definitions(  # the automation that runs them
         schedules=[kill_zombies_schedule, duration_stats_schedule],

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import dagster as dg
 import pydantic
 import pytest
 from bson import ObjectId
 
-from tests.helpers import database_resources
-from zombie_pipeline.documents import ERROR_CODE_OF_REASON, ID, Event, EventState, Job, Reason, RetryOutcome
+from tests.helpers import QUEUE_GENERATION, database_resources
+from zombie_pipeline.documents import ERROR_CODE_OF_REASON, ID, Event, EventState, Job, Reason, RetryOutcome, utc_now
+from zombie_pipeline.orchestration.health import queue_health
 from zombie_pipeline.orchestration.offenders import CHECK_NAME, repeat_offenders
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase
-from zombie_pipeline.orchestration.statistics import DAILY_PARTITIONS, GROUP, duration_statistics_job
+from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.statistics import (
+    DAILY_PARTITIONS,
+    GROUP,
+    duration_statistics_job,
+    job_duration_statistics,
+    job_duration_tallies,
+)
 from zombie_pipeline.store import Store
 
 URL_ENV = "ZOMBIE_OFFENDERS_TEST_MONGO_URL"
@@ -154,3 +162,39 @@ def test_the_asset_is_a_daily_statistic_run_by_the_statistics_job():
     job = defs.resolve_job_def(duration_statistics_job.name)
     assert repeat_offenders.key in job.asset_layer.asset_graph.get_all_asset_keys()
     assert {key.name for key in job.asset_layer.asset_graph.asset_check_keys} == {CHECK_NAME}
+
+
+def test_the_statistics_report_has_a_section_on_the_windows_offenders(week, resources, tmp_path):
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [job_duration_tallies, job_duration_statistics],
+            selection=[job_duration_statistics],  # no tallies: the report says the days are missing, the section is there
+            partition_key=DAY,
+            resources={**resources, "zombie_policy": ZombiePolicyResource(queue_generation=QUEUE_GENERATION)},
+            instance=instance,
+            run_config={
+                "ops": {job_duration_statistics.op.name: {"config": {"reports_dir": str(tmp_path), "save_suggestions": False}}}
+            },
+        )
+
+    (materialization,) = result.asset_materializations_for_node(job_duration_statistics.op.name)
+    section = materialization.metadata["repeat_offenders"].value
+    assert section.startswith("**Repeat offenders 2024-03-04 00:00 – 2024-03-11 00:00 UTC**: 1 datasets finalized at least 3 times")
+    assert "| `user/big` | `/splits` |" in section
+    assert section in Path(materialization.metadata["markdown"].value).read_text()
+
+
+def test_queue_health_counts_the_repeat_offenders_of_the_last_week(store, resources):
+    now = utc_now()
+    store.events.insert_many(
+        [event("user/again", "/splits", Reason.MISSING_HEARTBEAT, now - dt.timedelta(days=days)) for days in (1, 2, 3)]
+        + [event("user/once", "/splits", Reason.MISSING_HEARTBEAT, now - dt.timedelta(hours=1))]
+        + [event("user/long-ago", "/splits", Reason.MISSING_HEARTBEAT, now - dt.timedelta(days=30 + days)) for days in (1, 2, 3)]
+    )
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [queue_health], resources={**resources, "zombie_policy": ZombiePolicyResource()}, instance=instance, selection=[queue_health]
+        )
+
+    (materialization,) = result.asset_materializations_for_node(queue_health.op.name)
+    assert materialization.metadata["repeat_offenders"].value == 1

@@ -29,11 +29,13 @@ from pydantic import Field
 
 from zombie_pipeline import monitoring
 from zombie_pipeline.documents import ErrorCode, utc_now
+from zombie_pipeline.offenders import DEFAULT_THRESHOLD, find_offenders
 from zombie_pipeline.orchestration.cleanup import reconcile
 from zombie_pipeline.orchestration.metadata import malformed_metadata, table_metadata
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
 from zombie_pipeline.orchestration.tags import CLEANUP_GROUP, CLEANUP_RUN_TAG, PARTITION_TAG
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS
 
 SAMPLE_ROWS = 20
 _DEFAULT_POLICY = ZombiePolicy()
@@ -75,7 +77,8 @@ def _checked_cleanup(context: dg.AssetCheckExecutionContext) -> Optional[Cleanup
     kinds={"mongodb"},
     description=(
         "The job queue as a cleanup leaves it: started, waiting and stale jobs, finalizations a crashed "
-        "cleanup left unfinished, zombies finalized in the last 24 h, and the policy judging them. "
+        "cleanup left unfinished, zombies finalized in the last 24 h, repeat offenders (datasets finalized at least "
+        f"{DEFAULT_THRESHOLD} times in the last {DEFAULT_WINDOW_DAYS} days), and the policy judging them. "
         "Materialized after every successful cleanup (cleanup_checks_sensor); each number is plotted over time. "
         "Its checks are the cleanup's invariants."
     ),
@@ -85,9 +88,12 @@ def queue_health(
 ) -> dg.MaterializeResult:
     store = store_of(queue_db, cache_db, check=True)
     policy = zombie_policy.in_force(store)
-    snapshot = monitoring.queue_snapshot(store, policy, utc_now())
+    now = utc_now()
+    snapshot = monitoring.queue_snapshot(store, policy, now)
+    offenders = find_offenders(store, now - dt.timedelta(days=DEFAULT_WINDOW_DAYS), now, DEFAULT_THRESHOLD, limit=0)
     metadata: dict[str, Any] = {
         **snapshot.as_dict(),
+        "repeat_offenders": offenders.offenders_total,  # listed by the daily repeat_offenders asset
         "policy": dg.MetadataValue.json(policy.as_dict()),
         "queue": queue_db.describe(),
     }

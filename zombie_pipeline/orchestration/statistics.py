@@ -24,11 +24,19 @@ import dagster as dg
 from pydantic import Field
 
 from zombie_pipeline import config
+from zombie_pipeline.offenders import DEFAULT_THRESHOLD, find_offenders
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
 from zombie_pipeline.orchestration.tags import PIPELINE_TAG, STATISTICS_GROUP
 from zombie_pipeline.policy import SuggestionRules
 from zombie_pipeline.statistics.quantiles import success_statistics
-from zombie_pipeline.statistics.reports import duration_charts, markdown_table, policy_snippet, window_text, write_reports
+from zombie_pipeline.statistics.reports import (
+    duration_charts,
+    markdown_table,
+    offenders_markdown,
+    policy_snippet,
+    window_text,
+    write_reports,
+)
 from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze
 from zombie_pipeline.statistics.suggestions import save_suggestions
 from zombie_pipeline.cleanup import GenerationUnknown, queue_verdict, required_generation
@@ -40,6 +48,8 @@ GROUP = STATISTICS_GROUP
 PARTITIONS_START = config.statistics_start().isoformat()
 MAX_WINDOW_DAYS = 28
 SUGGESTED_T2_METADATA_PREFIX = "suggested_t2_seconds/"
+#: Offending datasets listed in the statistics report (the repeat_offenders asset lists more).
+REPORT_OFFENDERS = 20
 DAILY_PARTITIONS = dg.DailyPartitionsDefinition(start_date=PARTITIONS_START)
 with warnings.catch_warnings():  # beta flag: windows that begin before the first partition load what exists
     warnings.simplefilter("ignore", dg.BetaWarning)
@@ -178,8 +188,9 @@ def job_duration_statistics(
     Counts by final status, successful-duration percentiles, zombies per reason
     and their rate; the suggested T2 with its confidence interval, backtest and
     censoring flag; CSV, JSON, Markdown and a chart in the reports directory; a
-    ready-to-use ``zombie_policy`` snippet. Suggestions are recorded for the
-    cleanup's opt-in ``use_suggested_max_durations``.
+    ready-to-use ``zombie_policy`` snippet; the window's repeat offenders as a
+    section of the report. Suggestions are recorded for the cleanup's opt-in
+    ``use_suggested_max_durations``.
     """
     rules = config.rules()
     store = store_of(queue_db, cache_db, check=True)
@@ -199,7 +210,9 @@ def job_duration_statistics(
         undated=count_undated_jobs(store.jobs) if period.source == "jobs" else None,
         missing_days=missing,
     )
-    files = write_reports(report, config.reports_dir)
+    # the report's section on repeat offenders: the window's datasets finalized at least DEFAULT_THRESHOLD times
+    offenders = offenders_markdown(find_offenders(store, window_start, window_end, DEFAULT_THRESHOLD, limit=REPORT_OFFENDERS))
+    files = write_reports(report, config.reports_dir, sections=[offenders])
     saved = save_suggestions(store.suggestions, report) if config.save_suggestions else False
     if missing:
         context.log.warning(
@@ -220,6 +233,7 @@ def job_duration_statistics(
             "statistics": dg.MetadataValue.md(markdown_table(report)),
             **charts,
             "zombie_policy_snippet": dg.MetadataValue.md("```yaml\n" + policy_snippet(report) + "```"),
+            "repeat_offenders": dg.MetadataValue.md(offenders),
             **suggested,
             "source": report.source,
             "types": len(report.types),
