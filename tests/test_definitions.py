@@ -106,9 +106,14 @@ def test_assets_are_grouped_as_one_pipeline():
 
 def test_the_checks_watch_queue_health_and_run_in_its_job():
     check_keys = {(key.asset_key.to_user_string(), key.name) for key in REPOSITORY.asset_graph.asset_check_keys}
-    assert check_keys == {("queue_health", "no_zombies_left"), ("queue_health", "zombies_have_cache_errors")}
+    assert check_keys == {
+        ("queue_health", "no_zombies_left"),
+        ("queue_health", "zombies_have_cache_errors"),
+        ("queue_health", "compensations_succeed"),
+        ("repeat_offenders", "no_repeat_offenders"),
+    }
     job = defs.resolve_job_def("queue_health_job")
-    assert {key.name for key in job.asset_layer.asset_graph.asset_check_keys} >= {"no_zombies_left", "zombies_have_cache_errors"}
+    assert {key.name for key in job.asset_layer.asset_graph.asset_check_keys} >= {"no_zombies_left", "zombies_have_cache_errors", "compensations_succeed"}
 
 
 def test_sensors_target_the_right_jobs_and_write_only_when_turned_on():

@@ -41,6 +41,7 @@ from bson import ObjectId
 from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
+from zombie_pipeline import compensations
 from zombie_pipeline.cache_errors import detect_cache_generation, write_batch
 from zombie_pipeline.detection import Candidate, Detection, brake_for, detect, find_malformed_started
 from zombie_pipeline.documents import ID, REASONS, Event, EventState, Job, RetryOutcome, ZombieEvent, as_utc, job_row, utc_now
@@ -169,6 +170,7 @@ def _finalize_batch(
         cached = write_cache(outcome.finished)
     finished = [{**event, **cached[event[ID]]} for event in outcome.finished]
     now = utc_now()
+    actions = compensations.registry(policy)
 
     def complete(session: ClientSession | None) -> dict[Any, RetryOutcome]:
         retried = enqueue_retries(store, finished, policy, side, now, session)
@@ -179,6 +181,7 @@ def _finalize_batch(
                 Event.EFFECTS: outcome.effects[event[ID]],
                 Event.RETRY_OUTCOME: retried[event[ID]][0],
                 **({Event.RETRY_DUE_AT: retried[event[ID]][1]} if retried[event[ID]][1] else {}),
+                **compensations.pending_for(actions, event[Event.JOB][Job.TYPE]),
                 Event.COMPLETED_AT: now,
             }
             for event in finished
@@ -300,13 +303,15 @@ def run_cleanup(
     """The whole cleanup in one call: the steps of ``kill_zombies_job``'s ops, in their order."""
     job_types = list(job_types) if job_types is not None else None
     report = CleanupReport(run_id=run_id, dry_run=dry_run, verdict=queue_verdict(store, policy))
+    actions = compensations.registry(policy)  # a broken action is refused before anything is written
     if not dry_run:
         report.reconciled = reconcile(store, run_id, policy, now)
     report.detection = find_zombies(store, policy, now, job_types, override_brake)
-    if dry_run or not report.detection.candidates:
-        return report
-    generation = required_generation(report.verdict)
-    report.steps.merge(finalize_zombies(store, report.detection.candidates, policy, run_id, now or utc_now(), generation))
+    if not dry_run and report.detection.candidates:
+        generation = required_generation(report.verdict)
+        report.steps.merge(finalize_zombies(store, report.detection.candidates, policy, run_id, now or utc_now(), generation))
+    if not dry_run:
+        report.steps.merge(compensations.compensate(store, policy, run_id, actions))
     return report
 
 
@@ -320,6 +325,9 @@ SUMMARY_COUNTS = (
     "retry_limit_reached",
     "due_retry_enqueued",
     "due_retry_already_queued",
+    "compensation_done",
+    "compensation_to_retry",
+    "compensation_failed",
 )
 
 
@@ -338,7 +346,8 @@ class RunSummary:
             f"{c['cache_written']} cache errors written, {c['cache_skipped_fresher']} kept as fresher; "
             f"{c['retry_enqueued']} retries enqueued, {c['retry_scheduled']} scheduled after a delay, "
             f"{c['retry_limit_reached']} at their retry limit; {c['due_retry_enqueued']} delayed retries enqueued, "
-            f"{c['retries_pending']} still waiting for their delay"
+            f"{c['retries_pending']} still waiting for their delay; compensations: {c['compensation_done']} done, "
+            f"{c['compensation_to_retry']} to try again, {c['compensation_failed']} given up on"
         )
 
     def markdown(self) -> str:

@@ -24,7 +24,7 @@ defs = dg.Definitions.merge(
     dg.Definitions(jobs=[kill_zombies_job]),  # the cleanup
     dg.Definitions(  # the queue's health after a cleanup
         assets=[health.queue_health],
-        asset_checks=[health.no_zombies_left, health.zombies_have_cache_errors],
+        asset_checks=[health.no_zombies_left, health.zombies_have_cache_errors, health.compensations_succeed],
         jobs=[health.queue_health_job],
     ),
     dg.Definitions(  # the duration statistics

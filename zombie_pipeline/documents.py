@@ -233,7 +233,9 @@ class Event:
     EFFECTS = "effects"  # what was done around the finish, as the deployment does it (counters, locks, ...)
     RETRY_DUE_AT = "retry_due_at"  # a retry scheduled after a delay: when it becomes due
     COMPENSATION_STATE = "compensation_state"  # pending, done or failed: the zombie's side effects undone?
-    COMPENSATIONS = "compensations"  # per action: state, attempts, last error, done_at
+    COMPENSATIONS = "compensations"  # one CompensationEntry per action
+    COMPENSATION_LEASE_UNTIL = "compensation_lease_until"  # a run is running its actions until then
+    COMPENSATION_LEASE_OWNER = "compensation_lease_owner"
 
 
 class EventState(StrEnum):
@@ -284,9 +286,19 @@ class ScheduledState(StrEnum):
 
 
 class CompensationState(StrEnum):
-    PENDING = "pending"
+    PENDING = "pending"  # still to run, or failed and tried again by later runs up to the policy's attempts
     DONE = "done"
-    FAILED = "failed"  # tried again by later runs, up to the policy's attempts
+    FAILED = "failed"  # given up on: for an operator
+
+
+class CompensationEntry:
+    """Field names of one action's record in an event's ``compensations``."""
+
+    NAME = "name"
+    STATE = "state"
+    ATTEMPTS = "attempts"
+    LAST_ERROR = "last_error"
+    DONE_AT = "done_at"
 
 
 class JobSnapshot(TypedDict, total=False):
@@ -336,7 +348,7 @@ class ZombieEvent(TypedDict, total=False):
     effects: list[str]
     retry_due_at: dt.datetime
     compensation_state: str
-    compensations: dict[str, Any]
+    compensations: list[dict[str, Any]]
 
 
 class Failure:

@@ -19,6 +19,7 @@ from pymongo.collection import Collection
 from zombie_pipeline.cache_entries import entries_of_jobs, key_of
 from zombie_pipeline.detection import Detection, count_stale, detect, stale_pipeline, started_filter
 from zombie_pipeline.documents import (
+    CompensationState,
     ID,
     Cache,
     CacheOutcome,
@@ -32,6 +33,7 @@ from zombie_pipeline.documents import (
     job_type_problem,
 )
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.retries import pending_retries
 from zombie_pipeline.store import Store
 
 _BATCH = 500
@@ -93,6 +95,9 @@ class QueueSnapshot:
     stale: int
     unfinished_finalizations: int  # audit events a crashed cleanup left; reconcile completes them
     zombies_finalized_last_24h: int
+    retries_waiting_for_their_delay: int
+    compensations_pending: int  # zombies whose actions still run, or failed and will be tried again
+    compensations_given_up: int
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -107,6 +112,9 @@ def queue_snapshot(store: Store, policy: ZombiePolicy, now: dt.datetime) -> Queu
         zombies_finalized_last_24h=store.events.count_documents(
             {Event.FINALIZED_AT: {"$gte": now - dt.timedelta(days=1)}}
         ),
+        retries_waiting_for_their_delay=pending_retries(store),
+        compensations_pending=store.events.count_documents({Event.COMPENSATION_STATE: CompensationState.PENDING}),
+        compensations_given_up=store.events.count_documents({Event.COMPENSATION_STATE: CompensationState.FAILED}),
     )
 
 

@@ -18,10 +18,9 @@ enqueues it, unless a twin already waits or runs by then.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Mapping
-
 import random
 from collections import Counter
+from typing import Any, Mapping
 
 from bson import ObjectId
 from pymongo import UpdateOne
@@ -114,7 +113,8 @@ def enqueue_due_retries(store: Store, policy: ZombiePolicy, now: dt.datetime | N
     """Insert the delayed retries that are due, once each, unless a twin already waits or runs; what was done.
 
     Two cleanups at once insert the same ``_id``: the server refuses the second,
-    which neither counts it nor records it as enqueued twice.
+    which does not count it. A run that dies after the insert leaves the retry
+    pending; the next one finds its job by ``_id`` and only records the decision.
     """
     now = now or utc_now()
     counts: Counter = Counter()
@@ -130,7 +130,9 @@ def enqueue_due_retries(store: Store, policy: ZombiePolicy, now: dt.datetime | N
         for name in sorted({item[ScheduledRetry.QUEUE_GENERATION] for item in due}):
             generation = QUEUE_GENERATIONS[name]
             batch = [item for item in due if item[ScheduledRetry.QUEUE_GENERATION] == name]
-            decided.update(_enqueue_due(store, batch, SideCollections.of(store, generation), now))
+            batch_decided, inserted = _enqueue_due(store, batch, SideCollections.of(store, generation), now)
+            decided.update(batch_decided)
+            counts["due_retry_enqueued"] += inserted
         store.retries.bulk_write(
             [
                 UpdateOne({ID: item_id, ScheduledRetry.STATE: ScheduledState.PENDING}, {"$set": {ScheduledRetry.STATE: state, ScheduledRetry.DECIDED_AT: now}})
@@ -138,7 +140,7 @@ def enqueue_due_retries(store: Store, policy: ZombiePolicy, now: dt.datetime | N
             ],
             ordered=False,
         )
-        counts.update(f"due_retry_{state}" for state in decided.values())
+        counts["due_retry_already_queued"] += sum(state == ScheduledState.ALREADY_QUEUED for state in decided.values())
 
 
 def pending_retries(store: Store) -> int:
@@ -146,7 +148,10 @@ def pending_retries(store: Store) -> int:
     return store.retries.count_documents({ScheduledRetry.STATE: ScheduledState.PENDING})
 
 
-def _enqueue_due(store: Store, due: list[Mapping[str, Any]], side: SideCollections, now: dt.datetime) -> dict[Any, ScheduledState]:
+def _enqueue_due(
+    store: Store, due: list[Mapping[str, Any]], side: SideCollections, now: dt.datetime
+) -> tuple[dict[Any, ScheduledState], int]:
+    """Each due retry's decision, and how many jobs this call inserted (a retry inserted before is decided, not counted)."""
     jobs = [{**item[ScheduledRetry.JOB], Job.CREATED_AT: now} for item in due]  # it joins the queue now, not when it was scheduled
     holders = _queued_unicity_ids(store, [{Event.JOB: job} for job in jobs], None)
     decided, to_insert = {}, []
@@ -167,7 +172,8 @@ def _enqueue_due(store: Store, due: list[Mapping[str, Any]], side: SideCollectio
             refused = duplicate_indexes(error)
             inserted = [job for index, job in enumerate(to_insert) if index not in refused]
         after_insert(store, side, inserted)
-    return decided
+        return decided, len(inserted)
+    return decided, 0
 
 
 def retry_decision(event: Mapping[str, Any], policy: ZombiePolicy, generation: QueueGeneration) -> RetryOutcome:

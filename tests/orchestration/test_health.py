@@ -11,6 +11,7 @@ from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.documents import ID, Cache, ErrorCode, Event, Job, cache_key_of_job, utc_now
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.health import (
+    compensations_succeed,
     no_zombies_left,
     queue_health,
     queue_health_job,
@@ -43,7 +44,7 @@ def instance():
 def defs(resources):
     return dg.Definitions(
         assets=[queue_health],
-        asset_checks=[no_zombies_left, zombies_have_cache_errors],
+        asset_checks=[no_zombies_left, zombies_have_cache_errors, compensations_succeed],
         jobs=[kill_zombies_job, queue_health_job],
         resources=resources,
     )
@@ -72,14 +73,14 @@ def metadata(evaluation) -> dict:
     return {name: value.value for name, value in evaluation.metadata.items()}
 
 
-def test_queue_health_job_materializes_the_snapshot_and_runs_both_checks(store, defs, instance):
+def test_queue_health_job_materializes_the_snapshot_and_runs_its_checks(store, defs, instance):
     simulate(store, workload(finished=50, crashed=3, never_heartbeated=1, overdue=1, running=10, waiting=4, seed=3))
     result = defs.resolve_job_def(queue_health_job.name).execute_in_process(instance=instance)
     [materialization] = result.asset_materializations_for_node(queue_health.op.name)
     values = {name: value.value for name, value in materialization.metadata.items()}
     assert (values["started"], values["waiting"], values["stale"]) == (15, 4, 5)
     assert values["policy"]["heartbeat_timeout_seconds"] == TIMEOUT
-    assert {e.check_name for e in result.get_asset_check_evaluations()} == {"no_zombies_left", "zombies_have_cache_errors"}
+    assert {e.check_name for e in result.get_asset_check_evaluations()} == {"no_zombies_left", "zombies_have_cache_errors", "compensations_succeed"}
 
 
 def test_zombies_before_any_cleanup_fail_no_zombies_left_with_their_evidence(store, defs, instance):
@@ -174,3 +175,18 @@ def test_the_error_code_checked_is_the_one_the_event_recorded(store, defs, insta
     assert store.cache.find_one(cache_key_of_job(job))[Cache.ERROR_CODE] == ErrorCode.CRASHED
     store.events.update_one({ID: job[ID]}, {"$set": {Event.ERROR_CODE: ErrorCode.EXCEEDED_MAX_DURATION}})
     assert not check_results(defs, instance)["zombies_have_cache_errors"].passed
+
+
+def test_failing_compensations_warn_while_retried_and_fail_once_given_up_on(store, resources, instance, monkeypatch):
+    """A webhook that cannot be reached: a warning after the first cleanup, an error once its attempts are spent."""
+    monkeypatch.setenv("UNREACHABLE_HOOK", "http://127.0.0.1:9/hook")  # the discard port: nothing listens
+    resources = {**resources, "zombie_policy": ZombiePolicyResource(compensation_webhooks={"*": "UNREACHABLE_HOOK"}, compensation_max_attempts=2)}
+    defs = dg.Definitions(assets=[queue_health], asset_checks=[compensations_succeed], jobs=[kill_zombies_job, queue_health_job], resources=resources)
+    store.jobs.insert_one(crashed_job())
+    seen = []
+    for _ in range(2):
+        cleanup(defs, instance)
+        evaluation = check_results(defs, instance)["compensations_succeed"]
+        seen.append((evaluation.passed, evaluation.severity, metadata(evaluation)["given_up"], metadata(evaluation)["failing_to_retry"]))
+    assert seen == [(False, dg.AssetCheckSeverity.WARN, 0, 1), (False, dg.AssetCheckSeverity.ERROR, 1, 0)]
+    assert "POST http://127.0.0.1:9/…" in str(metadata(evaluation)["failing"])

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import dagster as dg
 from pydantic import Field
 
-from zombie_pipeline import cleanup, config
+from zombie_pipeline import cleanup, compensations, config
 from zombie_pipeline.cleanup import GenerationUnknown
 from zombie_pipeline.detection import Candidate, engaged_brake, unknown_job_types
 from zombie_pipeline.documents import REASONS, utc_now
@@ -89,6 +89,10 @@ def reconcile(
 ) -> CleanupPlan:
     store = store_of(queue_db, cache_db, check=True)
     policy = zombie_policy.in_force(store)
+    try:
+        actions = compensations.registry(policy)
+    except compensations.CompensationError as error:  # refused before anything is written
+        raise dg.Failure(description=str(error)) from None
     if zombie_policy.use_suggested_max_durations:
         context.log.info(f"suggested maximum durations in force: {policy.max_duration_seconds_by_type}")
     verdict = cleanup.queue_verdict(store, policy)
@@ -109,6 +113,7 @@ def reconcile(
         "policy": dg.MetadataValue.json(plan.policy.as_dict()),
         **{f"policy/{name}": value for name, value in plan.policy.as_dict().items() if isinstance(value, (int, float))},
         "dry_run": plan.dry_run,
+        "compensations": dg.MetadataValue.json([action.name for action in actions]),
         **_generation_metadata(verdict),
     }
     if verdict.problem:
@@ -184,6 +189,24 @@ def finalize_zombies(
     return plan.add(result)
 
 
+@dg.op(
+    description="Run each finalized zombie's compensations (actions that undo a job's partial side effects), the ones "
+    "failing in earlier runs too; record every outcome on its event. A failure never stops the others."
+)
+def compensate_zombies(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase) -> CleanupPlan:
+    if plan.dry_run:
+        return plan
+    store = store_of(queue_db, cache_db, check=True)
+    result = compensations.compensate(store, plan.policy, plan.run_id, compensations.registry(plan.policy))
+    context.add_output_metadata(counts_metadata(result.counts))
+    if result.counts["compensation_failed"] or result.counts["compensation_to_retry"]:
+        context.log.warning(
+            f"compensations: {result.counts['compensation_to_retry']} failed and will be tried again, "
+            f"{result.counts['compensation_failed']} given up on (see the compensations_succeed check)"
+        )
+    return plan.add(result)
+
+
 @dg.op(description="Summarize the run from the audit trail: what was finalized, why, and what was skipped.")
 def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase) -> dict:
     store = store_of(queue_db, cache_db, check=True)
@@ -204,10 +227,11 @@ def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: Queue
         "Find zombie jobs (started, worker gone or running past its maximum duration), finalize each exactly "
         "once as the queue's generation does, without clobbering a live worker, write the error users see into "
         "the cache, keep the deployment's counters, rate limiter and locks in step, re-enqueue within the retry "
-        "limits, and record everything in the zombieEvents audit trail."
+        "limits (at once or after a backoff), run the compensations of each job type, and record everything in the "
+        "zombieEvents audit trail."
     ),
     partitions_def=JOB_TYPE_PARTITIONS,
-    executor_def=dg.in_process_executor,  # four short steps: one process, not four imports of Dagster
+    executor_def=dg.in_process_executor,  # five short steps: one process, not five imports of Dagster
     # Read by the production instance (deploy/dagster.yaml); in-process executions ignore them.
     tags={
         PIPELINE_TAG: CLEANUP_GROUP,
@@ -229,4 +253,4 @@ def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: Queue
 )
 def kill_zombies_job():
     plan = reconcile()
-    summarize(finalize_zombies(plan, find_zombies(plan)))
+    summarize(compensate_zombies(finalize_zombies(plan, find_zombies(plan))))

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import dagster as dg
 from pydantic import Field
 
-from zombie_pipeline import monitoring
+from zombie_pipeline import compensations, monitoring
 from zombie_pipeline.documents import ErrorCode, utc_now
 from zombie_pipeline.offenders import DEFAULT_THRESHOLD, find_offenders
 from zombie_pipeline.orchestration.cleanup import reconcile
@@ -182,6 +182,30 @@ def zombies_have_cache_errors(
         f"entry and {audit.wrong} an entry without their error",
     )
 
+
+
+@dg.asset_check(
+    asset=queue_health,
+    name="compensations_succeed",
+    description=(
+        "Every compensation (an action undoing a zombie's partial side effects: an installed entry point or a "
+        "webhook of the policy) succeeded: fails with a warning while some fail and will be tried again by the "
+        "next cleanups, with an error once one is given up on after compensation_max_attempts."
+    ),
+)
+def compensations_succeed(queue_db: QueueDatabase, cache_db: CacheDatabase) -> dg.AssetCheckResult:
+    audit = compensations.audit(store_of(queue_db, cache_db, check=True), SAMPLE_ROWS)
+    metadata: dict[str, Any] = {"given_up": audit.failed, "failing_to_retry": audit.retrying, "not_run_yet": audit.pending}
+    if audit.sample:
+        metadata["failing"] = table_metadata(audit.sample)
+    return dg.AssetCheckResult(
+        passed=audit.passed,
+        severity=dg.AssetCheckSeverity.ERROR if audit.failed else dg.AssetCheckSeverity.WARN,
+        metadata=metadata,
+        description=None
+        if audit.passed
+        else f"{audit.failed} compensations given up on, {audit.retrying} failing and to be tried again",
+    )
 
 
 queue_health_job = dg.define_asset_job(
