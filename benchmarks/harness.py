@@ -86,7 +86,7 @@ class CommandCounter(monitoring.CommandListener):
         cursor = reply.get("cursor") if isinstance(reply, dict) else None
         if isinstance(cursor, dict):
             batch = cursor.get("firstBatch", cursor.get("nextBatch")) or []
-            self.docs_returned += len(batch)
+            self.docs_returned += sum(raw_documents(item) if isinstance(item, (bytes, bytearray, memoryview)) else 1 for item in batch)
         if self.measure_bytes:
             self.bytes_received += len(bson.encode(reply))
 
@@ -124,6 +124,16 @@ class CommandCounter(monitoring.CommandListener):
                 name: round(micros / 1e6, 3) for name, micros in sorted(self.micros.items(), key=lambda item: -item[1])
             },
         }
+
+
+def raw_documents(data: bytes | bytearray | memoryview) -> int:
+    """Documents in a raw batch (``find_raw_batches``, pymongoarrow): BSON documents back to back, each
+    starting with its int32 length; pymongo's event carries the whole batch as one ``bytes``."""
+    view, count, offset = memoryview(data), 0, 0
+    while offset + 4 <= len(view):
+        offset += int.from_bytes(view[offset : offset + 4], "little")
+        count += 1
+    return count
 
 
 def documents_written(command: str, reply: Any) -> int:

@@ -221,7 +221,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(
             {
                 "target": f"a daily partition transfers only its own day ({row['finished_jobs']:,} finished jobs)",
-                "measured": f"{_fmt(row['docs_returned'])} docs returned for {_fmt(day)} jobs finished that day",
+                "measured": f"{_fmt(row['jobs_read'])} jobs read for {_fmt(day)} jobs finished that day",
                 "held": row["jobs_read"] == day,
             }
         )
