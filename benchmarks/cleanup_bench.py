@@ -38,12 +38,13 @@ from zombie_pipeline.cleanup import run_cleanup
 from zombie_pipeline.documents import Job, Status
 from zombie_pipeline.generations import QUEUE_GENERATIONS
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import JOB_TYPES
 from zombie_pipeline.store import Store
 
 OURS = "ours"
 BASELINE = "baseline_2023"
 CONTENDERS = (OURS, BASELINE)
+#: about as many job types as the deployment runs: a batch of zombies then spans about 30 of them
+DEPLOYMENT_JOB_TYPES = 30
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class CleanupCase:
     generation: str = "2023-01"
     jobs: int = 10_000
     zombies: int = 1_000
-    job_types: int = len(JOB_TYPES)
+    job_types: int = DEPLOYMENT_JOB_TYPES
     contenders: tuple[str, ...] = CONTENDERS
     #: the injected RTTs this case runs at (None: every one of the settings'); a case measured for its
     #: counts alone (commands, documents written) needs no more than 0
@@ -83,7 +84,7 @@ class CleanupCase:
         if len(parts) < 3:
             raise ValueError(f"a cleanup case is GENERATION:JOBS:ZOMBIES[:TYPES[:CONTENDERS]], got {text!r}")
         generation, jobs, zombies = parts[0], int(float(parts[1])), int(float(parts[2]))
-        types = int(parts[3]) if len(parts) > 3 and parts[3] else len(JOB_TYPES)
+        types = int(parts[3]) if len(parts) > 3 and parts[3] else DEPLOYMENT_JOB_TYPES
         if len(parts) > 4 and parts[4]:
             contenders = tuple(parts[4].split("+"))
         else:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from benchmarks import report
-from benchmarks.cleanup_bench import BASELINE, OURS, CleanupCase, CleanupSettings, cleanup_section, models, summaries
+from benchmarks.cleanup_bench import OURS, CleanupCase, CleanupSettings, cleanup_section, models, summaries
 from benchmarks.compute_bench import compute_case
 from benchmarks.data import TODAY_GENERATION
 from benchmarks.harness import CommandCounter, exit_on_sigterm, machine_info, new_client, now_iso, python_command, server_version
