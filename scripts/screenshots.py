@@ -2,13 +2,25 @@
 """Regenerate docs/screenshots/*.png: the Dagster UI on simulated data, captured with headless Chromium.
 
     apt-get install -y chromium          # Debian's package; once
-    python scripts/screenshots.py        # 3.5 minutes on 2 cores
+    python scripts/screenshots.py        # 2.5 minutes on 2 cores
 
 Everything runs in a temporary directory: its own SecantusDB server, a
 simulated queue (a week of history and zombies), ``dagster dev`` with a
-temporary DAGSTER_HOME on a free port. The script launches a cleanup, the
-daily duration tallies of the last week and the statistics of yesterday,
-waits for the checks that follow the cleanup, then captures the pages:
+temporary DAGSTER_HOME on a free port.
+
+A repeat offender is made the way one happens: one dataset's ``/first-rows``
+job crashes its worker on each of the last three days, and each day the
+cleanup (``cleanup.run_cleanup``, in this process, its clock set to that day)
+finalizes it and enqueues its retry, which the next day's worker takes and
+crashes on again. Today's retry crashes too, and the cleanup in ``dagster dev``
+finalizes it with the simulated zombies, its retry limit reached. That cleanup
+is given a compensation webhook for every type (``compensation_webhooks``, the
+URL in an environment variable) on a local port nothing listens on, so every
+compensation fails and ``compensations_succeed`` warns.
+
+The script launches that cleanup, the daily duration tallies and repeat
+offenders of the last week and the statistics of yesterday, waits for the
+checks that follow the cleanup, then captures the pages:
 plain pages with ``chromium --headless --screenshot``, the two views the UI
 shows only in a dialog (the statistics table, the policy JSON) through
 Chromium's DevTools protocol, which clicks the link first. It stops every
@@ -19,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import datetime as dt
 import itertools
 import json
@@ -29,18 +42,23 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test suite's dagster dev harness and server helper
 
 from tests.e2e import harness  # noqa: E402
 from tests.servers import running_server  # noqa: E402
+from zombie_pipeline import documents  # noqa: E402
+from zombie_pipeline.cleanup import run_cleanup  # noqa: E402
 from zombie_pipeline.config import CACHE_URL_ENV, HOME_ENV, KILL_CRON_ENV, QUEUE_URL_ENV, WEBHOOK_URL_ENV  # noqa: E402
 from zombie_pipeline.embedded import free_port  # noqa: E402
 from zombie_pipeline.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION  # noqa: E402
 from zombie_pipeline.mongo import client_for, close_clients  # noqa: E402
+from zombie_pipeline.documents import ID, Job, Status, truncate_ms  # noqa: E402
 from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, PARTITION_TAG  # noqa: E402
-from zombie_pipeline.simulate import Workload, simulate  # noqa: E402
+from zombie_pipeline.policy import ZombiePolicy  # noqa: E402
+from zombie_pipeline.simulate import Workload, job_document, simulate  # noqa: E402
 from zombie_pipeline.store import Store  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
@@ -58,6 +76,60 @@ WORKLOAD = Workload(
     cache_generation=NEWEST_CACHE_GENERATION,
 )
 STATS_DAYS = 7
+#: The dataset whose job crashes its worker every day: a repeat offender (3 finalizations reach the threshold).
+OFFENDER = {"job_type": "/first-rows", "dataset": "user42/endless-audio", "config": "default", "split": "train"}
+#: When its worker died on each past day: days ago, hour (UTC).
+OFFENDER_CRASHES = ((3, 9.5), (2, 14.0), (1, 21.25))
+#: Holds the compensation webhook's URL (a closed local port), named in the cleanup's policy.
+COMPENSATION_URL_ENV = "SCREENSHOTS_COMPENSATION_URL"
+
+
+@contextlib.contextmanager
+def clock_at(moment: dt.datetime):
+    """The pipeline's clock set to ``moment``: ``documents.utc_now``, wherever a module imported it by name."""
+    modules = [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith("zombie_pipeline") and getattr(module, "utc_now", None) is documents.utc_now
+    ]
+    with contextlib.ExitStack() as stack:
+        for module in modules:
+            stack.enter_context(mock.patch.object(module, "utc_now", lambda: moment))
+        yield
+
+
+def crash_offender(store: Store, at: dt.datetime) -> None:
+    """A worker takes the offending job (its waiting retry, else a new job) and dies: silent for 10 minutes at ``at``."""
+    started, beat = truncate_ms(at - dt.timedelta(minutes=15)), truncate_ms(at - dt.timedelta(minutes=10))
+    query = {Job.TYPE: OFFENDER["job_type"], Job.DATASET: OFFENDER["dataset"], Job.STATUS: Status.WAITING}
+    waiting = store.jobs.find_one(query)
+    if waiting is not None:
+        store.jobs.update_one(
+            {ID: waiting[ID], Job.STATUS: Status.WAITING},
+            {"$set": {Job.STATUS: Status.STARTED, Job.STARTED_AT: started, Job.LAST_HEARTBEAT: beat}},
+        )
+    else:
+        store.jobs.insert_one(
+            job_document(
+                status=Status.STARTED,
+                generation=WORKLOAD.generation,
+                created_at=started - dt.timedelta(minutes=2),
+                started_at=started,
+                last_heartbeat=beat,
+                **OFFENDER,
+            )
+        )
+
+
+def offender_history(store: Store, today: dt.date) -> None:
+    """The past days' cleanups of the offender: the real cleanup, its clock set to each day."""
+    midnight = dt.datetime.combine(today, dt.time(), dt.timezone.utc)
+    for days_ago, hour in OFFENDER_CRASHES:
+        at = truncate_ms(midnight - dt.timedelta(days=days_ago) + dt.timedelta(hours=hour))
+        crash_offender(store, at)
+        with clock_at(at):
+            report = run_cleanup(store, ZombiePolicy(), f"screenshots-history-{at:%Y%m%d}", now=at, job_types=[OFFENDER["job_type"]])
+        print(f"  cleanup at {at:%Y-%m-%d %H:%M} UTC: {dict(report.counts)}")
 
 
 def chromium() -> str:
@@ -157,8 +229,8 @@ class DevTools:
             self.process.wait(timeout=10)
 
 
-def launch_and_wait(dev: harness.DagsterDev, job: str, **options) -> str:
-    run_id = harness.launch(dev, job, {}, **options)
+def launch_and_wait(dev: harness.DagsterDev, job: str, run_config: dict | None = None, **options) -> str:
+    run_id = harness.launch(dev, job, run_config or {}, **options)
     status = harness.wait_for_run(dev, run_id, timeout=300)
     print(f"  {job} {options.get('tags', {}).get('dagster/partition', '')} -> {status}")
     if status != "SUCCESS":
@@ -189,21 +261,27 @@ def shoot(browser: str, base: Path, mongo_url: str, args: argparse.Namespace) ->
         store.ensure_indexes()  # on empty collections: building them later costs ~10 s per index here
         simulation = simulate(store, WORKLOAD)
         print(f"simulated {WORKLOAD.total} jobs, {len(simulation.zombie_ids)} zombies")
+        today = dt.datetime.now(dt.timezone.utc).date()
+        offender_history(store, today)
+        crash_offender(store, documents.utc_now())  # today's retry dies too: the cleanup below finalizes it
         env = {
             QUEUE_URL_ENV: mongo_url,
             CACHE_URL_ENV: mongo_url,
             HOME_ENV: str(base / "home"),
             KILL_CRON_ENV: "",
             WEBHOOK_URL_ENV: "",
+            COMPENSATION_URL_ENV: f"http://127.0.0.1:{free_port()}/undo",  # nothing listens there
         }
         dev = harness.DagsterDev(base / "dagster_home", free_port(), env).start(timeout=180)
         print(f"dagster dev at {dev.url}")
 
-        cleanup_run = launch_and_wait(dev, "kill_zombies_job")
-        today = dt.datetime.now(dt.timezone.utc).date()
+        webhooks = {"resources": {"zombie_policy": {"config": {"compensation_webhooks": {"*": COMPENSATION_URL_ENV}}}}}
+        cleanup_run = launch_and_wait(dev, "kill_zombies_job", webhooks)
         days = [(today - dt.timedelta(days=n)).isoformat() for n in range(STATS_DAYS, 0, -1)]
         for day in days:
-            launch_and_wait(dev, "duration_statistics_job", tags={PARTITION_TAG: day}, asset_selection=[["job_duration_tallies"]])
+            launch_and_wait(
+                dev, "duration_statistics_job", tags={PARTITION_TAG: day}, asset_selection=[["job_duration_tallies"], ["repeat_offenders"]]
+            )
         launch_and_wait(dev, "duration_statistics_job", tags={PARTITION_TAG: days[-1]}, asset_selection=[["job_duration_statistics"]])
         [health] = harness.wait_for(
             "the checks after the cleanup", lambda: harness.runs(dev, "queue_health_job", {CLEANUP_RUN_TAG: cleanup_run}), 120, 2
@@ -214,7 +292,10 @@ def shoot(browser: str, base: Path, mongo_url: str, args: argparse.Namespace) ->
         pages = {
             "cleanup-run.png": (f"{dev.url}/runs/{cleanup_run}?logs=step%3Asummarize", "1600,1100"),
             "duration-statistics.png": (f"{dev.url}/assets/job_duration_statistics?view=events", "1600,1300"),
-            "queue-health-checks.png": (f"{dev.url}/assets/queue_health?view=checks", "1600,900"),
+            "queue-health-checks.png": (f"{dev.url}/assets/queue_health?view=checks", "2000,1000"),
+            "queue-health.png": (f"{dev.url}/assets/queue_health?view=events", "1600,1300"),
+            "repeat-offenders.png": (f"{dev.url}/assets/repeat_offenders?view=checks", "1600,900"),
+            "repeat-offenders-table.png": (f"{dev.url}/assets/repeat_offenders?view=events", "2400,1300"),
             "automation.png": (f"{dev.url}/automation", "1600,700"),
         }
         for name, (url, size) in pages.items():
