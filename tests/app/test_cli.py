@@ -203,6 +203,20 @@ def test_the_refusal_names_the_database_and_the_option_that_gives_it_up(
     assert f"--overwrite-database {queue.name}" in error
 
 
+def test_simulating_twice_refuses_the_second_cleanly_and_drop_replaces_it(mongo_url, fresh_database, own_client, tmp_path, monkeypatch, capsys):
+    queue, cache = (own_client[fresh_database(prefix).name] for prefix in ("sim_queue", "sim_cache"))
+    point_at(monkeypatch, mongo_url, queue, cache, tmp_path / "home")
+    assert cli.main(["simulate", "--finished", "30"]) == 0
+    capsys.readouterr()
+    before = contents(queue, cache)
+
+    assert cli.main(["simulate", "--finished", "30"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "already hold a simulated queue; --drop replaces it" in error
+    assert contents(queue, cache) == before  # nothing half written
+    assert cli.main(["simulate", "--drop", "--finished", "30"]) == 0
+
+
 # --- errors a person reads ---------------------------------------------------------------------------------------
 
 PASSWORD = "Sup3r-s3cret-Pw"

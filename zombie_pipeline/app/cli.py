@@ -45,6 +45,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     check_ours(store, args.overwrite_database)  # before the first write, an index included
     if args.drop:
         drop_simulation(store, args.overwrite_database)
+    elif simulated_generation(store) is not None:  # a second queue over the first would share its datasets' locks and keys
+        raise NotOurs("these databases already hold a simulated queue; --drop replaces it (nothing was written)")
     store.ensure_indexes()
     result = simulate(store, workload, overwrite=args.overwrite_database)
     print(f"queue: {resources['queue_db'].describe()}  cache: {resources['cache_db'].describe()}")
