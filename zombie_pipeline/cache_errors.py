@@ -187,14 +187,16 @@ def write_batch(
             expected[event[ID]] = (key, failed_runs, _jsonable(summary_of(entry)))
     if not operations:
         return outcomes
-    _write(store, operations, session)
-    entry_ids = [document[ID] for document in planned.values()]
-    stored = {entry[ID]: entry for entry in store.cache.find({ID: {"$in": entry_ids}}, {Cache.UPDATED_AT: 1}, session=session).batch_size(READ_BATCH)}
-    ours = {
-        key
-        for key, document in planned.items()
-        if document[ID] in stored and as_utc(stored[document[ID]].get(Cache.UPDATED_AT)) == document[Cache.UPDATED_AT]
-    }
+    if _write(store, operations, session) == len(operations):  # every write took (one entry each): all ours
+        ours = set(planned)
+    else:  # which ones: read the entries back
+        entry_ids = [document[ID] for document in planned.values()]
+        stored = {entry[ID]: entry for entry in store.cache.find({ID: {"$in": entry_ids}}, {Cache.UPDATED_AT: 1}, session=session).batch_size(READ_BATCH)}
+        ours = {
+            key
+            for key, document in planned.items()
+            if document[ID] in stored and as_utc(stored[document[ID]].get(Cache.UPDATED_AT)) == document[Cache.UPDATED_AT]
+        }
     for event_id, (key, failed_runs, previous) in expected.items():
         if key in ours:
             outcomes[event_id] = _outcome(CacheOutcome.WRITTEN, failed_runs, previous)
@@ -217,14 +219,20 @@ def _write_operation(existing: Mapping[str, Any] | None, document: dict[str, Any
     return InsertOne(document)
 
 
-def _write(store: Store, operations: list, session: ClientSession | None) -> None:
-    """Run the writes; an entry a worker inserted first refuses ours (the read-back then sees theirs)."""
+def _write(store: Store, operations: list, session: ClientSession | None) -> int:
+    """Run the writes; how many took (a replacement that matched, an insert that was accepted).
+
+    An entry a worker inserted first refuses ours, and one a worker rewrote since our read fails our
+    compare-and-set: fewer took than were sent, and the read-back then sees theirs.
+    """
     try:
-        store.cache.bulk_write(operations, ordered=False, session=session)
+        result = store.cache.bulk_write(operations, ordered=False, session=session)
     except BulkWriteError as error:
         duplicate_indexes(error)  # anything but a duplicate is raised
         if session is not None:  # the transaction is aborted: start again, the worker's entry is now there
             raise Conflict() from error
+        return error.details.get("nMatched", 0) + error.details.get("nInserted", 0)
+    return result.matched_count + result.inserted_count
 
 
 def _count_in_cache_metrics(store: Store, changes: list[tuple[Mapping[str, Any] | None, Mapping[str, Any]]], session: ClientSession | None) -> None:

@@ -366,6 +366,16 @@ def as_seen_filter(job: Mapping[str, Any]) -> dict[str, Any]:
     return {ID: job[ID], Job.STATUS: Status.STARTED, **{name: job.get(name) for name in _AS_SEEN}}
 
 
+def as_seen_expression(job: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`as_seen_filter` without the ``_id``, as an aggregation expression: an update pipeline's ``$cond``.
+
+    ``$ifNull`` makes a missing field equal to None, as the filter's equality does.
+    """
+    seen = [{"$eq": [f"${Job.STATUS}", Status.STARTED]}]
+    seen += [{"$eq": [{"$ifNull": [f"${name}", None]}, job.get(name)]} for name in _AS_SEEN]
+    return {"$and": seen}
+
+
 def is_as_seen(current: Mapping[str, Any] | None, job: Mapping[str, Any]) -> bool:
     """:func:`as_seen_filter`, asked of a document already read."""
     return (
