@@ -428,7 +428,7 @@ def _allowed_keys() -> set:
     fields |= {"error", "reason", "last_heartbeat", "threshold_seconds", "run_id", "job_id", "result", "type", "seconds"}
     fields |= {"runner_version"}  # the summary of the entry an error replaced, kept in the event
     fields |= set(ZombiePolicy.model_fields)
-    operators = {"$in", "$nin", "$lt", "$lte", "$gt", "$ne", "$or", "$and", "$exists", "$not", "$type", "$set", "$natural", "$hint"}
+    operators = {"$in", "$nin", "$lt", "$lte", "$gt", "$cond", "$eq", "$literal", "$ne", "$or", "$and", "$exists", "$not", "$type", "$set", "$natural", "$hint"}
     command_keys = {
         "find", "filter", "sort", "limit", "batchSize", "projection", "hint", "update", "updates", "q", "u", "upsert",
         "multi", "insert", "documents", "ordered", "delete", "deletes", "aggregate", "pipeline", "cursor", "$match",

@@ -369,10 +369,11 @@ def as_seen_filter(job: Mapping[str, Any]) -> dict[str, Any]:
 def as_seen_expression(job: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`as_seen_filter` without the ``_id``, as an aggregation expression: an update pipeline's ``$cond``.
 
-    ``$ifNull`` makes a missing field equal to None, as the filter's equality does.
+    ``$ifNull`` makes a missing field equal to None, as the filter's equality does; ``$literal`` keeps a
+    value read from the job a value (a string starting with ``$`` would otherwise be a field path).
     """
     seen = [{"$eq": [f"${Job.STATUS}", Status.STARTED]}]
-    seen += [{"$eq": [{"$ifNull": [f"${name}", None]}, job.get(name)]} for name in _AS_SEEN]
+    seen += [{"$eq": [{"$ifNull": [f"${name}", None]}, {"$literal": job.get(name)}]} for name in _AS_SEEN]
     return {"$and": seen}
 
 
