@@ -15,7 +15,7 @@ from tests.helpers import ago, crashed_job
 from zombie_pipeline import compensations
 from zombie_pipeline.cleanup import run_cleanup
 from zombie_pipeline.compensations import CompensationError, audit, masked_url
-from zombie_pipeline.documents import CompensationEntry, CompensationState, Event, Job, Reason
+from zombie_pipeline.documents import ID, CompensationEntry, CompensationState, Event, Job, Reason, Status
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.simulate import cache_document
 
@@ -66,7 +66,7 @@ def test_a_compensation_that_fails_twice_then_succeeds_runs_exactly_three_times_
         monkeypatch.setenv("SPLITS_HOOK", url)
         counts = [run_cleanup(store, policy, f"run-{attempt}").counts for attempt in range(5)]
     assert len(received) == 3
-    assert {request["key"] for request in received} == {str(job["_id"])}  # one idempotency key for every attempt
+    assert {request["key"] for request in received} == {str(job[ID])}  # one idempotency key for every attempt
     assert received[0]["body"]["job"][Job.DATASET] == job[Job.DATASET] and received[0]["body"]["reason"] == Reason.MISSING_HEARTBEAT
     assert [request["body"]["attempt"] for request in received] == [1, 2, 3]
     assert [count["compensation_to_retry"] for count in counts] == [1, 1, 0, 0, 0]
@@ -158,8 +158,8 @@ def test_an_action_registered_through_an_entry_point_is_found_and_run(store, ins
     store.cache.insert_one(cache_document({**job, Job.REVISION: "c0ffee"}, ago(86_400)))  # the last successful run's commit
     report = run_cleanup(store, ZombiePolicy(), "run-1")
     assert report.counts["compensation_done"] == 1  # only the type it applies to
-    assert [json.loads(line) for line in ran.read_text().splitlines()] == [{"job_id": str(job["_id"]), "revision": "c0ffee"}]
-    assert store.events.find_one({"_id": job["_id"]})[Event.COMPENSATION_STATE] == CompensationState.DONE
+    assert [json.loads(line) for line in ran.read_text().splitlines()] == [{"job_id": str(job[ID]), "revision": "c0ffee"}]
+    assert store.events.find_one({ID: job[ID]})[Event.COMPENSATION_STATE] == CompensationState.DONE
 
 
 def test_a_broken_entry_point_is_refused_before_anything_is_written(store, installed_package):
@@ -167,4 +167,4 @@ def test_a_broken_entry_point_is_refused_before_anything_is_written(store, insta
     store.jobs.insert_one(crashed_job())
     with pytest.raises(CompensationError, match="zp_broken_compensation:NoSuchThing"):
         run_cleanup(store, ZombiePolicy(), "run-1")
-    assert store.events.count_documents({}) == 0 and store.jobs.find_one()[Job.STATUS] == "started"
+    assert store.events.count_documents({}) == 0 and store.jobs.find_one()[Job.STATUS] == Status.STARTED

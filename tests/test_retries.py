@@ -7,7 +7,7 @@ import pytest
 
 from tests.helpers import Crash, crashed_job, crashing, job_document
 from zombie_pipeline.cleanup import run_cleanup
-from zombie_pipeline.documents import Event, Job, RetryOutcome, ScheduledRetry, ScheduledState, Status
+from zombie_pipeline.documents import ID, Event, Job, RetryOutcome, ScheduledRetry, ScheduledState, Status
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.retries import enqueue_due_retries, pending_retries
 from zombie_pipeline.store import Store
@@ -39,7 +39,7 @@ def test_a_delayed_retry_is_scheduled_not_enqueued_and_shown_as_pending(store):
     assert event[Event.RETRY_DUE_AT] - event[Event.FINALIZED_AT] == dt.timedelta(seconds=600)  # no jitter here
     assert _waiting(store) == []
     (scheduled,) = store.retries.find()
-    assert scheduled[ScheduledRetry.STATE] == ScheduledState.PENDING and scheduled[ScheduledRetry.EVENT_ID] == event[Event.JOB]["_id"]
+    assert scheduled[ScheduledRetry.STATE] == ScheduledState.PENDING and scheduled[ScheduledRetry.EVENT_ID] == event[Event.JOB][ID]
     assert pending_retries(store) == 1
 
 
@@ -51,7 +51,7 @@ def test_a_retry_becomes_due_at_its_time_and_is_enqueued_once(store):
     report = run_cleanup(store, DELAYED, "run-2", now=due_at + dt.timedelta(seconds=1))
     assert report.reconciled.counts["due_retry_enqueued"] == 1
     (retry,) = _waiting(store)
-    assert retry["_id"] == event[Event.RETRY_JOB_ID] and retry[Job.DATASET] == event[Event.JOB][Job.DATASET]
+    assert retry[ID] == event[Event.RETRY_JOB_ID] and retry[Job.DATASET] == event[Event.JOB][Job.DATASET]
     assert store.retries.find_one()[ScheduledRetry.STATE] == ScheduledState.ENQUEUED and pending_retries(store) == 0
     assert run_cleanup(store, DELAYED, "run-3", now=due_at + dt.timedelta(hours=1)).reconciled.counts["due_retry_enqueued"] == 0
     assert len(_waiting(store)) == 1
@@ -62,7 +62,7 @@ def test_a_due_retry_is_not_enqueued_when_a_twin_already_waits(store):
     store.jobs.insert_one(job_document(dataset=event[Event.JOB][Job.DATASET], job_type=event[Event.JOB][Job.TYPE], status=Status.WAITING))
     counts = enqueue_due_retries(store, DELAYED, event[Event.RETRY_DUE_AT])
     assert (counts["due_retry_already_queued"], counts["due_retry_enqueued"]) == (1, 0)
-    assert len(_waiting(store)) == 1 and store.jobs.find_one({"_id": event[Event.RETRY_JOB_ID]}) is None
+    assert len(_waiting(store)) == 1 and store.jobs.find_one({ID: event[Event.RETRY_JOB_ID]}) is None
     assert store.retries.find_one()[ScheduledRetry.STATE] == ScheduledState.ALREADY_QUEUED
 
 
@@ -81,7 +81,7 @@ def test_two_cleanups_at_once_enqueue_a_due_retry_once(store):
     for thread in threads:
         thread.join()
     assert sum(count["due_retry_enqueued"] for count in counts) == 1
-    assert [job["_id"] for job in _waiting(store)] == [event[Event.RETRY_JOB_ID]]
+    assert [job[ID] for job in _waiting(store)] == [event[Event.RETRY_JOB_ID]]
     assert store.retries.find_one()[ScheduledRetry.STATE] == ScheduledState.ENQUEUED
 
 

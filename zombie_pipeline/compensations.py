@@ -33,7 +33,7 @@ from importlib.metadata import entry_points
 from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 from zombie_pipeline.config import setting
-from zombie_pipeline.documents import ID, CompensationEntry, CompensationState, Event, EventState, Job, utc_now
+from zombie_pipeline.documents import ID, CompensationEntry, CompensationState, Event, EventState, job_row, utc_now
 from zombie_pipeline.events import READ_BATCH, StepResult
 from zombie_pipeline.mongo import redact_url, scrub
 from zombie_pipeline.policy import ZombiePolicy
@@ -272,16 +272,14 @@ def audit(store: Store, sample_size: int = 20) -> CompensationAudit:
             retrying += state == CompensationState.PENDING and error is not None
             pending += state == CompensationState.PENDING and error is None
             if error is not None and len(sample) < sample_size:
-                job = event.get(Event.JOB) or {}
                 sample.append(
-                    {
-                        "job_id": str(event[ID]),
-                        "type": job.get(Job.TYPE),
-                        "dataset": job.get(Job.DATASET),
-                        "action": entry.get(CompensationEntry.NAME),
-                        "state": state,
-                        "attempts": entry.get(CompensationEntry.ATTEMPTS),
-                        "last_error": error,
-                    }
+                    job_row(
+                        event[ID],
+                        event.get(Event.JOB) or {},
+                        action=entry.get(CompensationEntry.NAME),
+                        state=state,
+                        attempts=entry.get(CompensationEntry.ATTEMPTS),
+                        last_error=error,
+                    )
                 )
     return CompensationAudit(failed=failed, retrying=retrying, pending=pending, sample=sample)
