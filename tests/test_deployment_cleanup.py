@@ -89,11 +89,13 @@ def test_todays_deployment_would_leave_what_our_cleanup_leaves(deployment, queue
     expected_counters = deployment.run("recount_metrics")
 
     deployment.use(queue_db.name, cache_db.name)
-    a_long_step = ZombiePolicy(max_duration_seconds=3_600)  # 49 minutes is within this step's maximum duration
-    report = run_cleanup(Store.of(queue_db, cache_db), a_long_step, run_id="ours")
+    # 49 minutes is past the default 20-minute maximum duration, but the worker is dead: the deployment's
+    # kill_stuck_jobs finishes it as crashed whatever its age, and so do we
+    report = run_cleanup(Store.of(queue_db, cache_db), ZombiePolicy(), run_id="ours")
 
     assert report.verdict.generation.name == "2026-05"
     assert report.counts["finalized"] == 1 and report.counts["effect:blocked_dataset"] == 1
+    assert report.counts["reason:missing_heartbeat"] == 1
     assert comparable(deployment.run("state")) == comparable(expected)
     assert deployment.run("recount_metrics")["differences"] == expected_counters["differences"]
     entry = cache_db.cachedResponsesBlue.find_one({"dataset": "alice/a"})
@@ -182,3 +184,20 @@ def test_the_retry_of_an_early_2023_zombie_is_a_job_the_real_client_starts(deplo
     started = deployment.run("start_job", max_jobs_per_namespace=1)
     assert started["started"] and started["info"]["dataset"] == "alice/a" and started["job_id"] != zombie
     assert deployment.run("load_all")["ok"]
+
+
+@ONLY_2023
+def test_an_early_2023_job_dead_for_longer_than_its_maximum_duration_is_a_crash_whose_retry_the_real_client_starts(
+    deployment, queue_db, cache_db
+) -> None:
+    [zombie] = deployment.run("create_jobs", jobs=[{"type": "/splits", "dataset": "alice/a"}])["job_ids"]
+    deployment.run("start_job", max_jobs_per_namespace=1)
+    backdate(queue_db, zombie, started_at=dt.timedelta(minutes=45), last_heartbeat=dt.timedelta(minutes=40))
+
+    report = run_cleanup(Store.of(queue_db, cache_db), ZombiePolicy(), run_id="ours")  # T2: 20 minutes
+
+    assert report.counts["reason:missing_heartbeat"] == 1 and report.counts["retry_enqueued"] == 1
+    assert cache_db.cachedResponsesBlue.find_one({"dataset": "alice/a"})["error_code"] == "JobManagerCrashedError"
+    assert deployment.run("load_all")["ok"]
+    started = deployment.run("start_job", max_jobs_per_namespace=1)
+    assert started["started"] and started["info"]["dataset"] == "alice/a" and started["job_id"] != zombie

@@ -7,6 +7,7 @@ import pytest
 from tests.helpers import job_document, workload
 from zombie_pipeline.detection import Brake, count_stale, detect, explain_stale, stale_filter, unknown_job_types
 from zombie_pipeline.documents import Job, Reason, Status, utc_now
+from zombie_pipeline.generations import NEWEST_QUEUE_GENERATION
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
 from zombie_pipeline.simulate import simulate
 
@@ -53,18 +54,42 @@ def test_a_job_that_never_heartbeated_is_judged_by_its_start(store, now):
     }
 
 
-def test_a_job_past_its_maximum_duration_is_exceeded_whatever_its_heartbeat(store, now):
+def test_a_live_job_past_its_maximum_duration_is_exceeded(store, now):
     store.jobs.insert_many(
         [
             job_document(dataset="u/over", started_at=now - seconds(1200) - MS, last_heartbeat=now - seconds(5)),
             job_document(dataset="u/at-limit", started_at=now - seconds(1200), last_heartbeat=now - seconds(5)),
-            job_document(dataset="u/over-and-dead", started_at=now - seconds(5000), last_heartbeat=now - seconds(4000)),
         ]
     )
-    assert reasons(store, now=now) == {
-        "u/over": Reason.EXCEEDED_MAX_DURATION,
-        "u/over-and-dead": Reason.EXCEEDED_MAX_DURATION,
+    assert reasons(store, now=now) == {"u/over": Reason.EXCEEDED_MAX_DURATION}
+
+
+def test_a_dead_job_past_its_maximum_duration_is_a_crash_that_records_it_was_past_t2(store, now):
+    store.jobs.insert_many(
+        [
+            job_document(dataset="u/over-and-dead", started_at=now - seconds(5000), last_heartbeat=now - seconds(4000)),
+            job_document(dataset="u/over-never-beat", started_at=now - seconds(5000)),
+            job_document(dataset="u/dead-young", started_at=now - seconds(900), last_heartbeat=now - seconds(800)),
+        ]
+    )
+    found = {c.job[Job.DATASET]: (c.reason, c.threshold_seconds, c.past_max_duration) for c in detect(store.jobs, POLICY, now).candidates}
+    assert found == {
+        "u/over-and-dead": (Reason.MISSING_HEARTBEAT, 300, True),
+        "u/over-never-beat": (Reason.NEVER_HEARTBEATED, 300, True),
+        "u/dead-young": (Reason.MISSING_HEARTBEAT, 300, False),
     }
+
+
+def test_a_job_sigtermed_long_ago_is_terminated_and_one_sigtermed_recently_is_left_whatever_its_age(store, now):
+    store.jobs.insert_many(
+        [
+            job_document(dataset="u/term-old", generation=NEWEST_QUEUE_GENERATION, started_at=now - seconds(5000), last_heartbeat=now - seconds(10), terminated_at=now - seconds(301)),
+            job_document(dataset="u/term-recent-past-t2", generation=NEWEST_QUEUE_GENERATION, started_at=now - seconds(5000), last_heartbeat=now - seconds(900), terminated_at=now - seconds(60)),
+            job_document(dataset="u/term-recent", generation=NEWEST_QUEUE_GENERATION, started_at=now - seconds(600), last_heartbeat=now - seconds(10), terminated_at=now - seconds(60)),
+        ]
+    )
+    assert reasons(store, now=now) == {"u/term-old": Reason.TERMINATED}
+    assert count_stale(store.jobs, POLICY, now) == 1  # the query and the reason agree
 
 
 def test_each_type_is_held_to_its_own_maximum_duration(store, now):

@@ -37,12 +37,14 @@ from zombie_pipeline.documents import (
     Status,
     WorkerSizeMetric,
     CacheMetric,
+    ErrorCode,
+    RetryOutcome,
     utc_now,
 )
 from zombie_pipeline.finish_effects import PAST_JOB_MIN_SECONDS
-from zombie_pipeline.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, QueueGeneration
+from zombie_pipeline.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, QueueGeneration, stored_failed_runs
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import Simulation, Workload, job_document, simulate
+from zombie_pipeline.simulate import Simulation, Workload, cache_document, job_document, simulate
 from zombie_pipeline.store import Store
 
 GENERATIONS = list(QUEUE_GENERATIONS)
@@ -141,6 +143,40 @@ def test_no_field_or_status_the_generation_does_not_declare_is_ever_written(stor
             assert set(document) <= fields, (name, document)
     present = set(store.jobs.database.list_collection_names()) - {collection.name for collection in store.ours} - {SIMULATIONS_COLLECTION}
     assert present <= {store.jobs.name} | queue.side_collections
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_a_dead_job_past_its_maximum_duration_is_finalized_as_a_crash_counted_and_retried_as_one(store: Store, generation: str):
+    """The deployment's precedence: a worker that died is a crash whatever the job's age (never an 'exceeded', never retried)."""
+    simulation = small_queue(store, generation, crashed=0, never_heartbeated=0, terminated=0, overdue=1)
+    queue = QUEUE_GENERATIONS[generation]
+    policy = policy_for(generation, True)
+    now = utc_now()
+    t2 = policy.max_duration_seconds
+    dead = job_document(
+        "/splits", "user/dead-for-long", generation=queue, started_at=now - dt.timedelta(seconds=3 * t2),
+        last_heartbeat=now - dt.timedelta(seconds=2 * t2),
+    )
+    store.jobs.insert_one(dead)
+    earlier = cache_document(dead, now - dt.timedelta(days=1), http_status=500, error_code="UnexpectedError",
+                             generation=queue.cache_generation, failed_runs=1)
+    store.cache.insert_one(earlier)
+
+    report = run_cleanup(store, policy, run_id="run")
+
+    event = store.events.find_one({ID: dead[ID]})
+    assert (event[Event.REASON], event[Event.ERROR_CODE], event[Event.PAST_MAX_DURATION]) == (
+        Reason.MISSING_HEARTBEAT, ErrorCode.CRASHED, True,
+    )
+    assert event[Event.FAILED_RUNS] == 2  # the crash counts, as the deployment counts it
+    entry = store.cache.find_one(_key_of(dead))
+    assert entry[Cache.ERROR_CODE] == ErrorCode.CRASHED and stored_failed_runs(entry) == 2
+    # a crash is retried below its limit where the generation re-enqueues (before 2023-12); after, the backfill does
+    expected_retry = RetryOutcome.ENQUEUED if queue.retries_by_default else RetryOutcome.NOT_RETRIED
+    assert event[Event.RETRY_OUTCOME] == expected_retry
+    overdue = store.events.find_one({ID: simulation.overdue_ids[0]})  # the live one past T2 stays a timeout
+    assert (overdue[Event.REASON], overdue[Event.ERROR_CODE]) == (Reason.EXCEEDED_MAX_DURATION, ErrorCode.EXCEEDED_MAX_DURATION)
+    assert report.counts[f"reason:{Reason.EXCEEDED_MAX_DURATION}"] == 1
 
 
 @EVERY_GENERATION_BOTH_WAYS

@@ -119,6 +119,7 @@ def error_entry(
         "reason": event[Event.REASON],
         "last_heartbeat": last_heartbeat.isoformat() if last_heartbeat else None,
         "threshold_seconds": event[Event.THRESHOLD_SECONDS],
+        "past_max_duration": bool(event.get(Event.PAST_MAX_DURATION)),
         "run_id": event[Event.RUN_ID],
         DETAIL_JOB_ID: str(event[ID]),
         DETAIL_PREVIOUS: _jsonable(summary_of(existing)),

@@ -112,6 +112,7 @@ def _event_of(
         Event.REASON: candidate.reason,
         Event.ERROR_CODE: candidate.error_code,
         Event.THRESHOLD_SECONDS: candidate.threshold_seconds,
+        Event.PAST_MAX_DURATION: candidate.past_max_duration,
         Event.POLICY: policy.as_document(),
         Event.DETECTED_AT: candidate.detected_at,
         Event.FINALIZED_AT: finalized_at,

@@ -5,6 +5,13 @@ shorter than the heartbeat timeout), so the query's first stage is a range of th
 ``(status, started_at)`` index over old started jobs only: finished history, however
 long, is never examined. The per-type maximum durations are branches of the second
 stage's ``$or``. Python then only names the reason of the few jobs that come back.
+
+The reason is the deployment's own: its workers finish the jobs of *dead* workers
+as crashed (``kill_stuck_jobs``: heartbeat stale, never sent, or SIGTERM recorded),
+whatever their age, and only a worker still running its own job past the maximum
+duration stops it as exceeded (``kill_long_job``). So a dead job is a crash even
+when it started longer ago than T2 (the event says it was past T2 too), and
+"exceeded" is for a job whose worker is still alive.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ class Candidate:
     reason: str
     threshold_seconds: int
     detected_at: dt.datetime
+    past_max_duration: bool = False  # also started longer ago than its type's T2 (a dead job stays a crash)
 
     @property
     def id(self) -> ObjectId:
@@ -80,6 +88,7 @@ class Candidate:
             last_heartbeat=self.last_heartbeat.isoformat() if self.last_heartbeat else None,
             terminated_at=self.terminated_at.isoformat() if self.terminated_at else None,
             threshold_seconds=self.threshold_seconds,
+            past_max_duration=self.past_max_duration,
         )
 
 
@@ -115,13 +124,16 @@ def stale_stages(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str
     """
     heartbeat_cutoff = now - dt.timedelta(seconds=policy.heartbeat_timeout_seconds)
     overrides = policy.max_duration_seconds_by_type
+    # A job SIGTERMed recently is left to its termination, whatever its age: it becomes a zombie (terminated)
+    # once the timeout has passed since the signal, as the deployment decides. Hence TERMINATED_AT: None below.
     exceeded = [
-        {Job.TYPE: job_type, Job.STARTED_AT: {"$lt": now - dt.timedelta(seconds=limit)}}
+        {Job.TYPE: job_type, Job.TERMINATED_AT: None, Job.STARTED_AT: {"$lt": now - dt.timedelta(seconds=limit)}}
         for job_type, limit in sorted(overrides.items())
     ]
     exceeded.append(
         {
             Job.TYPE: {"$nin": sorted(overrides)},
+            Job.TERMINATED_AT: None,
             Job.STARTED_AT: {"$lt": now - dt.timedelta(seconds=policy.max_duration_seconds)},
         }
     )
@@ -129,7 +141,6 @@ def stale_stages(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str
     rules: dict[str, Any] = {
         "$or": [
             {Job.TERMINATED_AT: {"$lt": heartbeat_cutoff}},  # SIGTERM long ago (only 2026-05 on has the field)
-            # A job terminated recently is not judged on its heartbeats, as the deployment decides.
             {Job.TERMINATED_AT: None, Job.LAST_HEARTBEAT: {"$lt": heartbeat_cutoff}},
             {Job.TERMINATED_AT: None, Job.LAST_HEARTBEAT: None},  # missing or null: never heartbeated
             *exceeded,
@@ -179,26 +190,32 @@ def problem_of(job: Mapping[str, Any]) -> str | None:
 
 
 def reason_of(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.datetime) -> tuple[str, int] | None:
-    """The reason a well-formed started job is a zombie, with the threshold it broke.
+    """The reason a well-formed started job is a zombie, with the threshold it broke; None if it is not one.
 
-    A job terminated by its platform is judged on that first, as the
-    deployment does: it was stopped from outside, whatever its duration.
+    The deployment's precedence: terminated (SIGTERM older than the timeout), then
+    dead (heartbeat stale, or never sent since a start older than the timeout),
+    then alive past its type's maximum duration. A job SIGTERMed more recently is
+    left to finish its termination.
     """
-    started_at = as_utc(job[Job.STARTED_AT])
     timeout = policy.heartbeat_timeout_seconds
     cutoff = now - dt.timedelta(seconds=timeout)
     terminated_at = as_utc(job.get(Job.TERMINATED_AT))
-    if terminated_at is not None and terminated_at < cutoff:
-        return Reason.TERMINATED, timeout
-    limit = policy.max_duration_of(job[Job.TYPE])
-    if started_at < now - dt.timedelta(seconds=limit):
-        return Reason.EXCEEDED_MAX_DURATION, limit
     if terminated_at is not None:
-        return None
+        return (Reason.TERMINATED, timeout) if terminated_at < cutoff else None
+    started_at = as_utc(job[Job.STARTED_AT])
     last_heartbeat = as_utc(job.get(Job.LAST_HEARTBEAT))
-    if last_heartbeat is None:
-        return (Reason.NEVER_HEARTBEATED, timeout) if started_at < cutoff else None
-    return (Reason.MISSING_HEARTBEAT, timeout) if last_heartbeat < cutoff else None
+    if last_heartbeat is None and started_at < cutoff:
+        return Reason.NEVER_HEARTBEATED, timeout
+    if last_heartbeat is not None and last_heartbeat < cutoff:
+        return Reason.MISSING_HEARTBEAT, timeout
+    if is_past_max_duration(job, policy, now):
+        return Reason.EXCEEDED_MAX_DURATION, policy.max_duration_of(job[Job.TYPE])
+    return None
+
+
+def is_past_max_duration(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.datetime) -> bool:
+    """Whether the job started longer ago than its type's maximum duration (T2)."""
+    return as_utc(job[Job.STARTED_AT]) < now - dt.timedelta(seconds=policy.max_duration_of(job[Job.TYPE]))
 
 
 def detect(
@@ -221,7 +238,8 @@ def detect(
         if verdict is None:  # cannot happen with the same cutoffs; never act on a doubt
             continue
         reason, threshold = verdict
-        detection.candidates.append(Candidate(job=job, reason=reason, threshold_seconds=threshold, detected_at=now))
+        past = is_past_max_duration(job, policy, now)
+        detection.candidates.append(Candidate(job, reason, threshold, now, past_max_duration=past))
     detection.candidates.sort(key=lambda candidate: (candidate.started_at, candidate.id))
     return detection
 

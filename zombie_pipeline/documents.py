@@ -216,6 +216,7 @@ class Event:
     REASON = "reason"
     ERROR_CODE = "error_code"
     THRESHOLD_SECONDS = "threshold_seconds"
+    PAST_MAX_DURATION = "past_max_duration"  # a dead job that had also run longer than its T2 (still a crash)
     POLICY = "policy"
     DETECTED_AT = "detected_at"
     FINALIZED_AT = "finalized_at"  # also the job's new finished_at
@@ -331,6 +332,7 @@ class ZombieEvent(TypedDict, total=False):
     reason: Reason
     error_code: ErrorCode
     threshold_seconds: int
+    past_max_duration: bool
     policy: dict[str, Any]
     detected_at: dt.datetime
     finalized_at: dt.datetime

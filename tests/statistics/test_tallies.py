@@ -280,9 +280,26 @@ def test_an_audited_job_in_a_batch_counts_once_and_a_bad_one_counts_as_gone():
 
     a = period.tallies["/a"]
     assert (a.statuses, a.started) == ({Status.SUCCESS: 3, Status.ERROR: 3}, 6)
-    assert (a.success.tolist(), a.error.tolist(), a.stopped.tolist()) == ([60.0] * 3, [400.0], [1300.0])
+    assert (a.success.tolist(), a.error.tolist(), a.stopped.tolist()) == ([60.0] * 3, [], [1300.0])
     assert a.zombies == {Reason.EXCEEDED_MAX_DURATION: 1, Reason.MISSING_HEARTBEAT: 1, Reason.NEVER_HEARTBEATED: 1}
     assert period.bad_data == {BadData.FINISHED_BEFORE_STARTED: 1}
+
+
+def test_a_crash_audited_long_past_its_t2_is_not_a_run_stopped_at_t2(store):
+    """A worker that died is not a job stopped at its limit: no censoring, no backtest, no "stopped" from crashes."""
+    successes = [job("/a", Status.SUCCESS, 60) for _ in range(200)]
+    crashed = [job("/a", Status.ERROR, 5_000) for _ in range(10)]  # dead for over an hour before the cleanup saw them
+    overrun = job("/a", Status.ERROR, 1_300)
+    store.jobs.insert_many(successes + crashed + [overrun])
+    store.events.insert_many([event(document, Reason.MISSING_HEARTBEAT) for document in crashed] + [event(overrun, Reason.EXCEEDED_MAX_DURATION)])
+
+    report = analyze(read_period(store.jobs, store.events, DAY, NEXT_DAY), ZombiePolicy(max_duration_seconds=1_200))
+
+    a = report.type_report("/a")
+    assert (a.started, a.statuses) == (211, {Status.SUCCESS: 200, Status.ERROR: 11})
+    assert a.zombies == {Reason.MISSING_HEARTBEAT: 10, Reason.EXCEEDED_MAX_DURATION: 1}
+    assert a.stopped == 1 and not a.censored  # the one overrun: 1 of 201 runs, under the 1 % of the p99 rule
+    assert a.stopped_durations.tolist() == [1_300.0]
 
 
 def test_combining_many_periods_joins_each_type_in_order():

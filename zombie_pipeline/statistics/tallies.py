@@ -17,7 +17,10 @@ to swap in a log-binned histogram.
 A job *stopped at T2* never finished: its duration is only a lower bound
 (censored). Stopped jobs are the audited ``exceeded_max_duration`` zombies,
 whose duration comes from their event (it outlives the job's TTL), plus error
-jobs that ran at least the current T2 (stopped by an earlier killer).
+jobs outside our audit trail that ran at least the current T2 (stopped by an
+earlier killer). A zombie audited as a crash (its worker died) was not stopped
+at any limit, and how long it sat dead says nothing of how long it would have
+run: it counts as a started job ended in error, without a duration.
 """
 
 from __future__ import annotations
@@ -364,18 +367,16 @@ def _classify(batch: _Batch) -> tuple[np.ndarray, np.ndarray, Counter]:
     return valid, seconds, +bad_data
 
 
-def _audited_stopped(batch: _Batch, valid: np.ndarray, audited: _Audited, found: set[Any]) -> np.ndarray:
-    """Which valid jobs are audited as stopped for exceeding T2; every valid audited job is added to ``found``."""
-    stopped = np.zeros(len(batch.documents), dtype=bool)
-    if not audited:
-        return stopped
+def _audited_rows(batch: _Batch, valid: np.ndarray, audited: _Audited, found: set[Any]) -> np.ndarray:
+    """Which valid jobs are audited zombies (their job's duration is not a run's); each is added to ``found``."""
     rows = np.flatnonzero(valid)
+    marked = np.zeros(len(batch.documents), dtype=bool)
+    if not audited:
+        return marked
     ids = map(_ID, itertools.compress(batch.documents, valid.tolist()))
-    for row in rows[np.fromiter(map(audited.__contains__, ids), dtype=bool, count=len(rows))]:
-        job_id = batch.documents[row][ID]
-        found.add(job_id)
-        stopped[row] = audited[job_id][1] == Reason.EXCEEDED_MAX_DURATION
-    return stopped
+    marked[rows[np.fromiter(map(audited.__contains__, ids), dtype=bool, count=len(rows))]] = True
+    found.update(batch.documents[row][ID] for row in np.flatnonzero(marked))
+    return marked
 
 
 def _groups(codes: np.ndarray, values: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
@@ -411,34 +412,35 @@ class _Columns:
     status_names: list[Any]
     valid: np.ndarray  # counted: a job type, a finished status, and usable dates (or none, never started)
     seconds: np.ndarray  # NaN: never started
-    stopped: np.ndarray  # audited as stopped at T2: its duration comes from its event
+    audited: np.ndarray  # audited zombies: stopped at T2 (their duration comes from the event) or crashed (none)
 
 
 def _fold(period: Period, pieces: _Pieces, batch: _Batch, audited: _Audited, found: set[Any]) -> None:
     """Count one batch of documents (the rules of :func:`classify_job`, on arrays where they can be)."""
     valid, seconds, bad_data = _classify(batch)
     period.bad_data.update(bad_data)
-    stopped = _audited_stopped(batch, valid, audited, found)
-    _count(period, pieces, _Columns(batch.types, batch.type_names, batch.statuses, batch.status_names, valid, seconds, stopped))
+    zombies = _audited_rows(batch, valid, audited, found)
+    _count(period, pieces, _Columns(batch.types, batch.type_names, batch.statuses, batch.status_names, valid, seconds, zombies))
 
 
 def _count(period: Period, pieces: _Pieces, columns: _Columns) -> None:
     """Count jobs per (type, status), jobs started per type, and gather their durations.
 
-    A job audited as stopped for exceeding T2 already has its duration in
-    ``stopped``, from its event: it counts as started, without a duration here.
+    An audited zombie counts as started, without a duration here: stopped for
+    exceeding T2, its duration is in ``stopped`` already, from its event; crashed,
+    it has none that means anything.
     """
-    valid, seconds, stopped = columns.valid, columns.seconds, columns.stopped
+    valid, seconds, audited = columns.valid, columns.seconds, columns.audited
     ran = ~np.isnan(seconds)
     width = len(columns.status_names)
     pairs = np.bincount(columns.types[valid] * width + columns.statuses[valid], minlength=len(columns.type_names) * width)
     pairs = pairs.reshape(len(columns.type_names), width)
-    started = np.bincount(columns.types[valid & (ran | stopped)], minlength=len(columns.type_names))
+    started = np.bincount(columns.types[valid & (ran | audited)], minlength=len(columns.type_names))
     for code in np.flatnonzero(pairs.sum(axis=1)):
         tally = period.tally(columns.type_names[code])
         tally.statuses.update({status: int(count) for status, count in zip(columns.status_names, pairs[code]) if count})
         tally.started += int(started[code])
-    timed = valid & ran & ~stopped
+    timed = valid & ran & ~audited
     for status_code, status in enumerate(columns.status_names):
         kind = _DURATIONS_OF_STATUS.get(status)
         if kind is None:
@@ -491,15 +493,13 @@ def _table_columns(period: Period, table: pa.Table, status: Any, audited: _Audit
             }
         )
     )
-    stopped = np.zeros(rows, dtype=bool)
+    zombies = np.zeros(rows, dtype=bool)
     if audited:
         ids = table[ID].combine_chunks().storage
         known = pa.array([job_id.binary for job_id in audited], type=ids.type)
-        for row in np.flatnonzero(pc.is_in(ids, value_set=known).to_numpy(zero_copy_only=False) & valid):
-            job_id = ObjectId(ids[int(row)].as_py())
-            found.add(job_id)
-            stopped[row] = audited[job_id][1] == Reason.EXCEEDED_MAX_DURATION
-    return _Columns(types, type_names, np.zeros(rows, dtype=np.intp), [status], valid, seconds, stopped)
+        zombies = pc.is_in(ids, value_set=known).to_numpy(zero_copy_only=False) & valid
+        found.update(ObjectId(ids[int(row)].as_py()) for row in np.flatnonzero(zombies))
+    return _Columns(types, type_names, np.zeros(rows, dtype=np.intp), [status], valid, seconds, zombies)
 
 
 def tally_table(period: Period, table: pa.Table, status: Any, audited: _Audited | None = None) -> Period:
@@ -591,7 +591,8 @@ def tally_jobs(
     """Fold the period's finished jobs into its tallies, a batch at a time, as :func:`classify_job` rules.
 
     A job audited as stopped for exceeding T2 is counted once: its duration is
-    already in ``stopped``, never also in ``error``. An audited job whose
+    already in ``stopped``, never also in ``error``; one audited as a crash has no
+    duration at all. An audited job whose
     document is gone (TTL) counts as started and ended in error.
     """
     audited = audited or {}
