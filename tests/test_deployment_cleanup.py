@@ -23,6 +23,7 @@ from zombie_pipeline import cleanup
 from zombie_pipeline.cleanup import run_cleanup
 from zombie_pipeline.documents import utc_now
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.statistics.cache_history import read_cache_period
 from zombie_pipeline.store import Store
 
 ONLY_2023 = pytest.mark.parametrize("deployment_session", ["2023"], indirect=True)
@@ -201,3 +202,20 @@ def test_an_early_2023_job_dead_for_longer_than_its_maximum_duration_is_a_crash_
     assert deployment.run("load_all")["ok"]
     started = deployment.run("start_job", max_jobs_per_namespace=1)
     assert started["started"] and started["info"]["dataset"] == "alice/a" and started["job_id"] != zombie
+
+
+@ONLY_CURRENT
+def test_the_indexes_we_create_are_the_ones_todays_deployment_creates_at_its_startup_without_a_conflict(deployment, queue_db, cache_db) -> None:
+    deployment.run("create_jobs", jobs=[{"type": "dataset-config-names", "dataset": "alice/a"}])
+    deployment.run("upsert_response", kind="dataset-config-names", dataset="alice/a", content={}, http_status=200, dataset_git_revision="r1")
+    store = Store.of(queue_db, cache_db)
+    store.ensure_indexes()
+    read_cache_period(store.cache, store.events, NOW - dt.timedelta(days=1), NOW, create_index=True)  # creates kind_updated
+
+    startup = deployment.run("ensure_indexes")
+
+    assert startup["ok"], str(startup["errors"])[:3000]
+    cache_indexes = startup["indexes"]["cachedResponsesBlue"]
+    assert cache_indexes["kind_updated"] == [["kind", 1], ["updated_at", 1], ["dataset", 1]]
+    keys = [tuple(map(tuple, key)) for key in cache_indexes.values()]
+    assert len(keys) == len(set(keys))  # no index twice under two names

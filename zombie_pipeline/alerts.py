@@ -1,21 +1,19 @@
 """A failed run of the pipeline, told once: logged, recorded beside the queue, POSTed to a webhook.
 
-Every message is scrubbed of credentials before it leaves (``mongo.scrub``).
+Every message is scrubbed of credentials before it leaves (``mongo.scrub``, by the sensor); the webhook's
+own URL never appears beyond its scheme and host (``webhooks``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pymongo.collection import Collection
 
+from zombie_pipeline import webhooks
 from zombie_pipeline.documents import ID, Failure
-from zombie_pipeline.mongo import scrub
 
 
 @dataclass(frozen=True)
@@ -70,18 +68,8 @@ def post_json(url: str | None, payload: Mapping[str, Any], timeout_seconds: floa
     """POST ``payload``; the outcome as text, never an exception (an alert must not fail the sensor)."""
     if not url:
         return WEBHOOK_NOT_CONFIGURED
-    if not url.lower().startswith(("http://", "https://")):
-        return "failed: the webhook URL must start with http:// or https://"
     try:
-        request = urllib.request.Request(
-            url,
-            data=json.dumps(payload, default=str).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=timeout_seconds) as response:
-            return f"sent (HTTP {response.status})"
-    except urllib.error.HTTPError as error:
-        return f"failed: HTTP {error.code}"
-    except Exception as error:  # noqa: BLE001 - a bad URL, a refused connection, a timeout: all reported alike
-        return scrub(f"failed: {type(error).__name__}: {error}", [url]).replace(url, "<webhook>")
+        status = webhooks.post_json(url, payload, timeout_seconds)
+    except webhooks.WebhookError as error:
+        return f"failed: {error}"
+    return f"sent (HTTP {status})"

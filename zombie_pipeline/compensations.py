@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
@@ -35,7 +33,8 @@ from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 from zombie_pipeline.config import setting
 from zombie_pipeline.documents import ID, CompensationEntry, CompensationState, Event, EventState, job_row, utc_now
 from zombie_pipeline.events import READ_BATCH, StepResult
-from zombie_pipeline.mongo import redact_url, scrub
+from zombie_pipeline import webhooks
+from zombie_pipeline.mongo import scrub
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.store import Store
 
@@ -93,27 +92,10 @@ class WebhookCompensation:
         url = setting(self.variable)
         if url is None:
             raise CompensationError(f"${self.variable} is not set: no URL to POST to")
-        request = urllib.request.Request(
-            url,
-            data=json.dumps(context.as_json()).encode(),
-            headers={"Content-Type": "application/json", "Idempotency-Key": str(context.job_id)},
-            method="POST",
-        )
-        where = masked_url(url)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_seconds) as response:
-                response.read()
-        except urllib.error.HTTPError as error:
-            raise CompensationError(f"POST {where} answered {error.code}") from None
-        except (urllib.error.URLError, TimeoutError, OSError) as error:
-            reason = getattr(error, "reason", error)
-            raise CompensationError(f"POST {where} failed: {scrub(str(reason), [url])}") from None
-
-
-def masked_url(url: str) -> str:
-    """Scheme, host and port only: a webhook's path and query often carry its secret token."""
-    host = redact_url(url).split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
-    return f"{url.split('://', 1)[0]}://{host}/…"
+            webhooks.post_json(url, context.as_json(), self.timeout_seconds, headers={"Idempotency-Key": str(context.job_id)})
+        except webhooks.WebhookError as error:
+            raise CompensationError(str(error)) from None
 
 
 # --- the registry ------------------------------------------------------------------------------

@@ -251,12 +251,26 @@ class IndexSpec:
     used_by: str
     unique: bool = False
     as_deployment: bool = False
+    #: The name the deployment gives the index where it names it (else the server's default name).
+    deployment_name: str | None = None
 
     @property
     def full_name(self) -> str:
         if self.as_deployment:
-            return "_".join(f"{key}_{direction}" for key, direction in self.keys)
+            return self.deployment_name or "_".join(f"{key}_{direction}" for key, direction in self.keys)
         return INDEX_PREFIX + self.name
+
+    def create(self, collection: Collection) -> str:
+        """Create the index under :attr:`full_name`; its name.
+
+        One the deployment declares is created with the options its models send (mongoengine adds
+        ``background: false`` to every index), so that its startup finds the index identical: a server
+        that compares options would otherwise refuse the deployment's own creation (``IndexKeySpecsConflict``).
+        """
+        options: dict[str, bool] = {"background": False} if self.as_deployment else {}
+        if self.unique:  # in the deployment's order: some servers compare the options as written
+            options["unique"] = True
+        return collection.create_index(list(self.keys), name=self.full_name, **options)
 
 
 JOB_INDEXES = (
@@ -293,6 +307,15 @@ CACHE_INDEXES = (
         "cache errors and the cache check: a batch's entries in one read, by dataset then kind",
         as_deployment=True,
     ),
+)
+#: The deployment declares it from 2026 (``{"fields": ["kind", "updated_at", "dataset"], "name": "kind_updated"}``);
+#: created by the statistics only when an operator asks (a production cache holds tens of millions of entries).
+CACHE_UPDATED_INDEX = IndexSpec(
+    "kind_updated",
+    ((Cache.KIND, pymongo.ASCENDING), (Cache.UPDATED_AT, pymongo.ASCENDING), (Cache.DATASET, pymongo.ASCENDING)),
+    "duration statistics where finished jobs are deleted: one day of one kind's cache entries",
+    as_deployment=True,
+    deployment_name="kind_updated",
 )
 EVENT_INDEXES = (
     IndexSpec(
@@ -340,7 +363,7 @@ def ensure_indexes(collection: Collection, specs: Iterable[IndexSpec]) -> list[s
         if spec.full_name in existing or _normalized(spec.keys) in {_normalized(k) for k in existing_keys}:
             continue
         try:
-            collection.create_index(list(spec.keys), name=spec.full_name, unique=spec.unique)
+            spec.create(collection)
         except pymongo.errors.DuplicateKeyError:  # existing duplicates: the lookup still needs the index
             collection.create_index(list(spec.keys), name=spec.full_name)
         created.append(spec.full_name)

@@ -49,6 +49,7 @@ from zombie_pipeline.generations import (
     QUEUE_GENERATIONS,
     QueueGeneration,
 )
+from zombie_pipeline.mongo import CACHE_UPDATED_INDEX
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.store import Store
 
@@ -515,7 +516,7 @@ def _write_side(store: Store, generation: QueueGeneration, locks: list[dict[str,
         store.past_jobs.insert_many(past_jobs)
         inserts += 1
     if generation.cache_updated_index:
-        store.cache.create_index([(Cache.KIND, pymongo.ASCENDING), (Cache.UPDATED_AT, pymongo.ASCENDING), (Cache.DATASET, pymongo.ASCENDING)], name="kind_updated")
+        CACHE_UPDATED_INDEX.create(store.cache)
     counters.write_recount(store, generation)
     return inserts
 

@@ -309,6 +309,7 @@ class Driver:
             "upsert_response": self.upsert_response,
             "find_stuck": self.find_stuck,
             "load_all": self.load_all,
+            "ensure_indexes": self.ensure_indexes,
             "recount_metrics": self.recount_metrics,
             "state": self.state,
         }
@@ -514,6 +515,21 @@ class Driver:
             "readers": readers,
             "reader_errors": reader_errors,
         }
+
+    def ensure_indexes(self, args: Dict[str, Any]) -> Dict[str, Any]:
+        """Each model's index creation, as the deployment runs it at startup: the errors per collection, and the indexes."""
+        errors: Dict[str, str] = {}
+        indexes: Dict[str, Dict[str, Any]] = {}
+        for model in self.library.models():
+            name = model._get_collection_name()
+            try:
+                model.ensure_indexes()
+            except Exception as error:  # an option or name conflict with an index already there
+                errors[name] = f"{type(error).__name__}: {error}"
+            indexes[name] = {
+                index: [list(key) for key in info["key"]] for index, info in model._get_collection().index_information().items()
+            }
+        return {"ok": not errors, "errors": errors, "indexes": indexes}
 
     def _load_collection(self, model: Any) -> Dict[str, Any]:
         report: Dict[str, Any] = {

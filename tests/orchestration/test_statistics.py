@@ -81,7 +81,7 @@ def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources,
     assert "max_duration_seconds_by_type" in metadata["zombie_policy_snippet"]
     for name in ("csv", "json", "markdown", "chart"):
         assert Path(metadata[name]).parent == tmp_path and Path(metadata[name]).stat().st_size > 0
-    assert Path(metadata["markdown"]).name == "durations_2024-03-09_2024-03-11.md"
+    assert Path(metadata["markdown"]).name == "durations_2024-03-09_2024-03-10.md"
     charts = {key: value for key, value in metadata.items() if key.startswith("chart/")}
     assert set(charts) == {f"chart/{job_type.lstrip('/')}" for job_type in one_pass.suggested_max_durations()}
     for chart in charts.values():
@@ -116,7 +116,7 @@ def test_days_not_computed_yet_are_listed_and_bad_data_counted(resources, store:
         "runs/a": 1, "zombies/a": 0, "p50_seconds/a": 5.0, "p99_seconds/a": 5.0,
     }
     metadata = _metadata(window, job_duration_statistics)
-    assert Path(metadata["markdown"]).name == "durations_2024-03-08_2024-03-11_partial-1of3.md"  # never the full report's name
+    assert Path(metadata["markdown"]).name == "durations_2024-03-08_2024-03-10_partial-1of3.md"  # never the full report's name
     assert "(only 1 of its 3 days computed)" in metadata["window"] and "(only 1 of its 3 days computed)" in metadata["statistics"]
     assert (metadata["days_present"], metadata["days_expected"], metadata["days_missing"]) == (1, 3, 2)
     assert metadata["skipped_documents"] == 1

@@ -12,7 +12,10 @@ from zombie_pipeline.cache_errors import DETAIL_JOB_ID
 from zombie_pipeline.detection import query_plan_of
 from zombie_pipeline.documents import HTTP_OK, Cache, ErrorCode, Reason, Status
 from zombie_pipeline.generations import QUEUE_GENERATIONS
-from zombie_pipeline.statistics.cache_history import INDEX_NAME, CacheIndexMissing, read_cache_period
+from zombie_pipeline.mongo import CACHE_UPDATED_INDEX
+from zombie_pipeline.statistics.cache_history import CacheIndexMissing, read_cache_period
+
+INDEX_NAME = CACHE_UPDATED_INDEX.full_name
 from zombie_pipeline.statistics.history import read_history
 from zombie_pipeline.statistics.tallies import BadData
 

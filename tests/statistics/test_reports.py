@@ -152,8 +152,8 @@ def test_a_partial_window_says_so_and_its_files_never_replace_the_full_reports(r
 
     partial = write_reports(partial_report, tmp_path)
 
-    assert full.markdown.name == "durations_2024-03-01_2024-03-08.md"
-    assert partial.markdown.name == "durations_2024-03-01_2024-03-08_partial-5of7.md"
+    assert full.markdown.name == "durations_2024-03-01_2024-03-07.md"
+    assert partial.markdown.name == "durations_2024-03-01_2024-03-07_partial-5of7.md"
     assert {path.stem for path in tmp_path.iterdir()} == {full.markdown.stem, partial.markdown.stem}
     assert "/slow" in full.markdown.read_text()  # the fuller report, as it was
     assert (partial_report.days_present, partial_report.days_expected) == (5, 7)

@@ -29,7 +29,7 @@ def test_the_suggestion_is_the_quantile_times_the_margin_rounded_up():
 
 
 def test_the_suggestion_never_goes_below_the_heartbeat_timeout():
-    report = suggest("/fast", tally([2.0] * 100), 1200, 300)
+    report = suggest("/fast", tally([2.0] * 400), 1200, 300)
 
     assert report.suggested_t2_seconds == 300
     assert report.change == "lower"
@@ -42,23 +42,52 @@ def test_a_type_with_fewer_than_min_samples_keeps_its_current_t2():
 
     assert (too_few.enough_data, too_few.suggested_t2_seconds, too_few.change) == (False, 1800, "keep")
     assert any("not enough data" in flag for flag in too_few.flags)
-    assert (enough.enough_data, enough.suggested_t2_seconds) == (True, 300)
+    assert (enough.enough_data, enough.suggested_t2_seconds) == (True, 1800)  # enough to judge, not to lower: see below
+    assert enough.lowering_withheld
     assert suggest("/rare", tally([5.0] * 29), 1800, 300, SuggestionRules(min_samples=10)).enough_data
 
 
 def test_many_jobs_stopped_make_the_suggestion_a_lower_bound_that_never_lowers_t2():
-    successes = [float(value) for value in range(1, 201)]  # p99 199.01 s -> 300 s floor
+    successes = [float(value) for value in range(1, 401)]  # p99 396.01 s x 1.5 -> 600 s; upper bound 400 s x 1.5 < 1200 s
 
-    few = suggest("/a", tally(successes, error=[1200.0]), 1200, 300)  # 1 of 201 stopped: 0.5 % < 1 %
-    many = suggest("/a", tally(successes, error=[1200.0, 1250.0], stopped=[1300.0]), 1200, 300)  # 3 of 203
-    audited_only = suggest("/a", tally(successes, stopped=[1300.0, 1400.0, 1500.0]), 1200, 300)
+    few = suggest("/a", tally(successes, error=[1200.0]), 1200, 300)  # 1 of 401 stopped: 0.25 % < 1 %
+    many = suggest("/a", tally(successes, error=[1200.0, 1250.0, 1210.0], stopped=[1300.0, 1350.0]), 1200, 300)  # 5 of 405
+    audited_only = suggest("/a", tally(successes, stopped=[1300.0, 1400.0, 1500.0, 1600.0, 1700.0]), 1200, 300)
 
-    assert not few.censored and few.suggested_t2_seconds == 300
-    assert many.censored and many.stopped == 3 and many.stopped_share == pytest.approx(3 / 203)
+    assert not few.censored and few.suggested_t2_seconds == 600
+    assert many.censored and many.stopped == 5 and many.stopped_share == pytest.approx(5 / 405)
     assert many.suggested_t2_seconds == 1200
     assert any("lower bound" in flag and "raise T2 and measure again" in flag for flag in many.flags)
     assert audited_only.censored
-    assert suggest("/a", tally(successes, error=[1200.0]), 1200, 300, SuggestionRules(censored_fraction=0.004)).censored
+    assert suggest("/a", tally(successes, error=[1200.0]), 1200, 300, SuggestionRules(censored_fraction=0.002)).censored
+
+
+def test_t2_is_lowered_only_once_the_quantiles_upper_bound_times_the_margin_is_below_it():
+    short = [60.0] * 280  # p99 60 s x 1.5 -> 90 s -> the 300 s floor: the point estimate says lower
+
+    too_few = suggest("/a", tally(short), 1200, 300)
+    enough = suggest("/a", tally(short + [60.0] * 88), 1200, 300)  # 368 runs: the largest bounds the p99 at 95 %
+
+    assert (too_few.suggested_t2_seconds, too_few.change, too_few.lowering_withheld) == (1200, "keep", True)
+    assert "368 are needed (88 more)" in "; ".join(too_few.flags)
+    assert (enough.suggested_t2_seconds, enough.change, enough.lowering_withheld) == (300, "lower", False)
+
+
+def test_a_wide_interval_withholds_the_lowering_even_with_many_runs():
+    durations = [100.0] * 396 + [900.0] * 4  # p99 108 s, but the upper bound is 900 s: x 1.5 = 1350 s >= 1200 s
+
+    report = suggest("/a", tally(durations), 1200, 300)
+
+    assert report.quantile_seconds == pytest.approx(108.0) and report.quantile_high_seconds == 900.0
+    assert (report.suggested_t2_seconds, report.lowering_withheld) == (1200, True)
+    assert any("upper bound (900 s) x 1.5 is not below the current T2 (1200 s)" in flag for flag in report.flags)
+
+
+def test_raising_t2_needs_no_upper_bound():
+    report = suggest("/a", tally([1000.0] * 40), 1200, 300)  # 40 runs: no upper bound, p99 x 1.5 = 1500 s
+
+    assert report.quantile_high_seconds is None
+    assert (report.suggested_t2_seconds, report.change, report.lowering_withheld) == (1500, "raise", False)
 
 
 def test_errors_shorter_than_the_current_t2_are_not_counted_as_stopped():
@@ -102,7 +131,7 @@ def test_backtest_counts_stopped_jobs_a_higher_t2_would_have_let_run():
 def test_types_configured_in_the_policy_appear_even_without_jobs():
     policy = ZombiePolicy(max_duration_seconds_by_type={"/unseen": 3600})
 
-    report = analyze(week({"/a": tally([10.0] * 50)}), policy)
+    report = analyze(week({"/a": tally([10.0] * 400)}), policy)
 
     assert [entry.job_type for entry in report.types] == ["/a", "/unseen"]
     unseen = report.type_report("/unseen")

@@ -13,8 +13,8 @@ def test_latest_suggested_max_durations_come_from_the_newest_window_and_only_wit
     collection = store.suggestions
     assert latest_suggested_max_durations(collection) == {}
     policy = ZombiePolicy()
-    newer = analyze(week({"/a": tally([100.0] * 50), "/rare": tally([5.0] * 3)}, NEXT_DAY), policy)
-    older = analyze(week({"/a": tally([1000.0] * 50)}, DAY), policy)
+    newer = analyze(week({"/a": tally([100.0] * 400), "/rare": tally([5.0] * 3)}, NEXT_DAY), policy)
+    older = analyze(week({"/a": tally([1000.0] * 400)}, DAY), policy)
 
     save_suggestions(collection, newer)
     save_suggestions(collection, older)  # a backfill of an older window
@@ -34,7 +34,7 @@ def test_an_opted_in_policy_takes_the_suggested_t2_of_each_type_and_keeps_the_ot
     collection = store.suggestions
     policy = ZombiePolicy(max_duration_seconds_by_type={"/a": 3600, "/b": 2400}, use_suggested_max_durations=True)
     assert effective_policy(policy, collection) is policy  # nothing suggested yet
-    save_suggestions(collection, analyze(week({"/a": tally([100.0] * 50), "/c": tally([400.0] * 50)}), policy))
+    save_suggestions(collection, analyze(week({"/a": tally([100.0] * 400), "/c": tally([400.0] * 400)}), policy))
 
     in_force = effective_policy(policy, collection)
 
@@ -45,7 +45,7 @@ def test_an_opted_in_policy_takes_the_suggested_t2_of_each_type_and_keeps_the_ot
 
 def test_a_policy_that_does_not_opt_in_is_the_one_configured(store):
     policy = ZombiePolicy(max_duration_seconds_by_type={"/a": 3600})
-    save_suggestions(store.suggestions, analyze(week({"/a": tally([100.0] * 50)}), policy))
+    save_suggestions(store.suggestions, analyze(week({"/a": tally([100.0] * 400)}), policy))
 
     assert effective_policy(policy, store.suggestions) is policy
 
@@ -53,9 +53,9 @@ def test_a_policy_that_does_not_opt_in_is_the_one_configured(store):
 def test_a_partial_window_never_replaces_the_suggestions_of_a_fuller_one(store):
     collection = store.suggestions
     policy = ZombiePolicy()
-    full = analyze(week({"/a": tally([100.0] * 50)}), policy)
-    partial = analyze(week({"/a": tally([1000.0] * 50)}), policy, missing_days=["2024-02-28", "2024-02-29"])
-    fuller_partial = analyze(week({"/a": tally([200.0] * 50)}), policy, missing_days=["2024-02-28"])
+    full = analyze(week({"/a": tally([100.0] * 400)}), policy)
+    partial = analyze(week({"/a": tally([1000.0] * 400)}), policy, missing_days=["2024-02-28", "2024-02-29"])
+    fuller_partial = analyze(week({"/a": tally([200.0] * 400)}), policy, missing_days=["2024-02-28"])
 
     assert save_suggestions(collection, partial)
     assert save_suggestions(collection, fuller_partial)  # more days: it replaces the partial one

@@ -29,6 +29,7 @@ from pymongoarrow.api import Schema, find_arrow_all
 
 from zombie_pipeline.cache_errors import DETAIL_JOB_ID
 from zombie_pipeline.documents import HTTP_OK, Cache, ErrorCode, Reason, Status, as_utc
+from zombie_pipeline.mongo import CACHE_UPDATED_INDEX
 from zombie_pipeline.statistics.tallies import (
     EVENT_PROJECTION,
     READ_BATCH_SIZE,
@@ -40,8 +41,6 @@ from zombie_pipeline.statistics.tallies import (
     tally_events,
 )
 
-INDEX_NAME = "kind_updated"
-INDEX_KEYS = ((Cache.KIND, pymongo.ASCENDING), (Cache.UPDATED_AT, pymongo.ASCENDING), (Cache.DATASET, pymongo.ASCENDING))
 _PROJECTION = {Cache.HTTP_STATUS: 1, Cache.ERROR_CODE: 1, Cache.DURATION: 1, f"{Cache.DETAILS}.{DETAIL_JOB_ID}": 1}
 _SCHEMA = Schema(
     {
@@ -72,12 +71,12 @@ def ensure_updated_index(cache: Collection, create: bool) -> str:
     if name is not None:
         return name
     if create:
-        return cache.create_index(list(INDEX_KEYS), name=INDEX_NAME)
-    keys = ", ".join(f"{key}: 1" for key, _ in INDEX_KEYS)
+        return CACHE_UPDATED_INDEX.create(cache)
+    keys = ", ".join(f"{key}: 1" for key, _ in CACHE_UPDATED_INDEX.keys)
     raise CacheIndexMissing(
         f"the cache {cache.full_name} has no index on (kind, updated_at): reading a day of durations would scan every "
         f"entry. Create the index the deployment declares from 2026 (db.{cache.name}.createIndex({{{keys}}}, "
-        f"{{name: '{INDEX_NAME}'}})), or let the statistics create it (create_cache_index: true)."
+        f"{{name: '{CACHE_UPDATED_INDEX.full_name}'}})), or let the statistics create it (create_cache_index: true)."
     )
 
 

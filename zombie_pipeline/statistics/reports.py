@@ -7,6 +7,7 @@ paths into metadata, the CLI prints :func:`summary_text`.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 from dataclasses import dataclass
@@ -379,8 +380,11 @@ def report_json(report: DurationReport) -> dict[str, Any]:
 
 
 def report_stem(report: DurationReport) -> str:
-    """``durations_<start>_<end>``, plus ``_partial-3of7`` when days are missing: a partial window never replaces a fuller one."""
-    stem = f"durations_{_stamp(report.window_start)}_{_stamp(report.window_end)}"
+    """``durations_<first day>_<last day>``, plus ``_partial-3of7`` when days are missing: a partial window never
+    replaces a fuller one. A window of whole days ends at the midnight after its last day, which it does not hold."""
+    end = report.window_end
+    last = end - dt.timedelta(days=1) if (end.hour, end.minute, end.second, end.microsecond) == (0, 0, 0, 0) else end
+    stem = f"durations_{_stamp(report.window_start)}_{_stamp(last)}"
     if not report.complete:
         stem += f"_partial-{report.days_present}of{report.days_expected}"
     return stem

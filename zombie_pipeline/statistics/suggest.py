@@ -6,6 +6,12 @@ below the heartbeat timeout. Only successful durations are used: error
 durations include the hangs a T2 is there to catch. Below ``min_samples``
 successes the suggestion is "not enough data" and the current T2 stays.
 
+Lowering only on evidence: a T2 too low kills healthy jobs, so the suggestion
+is below the current T2 only when the quantile's upper confidence bound, times
+the margin, is below it too; otherwise the current T2 stays and the flag says
+how many more successful runs could justify lowering it. Raising needs no such
+bound: a higher T2 kills no healthy job.
+
 Censoring: when the jobs stopped at T2 are at least ``1 - quantile`` of the
 jobs (by default), the true quantile may lie beyond T2: the suggestion is
 flagged as a lower bound, never lowers T2, and the advice is to raise T2 and
@@ -29,7 +35,13 @@ import pandas as pd
 
 from zombie_pipeline.documents import FINISHED_STATUSES, REASONS, as_utc
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
-from zombie_pipeline.statistics.quantiles import percentile_name, quantile_interval, readable_round_up, success_statistics
+from zombie_pipeline.statistics.quantiles import (
+    percentile_name,
+    quantile_interval,
+    readable_round_up,
+    runs_for_upper_bound,
+    success_statistics,
+)
 from zombie_pipeline.generations import QueueGeneration
 from zombie_pipeline.statistics.history import read_history
 from zombie_pipeline.statistics.tallies import EMPTY_DURATIONS, READ_BATCH_SIZE, Period, Tally, count_undated_jobs
@@ -50,6 +62,7 @@ class TypeReport:
     current_t2_seconds: int
     suggested_t2_seconds: int
     enough_data: bool
+    lowering_withheld: bool  # the data points lower, but not surely enough: the current T2 stays
     quantile_seconds: float | None
     quantile_low_seconds: float | None
     quantile_high_seconds: float | None
@@ -100,6 +113,7 @@ class TypeReport:
             "suggested_t2_seconds": self.suggested_t2_seconds,
             "change": self.change,
             "enough_data": self.enough_data,
+            "lowering_withheld": self.lowering_withheld,
             f"{q}_seconds": self.quantile_seconds,
             f"{q}_low_seconds": self.quantile_low_seconds,
             f"{q}_high_seconds": self.quantile_high_seconds,
@@ -133,10 +147,14 @@ def suggest(
     stopped_share = len(stopped) / (n + len(stopped)) if n + len(stopped) else None
     censored = bool(len(stopped)) and stopped_share >= rules.censoring_threshold
     flags = []
+    lowering_withheld = False
     if enough_data:
         suggested = max(readable_round_up(q_value * rules.margin), heartbeat_timeout_seconds)
         if suggested == heartbeat_timeout_seconds:
             flags.append("at the heartbeat-timeout floor")
+        if suggested < current_t2_seconds and (high is None or high * rules.margin >= current_t2_seconds):
+            flags.append(_withheld(high, n, current_t2_seconds, rules))
+            suggested, lowering_withheld = current_t2_seconds, True
         if censored and suggested < current_t2_seconds:
             suggested = current_t2_seconds  # a lower bound cannot justify cutting a tail we never saw
     else:
@@ -158,6 +176,7 @@ def suggest(
         current_t2_seconds=int(current_t2_seconds),
         suggested_t2_seconds=int(suggested),
         enough_data=enough_data,
+        lowering_withheld=lowering_withheld,
         quantile_seconds=q_value,
         quantile_low_seconds=low,
         quantile_high_seconds=high,
@@ -172,6 +191,21 @@ def suggest(
         flags=flags,
         success_durations=success,
         stopped_durations=np.sort(stopped),
+    )
+
+
+def _withheld(high: float | None, runs: int, current_t2_seconds: int, rules: SuggestionRules) -> str:
+    """Why a lower T2 is not suggested yet, and what would change that."""
+    name = percentile_name(rules.quantile)
+    if high is None:
+        needed = runs_for_upper_bound(rules.quantile, rules.confidence)
+        return (
+            f"lowering withheld: the {name} has no upper bound at {rules.confidence:.0%} with {runs} successful runs; "
+            f"{needed} are needed ({needed - runs} more); current T2 kept"
+        )
+    return (
+        f"lowering withheld: the {name}'s upper bound ({high:.0f} s) x {rules.margin:g} is not below the current T2 "
+        f"({current_t2_seconds} s); more runs narrow the interval; current T2 kept"
     )
 
 
