@@ -34,11 +34,11 @@ from benchmarks.baseline_2023 import kill_zombies_2023
 from benchmarks.data import build_cleanup_queue, cleanup_workload
 from benchmarks.harness import CommandCounter, measure, new_client, spread
 from benchmarks.servers import Servers, Template, round_trip_ms
-from zombie_pipeline.cleanup import run_cleanup
-from zombie_pipeline.documents import Job, Status
-from zombie_pipeline.generations import QUEUE_GENERATIONS
+from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.documents import Job, Status
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.store import Store
 
 OURS = "ours"
 BASELINE = "baseline_2023"

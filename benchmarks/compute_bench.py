@@ -30,18 +30,17 @@ from typing import Any, Callable, Iterator
 import bson
 import pyarrow as pa
 from bson.codec_options import CodecOptions
-
 from pymongoarrow.context import PyMongoArrowContext
 
 from benchmarks.data import _finished_jobs, history_for
 from benchmarks.harness import measure, median, spread
 from benchmarks.history_bench import Clock, days_of
-from zombie_pipeline.documents import ID, Job
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import ID, Job
 from zombie_pipeline.statistics import tallies
 from zombie_pipeline.statistics.suggest import analyze
 
-#: what ``zombie_pipeline.mongo.client_for`` decodes with
+#: what ``zombie_pipeline.queue.connections.client_for`` decodes with
 CODEC_OPTIONS = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc)
 PROJECTED = (Job.TYPE, Job.STATUS, Job.STARTED_AT, Job.FINISHED_AT)
 

@@ -27,7 +27,7 @@ from bson import ObjectId
 from pymongo import DeleteOne, InsertOne, ReplaceOne
 from pymongo.collection import Collection
 
-from zombie_pipeline.documents import (
+from zombie_pipeline.queue.documents import (
     CACHE_KEY,
     ID,
     Cache,
@@ -41,9 +41,21 @@ from zombie_pipeline.documents import (
     unicity_id,
     without_none,
 )
-from zombie_pipeline.generations import NEWEST_CACHE_GENERATION, NEWEST_QUEUE_GENERATION, OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
-from zombie_pipeline.simulate import HEARTBEAT_INTERVAL_SECONDS, JOB_TYPES, JobType, Simulation, Workload, simulate
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.generations import (
+    NEWEST_CACHE_GENERATION,
+    NEWEST_QUEUE_GENERATION,
+    OLDEST_QUEUE_GENERATION,
+    QUEUE_GENERATIONS,
+)
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.simulator import (
+    HEARTBEAT_INTERVAL_SECONDS,
+    JOB_TYPES,
+    JobType,
+    Simulation,
+    Workload,
+    simulate,
+)
 
 #: The queue the 2023 killer (``baseline_2023``) ran on: early 2023, finished jobs kept with their status.
 QUEUE_GENERATION = OLDEST_QUEUE_GENERATION

@@ -35,7 +35,7 @@ import bson
 import pymongo
 from pymongo import MongoClient, monitoring
 
-from zombie_pipeline.detection import query_plan_of
+from zombie_pipeline.cleanup.detection import query_plan_of
 
 URL_ENV = "QUEUE_MONGO_URL"
 #: Commands that write, and the reply field that says how many documents they wrote.

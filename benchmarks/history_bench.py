@@ -6,7 +6,7 @@ step the same measures are taken (on one long-lived server,
 :class:`benchmarks.servers.HistoryServer`; the cleanup itself is measured on a
 fresh server per run by :mod:`benchmarks.cleanup_bench`):
 
-* **detection**: :func:`zombie_pipeline.detection.detect`, its commands and
+* **detection**: :func:`zombie_pipeline.cleanup.detection.detect`, its commands and
   documents, and the server's ``explain`` of the stale query (plan, documents
   and keys examined);
 * **statistics**: the duration statistics of the 7-day window as the Dagster
@@ -31,17 +31,25 @@ from pymongo.cursor import Cursor
 
 from benchmarks.cleanup_bench import CleanupSettings
 from benchmarks.data import QUEUE_GENERATION, History, Snapshot, add_finished_history, history_for
-from benchmarks.harness import CommandCounter, drop_if_exists, explain_aggregate, explain_command, explain_find, measure, median
-from zombie_pipeline.detection import detect, stale_filter, stale_pipeline
-from zombie_pipeline.mongo import on_index
-from zombie_pipeline.documents import FINISHED_STATUSES, ID, Cache, Job, Status, cache_key_of_job
-from zombie_pipeline.generations import NEWEST_CACHE_GENERATION
+from benchmarks.harness import (
+    CommandCounter,
+    drop_if_exists,
+    explain_aggregate,
+    explain_command,
+    explain_find,
+    measure,
+    median,
+)
+from zombie_pipeline.cleanup.detection import detect, stale_filter, stale_pipeline
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import Workload, simulate
+from zombie_pipeline.queue.documents import FINISHED_STATUSES, ID, Cache, Job, Status, cache_key_of_job
+from zombie_pipeline.queue.generations import NEWEST_CACHE_GENERATION
+from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.simulator import Workload, simulate
 from zombie_pipeline.statistics import tallies
 from zombie_pipeline.statistics.quantiles import PERCENTILES
 from zombie_pipeline.statistics.suggest import analyze
-from zombie_pipeline.store import Store
 
 QUEUE_DB = "bench_history_queue"
 CACHE_DB = "bench_history_cache"

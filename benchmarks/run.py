@@ -25,7 +25,15 @@ from benchmarks import report
 from benchmarks.cleanup_bench import OURS, CleanupCase, CleanupSettings, cleanup_section, models, summaries
 from benchmarks.compute_bench import compute_case
 from benchmarks.data import TODAY_GENERATION
-from benchmarks.harness import CommandCounter, exit_on_sigterm, machine_info, new_client, now_iso, python_command, server_version
+from benchmarks.harness import (
+    CommandCounter,
+    exit_on_sigterm,
+    machine_info,
+    new_client,
+    now_iso,
+    python_command,
+    server_version,
+)
 from benchmarks.history_bench import HistoryBench, HistorySettings
 from benchmarks.servers import HistoryServer, Servers
 

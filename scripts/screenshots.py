@@ -49,17 +49,17 @@ sys.path.insert(0, str(ROOT))  # the test suite's dagster dev harness and server
 
 from tests.e2e import harness  # noqa: E402
 from tests.servers import running_server  # noqa: E402
-from zombie_pipeline import documents  # noqa: E402
-from zombie_pipeline.cleanup import run_cleanup  # noqa: E402
+from zombie_pipeline.cleanup.run import run_cleanup  # noqa: E402
 from zombie_pipeline.config import CACHE_URL_ENV, HOME_ENV, KILL_CRON_ENV, QUEUE_URL_ENV, WEBHOOK_URL_ENV  # noqa: E402
-from zombie_pipeline.embedded import free_port  # noqa: E402
-from zombie_pipeline.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION  # noqa: E402
-from zombie_pipeline.mongo import client_for, close_clients  # noqa: E402
-from zombie_pipeline.documents import ID, Job, Status, truncate_ms  # noqa: E402
 from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, PARTITION_TAG  # noqa: E402
 from zombie_pipeline.policy import ZombiePolicy  # noqa: E402
-from zombie_pipeline.simulate import Workload, job_document, simulate  # noqa: E402
-from zombie_pipeline.store import Store  # noqa: E402
+from zombie_pipeline.queue import documents  # noqa: E402
+from zombie_pipeline.queue.connections import client_for, close_clients  # noqa: E402
+from zombie_pipeline.queue.documents import ID, Job, Status, truncate_ms  # noqa: E402
+from zombie_pipeline.queue.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION  # noqa: E402
+from zombie_pipeline.queue.store import Store  # noqa: E402
+from zombie_pipeline.simulation.embedded import free_port  # noqa: E402
+from zombie_pipeline.simulation.simulator import Workload, job_document, simulate  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
 #: An early-2023 queue (finished jobs kept with their status), as the screenshots in docs/ show.

@@ -18,8 +18,8 @@ from zombie_pipeline.config import STATISTICS_START_ENV
 os.environ.setdefault(STATISTICS_START_ENV, "2024-01-01")
 
 from tests.servers import TEST_URL_ENV, fresh_databases, on_real_mongodb, running_server
-from zombie_pipeline.mongo import client_for
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.connections import client_for
+from zombie_pipeline.queue.store import Store
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

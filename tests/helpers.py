@@ -3,28 +3,29 @@
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 import dataclasses
-from dataclasses import dataclass
 import datetime as dt
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import dagster as dg
 import numpy as np
 from pymongo import MongoClient, monitoring
 
-from zombie_pipeline import cleanup, simulate
-from zombie_pipeline.detection import Candidate
-from zombie_pipeline.documents import ID, Event, EventState, utc_now
-from zombie_pipeline.events import StepResult
-from zombie_pipeline.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.cleanup import run as cleanup
+from zombie_pipeline.cleanup.detection import Candidate
+from zombie_pipeline.cleanup.events import StepResult
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase
 from zombie_pipeline.orchestration.tags import JOB_TYPE_PARTITIONS
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import ID, Event, EventState, utc_now
+from zombie_pipeline.queue.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation import simulator as simulate
 from zombie_pipeline.statistics.suggest import DurationReport, analyze
 from zombie_pipeline.statistics.tallies import Period, Tally
-from zombie_pipeline.store import Store
 
 #: Dagster's console logger at ERROR: a run's debug lines would drown the test output.
 QUIET_LOGGERS = {"console": {"config": {"log_level": "ERROR"}}}

@@ -5,8 +5,8 @@ import threading
 import time
 
 from zombie_pipeline import alerts
-from zombie_pipeline.documents import ID, Failure, utc_now
-from zombie_pipeline.embedded import free_port
+from zombie_pipeline.queue.documents import ID, Failure, utc_now
+from zombie_pipeline.simulation.embedded import free_port
 
 
 class _Hanging(http.server.BaseHTTPRequestHandler):

@@ -28,15 +28,27 @@ from tests.helpers import (
     step_metadata,
 )
 from tests.test_policy import BAD_POLICIES, case_id
-from zombie_pipeline.cleanup import run_cleanup
-from zombie_pipeline.detection import stale_filter
-from zombie_pipeline.documents import CACHE_KEY, ID, Cache, Event, EventState, Job, ScheduledRetry, Status, cache_key_of_job, job_type_problem, utc_now
-from zombie_pipeline.generations import QUEUE_GENERATIONS
+from zombie_pipeline.cleanup.detection import stale_filter
+from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
-from zombie_pipeline.simulate import cache_document
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.documents import (
+    CACHE_KEY,
+    ID,
+    Cache,
+    Event,
+    EventState,
+    Job,
+    ScheduledRetry,
+    Status,
+    cache_key_of_job,
+    job_type_problem,
+    utc_now,
+)
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.simulator import cache_document
 
 URL_ENV = "ZOMBIE_TEST_BAD_INPUT_URL"
 

@@ -1,10 +1,10 @@
 """The cache entries of a batch of jobs: found by their full key, by indexed queries."""
 
 from tests.helpers import HANDSHAKES, job_document, logged_store
-from zombie_pipeline.cache_entries import entries_of_jobs, key_of
-from zombie_pipeline.detection import query_plan_of
-from zombie_pipeline.documents import Cache, cache_key_of_job, utc_now
-from zombie_pipeline.simulate import cache_document
+from zombie_pipeline.cleanup.detection import query_plan_of
+from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
+from zombie_pipeline.queue.documents import Cache, cache_key_of_job, utc_now
+from zombie_pipeline.simulation.simulator import cache_document
 
 
 def test_each_job_gets_the_entry_of_its_own_full_key_only(store):

@@ -10,10 +10,11 @@ import pytest
 
 from tests import helpers
 from tests.helpers import Crash, ago, claim, crashed_job, crashing, documents, job_document, logged_store, workload
-from zombie_pipeline import cache_errors, events
-from zombie_pipeline.cleanup import BrakeEngaged, run_cleanup
-from zombie_pipeline.detection import detect
-from zombie_pipeline.documents import (
+from zombie_pipeline.cleanup import cache_errors, events
+from zombie_pipeline.cleanup.detection import detect
+from zombie_pipeline.cleanup.run import BrakeEngaged, run_cleanup
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import (
     CACHE_KEY,
     ID,
     Cache,
@@ -27,10 +28,9 @@ from zombie_pipeline.documents import (
     Status,
     utc_now,
 )
-from zombie_pipeline.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import cache_document, simulate
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.simulator import cache_document, simulate
 
 POLICY = ZombiePolicy(heartbeat_timeout_seconds=300, max_duration_seconds=1200, claim_lease_seconds=0)
 SMALL = workload(finished=200, crashed=12, never_heartbeated=4, overdue=4, running=30, waiting=10, seed=7)
@@ -192,8 +192,8 @@ def test_two_cleanups_in_threads_finalize_each_zombie_once(store):
 def test_two_cleanups_in_separate_processes_finalize_each_zombie_once(store, mongo_url):
     simulation = simulate(store, SMALL)
     script = (
-        "import sys; from zombie_pipeline.mongo import client_for; from zombie_pipeline.store import Store;"
-        "from zombie_pipeline.policy import ZombiePolicy; from zombie_pipeline.cleanup import run_cleanup;"
+        "import sys; from zombie_pipeline.queue.connections import client_for; from zombie_pipeline.queue.store import Store;"
+        "from zombie_pipeline.policy import ZombiePolicy; from zombie_pipeline.cleanup.run import run_cleanup;"
         "c = client_for(sys.argv[1]); s = Store.of(c[sys.argv[2]], c[sys.argv[3]]);"
         "r = run_cleanup(s, ZombiePolicy(batch_size=4, claim_lease_seconds=300), sys.argv[4]);"
         "print(r.counts['finalized'])"

@@ -12,13 +12,13 @@ from typing import Iterator
 import pytest
 
 from tests.helpers import ago, crashed_job
-from zombie_pipeline import compensations
-from zombie_pipeline.cleanup import run_cleanup
-from zombie_pipeline.compensations import CompensationError, audit
-from zombie_pipeline.webhooks import masked_url
-from zombie_pipeline.documents import ID, CompensationEntry, CompensationState, Event, Job, Reason, Status
+from zombie_pipeline.cleanup import compensations
+from zombie_pipeline.cleanup.compensations import CompensationError, audit
+from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import cache_document
+from zombie_pipeline.queue.documents import ID, CompensationEntry, CompensationState, Event, Job, Reason, Status
+from zombie_pipeline.simulation.simulator import cache_document
+from zombie_pipeline.webhooks import masked_url
 
 TOKEN_PATH = "/hooks/s3cr3t-token"
 

@@ -15,7 +15,12 @@ import yaml
 
 from zombie_pipeline.config import CACHE_URL_ENV, DAGSTER_HOME_ENV, HOME_ENV, QUEUE_URL_ENV
 from zombie_pipeline.definitions import defs
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, resources_from_env
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    QueueDatabase,
+    ZombiePolicyResource,
+    resources_from_env,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DAGSTER = Path(sys.executable).parent / "dagster"

@@ -19,12 +19,12 @@ from bson import ObjectId
 
 from tests.deployment import DeploymentClient
 from tests.deployment.fixtures import deployment, deployment_session  # noqa: F401  (fixtures)
-from zombie_pipeline import cleanup
-from zombie_pipeline.cleanup import run_cleanup
-from zombie_pipeline.documents import utc_now
+from zombie_pipeline.cleanup import run as cleanup
+from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import utc_now
+from zombie_pipeline.queue.store import Store
 from zombie_pipeline.statistics.cache_history import read_cache_period
-from zombie_pipeline.store import Store
 
 ONLY_2023 = pytest.mark.parametrize("deployment_session", ["2023"], indirect=True)
 ONLY_CURRENT = pytest.mark.parametrize("deployment_session", ["current"], indirect=True)

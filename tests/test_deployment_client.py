@@ -175,9 +175,9 @@ def test_counters_out_of_step_are_reported(deployment, queue_db, cache_db) -> No
 
 @ONLY_2023
 def test_our_cleanup_finalizes_a_zombie_that_the_2023_deployment_then_reads(deployment, queue_db, cache_db) -> None:
-    from zombie_pipeline.cleanup import run_cleanup
+    from zombie_pipeline.cleanup.run import run_cleanup
     from zombie_pipeline.policy import ZombiePolicy
-    from zombie_pipeline.store import Store
+    from zombie_pipeline.queue.store import Store
 
     one_per_namespace = {"max_jobs_per_namespace": 1}  # the workers' setting at the time
     zombie_id, alive_id = deployment.run(

@@ -5,11 +5,11 @@ import datetime as dt
 import pytest
 
 from tests.helpers import job_document, workload
-from zombie_pipeline.detection import Brake, count_stale, detect, explain_stale, stale_filter, unknown_job_types
-from zombie_pipeline.documents import Job, Reason, Status, utc_now
-from zombie_pipeline.generations import NEWEST_QUEUE_GENERATION
+from zombie_pipeline.cleanup.detection import Brake, count_stale, detect, explain_stale, stale_filter, unknown_job_types
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
-from zombie_pipeline.simulate import simulate
+from zombie_pipeline.queue.documents import Job, Reason, Status, utc_now
+from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION
+from zombie_pipeline.simulation.simulator import simulate
 
 POLICY = ZombiePolicy(heartbeat_timeout_seconds=300, max_duration_seconds=1200)
 MS = dt.timedelta(milliseconds=1)

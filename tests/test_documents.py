@@ -12,7 +12,7 @@ import datetime as dt
 import pytest
 from bson import ObjectId
 
-from zombie_pipeline.documents import (
+from zombie_pipeline.queue.documents import (
     ID,
     MAX_NAME_LENGTH,
     Cache,
@@ -29,7 +29,7 @@ from zombie_pipeline.documents import (
     unicity_id,
     utc_now,
 )
-from zombie_pipeline.generations import OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.queue.generations import OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2024, 7, 1, 12, 0, 0, tzinfo=UTC)

@@ -18,15 +18,20 @@ from typing import Any
 import pytest
 
 from tests.helpers import Crash, crashing
-from zombie_pipeline import cleanup, counters
-from zombie_pipeline.cleanup import run_cleanup
-from zombie_pipeline.documents import (
+from zombie_pipeline.cleanup import counters
+from zombie_pipeline.cleanup import run as cleanup
+from zombie_pipeline.cleanup.effects import PAST_JOB_MIN_SECONDS
+from zombie_pipeline.cleanup.run import run_cleanup
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import (
     ID,
     PAST_JOBS_COLLECTION,
     SIMULATIONS_COLLECTION,
     Blockage,
     Cache,
+    CacheMetric,
     CacheOutcome,
+    ErrorCode,
     Event,
     EventState,
     Job,
@@ -34,18 +39,14 @@ from zombie_pipeline.documents import (
     Lock,
     PastJob,
     Reason,
+    RetryOutcome,
     Status,
     WorkerSizeMetric,
-    CacheMetric,
-    ErrorCode,
-    RetryOutcome,
     utc_now,
 )
-from zombie_pipeline.finish_effects import PAST_JOB_MIN_SECONDS
-from zombie_pipeline.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, QueueGeneration, stored_failed_runs
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import Simulation, Workload, cache_document, job_document, simulate
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, QueueGeneration, stored_failed_runs
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.simulator import Simulation, Workload, cache_document, job_document, simulate
 
 GENERATIONS = list(QUEUE_GENERATIONS)
 MODES = [pytest.param(True, id="transactions"), pytest.param(False, id="one-write-after-another")]

@@ -11,8 +11,8 @@ import datetime as dt
 
 import pytest
 
-from zombie_pipeline.documents import ID, STATUSES, Cache, Job
-from zombie_pipeline.generations import (
+from zombie_pipeline.queue.documents import ID, STATUSES, Cache, Job
+from zombie_pipeline.queue.generations import (
     CACHE_GENERATIONS,
     NEWEST_CACHE_GENERATION,
     OLDEST_CACHE_GENERATION,

@@ -11,21 +11,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from zombie_pipeline.embedded import free_port
-from zombie_pipeline.mongo import (
-    CACHE_INDEXES,
-    EVENT_INDEXES,
-    INDEX_PREFIX,
-    JOB_INDEXES,
-    DatabaseUnavailable,
-    check_reachable,
-    client_for,
-    ensure_indexes,
-    redact,
-    redact_url,
-    scrub,
-    url_secrets,
-)
+from zombie_pipeline.queue.connections import DatabaseUnavailable, check_reachable, client_for
+from zombie_pipeline.queue.indexes import CACHE_INDEXES, EVENT_INDEXES, INDEX_PREFIX, JOB_INDEXES, ensure_indexes
+from zombie_pipeline.queue.secrets import redact, redact_url, scrub, url_secrets
+from zombie_pipeline.simulation.embedded import free_port
 
 HOST = "db.example.com:27017"
 USER = "zombie"

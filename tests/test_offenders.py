@@ -9,8 +9,8 @@ import pytest
 from bson import ObjectId
 
 from tests.helpers import job_document
-from zombie_pipeline.detection import query_plan_of
-from zombie_pipeline.documents import (
+from zombie_pipeline.cleanup.detection import query_plan_of
+from zombie_pipeline.queue.documents import (
     ERROR_CODE_OF_REASON,
     ERROR_MESSAGE_OF_REASON,
     ID,
@@ -21,8 +21,8 @@ from zombie_pipeline.documents import (
     Reason,
     RetryOutcome,
 )
-from zombie_pipeline.offenders import ErrorSource, Problem, find_offenders, offenders_pipeline
-from zombie_pipeline.simulate import cache_document
+from zombie_pipeline.simulation.simulator import cache_document
+from zombie_pipeline.statistics.offenders import ErrorSource, Problem, find_offenders, offenders_pipeline
 from zombie_pipeline.statistics.reports import offenders_markdown
 
 UTC = dt.timezone.utc

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from zombie_pipeline.documents import ErrorCode
 from zombie_pipeline.policy import PolicyError, SuggestionRules, ZombiePolicy, policy_fields
+from zombie_pipeline.queue.documents import ErrorCode
 
 #: (values, the names the message must hold, whether it is a rule across fields: "invalid zombie policy: ...")
 BAD_POLICIES = [

@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 from tests import helpers
 from tests.figures import report_figures
 from tests.helpers import Crash, crashing, job_document
-from zombie_pipeline import cleanup
-from zombie_pipeline.documents import (
+from zombie_pipeline.cleanup import run as cleanup
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import (
     CACHE_KEY,
     HTTP_OK,
     ID,
@@ -43,10 +44,9 @@ from zombie_pipeline.documents import (
     cache_key_of_job,
     utc_now,
 )
-from zombie_pipeline.generations import failed_runs_after_crash, stored_failed_runs
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import cache_document
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.generations import failed_runs_after_crash, stored_failed_runs
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.simulator import cache_document
 
 EXAMPLES = int(os.environ.get("ZOMBIE_PROPERTY_EXAMPLES", "40"))
 POLICY = ZombiePolicy(heartbeat_timeout_seconds=300, max_duration_seconds=1200, claim_lease_seconds=0, batch_size=2)

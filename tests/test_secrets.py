@@ -29,7 +29,7 @@ from pymongo import MongoClient
 from tests.figures import report_figures
 from tests.helpers import CACHE_GENERATION, QUEUE_GENERATION, run_kill_zombies, step_failure_messages, workload
 from tests.servers import REPO_ROOT, LocalServer, running_server
-from zombie_pipeline.cleanup import run_cleanup
+from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.config import (
     CACHE_DATABASE_ENV,
     CACHE_URL_ENV,
@@ -38,12 +38,14 @@ from zombie_pipeline.config import (
     QUEUE_DATABASE_ENV,
     QUEUE_URL_ENV,
 )
-from zombie_pipeline.embedded import free_port
-from zombie_pipeline.mongo import DatabaseUnavailable, check_reachable, close_clients, redact, redact_url
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import simulate
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.connections import DatabaseUnavailable, check_reachable, close_clients
+from zombie_pipeline.queue.secrets import redact, redact_url
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.simulation.simulator import simulate
+
 USER = "zombie-cleaner"
 #: '@', ':', '/', '?', '#', '%', '+', '&', '=', space, quotes, brackets, a backslash and non-ASCII
 PASSWORD = "Zq7Kx9-s3cr3t@:/?#[]%2F+ &='\"\\é-P4ss"

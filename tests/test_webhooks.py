@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from zombie_pipeline import alerts
-from zombie_pipeline.embedded import free_port
+from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.webhooks import WebhookError, masked_url, post_json
 
 SECRET_PATH = "/hooks/s3cr3t"

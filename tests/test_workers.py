@@ -12,15 +12,15 @@ import datetime as dt
 import pytest
 
 from tests.helpers import workload
-from zombie_pipeline import counters
-from zombie_pipeline.cleanup import run_cleanup
-from zombie_pipeline.detection import detect
-from zombie_pipeline.documents import ID, LOCKS_COLLECTION, Job, Reason, Status, utc_now
-from zombie_pipeline.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
+from zombie_pipeline.cleanup import counters
+from zombie_pipeline.cleanup.detection import detect
+from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import WorkloadError, simulate
-from zombie_pipeline.store import Store
-from zombie_pipeline.workers import WorkerPool, WorkerRates
+from zombie_pipeline.queue.documents import ID, LOCKS_COLLECTION, Job, Reason, Status, utc_now
+from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.simulator import WorkloadError, simulate
+from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 
 #: Jobs of a few seconds (their type's duration times 0.02), dead after 10 s of silence, overdue after 30 s.
 POLICY = ZombiePolicy(heartbeat_timeout_seconds=10, max_duration_seconds=30)

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from pymongo.collection import Collection
 
 from zombie_pipeline import webhooks
-from zombie_pipeline.documents import ID, Failure
+from zombie_pipeline.queue.documents import ID, Failure
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,15 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from pymongo.collection import Collection
 
-from zombie_pipeline.cache_entries import entries_of_jobs, key_of
-from zombie_pipeline.detection import Detection, count_stale, detect, stale_pipeline, started_filter
-from zombie_pipeline.documents import (
-    CompensationState,
+from zombie_pipeline.cleanup.detection import Detection, count_stale, detect, stale_pipeline, started_filter
+from zombie_pipeline.cleanup.retries import pending_retries
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
+from zombie_pipeline.queue.documents import (
     ID,
     Cache,
     CacheOutcome,
+    CompensationState,
     Event,
     EventState,
     Job,
@@ -32,9 +34,7 @@ from zombie_pipeline.documents import (
     job_row,
     job_type_problem,
 )
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.retries import pending_retries
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.store import Store
 
 _BATCH = 500
 

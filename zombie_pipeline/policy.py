@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from zombie_pipeline.documents import DEFAULT_ZOMBIE_HTTP_STATUS, ErrorCode, job_type_problem
-from zombie_pipeline.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, QueueGeneration
+from zombie_pipeline.queue.documents import DEFAULT_ZOMBIE_HTTP_STATUS, ErrorCode, job_type_problem
+from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, QueueGeneration
 
 #: What a bad policy or bad rules raise; its message names each offending field.
 PolicyError = ValidationError

@@ -18,7 +18,6 @@ from pymongo import MongoClient
 from pymongo.database import Database
 
 from tests.servers import child_env, kill_recorded_server, wait_until_gone
-from zombie_pipeline import embedded
 from zombie_pipeline.app import cli
 from zombie_pipeline.config import (
     CACHE_DATABASE_ENV,
@@ -29,7 +28,7 @@ from zombie_pipeline.config import (
     QUEUE_URL_ENV,
     SERVER_SELECTION_TIMEOUT_ENV,
 )
-from zombie_pipeline.documents import (
+from zombie_pipeline.queue.documents import (
     DEFAULT_CACHE_COLLECTION,
     DEFAULT_JOBS_COLLECTION,
     ID,
@@ -41,8 +40,9 @@ from zombie_pipeline.documents import (
     PastJob,
     utc_now,
 )
-from zombie_pipeline.embedded import INSTALL_HINT, ServerInfo, free_port
-from zombie_pipeline.simulate import cache_document, job_document
+from zombie_pipeline.simulation import embedded
+from zombie_pipeline.simulation.embedded import INSTALL_HINT, ServerInfo, free_port
+from zombie_pipeline.simulation.simulator import cache_document, job_document
 
 PYTHON = sys.executable
 _CONSOLE_SCRIPT = Path(sys.executable).parent / "zombie-pipeline"
@@ -81,7 +81,7 @@ def test_cli_db_start_status_stop(tmp_path, monkeypatch, capsys):
 
 def test_cli_without_server_or_url_prints_what_to_do_not_a_traceback(tmp_path):
     code = (
-        "import sys, zombie_pipeline.embedded as e; e.SERVER_EXECUTABLE = 'secantusd-py-not-installed'; "
+        "import sys, zombie_pipeline.simulation.embedded as e; e.SERVER_EXECUTABLE = 'secantusd-py-not-installed'; "
         "from zombie_pipeline.app.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     result = subprocess.run(

@@ -26,7 +26,7 @@ from typing import Iterator
 
 import psycopg2
 
-from zombie_pipeline.embedded import free_port
+from zombie_pipeline.simulation.embedded import free_port
 
 OS_USER = "postgres"
 SUPERUSER = "postgres"

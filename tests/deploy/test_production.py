@@ -40,12 +40,12 @@ from zombie_pipeline.config import (
     QUEUE_URL_ENV,
     WEBHOOK_URL_ENV,
 )
-from zombie_pipeline.documents import ID, Cache, ErrorCode, Event, Job, Status, cache_key_of_job
-from zombie_pipeline.embedded import free_port
-from zombie_pipeline.mongo import client_for
 from zombie_pipeline.orchestration.tags import QUEUE_DATABASE_TAG
-from zombie_pipeline.simulate import Simulation, Workload, simulate
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.connections import client_for
+from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, Status, cache_key_of_job
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.simulation.simulator import Simulation, Workload, simulate
 
 pytestmark = pytest.mark.slow
 

@@ -23,12 +23,12 @@ from zombie_pipeline.config import (
     QUEUE_URL_ENV,
     WEBHOOK_URL_ENV,
 )
-from zombie_pipeline.documents import ID, Cache, ErrorCode, Job, Status, cache_key_of_job, utc_now
-from zombie_pipeline.embedded import free_port
-from zombie_pipeline.mongo import client_for
 from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, TRIGGER_TAG
-from zombie_pipeline.simulate import simulate
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.connections import client_for
+from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Job, Status, cache_key_of_job, utc_now
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.simulation.simulator import simulate
 
 pytestmark = pytest.mark.e2e
 

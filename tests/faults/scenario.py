@@ -24,10 +24,21 @@ from bson import ObjectId
 from pymongo import MongoClient
 
 from tests.servers import REPO_ROOT
-from zombie_pipeline.documents import CACHE_KEY, ID, Cache, CacheOutcome, Event, EventState, Job, RetryOutcome, Status, cache_key_of_job
-from zombie_pipeline.generations import failed_runs_after_crash
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.documents import (
+    CACHE_KEY,
+    ID,
+    Cache,
+    CacheOutcome,
+    Event,
+    EventState,
+    Job,
+    RetryOutcome,
+    Status,
+    cache_key_of_job,
+)
+from zombie_pipeline.queue.generations import failed_runs_after_crash
+from zombie_pipeline.queue.store import Store
 
 FULL = os.environ.get("ZOMBIE_FAULTS_FULL") == "1"
 #: A parameter of the report's size: skipped, saying so, unless ``ZOMBIE_FAULTS_FULL=1``.

@@ -29,9 +29,10 @@ from tests.faults.scenario import (
 from tests.figures import report_figures
 from tests.helpers import failed_steps, run_kill_zombies, step_failure_messages, step_metadata, unregister, workload
 from tests.servers import LocalServer
-from zombie_pipeline.cleanup import run_cleanup
-from zombie_pipeline.detection import stale_filter
-from zombie_pipeline.documents import (
+from zombie_pipeline.cleanup.detection import stale_filter
+from zombie_pipeline.cleanup.run import run_cleanup
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import (
     CACHE_KEY,
     DEFAULT_CACHE_COLLECTION,
     DEFAULT_EVENTS_COLLECTION,
@@ -42,8 +43,7 @@ from zombie_pipeline.documents import (
     Status,
     utc_now,
 )
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import cache_document, simulate
+from zombie_pipeline.simulation.simulator import cache_document, simulate
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -31,12 +31,23 @@ from tests.faults.scenario import (
 )
 from tests.figures import report_figures
 from tests.helpers import job_document
-from zombie_pipeline.detection import detect, stale_filter
-from zombie_pipeline.documents import CACHE_KEY, DEFAULT_JOBS_COLLECTION, HTTP_OK, ID, Cache, Event, EventState, Job, Status, cache_key_of_job, utc_now
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import JOB_TYPES, cache_document
 from tests.servers import LocalServer
-
+from zombie_pipeline.cleanup.detection import detect, stale_filter
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import (
+    CACHE_KEY,
+    DEFAULT_JOBS_COLLECTION,
+    HTTP_OK,
+    ID,
+    Cache,
+    Event,
+    EventState,
+    Job,
+    Status,
+    cache_key_of_job,
+    utc_now,
+)
+from zombie_pipeline.simulation.simulator import JOB_TYPES, cache_document
 
 LIVE_SIZES = {
     "default": dict(zombies=120, healthy=120, cleanups=3, revived_fraction=0.1),

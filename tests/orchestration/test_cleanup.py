@@ -2,12 +2,21 @@
 
 import pytest
 
-from tests.helpers import ago, database_resources, job_document, report_suggesting, run_kill_zombies, step_failure_messages, step_metadata, workload
-from zombie_pipeline.documents import ID, Event, EventState, Job, Status, utc_now
-from zombie_pipeline.embedded import free_port
-from zombie_pipeline.mongo import redact_url
+from tests.helpers import (
+    ago,
+    database_resources,
+    job_document,
+    report_suggesting,
+    run_kill_zombies,
+    step_failure_messages,
+    step_metadata,
+    workload,
+)
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
-from zombie_pipeline.simulate import simulate
+from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status, utc_now
+from zombie_pipeline.queue.secrets import redact_url
+from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.statistics.suggestions import save_suggestions
 
 WORKLOAD = workload(finished=150, crashed=8, never_heartbeated=3, overdue=3, running=20, waiting=5, seed=11)

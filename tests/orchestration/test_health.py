@@ -8,7 +8,6 @@ import pytest
 
 from tests.helpers import ago, crashed_job, job_document, workload
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
-from zombie_pipeline.documents import ID, Cache, ErrorCode, Event, Job, cache_key_of_job, utc_now
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.health import (
     compensations_succeed,
@@ -19,7 +18,8 @@ from zombie_pipeline.orchestration.health import (
 )
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
 from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, JOB_TYPE_PARTITIONS
-from zombie_pipeline.simulate import cache_document, simulate
+from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, cache_key_of_job, utc_now
+from zombie_pipeline.simulation.simulator import cache_document, simulate
 
 TIMEOUT = 300  # the policy resource's default heartbeat timeout
 

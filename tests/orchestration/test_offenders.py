@@ -11,7 +11,6 @@ import pytest
 from bson import ObjectId
 
 from tests.helpers import QUEUE_GENERATION, database_resources
-from zombie_pipeline.documents import ERROR_CODE_OF_REASON, ID, Event, EventState, Job, Reason, RetryOutcome, utc_now
 from zombie_pipeline.orchestration.health import queue_health
 from zombie_pipeline.orchestration.offenders import CHECK_NAME, repeat_offenders
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
@@ -22,7 +21,17 @@ from zombie_pipeline.orchestration.statistics import (
     job_duration_statistics,
     job_duration_tallies,
 )
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.documents import (
+    ERROR_CODE_OF_REASON,
+    ID,
+    Event,
+    EventState,
+    Job,
+    Reason,
+    RetryOutcome,
+    utc_now,
+)
+from zombie_pipeline.queue.store import Store
 
 URL_ENV = "ZOMBIE_OFFENDERS_TEST_MONGO_URL"
 UTC = dt.timezone.utc

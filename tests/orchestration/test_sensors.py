@@ -9,8 +9,6 @@ import pytest
 
 from tests.helpers import crashed_job, healthy_job, job_document
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
-from zombie_pipeline.documents import ID, Failure, Job, Status
-from zombie_pipeline.embedded import free_port
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import CacheDatabase, FailureWebhook, QueueDatabase, ZombiePolicyResource
 from zombie_pipeline.orchestration.sensors import (
@@ -20,6 +18,8 @@ from zombie_pipeline.orchestration.sensors import (
     stale_jobs_sensor,
 )
 from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, JOB_TYPE_PARTITIONS, STALE_COUNT_TAG
+from zombie_pipeline.queue.documents import ID, Failure, Job, Status
+from zombie_pipeline.simulation.embedded import free_port
 
 WEBHOOK_ENV = "ZOMBIE_TEST_FAILURE_WEBHOOK_URL"
 

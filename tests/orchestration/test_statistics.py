@@ -12,8 +12,6 @@ import pytest
 from bson import ObjectId
 
 from tests.helpers import QUEUE_GENERATION, database_resources, job_document, workload
-from zombie_pipeline.documents import ID, Job, Status
-from zombie_pipeline.generations import QUEUE_GENERATIONS
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
 from zombie_pipeline.orchestration.statistics import (
     DAILY_PARTITIONS,
@@ -23,12 +21,14 @@ from zombie_pipeline.orchestration.statistics import (
     job_duration_statistics,
     job_duration_tallies,
 )
-from zombie_pipeline.simulate import simulate
+from zombie_pipeline.queue.documents import ID, Job, Status
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.statistics.reports import INLINE_MARKDOWN_LIMIT
 from zombie_pipeline.statistics.suggest import analyze_window
 from zombie_pipeline.statistics.suggestions import latest_suggested_max_durations
 from zombie_pipeline.statistics.tallies import BadData
-from zombie_pipeline.store import Store
 
 URL_ENV = "ZOMBIE_STATS_TEST_MONGO_URL"
 UTC = dt.timezone.utc

@@ -7,7 +7,7 @@ import datetime as dt
 import numpy as np
 from bson import ObjectId
 
-from zombie_pipeline.documents import ID, Event, EventState, Job, Status
+from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status
 from zombie_pipeline.statistics.tallies import Period, Tally
 
 UTC = dt.timezone.utc

@@ -8,11 +8,11 @@ import pytest
 
 from tests.helpers import logged_store
 from tests.statistics.builders import DAY, NEXT_DAY, NOON, event, job
-from zombie_pipeline.cache_errors import DETAIL_JOB_ID
-from zombie_pipeline.detection import query_plan_of
-from zombie_pipeline.documents import HTTP_OK, Cache, ErrorCode, Reason, Status
-from zombie_pipeline.generations import QUEUE_GENERATIONS
-from zombie_pipeline.mongo import CACHE_UPDATED_INDEX
+from zombie_pipeline.cleanup.cache_errors import DETAIL_JOB_ID
+from zombie_pipeline.cleanup.detection import query_plan_of
+from zombie_pipeline.queue.documents import HTTP_OK, Cache, ErrorCode, Reason, Status
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
 from zombie_pipeline.statistics.cache_history import CacheIndexMissing, read_cache_period
 
 INDEX_NAME = CACHE_UPDATED_INDEX.full_name

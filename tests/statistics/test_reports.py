@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from zombie_pipeline.documents import Reason, Status
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import Reason, Status
 from zombie_pipeline.statistics.reports import (
     CHART_EDGES,
     INLINE_MARKDOWN_LIMIT,

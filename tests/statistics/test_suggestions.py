@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tests.statistics.builders import DAY, NEXT_DAY, tally, week
-from zombie_pipeline.documents import ID, T2Suggestion
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import ID, T2Suggestion
 from zombie_pipeline.statistics.suggest import analyze
 from zombie_pipeline.statistics.suggestions import effective_policy, latest_suggested_max_durations, save_suggestions
 

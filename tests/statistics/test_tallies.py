@@ -15,9 +15,9 @@ from bson.tz_util import utc as bson_utc
 
 from tests.helpers import logged_store, workload
 from tests.statistics.builders import DAY, NEXT_DAY, NOON, UTC, event, job, tally
-from zombie_pipeline.documents import ID, Event, EventState, Job, Reason, Status
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import simulate
+from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Reason, Status
+from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.statistics.suggest import analyze
 from zombie_pipeline.statistics.tallies import (
     BadData,
@@ -29,7 +29,6 @@ from zombie_pipeline.statistics.tallies import (
     tally_events,
     tally_jobs,
 )
-
 
 # --- reading and statistics --------------------------------------------------------------
 

@@ -6,12 +6,14 @@ import argparse
 import sys
 from typing import Sequence
 
-from zombie_pipeline import config, embedded
-from zombie_pipeline.cleanup import GenerationUnknown
-from zombie_pipeline.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline import config
+from zombie_pipeline.cleanup.run import GenerationUnknown
 from zombie_pipeline.config import SettingError
-from zombie_pipeline.mongo import DatabaseUnavailable, close_clients, redact
-from zombie_pipeline.simulate import (
+from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients
+from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.queue.secrets import redact
+from zombie_pipeline.simulation import embedded
+from zombie_pipeline.simulation.simulator import (
     STARTED_KINDS,
     NotOurs,
     Workload,
@@ -62,8 +64,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
-    from zombie_pipeline.cleanup import queue_verdict, required_generation
-    from zombie_pipeline.workers import WorkerPool, WorkerRates
+    from zombie_pipeline.cleanup.run import queue_verdict, required_generation
+    from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 
     rates = WorkerRates(
         workers=args.workers, crash_rate=args.crash_rate, overrun_rate=args.overrun_rate, speed=args.speed,

@@ -12,19 +12,17 @@ from typing import Any
 import dagster as dg
 
 from zombie_pipeline import config
-from zombie_pipeline.cleanup import summarize_run
-from zombie_pipeline.detection import count_stale
-from zombie_pipeline.documents import utc_now
+from zombie_pipeline.cleanup.detection import count_stale
+from zombie_pipeline.cleanup.run import queue_verdict, required_generation, summarize_run
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import check_databases, resources_from_env, store_of
 from zombie_pipeline.orchestration.statistics import job_duration_statistics, job_duration_tallies
-from zombie_pipeline.cleanup import queue_verdict, required_generation
-from zombie_pipeline.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
-from zombie_pipeline.workers import WorkerPool, WorkerRates
-from zombie_pipeline.simulate import Workload, check_ours, drop_simulation, simulate, simulated_generation
+from zombie_pipeline.queue.documents import utc_now
+from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.simulation.simulator import Workload, check_ours, drop_simulation, simulate, simulated_generation
+from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 from zombie_pipeline.statistics.reports import ReportFiles, summary_text
 from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze_window
-
 
 #: Dagster's console logger silenced: the demo prints its own summary, and a failure as its one line, never a stack trace.
 QUIET = {"console": {"config": {"log_level": "CRITICAL"}}}

@@ -14,12 +14,12 @@ from typing import Any, Optional
 import dagster as dg
 from pydantic import Field
 
-from zombie_pipeline import cleanup, compensations, config
-from zombie_pipeline.cleanup import GenerationUnknown
-from zombie_pipeline.detection import Candidate, engaged_brake, unknown_job_types
-from zombie_pipeline.documents import REASONS, utc_now
-from zombie_pipeline.events import StepResult
-from zombie_pipeline.generations import QUEUE_GENERATIONS, QueueVerdict
+from zombie_pipeline import config
+from zombie_pipeline.cleanup import compensations
+from zombie_pipeline.cleanup import run as cleanup
+from zombie_pipeline.cleanup.detection import Candidate, engaged_brake, unknown_job_types
+from zombie_pipeline.cleanup.events import StepResult
+from zombie_pipeline.cleanup.run import GenerationUnknown
 from zombie_pipeline.orchestration.metadata import counts_metadata, malformed_metadata, table_metadata
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
 from zombie_pipeline.orchestration.tags import (
@@ -33,6 +33,8 @@ from zombie_pipeline.orchestration.tags import (
     RETRY_STRATEGY_TAG,
 )
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import REASONS, utc_now
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS, QueueVerdict
 
 
 class CleanupConfig(dg.Config):

@@ -1,4 +1,4 @@
-"""Dagster asset: the repeat offenders of a window, wired around ``zombie_pipeline.offenders``.
+"""Dagster asset: the repeat offenders of a window, wired around ``zombie_pipeline.statistics.offenders``.
 
 ``repeat_offenders`` shares the statistics' daily partitions (UTC days) and
 group: partition D is the window of ``window_days`` days ending with D, so
@@ -18,10 +18,10 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from zombie_pipeline.offenders import DEFAULT_LIMIT, DEFAULT_THRESHOLD, RepeatOffenders, find_offenders
 from zombie_pipeline.orchestration.metadata import table_metadata
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, store_of
 from zombie_pipeline.orchestration.statistics import DAILY_PARTITIONS, GROUP
+from zombie_pipeline.statistics.offenders import DEFAULT_LIMIT, DEFAULT_THRESHOLD, RepeatOffenders, find_offenders
 from zombie_pipeline.statistics.reports import offenders_markdown
 from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS
 

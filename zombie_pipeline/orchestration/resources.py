@@ -13,8 +13,15 @@ import dagster as dg
 from pydantic import Field
 from pymongo.database import Database
 
-from zombie_pipeline import config, embedded
-from zombie_pipeline.documents import (
+from zombie_pipeline import config
+from zombie_pipeline.policy import ZombiePolicy, policy_fields
+from zombie_pipeline.queue.connections import (
+    DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
+    DatabaseUnavailable,
+    check_reachable,
+    client_for,
+)
+from zombie_pipeline.queue.documents import (
     DEFAULT_CACHE_COLLECTION,
     DEFAULT_CACHE_DATABASE,
     DEFAULT_EVENTS_COLLECTION,
@@ -23,10 +30,10 @@ from zombie_pipeline.documents import (
     DEFAULT_QUEUE_DATABASE,
     DEFAULT_SUGGESTIONS_COLLECTION,
 )
-from zombie_pipeline.mongo import DEFAULT_SERVER_SELECTION_TIMEOUT_MS, DatabaseUnavailable, check_reachable, client_for, redact_url
-from zombie_pipeline.policy import ZombiePolicy, policy_fields
+from zombie_pipeline.queue.secrets import redact_url
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation import embedded
 from zombie_pipeline.statistics.suggestions import effective_policy
-from zombie_pipeline.store import Store
 
 
 class _MongoDatabaseResource(dg.ConfigurableResource):

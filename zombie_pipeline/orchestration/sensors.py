@@ -22,12 +22,26 @@ from pymongo.errors import PyMongoError
 
 from zombie_pipeline import alerts, monitoring
 from zombie_pipeline.config import WEBHOOK_URL_ENV
-from zombie_pipeline.documents import utc_now
-from zombie_pipeline.mongo import check_reachable, scrub
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.health import cleanup_scope, queue_health_job
-from zombie_pipeline.orchestration.resources import CacheDatabase, FailureWebhook, QueueDatabase, ZombiePolicyResource, store_of
-from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, JOB_TYPE_PARTITIONS, PARTITION_TAG, STALE_COUNT_TAG, TRIGGER_TAG
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    FailureWebhook,
+    QueueDatabase,
+    ZombiePolicyResource,
+    store_of,
+)
+from zombie_pipeline.orchestration.tags import (
+    CLEANUP_RUN_TAG,
+    JOB_TYPE_PARTITIONS,
+    PARTITION_TAG,
+    STALE_COUNT_TAG,
+    TRIGGER_TAG,
+)
+from zombie_pipeline.queue.connections import check_reachable
+from zombie_pipeline.queue.documents import utc_now
+from zombie_pipeline.queue.secrets import scrub
+
 _ACTIVE_STATUSES = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,

@@ -24,10 +24,13 @@ import dagster as dg
 from pydantic import Field
 
 from zombie_pipeline import config
-from zombie_pipeline.offenders import DEFAULT_THRESHOLD, find_offenders
+from zombie_pipeline.cleanup.run import GenerationUnknown, queue_verdict, required_generation
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
 from zombie_pipeline.orchestration.tags import PIPELINE_TAG, STATISTICS_GROUP
 from zombie_pipeline.policy import SuggestionRules
+from zombie_pipeline.statistics.cache_history import CacheIndexMissing
+from zombie_pipeline.statistics.history import read_history
+from zombie_pipeline.statistics.offenders import DEFAULT_THRESHOLD, find_offenders
 from zombie_pipeline.statistics.quantiles import success_statistics
 from zombie_pipeline.statistics.reports import (
     duration_charts,
@@ -39,9 +42,6 @@ from zombie_pipeline.statistics.reports import (
 )
 from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze
 from zombie_pipeline.statistics.suggestions import save_suggestions
-from zombie_pipeline.cleanup import GenerationUnknown, queue_verdict, required_generation
-from zombie_pipeline.statistics.cache_history import CacheIndexMissing
-from zombie_pipeline.statistics.history import read_history
 from zombie_pipeline.statistics.tallies import READ_BATCH_SIZE, Period, combine, count_undated_jobs
 
 GROUP = STATISTICS_GROUP

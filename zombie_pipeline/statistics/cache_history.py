@@ -16,9 +16,8 @@ zombie too, and one stopped at the maximum duration is a censored duration.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Mapping
-
 from collections import Counter
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -27,9 +26,9 @@ import pymongo
 from pymongo.collection import Collection
 from pymongoarrow.api import Schema, find_arrow_all
 
-from zombie_pipeline.cache_errors import DETAIL_JOB_ID
-from zombie_pipeline.documents import HTTP_OK, Cache, ErrorCode, Reason, Status, as_utc
-from zombie_pipeline.mongo import CACHE_UPDATED_INDEX
+from zombie_pipeline.cleanup.cache_errors import DETAIL_JOB_ID
+from zombie_pipeline.queue.documents import HTTP_OK, Cache, ErrorCode, Reason, Status, as_utc
+from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
 from zombie_pipeline.statistics.tallies import (
     EVENT_PROJECTION,
     READ_BATCH_SIZE,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 
-from zombie_pipeline.generations import QueueGeneration
+from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.store import Store
 from zombie_pipeline.statistics.cache_history import read_cache_period
 from zombie_pipeline.statistics.tallies import READ_BATCH_SIZE, Period, read_period
-from zombie_pipeline.store import Store
 
 
 def read_history(

@@ -17,8 +17,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from zombie_pipeline import config
-from zombie_pipeline.documents import REASONS, Status
-from zombie_pipeline.offenders import RepeatOffenders
+from zombie_pipeline.queue.documents import REASONS, Status
+from zombie_pipeline.statistics.offenders import RepeatOffenders
 from zombie_pipeline.statistics.quantiles import percentile_name
 from zombie_pipeline.statistics.suggest import DurationReport, TypeReport
 from zombie_pipeline.statistics.tallies import SOURCES

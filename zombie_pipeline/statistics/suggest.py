@@ -33,8 +33,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from zombie_pipeline.documents import FINISHED_STATUSES, REASONS, as_utc
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
+from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, as_utc
+from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.statistics.history import read_history
 from zombie_pipeline.statistics.quantiles import (
     percentile_name,
     quantile_interval,
@@ -42,10 +45,7 @@ from zombie_pipeline.statistics.quantiles import (
     runs_for_upper_bound,
     success_statistics,
 )
-from zombie_pipeline.generations import QueueGeneration
-from zombie_pipeline.statistics.history import read_history
 from zombie_pipeline.statistics.tallies import EMPTY_DURATIONS, READ_BATCH_SIZE, Period, Tally, count_undated_jobs
-from zombie_pipeline.store import Store
 
 DEFAULT_WINDOW_DAYS = 7
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 
-from zombie_pipeline.documents import ID, T2Suggestion
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import ID, T2Suggestion
 from zombie_pipeline.statistics.suggest import DurationReport
 
 

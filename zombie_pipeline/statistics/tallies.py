@@ -40,7 +40,7 @@ from pymongo.collection import Collection
 from pymongoarrow.api import Schema, find_arrow_all
 from pymongoarrow.types import ObjectIdType
 
-from zombie_pipeline.documents import (
+from zombie_pipeline.queue.documents import (
     FINISHED_STATUSES,
     ID,
     REASONS,

@@ -17,9 +17,9 @@ import time
 
 from pymongo import MongoClient, monitoring
 
-from zombie_pipeline.cleanup import run_cleanup
+from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.store import Store
 
 
 class Writes(monitoring.CommandListener):

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import pymongo
 from pymongo.database import Database
 
-from zombie_pipeline.documents import (
+from zombie_pipeline.queue.documents import (
     BLOCKAGES_COLLECTION,
     CACHE_METRICS_COLLECTION,
     HTTP_OK,

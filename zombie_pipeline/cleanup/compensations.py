@@ -30,13 +30,21 @@ from functools import lru_cache
 from importlib.metadata import entry_points
 from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
-from zombie_pipeline.config import setting
-from zombie_pipeline.documents import ID, CompensationEntry, CompensationState, Event, EventState, job_row, utc_now
-from zombie_pipeline.events import READ_BATCH, StepResult
 from zombie_pipeline import webhooks
-from zombie_pipeline.mongo import scrub
+from zombie_pipeline.cleanup.events import READ_BATCH, StepResult
+from zombie_pipeline.config import setting
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.documents import (
+    ID,
+    CompensationEntry,
+    CompensationState,
+    Event,
+    EventState,
+    job_row,
+    utc_now,
+)
+from zombie_pipeline.queue.secrets import scrub
+from zombie_pipeline.queue.store import Store
 
 ENTRY_POINT_GROUP = "zombie_pipeline.compensations"
 #: How long one run holds an event's compensations: another cleanup at the same time leaves it alone.

@@ -24,10 +24,12 @@ from typing import Any, Mapping
 from pymongo import DeleteOne, UpdateOne
 from pymongo.client_session import ClientSession
 
-from zombie_pipeline.cache_entries import entries_of_jobs, key_of
-from zombie_pipeline.cache_errors import written_for
-from zombie_pipeline.detection import as_seen_expression, as_seen_filter, is_as_seen
-from zombie_pipeline.documents import (
+from zombie_pipeline.cleanup.cache_errors import written_for
+from zombie_pipeline.cleanup.detection import as_seen_expression, as_seen_filter, is_as_seen
+from zombie_pipeline.cleanup.effects import Finished, SideCollections, after_finish
+from zombie_pipeline.cleanup.events import READ_BATCH
+from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
+from zombie_pipeline.queue.documents import (
     ID,
     Cache,
     Event,
@@ -38,9 +40,7 @@ from zombie_pipeline.documents import (
     cache_key_of_job,
     utc_now,
 )
-from zombie_pipeline.events import READ_BATCH
-from zombie_pipeline.finish_effects import Finished, SideCollections, after_finish
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.store import Store
 
 _JOB_STATE = {Job.STATUS: 1, Job.FINISHED_AT: 1, Job.STARTED_AT: 1, Job.LAST_HEARTBEAT: 1, Job.TERMINATED_AT: 1}
 

@@ -6,7 +6,7 @@ zombie started holds what a newer run computed. The entry carries the job's
 ``revision`` as ``dataset_git_revision`` where jobs have one, the runner version
 the worker left (we never invent one), the run's ``duration``, and
 ``failed_runs`` counted as the deployment counts it
-(:func:`~zombie_pipeline.generations.failed_runs_after_crash`); ``cacheTotalMetric``
+(:func:`~zombie_pipeline.queue.generations.failed_runs_after_crash`); ``cacheTotalMetric``
 is kept in step where the cache has it.
 
 Idempotent: an entry that already carries this job's id in its ``details`` was
@@ -23,8 +23,10 @@ from pymongo import InsertOne, ReplaceOne, UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
-from zombie_pipeline.cache_entries import entries_of_jobs, key_of
-from zombie_pipeline.documents import (
+from zombie_pipeline.cleanup.events import READ_BATCH, duplicate_indexes
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
+from zombie_pipeline.queue.documents import (
     ERROR_MESSAGE_OF_REASON,
     ID,
     Cache,
@@ -35,8 +37,7 @@ from zombie_pipeline.documents import (
     as_utc,
     cache_key_of_job,
 )
-from zombie_pipeline.events import READ_BATCH, duplicate_indexes
-from zombie_pipeline.generations import (
+from zombie_pipeline.queue.generations import (
     CACHE_GENERATIONS,
     CacheGeneration,
     QueueGeneration,
@@ -45,9 +46,8 @@ from zombie_pipeline.generations import (
     runner_version_of,
     stored_failed_runs,
 )
-from zombie_pipeline.mongo import Conflict
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.transactions import Conflict
 
 _GENERATION_SAMPLE = 200
 #: Our own keys in an entry's ``details`` (a free dictionary in every generation).

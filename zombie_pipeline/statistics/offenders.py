@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
-from zombie_pipeline.documents import (
+from zombie_pipeline.queue.documents import (
     CACHE_CONTENT_ERROR,
     ERROR_CODE_OF_REASON,
     ID,
@@ -35,9 +35,9 @@ from zombie_pipeline.documents import (
     job_type_problem,
     name_problem,
 )
-from zombie_pipeline.mongo import on_index
+from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.store import Store
 from zombie_pipeline.statistics.tallies import events_filter
-from zombie_pipeline.store import Store
 
 #: Finalizations of one dataset in the window that make it an offender, unless told otherwise.
 DEFAULT_THRESHOLD = 3

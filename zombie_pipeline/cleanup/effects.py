@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 from pymongo import UpdateMany, UpdateOne
 from pymongo.client_session import ClientSession
 
-from zombie_pipeline.documents import (
+from zombie_pipeline.queue.documents import (
     BLOCKAGES_COLLECTION,
     CACHE_METRICS_COLLECTION,
     DATASET_STATUS_NORMAL,
@@ -40,8 +40,8 @@ from zombie_pipeline.documents import (
     WorkerSizeMetric,
     as_utc,
 )
-from zombie_pipeline.generations import QueueGeneration
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.store import Store
 
 #: Worker sizes by job difficulty: up to 40 light, up to 70 medium, heavier above.
 WORKER_SIZE_LIMITS = ((40, "light"), (70, "medium"))

@@ -15,7 +15,8 @@ from typing import Any
 
 from pymongo import UpdateOne
 
-from zombie_pipeline.documents import (
+from zombie_pipeline.cleanup.effects import worker_size
+from zombie_pipeline.queue.documents import (
     BLOCKAGES_COLLECTION,
     CACHE_METRICS_COLLECTION,
     DATASET_STATUS_NORMAL,
@@ -30,9 +31,8 @@ from zombie_pipeline.documents import (
     Status,
     WorkerSizeMetric,
 )
-from zombie_pipeline.finish_effects import worker_size
-from zombie_pipeline.generations import QueueGeneration
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.store import Store
 
 
 def recount(store: Store, generation: QueueGeneration) -> dict[str, Counter]:

@@ -20,10 +20,10 @@ from pymongo import UpdateMany, UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
-from zombie_pipeline.documents import ID, Event, EventState, ZombieEvent, utc_now
-from zombie_pipeline.generations import OLDEST_QUEUE_GENERATION
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.documents import ID, Event, EventState, ZombieEvent, utc_now
+from zombie_pipeline.queue.generations import OLDEST_QUEUE_GENERATION
+from zombie_pipeline.queue.store import Store
 
 DUPLICATE_KEY = 11000
 READ_BATCH = 10_000  # the documents of a batch come back in one reply, not one getMore per 101

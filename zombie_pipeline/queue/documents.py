@@ -3,7 +3,7 @@
 Field names, status values, error codes, collection names and the shapes of our
 own documents. Every other module takes its names from here, so that a rename in
 the deployment is a one-line change. Which fields each *generation* of the
-deployment declares lives beside, in :mod:`zombie_pipeline.generations`.
+deployment declares lives beside, in :mod:`zombie_pipeline.queue.generations`.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from typing import Any, Iterable, Mapping
 from bson import ObjectId
 from pymongo.collection import Collection
 
-from zombie_pipeline.documents import (
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import (
     ERROR_CODE_OF_REASON,
     ID,
     STATUSES,
@@ -36,8 +37,7 @@ from zombie_pipeline.documents import (
     job_type_problem,
     name_problem,
 )
-from zombie_pipeline.mongo import on_index
-from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.indexes import on_index
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from typing import Any, Iterable, Mapping
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 
-from zombie_pipeline.documents import CACHE_KEY, Cache, cache_key_of_job
-from zombie_pipeline.mongo import on_index
+from zombie_pipeline.queue.documents import CACHE_KEY, Cache, cache_key_of_job
+from zombie_pipeline.queue.indexes import on_index
 
 _READ_BATCH = 10_000  # the entries of a batch come back in one reply
 

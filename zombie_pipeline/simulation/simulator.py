@@ -23,13 +23,15 @@ from typing import Any, Iterator
 import pymongo
 from bson import ObjectId
 
-from zombie_pipeline import counters
-from zombie_pipeline.cache_entries import key_of
-from zombie_pipeline.documents import (
-    SIMULATIONS_COLLECTION,
+from zombie_pipeline.cleanup import counters
+from zombie_pipeline.cleanup.effects import PAST_JOB_MIN_SECONDS
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.cache_entries import key_of
+from zombie_pipeline.queue.documents import (
     DEFAULT_ZOMBIE_HTTP_STATUS,
     HTTP_OK,
     ID,
+    SIMULATIONS_COLLECTION,
     Cache,
     ErrorCode,
     Job,
@@ -42,16 +44,14 @@ from zombie_pipeline.documents import (
     utc_now,
     without_none,
 )
-from zombie_pipeline.finish_effects import PAST_JOB_MIN_SECONDS
-from zombie_pipeline.generations import (
+from zombie_pipeline.queue.generations import (
     CACHE_GENERATIONS,
     NEWEST_QUEUE_GENERATION,
     QUEUE_GENERATIONS,
     QueueGeneration,
 )
-from zombie_pipeline.mongo import CACHE_UPDATED_INDEX
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
+from zombie_pipeline.queue.store import Store
 
 HEARTBEAT_INTERVAL_SECONDS = 60
 INSERT_BATCH_SIZE = 5_000

@@ -7,21 +7,21 @@ from dataclasses import dataclass
 from pymongo.collection import Collection
 from pymongo.database import Database
 
-from zombie_pipeline.documents import (
+from zombie_pipeline.queue.documents import (
     BLOCKAGES_COLLECTION,
     CACHE_METRICS_COLLECTION,
-    JOB_METRICS_COLLECTION,
-    LOCKS_COLLECTION,
-    PAST_JOBS_COLLECTION,
-    RETRIES_COLLECTION,
-    WORKER_SIZE_METRICS_COLLECTION,
     DEFAULT_CACHE_COLLECTION,
     DEFAULT_EVENTS_COLLECTION,
     DEFAULT_FAILURES_COLLECTION,
     DEFAULT_JOBS_COLLECTION,
     DEFAULT_SUGGESTIONS_COLLECTION,
+    JOB_METRICS_COLLECTION,
+    LOCKS_COLLECTION,
+    PAST_JOBS_COLLECTION,
+    RETRIES_COLLECTION,
+    WORKER_SIZE_METRICS_COLLECTION,
 )
-from zombie_pipeline.mongo import CACHE_INDEXES, EVENT_INDEXES, JOB_INDEXES, RETRY_INDEXES, ensure_indexes
+from zombie_pipeline.queue.indexes import CACHE_INDEXES, EVENT_INDEXES, JOB_INDEXES, RETRY_INDEXES, ensure_indexes
 
 
 @dataclass(frozen=True)

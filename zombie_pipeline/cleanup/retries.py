@@ -27,7 +27,10 @@ from pymongo import UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
-from zombie_pipeline.documents import (
+from zombie_pipeline.cleanup.effects import SideCollections, after_insert
+from zombie_pipeline.cleanup.events import READ_BATCH, duplicate_indexes
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import (
     ID,
     RUN_FIELDS,
     CacheOutcome,
@@ -41,12 +44,9 @@ from zombie_pipeline.documents import (
     utc_now,
     without_none,
 )
-from zombie_pipeline.events import READ_BATCH, duplicate_indexes
-from zombie_pipeline.finish_effects import SideCollections, after_insert
-from zombie_pipeline.generations import QUEUE_GENERATIONS, QueueGeneration
-from zombie_pipeline.mongo import on_index
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS, QueueGeneration
+from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.store import Store
 
 
 def enqueue_retries(

@@ -30,7 +30,9 @@ from typing import Any, Callable
 
 from pymongo import ReturnDocument
 
-from zombie_pipeline.documents import (
+from zombie_pipeline.cleanup.effects import Finished, SideCollections, after_finish, after_insert, worker_size
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.documents import (
     DEFAULT_ZOMBIE_HTTP_STATUS,
     HTTP_OK,
     ID,
@@ -47,11 +49,14 @@ from zombie_pipeline.documents import (
     cache_key_of_job,
     utc_now,
 )
-from zombie_pipeline.finish_effects import Finished, SideCollections, after_finish, after_insert, worker_size
-from zombie_pipeline.generations import CACHE_GENERATIONS, QueueGeneration, failed_runs_after_crash, stored_failed_runs
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.simulate import JOB_TYPES, START_LOCK_TTL_SECONDS, JobType, WorkloadError, job_document
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.generations import (
+    CACHE_GENERATIONS,
+    QueueGeneration,
+    failed_runs_after_crash,
+    stored_failed_runs,
+)
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.simulator import JOB_TYPES, START_LOCK_TTL_SECONDS, JobType, WorkloadError, job_document
 
 
 @dataclass(frozen=True)

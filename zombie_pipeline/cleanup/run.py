@@ -41,11 +41,11 @@ from bson import ObjectId
 from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
-from zombie_pipeline import compensations
-from zombie_pipeline.cache_errors import detect_cache_generation, write_batch
-from zombie_pipeline.detection import Candidate, Detection, brake_for, detect, find_malformed_started
-from zombie_pipeline.documents import ID, REASONS, Event, EventState, Job, RetryOutcome, ZombieEvent, as_utc, job_row, utc_now
-from zombie_pipeline.events import (
+from zombie_pipeline.cleanup import compensations
+from zombie_pipeline.cleanup.cache_errors import detect_cache_generation, write_batch
+from zombie_pipeline.cleanup.detection import Candidate, Detection, brake_for, detect, find_malformed_started
+from zombie_pipeline.cleanup.effects import SideCollections
+from zombie_pipeline.cleanup.events import (
     StepResult,
     batched,
     drain,
@@ -54,13 +54,30 @@ from zombie_pipeline.events import (
     set_on_events,
     take_over_expired,
 )
-from zombie_pipeline.finish import Outcome, finish, sort_claims
-from zombie_pipeline.finish_effects import SideCollections
-from zombie_pipeline.generations import QUEUE_GENERATIONS, CacheGeneration, QueueGeneration, QueueVerdict, detect_queue_generation
-from zombie_pipeline.mongo import atomically
+from zombie_pipeline.cleanup.retries import enqueue_due_retries, enqueue_retries, pending_retries
+from zombie_pipeline.cleanup.strategies import Outcome, finish, sort_claims
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.retries import enqueue_due_retries, enqueue_retries, pending_retries
-from zombie_pipeline.store import Store
+from zombie_pipeline.queue.documents import (
+    ID,
+    REASONS,
+    Event,
+    EventState,
+    Job,
+    RetryOutcome,
+    ZombieEvent,
+    as_utc,
+    job_row,
+    utc_now,
+)
+from zombie_pipeline.queue.generations import (
+    QUEUE_GENERATIONS,
+    CacheGeneration,
+    QueueGeneration,
+    QueueVerdict,
+    detect_queue_generation,
+)
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.transactions import atomically
 
 
 class BrakeEngaged(RuntimeError):
