@@ -32,7 +32,15 @@ from typing import Any
 
 from pymongo.collection import Collection
 
-from zombie_pipeline.queue.documents import DEFAULT_ZOMBIE_HTTP_STATUS, ID, Cache, ErrorCode, Job, Status, as_utc
+from zombie_pipeline.queue.documents import (
+    DEFAULT_ZOMBIE_HTTP_STATUS,
+    ID,
+    Cache,
+    ErrorCode,
+    Job,
+    Status,
+    as_utc,
+)
 
 #: The messages the 2023 deployment wrote (quoted from the reference notes).
 CRASHED_MESSAGE = "Job manager crashed while running this job (missing heartbeats)."

@@ -37,7 +37,7 @@ from benchmarks.servers import Servers, Template, round_trip_ms
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import Job, Status
-from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS, FinishStyle
 from zombie_pipeline.queue.store import Store
 
 OURS = "ours"
@@ -66,7 +66,7 @@ class CleanupCase:
         unknown = set(self.contenders) - set(CONTENDERS)
         if unknown:
             raise ValueError(f"unknown contenders {sorted(unknown)}")
-        if BASELINE in self.contenders and not QUEUE_GENERATIONS[self.generation].keeps_finished_jobs:
+        if BASELINE in self.contenders and QUEUE_GENERATIONS[self.generation].finish is not FinishStyle.KEPT_AS_ERROR:
             raise ValueError(f"the 2023 baseline sets status 'error': it does not apply to a {self.generation} queue")
 
     @property
@@ -88,7 +88,7 @@ class CleanupCase:
         if len(parts) > 4 and parts[4]:
             contenders = tuple(parts[4].split("+"))
         else:
-            keeps = QUEUE_GENERATIONS[generation].keeps_finished_jobs if generation in QUEUE_GENERATIONS else True
+            keeps = generation not in QUEUE_GENERATIONS or QUEUE_GENERATIONS[generation].finish is FinishStyle.KEPT_AS_ERROR
             contenders = CONTENDERS if keeps else (OURS,)
         rtts = tuple(float(part) for part in parts[5].split("+")) if len(parts) > 5 and parts[5] else None
         return cls(generation, jobs, zombies, types, contenders, rtts)

@@ -139,7 +139,7 @@ def build_cleanup_queue(
         "cache_entries": simulation.cache_entries,
         "past_jobs": simulation.past_jobs,
         "generation": workload.generation,
-        "keeps_finished_jobs": QUEUE_GENERATIONS[workload.generation].keeps_finished_jobs,
+        "finish": QUEUE_GENERATIONS[workload.generation].finish.value,
         "job_types": len(workload.job_types),
         "started_job_types": len({job[Job.TYPE] for job in store.jobs.find({Job.STATUS: Status.STARTED}, {Job.TYPE: 1})}),
     }

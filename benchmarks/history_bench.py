@@ -30,7 +30,13 @@ from pymongo import MongoClient
 from pymongo.cursor import Cursor
 
 from benchmarks.cleanup_bench import CleanupSettings
-from benchmarks.data import QUEUE_GENERATION, History, Snapshot, add_finished_history, history_for
+from benchmarks.data import (
+    QUEUE_GENERATION,
+    History,
+    Snapshot,
+    add_finished_history,
+    history_for,
+)
 from benchmarks.harness import (
     CommandCounter,
     drop_if_exists,
@@ -42,7 +48,14 @@ from benchmarks.harness import (
 )
 from zombie_pipeline.cleanup.detection import detect, stale_filter, stale_pipeline
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import FINISHED_STATUSES, ID, Cache, Job, Status, cache_key_of_job
+from zombie_pipeline.queue.documents import (
+    FINISHED_STATUSES,
+    ID,
+    Cache,
+    Job,
+    Status,
+    cache_key_of_job,
+)
 from zombie_pipeline.queue.generations import NEWEST_CACHE_GENERATION
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import Store

@@ -31,7 +31,8 @@ from pymongo import monitoring
 
 #: Innermost pipeline function -> phase. The first function of the stack (innermost first) found here names it.
 PHASES = {
-    "queue_verdict": "queue generation",
+    "detect_queue_generation": "queue generation",
+    "ensure_indexes": "indexes",
     "take_over_expired": "reconcile: take over",
     "enqueue_due_retries": "reconcile: due retries",
     "detect": "detection",
@@ -40,11 +41,12 @@ PHASES = {
     "claim": "claim insert",
     "renew_leases": "lease renewal",
     "owned": "event batch read",
-    "_generations_of": "event generations",
+    "reconcile": "event generations",
     "detect_cache_generation": "cache generation",
     "sort_claims": "claims sorted (job read)",
     "_still_our_entries": "our entries read",
     "_jobs_of": "job read-back",
+    "of": "the deployment's collections",
     "entries_of_jobs": "cache read",
     "_write": "cache write",
     "_count_in_cache_metrics": "cache metrics",

@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from benchmarks import report
-from benchmarks.cleanup_bench import OURS, CleanupCase, CleanupSettings, cleanup_section, models, summaries
+from benchmarks.cleanup_bench import (
+    OURS,
+    CleanupCase,
+    CleanupSettings,
+    cleanup_section,
+    models,
+    summaries,
+)
 from benchmarks.compute_bench import compute_case
 from benchmarks.data import TODAY_GENERATION
 from benchmarks.harness import (

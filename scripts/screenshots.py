@@ -50,13 +50,22 @@ sys.path.insert(0, str(ROOT))  # the test suite's dagster dev harness and server
 from tests.e2e import harness  # noqa: E402
 from tests.servers import running_server  # noqa: E402
 from zombie_pipeline.cleanup.run import run_cleanup  # noqa: E402
-from zombie_pipeline.config import CACHE_URL_ENV, HOME_ENV, KILL_CRON_ENV, QUEUE_URL_ENV, WEBHOOK_URL_ENV  # noqa: E402
+from zombie_pipeline.config import (  # noqa: E402
+    CACHE_URL_ENV,
+    HOME_ENV,
+    KILL_CRON_ENV,
+    QUEUE_URL_ENV,
+    WEBHOOK_URL_ENV,
+)
 from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, PARTITION_TAG  # noqa: E402
 from zombie_pipeline.policy import ZombiePolicy  # noqa: E402
 from zombie_pipeline.queue import documents  # noqa: E402
 from zombie_pipeline.queue.connections import client_for, close_clients  # noqa: E402
 from zombie_pipeline.queue.documents import ID, Job, Status, truncate_ms  # noqa: E402
-from zombie_pipeline.queue.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION  # noqa: E402
+from zombie_pipeline.queue.generations import (  # noqa: E402
+    NEWEST_CACHE_GENERATION,
+    OLDEST_QUEUE_GENERATION,
+)
 from zombie_pipeline.queue.store import Store  # noqa: E402
 from zombie_pipeline.simulation.embedded import free_port  # noqa: E402
 from zombie_pipeline.simulation.simulator import Workload, job_document, simulate  # noqa: E402
@@ -167,7 +176,9 @@ class DevTools:
     """Chromium driven over the DevTools protocol, for what needs a click (metadata shown in a dialog)."""
 
     def __init__(self, browser: str, profile: Path, width: int, height: int) -> None:
-        from websockets.sync.client import connect  # installed with dagster-webserver (uvicorn[standard])
+        from websockets.sync.client import (
+            connect,  # installed with dagster-webserver (uvicorn[standard])
+        )
 
         self.port = free_port()
         self.process = subprocess.Popen(

@@ -13,17 +13,26 @@ import dagster as dg
 import numpy as np
 from pymongo import MongoClient, monitoring
 
-from zombie_pipeline.cleanup import run as cleanup
-from zombie_pipeline.cleanup.detection import Candidate
-from zombie_pipeline.cleanup.events import StepResult
+from zombie_pipeline.cleanup import events, run
+from zombie_pipeline.cleanup import finalize as finalizing
+from zombie_pipeline.cleanup.counts import StepResult
+from zombie_pipeline.cleanup.detection import Candidate, Detection
+from zombie_pipeline.cleanup.run import CleanupOptions, CleanupPlan
+from zombie_pipeline.cleanup.strategies import strategy_for
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase
 from zombie_pipeline.orchestration.tags import JOB_TYPE_PARTITIONS
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Event, EventState, utc_now
-from zombie_pipeline.queue.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.queue.documents import ID, utc_now
+from zombie_pipeline.queue.generations import (
+    NEWEST_CACHE_GENERATION,
+    OLDEST_QUEUE_GENERATION,
+    QUEUE_GENERATIONS,
+    CacheGeneration,
+    detect_cache_generation,
+)
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation import simulator as simulate
+from zombie_pipeline.simulation import simulator
 from zombie_pipeline.statistics.suggest import DurationReport, analyze
 from zombie_pipeline.statistics.tallies import Period, Tally
 
@@ -41,13 +50,13 @@ CACHE_GENERATION = NEWEST_CACHE_GENERATION
 
 
 def job_document(*args: Any, **fields: Any) -> dict[str, Any]:
-    """``simulate.job_document`` in :data:`QUEUE_GENERATION` unless ``generation`` says otherwise."""
-    return simulate.job_document(*args, **{"generation": QUEUE_GENERATION, **fields})
+    """``simulator.job_document`` in :data:`QUEUE_GENERATION` unless ``generation`` says otherwise."""
+    return simulator.job_document(*args, **{"generation": QUEUE_GENERATION, **fields})
 
 
-def workload(**fields: Any) -> simulate.Workload:
-    """``simulate.Workload`` in :data:`QUEUE_GENERATION` and :data:`CACHE_GENERATION` unless told otherwise."""
-    return simulate.Workload(**{"generation": QUEUE_GENERATION, "cache_generation": CACHE_GENERATION, **fields})
+def workload(**fields: Any) -> simulator.Workload:
+    """``simulator.Workload`` in :data:`QUEUE_GENERATION` and :data:`CACHE_GENERATION` unless told otherwise."""
+    return simulator.Workload(**{"generation": QUEUE_GENERATION, "cache_generation": CACHE_GENERATION, **fields})
 
 
 def ago(seconds: float) -> dt.datetime:
@@ -89,8 +98,23 @@ def report_suggesting(by_type: dict[str, int], end: dt.datetime = dt.datetime(20
 # --- the cleanup's steps one at a time, as a run that dies between them leaves its work ----------------------
 
 
+def plan_for(store: Store, policy: ZombiePolicy, run_id: str = "run", **options: Any) -> CleanupPlan:
+    """A run's plan, as its first step makes it (``run.prepare``)."""
+    return run.prepare(store, policy, run_id, CleanupOptions(**options)).plan
+
+
+def find(store: Store, policy: ZombiePolicy, **options: Any) -> Detection:
+    """The zombies as a run's find step sees them now (the brake judged unless ``override_brake``)."""
+    return run.find(store, plan_for(store, policy, **options))
+
+
 def claim(store: Store, candidates: list[Candidate], policy: ZombiePolicy, run_id: str) -> StepResult:
-    return cleanup.claim(store, candidates, policy, run_id, utc_now(), QUEUE_GENERATIONS[QUEUE_GENERATION])
+    return events.claim(store, candidates, policy, run_id, utc_now(), QUEUE_GENERATIONS[QUEUE_GENERATION])
+
+
+def cache_generation(store: Store) -> CacheGeneration:
+    """The cache's generation as a run decides it, in a queue of :data:`QUEUE_GENERATION`."""
+    return detect_cache_generation(store.cache, None, QUEUE_GENERATIONS[QUEUE_GENERATION]).generation
 
 
 def finalize(store: Store, run_id: str, policy: ZombiePolicy, recovering: bool = False) -> StepResult:
@@ -98,7 +122,12 @@ def finalize(store: Store, run_id: str, policy: ZombiePolicy, recovering: bool =
 
     In :data:`QUEUE_GENERATION` a batch costs four writes: the jobs, the cache entries, the retries, the events.
     """
-    return cleanup.finalize(store, run_id, policy, QUEUE_GENERATIONS[QUEUE_GENERATION], recovering)
+    strategy = strategy_for(store, QUEUE_GENERATIONS[QUEUE_GENERATION])
+    return finalizing.finalize(store, run_id, policy, strategy, cache_generation(store), recovering)
+
+
+def reconcile(store: Store, run_id: str, policy: ZombiePolicy, now: dt.datetime | None = None) -> StepResult:
+    return finalizing.reconcile(store, run_id, policy, cache_generation(store), now)
 
 
 # --- the commands a client sends ----------------------------------------------------------------------------

@@ -27,7 +27,12 @@ from pymongo.database import Database
 
 from zombie_pipeline.config import CACHE_URL_ENV, HOME_ENV, QUEUE_URL_ENV
 from zombie_pipeline.simulation import embedded
-from zombie_pipeline.simulation.embedded import free_port, start_server, stop_process, stop_server
+from zombie_pipeline.simulation.embedded import (
+    free_port,
+    start_server,
+    stop_process,
+    stop_server,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

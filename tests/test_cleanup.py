@@ -9,7 +9,17 @@ import time
 import pytest
 
 from tests import helpers
-from tests.helpers import Crash, ago, claim, crashed_job, crashing, documents, job_document, logged_store, workload
+from tests.helpers import (
+    Crash,
+    ago,
+    claim,
+    crashed_job,
+    crashing,
+    documents,
+    job_document,
+    logged_store,
+    workload,
+)
 from zombie_pipeline.cleanup import cache_errors, events
 from zombie_pipeline.cleanup.detection import detect
 from zombie_pipeline.cleanup.run import BrakeEngaged, run_cleanup

@@ -16,7 +16,15 @@ from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.cleanup.compensations import CompensationError, audit
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, CompensationEntry, CompensationState, Event, Job, Reason, Status
+from zombie_pipeline.queue.documents import (
+    ID,
+    CompensationEntry,
+    CompensationState,
+    Event,
+    Job,
+    Reason,
+    Status,
+)
 from zombie_pipeline.simulation.simulator import cache_document
 from zombie_pipeline.webhooks import masked_url
 

@@ -13,7 +13,12 @@ from urllib.parse import quote_plus
 import dagster as dg
 import yaml
 
-from zombie_pipeline.config import CACHE_URL_ENV, DAGSTER_HOME_ENV, HOME_ENV, QUEUE_URL_ENV
+from zombie_pipeline.config import (
+    CACHE_URL_ENV,
+    DAGSTER_HOME_ENV,
+    HOME_ENV,
+    QUEUE_URL_ENV,
+)
 from zombie_pipeline.definitions import defs
 from zombie_pipeline.orchestration.resources import (
     CacheDatabase,

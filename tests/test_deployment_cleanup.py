@@ -19,10 +19,9 @@ from bson import ObjectId
 
 from tests.deployment import DeploymentClient
 from tests.deployment.fixtures import deployment, deployment_session  # noqa: F401  (fixtures)
-from zombie_pipeline.cleanup import run as cleanup
+from zombie_pipeline.cleanup import run
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import utc_now
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.statistics.cache_history import read_cache_period
 
@@ -94,7 +93,7 @@ def test_todays_deployment_would_leave_what_our_cleanup_leaves(deployment, queue
     # kill_stuck_jobs finishes it as crashed whatever its age, and so do we
     report = run_cleanup(Store.of(queue_db, cache_db), ZombiePolicy(), run_id="ours")
 
-    assert report.verdict.generation.name == "2026-05"
+    assert report.generations.queue.name == "2026-05"
     assert report.counts["finalized"] == 1 and report.counts["effect:blocked_dataset"] == 1
     assert report.counts["reason:missing_heartbeat"] == 1
     assert comparable(deployment.run("state")) == comparable(expected)
@@ -147,12 +146,13 @@ def test_a_worker_heartbeating_through_the_real_client_after_detection_keeps_its
     [job_id] = deployment.run("create_jobs", jobs=[{"type": "dataset-config-names", "dataset": "alice/a"}])["job_ids"]
     deployment.run("start_job")
     backdate(queue_db, job_id, started_at=dt.timedelta(minutes=10), last_heartbeat=dt.timedelta(minutes=9))
-    store, policy = Store.of(queue_db, cache_db), ZombiePolicy()
-    verdict, detection = cleanup.queue_verdict(store, policy), cleanup.find_zombies(store, policy)
+    store = Store.of(queue_db, cache_db)
+    plan = run.prepare(store, ZombiePolicy(), "ours").plan
+    detection = run.find(store, plan)
     assert len(detection.candidates) == 1
 
     deployment.run("heartbeat", job_id=job_id)
-    result = cleanup.finalize_zombies(store, detection.candidates, policy, "ours", utc_now(), verdict.generation)
+    result = run.finalize(store, plan, detection.candidates)
 
     assert result.counts["lost_to_live_worker"] == 1
     assert [job["status"] for job in deployment.run("state")["jobs"]] == ["started"]
@@ -180,7 +180,7 @@ def test_the_retry_of_an_early_2023_zombie_is_a_job_the_real_client_starts(deplo
 
     report = run_cleanup(Store.of(queue_db, cache_db), ZombiePolicy(), run_id="ours")
 
-    assert report.verdict.generation.name == "2023-01" and report.counts["retry_enqueued"] == 1
+    assert report.generations.queue.name == "2023-01" and report.counts["retry_enqueued"] == 1
     assert deployment.run("load_all")["ok"]
     started = deployment.run("start_job", max_jobs_per_namespace=1)
     assert started["started"] and started["info"]["dataset"] == "alice/a" and started["job_id"] != zombie

@@ -5,7 +5,14 @@ import datetime as dt
 import pytest
 
 from tests.helpers import job_document, workload
-from zombie_pipeline.cleanup.detection import Brake, count_stale, detect, explain_stale, stale_filter, unknown_job_types
+from zombie_pipeline.cleanup.detection import (
+    Brake,
+    count_stale,
+    detect,
+    explain_stale,
+    stale_filter,
+    unknown_job_types,
+)
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
 from zombie_pipeline.queue.documents import Job, Reason, Status, utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from tests.helpers import Crash, crashing
-from zombie_pipeline.cleanup import counters
-from zombie_pipeline.cleanup import run as cleanup
+from zombie_pipeline.cleanup import counters, run
 from zombie_pipeline.cleanup.effects import PAST_JOB_MIN_SECONDS
 from zombie_pipeline.cleanup.run import run_cleanup
+from zombie_pipeline.cleanup.strategies import STRATEGIES, strategy_for
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     ID,
@@ -30,10 +30,8 @@ from zombie_pipeline.queue.documents import (
     Blockage,
     Cache,
     CacheMetric,
-    CacheOutcome,
     ErrorCode,
     Event,
-    EventState,
     Job,
     JobMetric,
     Lock,
@@ -44,9 +42,20 @@ from zombie_pipeline.queue.documents import (
     WorkerSizeMetric,
     utc_now,
 )
-from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, QueueGeneration, stored_failed_runs
+from zombie_pipeline.queue.generations import (
+    CACHE_GENERATIONS,
+    QUEUE_GENERATIONS,
+    FinishStyle,
+    stored_failed_runs,
+)
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import Simulation, Workload, cache_document, job_document, simulate
+from zombie_pipeline.simulation.simulator import (
+    Simulation,
+    Workload,
+    cache_document,
+    job_document,
+    simulate,
+)
 
 GENERATIONS = list(QUEUE_GENERATIONS)
 MODES = [pytest.param(True, id="transactions"), pytest.param(False, id="one-write-after-another")]
@@ -105,11 +114,11 @@ def _generation(store: Store) -> str:
 @EVERY_GENERATION_BOTH_WAYS
 def test_every_zombie_is_finished_as_its_generation_finishes_a_job_and_nothing_else(store: Store, generation: str, transactions: bool):
     simulation = small_queue(store, generation)
-    kept = QUEUE_GENERATIONS[generation].keeps_finished_jobs
+    kept = QUEUE_GENERATIONS[generation].finish is FinishStyle.KEPT_AS_ERROR
 
     report = run_cleanup(store, policy_for(generation, transactions), run_id="run")
 
-    assert report.verdict.generation.name == generation
+    assert report.generations.queue.name == generation
     assert report.counts["finalized"] == len(simulation.zombie_ids)
     for job_id in simulation.zombie_ids:
         job = store.jobs.find_one({ID: job_id})
@@ -173,7 +182,7 @@ def test_a_dead_job_past_its_maximum_duration_is_finalized_as_a_crash_counted_an
     entry = store.cache.find_one(_key_of(dead))
     assert entry[Cache.ERROR_CODE] == ErrorCode.CRASHED and stored_failed_runs(entry) == 2
     # a crash is retried below its limit where the generation re-enqueues (before 2023-12); after, the backfill does
-    expected_retry = RetryOutcome.ENQUEUED if queue.retries_by_default else RetryOutcome.NOT_RETRIED
+    expected_retry = RetryOutcome.ENQUEUED if STRATEGIES[queue.finish].retries_by_default else RetryOutcome.NOT_RETRIED
     assert event[Event.RETRY_OUTCOME] == expected_retry
     overdue = store.events.find_one({ID: simulation.overdue_ids[0]})  # the live one past T2 stays a timeout
     assert (overdue[Event.REASON], overdue[Event.ERROR_CODE]) == (Reason.EXCEEDED_MAX_DURATION, ErrorCode.EXCEEDED_MAX_DURATION)
@@ -241,21 +250,22 @@ def test_a_second_cleanup_changes_nothing(store: Store, generation: str, transac
 # --- a worker that moves meanwhile wins ----------------------------------------------------------------------
 
 
-def detected(store: Store, policy: ZombiePolicy):
-    verdict = cleanup.queue_verdict(store, policy)
-    return verdict.generation, cleanup.find_zombies(store, policy)
+def detected(store: Store, policy: ZombiePolicy) -> tuple[run.CleanupPlan, list]:
+    """A run's plan and the candidates its find step returns (the brake is not in the way: see ``policy_for``)."""
+    plan = run.prepare(store, policy, "run").plan
+    return plan, run.find(store, plan).candidates
 
 
 @EVERY_GENERATION_BOTH_WAYS
 def test_a_worker_that_heartbeats_after_detection_keeps_its_job_and_its_cache_entry(store: Store, generation: str, transactions: bool):
     simulation = small_queue(store, generation, crashed=1, never_heartbeated=0, terminated=0, overdue=0)
     policy = policy_for(generation, transactions)
-    queue, detection = detected(store, policy)
+    plan, candidates = detected(store, policy)
     [zombie_id] = simulation.crashed_ids
     entry_before = store.cache.find_one(_key_of(store.jobs.find_one({ID: zombie_id})))
     store.jobs.update_one({ID: zombie_id}, {"$set": {Job.LAST_HEARTBEAT: utc_now()}})  # alive after all
 
-    result = cleanup.finalize_zombies(store, detection.candidates, policy, "run", utc_now(), queue)
+    result = run.finalize(store, plan, candidates)
 
     assert result.counts["lost_to_live_worker"] == 1 and result.counts["finalized"] == 0
     assert store.jobs.find_one({ID: zombie_id})[Job.STATUS] == Status.STARTED
@@ -267,21 +277,19 @@ def test_a_worker_that_heartbeats_after_detection_keeps_its_job_and_its_cache_en
 def test_a_worker_that_finishes_after_detection_keeps_its_result(store: Store, generation: str):
     simulation = small_queue(store, generation, crashed=1, never_heartbeated=0, terminated=0, overdue=0)
     policy = policy_for(generation, True)
-    queue, detection = detected(store, policy)
+    plan, candidates = detected(store, policy)
     [zombie_id] = simulation.crashed_ids
     job = store.jobs.find_one({ID: zombie_id})
     result = {Cache.HTTP_STATUS: 200, Cache.ERROR_CODE: None, Cache.UPDATED_AT: utc_now()}
     store.cache.update_one(_key_of(job), {"$set": result}, upsert=True)  # the worker's result first, then its finish
-    if queue.keeps_finished_jobs:
-        store.jobs.update_one({ID: zombie_id}, {"$set": {Job.STATUS: Status.SUCCESS, Job.FINISHED_AT: utc_now()}})
-    else:
-        store.jobs.delete_one({ID: zombie_id})
+    strategy = strategy_for(store, plan.generations.queue)
+    strategy.worker_finish(job, Status.SUCCESS, utc_now())
 
-    outcome = cleanup.finalize_zombies(store, detection.candidates, policy, "run", utc_now(), queue)
+    outcome = run.finalize(store, plan, candidates)
 
     assert outcome.counts["finalized"] == 0
     assert store.cache.find_one(_key_of(job))[Cache.HTTP_STATUS] == 200
-    if queue.keeps_finished_jobs:
+    if strategy.keeps_finished_jobs:
         assert store.jobs.find_one({ID: zombie_id})[Job.STATUS] == Status.SUCCESS
 
 
@@ -289,11 +297,11 @@ def test_a_worker_that_finishes_after_detection_keeps_its_result(store: Store, g
 def test_a_result_a_worker_writes_after_detection_is_never_overwritten(store: Store, generation: str):
     simulation = small_queue(store, generation, crashed=1, never_heartbeated=0, terminated=0, overdue=0)
     policy = policy_for(generation, True)
-    queue, detection = detected(store, policy)
+    plan, candidates = detected(store, policy)
     job = store.jobs.find_one({ID: simulation.crashed_ids[0]})
     store.cache.update_one(_key_of(job), {"$set": {Cache.HTTP_STATUS: 200, Cache.ERROR_CODE: None, Cache.UPDATED_AT: utc_now()}}, upsert=True)
 
-    outcome = cleanup.finalize_zombies(store, detection.candidates, policy, "run", utc_now(), queue)
+    outcome = run.finalize(store, plan, candidates)
 
     assert outcome.counts["cache_skipped_fresher"] == 1
     assert store.cache.find_one(_key_of(job))[Cache.HTTP_STATUS] == 200

@@ -18,6 +18,7 @@ from zombie_pipeline.queue.generations import (
     OLDEST_CACHE_GENERATION,
     OLDEST_QUEUE_GENERATION,
     QUEUE_GENERATIONS,
+    FinishStyle,
     cache_generation_of,
     failed_runs_after_crash,
     runner_version_of,
@@ -177,4 +178,4 @@ def test_the_oldest_queue_generation_declares_the_early_2023_job_and_every_statu
         Job.STATUS, Job.CREATED_AT, Job.STARTED_AT, Job.FINISHED_AT, Job.LAST_HEARTBEAT,
     }  # fmt: skip
     assert generation.statuses == STATUSES
-    assert generation.keeps_finished_jobs
+    assert generation.finish is FinishStyle.KEPT_AS_ERROR

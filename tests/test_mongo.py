@@ -11,8 +11,18 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from zombie_pipeline.queue.connections import DatabaseUnavailable, check_reachable, client_for
-from zombie_pipeline.queue.indexes import CACHE_INDEXES, EVENT_INDEXES, INDEX_PREFIX, JOB_INDEXES, ensure_indexes
+from zombie_pipeline.queue.connections import (
+    DatabaseUnavailable,
+    check_reachable,
+    client_for,
+)
+from zombie_pipeline.queue.indexes import (
+    CACHE_INDEXES,
+    EVENT_INDEXES,
+    INDEX_PREFIX,
+    JOB_INDEXES,
+    ensure_indexes,
+)
 from zombie_pipeline.queue.secrets import redact, redact_url, scrub, url_secrets
 from zombie_pipeline.simulation.embedded import free_port
 

@@ -22,7 +22,12 @@ from zombie_pipeline.queue.documents import (
     RetryOutcome,
 )
 from zombie_pipeline.simulation.simulator import cache_document
-from zombie_pipeline.statistics.offenders import ErrorSource, Problem, find_offenders, offenders_pipeline
+from zombie_pipeline.statistics.offenders import (
+    ErrorSource,
+    Problem,
+    find_offenders,
+    offenders_pipeline,
+)
 from zombie_pipeline.statistics.reports import offenders_markdown
 
 UTC = dt.timezone.utc

@@ -6,7 +6,12 @@ import re
 
 import pytest
 
-from zombie_pipeline.policy import PolicyError, SuggestionRules, ZombiePolicy, policy_fields
+from zombie_pipeline.policy import (
+    PolicyError,
+    SuggestionRules,
+    ZombiePolicy,
+    policy_fields,
+)
 from zombie_pipeline.queue.documents import ErrorCode
 
 #: (values, the names the message must hold, whether it is a rule across fields: "invalid zombie policy: ...")

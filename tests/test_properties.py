@@ -15,7 +15,6 @@ runs interleave on the same events. The invariants are checked after every actio
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import os
 from collections import Counter
@@ -29,7 +28,7 @@ from hypothesis import strategies as st
 from tests import helpers
 from tests.figures import report_figures
 from tests.helpers import Crash, crashing, job_document
-from zombie_pipeline.cleanup import run as cleanup
+from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     CACHE_KEY,
@@ -44,7 +43,10 @@ from zombie_pipeline.queue.documents import (
     cache_key_of_job,
     utc_now,
 )
-from zombie_pipeline.queue.generations import failed_runs_after_crash, stored_failed_runs
+from zombie_pipeline.queue.generations import (
+    failed_runs_after_crash,
+    stored_failed_runs,
+)
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import cache_document
 
@@ -188,12 +190,12 @@ def act(world: World, action: tuple) -> None:
     before = cache_entries(world)
     try:
         if name == "claim":
-            detection = cleanup.find_zombies(steps, POLICY, utc_now(), override_brake=True)
+            detection = helpers.find(steps, POLICY, override_brake=True)
             helpers.claim(steps, detection.candidates, POLICY, run_id)
         elif name == "finalize":
             helpers.finalize(steps, run_id, POLICY)
         elif name == "reconcile":
-            cleanup.reconcile(steps, run_id, POLICY, now=utc_now() + dt.timedelta(seconds=1))
+            helpers.reconcile(steps, run_id, POLICY, now=utc_now() + dt.timedelta(seconds=1))
     except Crash:
         world.figures["crashes"] += 1
         check_cache_changes(world, before)
@@ -307,10 +309,10 @@ def test_any_interleaving_of_workers_and_cleanup_steps_keeps_the_invariants(stor
         # then the cleanup runs to the end: every zombie left is finalized, every event completed
         act(world, ("reconcile", "final", None))
         check(world)
-        cleanup.run_cleanup(store, POLICY, "final-run", override_brake=True)
+        run_cleanup(store, POLICY, "final-run", override_brake=True)
         act(world, ("reconcile", "final-2", None))
         check(world)
-        assert cleanup.find_zombies(store, POLICY, utc_now(), override_brake=True).candidates == []
+        assert helpers.find(store, POLICY, override_brake=True).candidates == []
         figures.update(world.figures)
         figures["examples"] += 1
         figures["actions"] += len(steps)

@@ -9,7 +9,15 @@ from tests.helpers import Crash, crashed_job, crashing, job_document
 from zombie_pipeline.cleanup.retries import enqueue_due_retries, pending_retries
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Event, Job, RetryOutcome, ScheduledRetry, ScheduledState, Status
+from zombie_pipeline.queue.documents import (
+    ID,
+    Event,
+    Job,
+    RetryOutcome,
+    ScheduledRetry,
+    ScheduledState,
+    Status,
+)
 from zombie_pipeline.queue.store import Store
 
 DELAYED = ZombiePolicy(retry_delay_seconds=600, retry_jitter=0.0, claim_lease_seconds=0)

@@ -27,7 +27,13 @@ from dagster._serdes import serialize_value
 from pymongo import MongoClient
 
 from tests.figures import report_figures
-from tests.helpers import CACHE_GENERATION, QUEUE_GENERATION, run_kill_zombies, step_failure_messages, workload
+from tests.helpers import (
+    CACHE_GENERATION,
+    QUEUE_GENERATION,
+    run_kill_zombies,
+    step_failure_messages,
+    workload,
+)
 from tests.servers import REPO_ROOT, LocalServer, running_server
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.config import (
@@ -38,9 +44,17 @@ from zombie_pipeline.config import (
     QUEUE_DATABASE_ENV,
     QUEUE_URL_ENV,
 )
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    QueueDatabase,
+    ZombiePolicyResource,
+)
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.connections import DatabaseUnavailable, check_reachable, close_clients
+from zombie_pipeline.queue.connections import (
+    DatabaseUnavailable,
+    check_reachable,
+    close_clients,
+)
 from zombie_pipeline.queue.secrets import redact, redact_url
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.embedded import free_port

@@ -16,7 +16,14 @@ from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.detection import detect
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, LOCKS_COLLECTION, Job, Reason, Status, utc_now
+from zombie_pipeline.queue.documents import (
+    ID,
+    LOCKS_COLLECTION,
+    Job,
+    Reason,
+    Status,
+    utc_now,
+)
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import WorkloadError, simulate

@@ -13,7 +13,10 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-from zombie_pipeline.queue.documents import DEFAULT_CACHE_DATABASE, DEFAULT_QUEUE_DATABASE
+from zombie_pipeline.queue.documents import (
+    DEFAULT_CACHE_DATABASE,
+    DEFAULT_QUEUE_DATABASE,
+)
 
 QUEUE_URL_ENV = "QUEUE_MONGO_URL"
 CACHE_URL_ENV = "CACHE_MONGO_URL"

@@ -12,7 +12,10 @@ import dagster as dg
 from zombie_pipeline.orchestration import health, offenders, statistics
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import resources_from_env
-from zombie_pipeline.orchestration.schedules import duration_stats_schedule, kill_zombies_schedule
+from zombie_pipeline.orchestration.schedules import (
+    duration_stats_schedule,
+    kill_zombies_schedule,
+)
 from zombie_pipeline.orchestration.sensors import (
     cleanup_checks_sensor,
     job_types_sensor,

@@ -16,7 +16,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from pymongo.collection import Collection
 
-from zombie_pipeline.cleanup.detection import Detection, count_stale, detect, stale_pipeline, started_filter
+from zombie_pipeline.cleanup.detection import (
+    Detection,
+    count_stale,
+    detect,
+    stale_pipeline,
+    started_filter,
+)
 from zombie_pipeline.cleanup.retries import pending_retries
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of

@@ -11,8 +11,12 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from zombie_pipeline.queue.documents import DEFAULT_ZOMBIE_HTTP_STATUS, ErrorCode, job_type_problem
-from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, QueueGeneration
+from zombie_pipeline.queue.documents import (
+    DEFAULT_ZOMBIE_HTTP_STATUS,
+    ErrorCode,
+    job_type_problem,
+)
+from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
 
 #: What a bad policy or bad rules raise; its message names each offending field.
 PolicyError = ValidationError
@@ -129,10 +133,6 @@ class ZombiePolicy(BaseModel):
             return 0.0
         delay = min(self.retry_delay_seconds * self.retry_backoff_factor ** max(failed_runs - 1, 0), self.retry_delay_max_seconds)
         return max(delay * (1 + self.retry_jitter * spread), 0.0)
-
-    def retries_in(self, generation: QueueGeneration) -> bool:
-        """Whether this cleanup re-enqueues crashed jobs in a queue of ``generation``."""
-        return generation.retries_by_default if self.enqueue_retries is None else self.enqueue_retries
 
     def with_max_durations(self, by_type: dict[str, int]) -> "ZombiePolicy":
         """This policy with ``by_type`` replacing the configured T2 of those types."""

@@ -15,8 +15,17 @@ import pytest
 from tests.helpers import run_kill_zombies, step_failure_messages
 from tests.servers import kill_recorded_server
 from zombie_pipeline.app.demo import run_demo
-from zombie_pipeline.config import CACHE_URL_ENV, DAGSTER_HOME_ENV, HOME_ENV, QUEUE_URL_ENV
-from zombie_pipeline.orchestration.resources import ZombiePolicyResource, resources_from_env, store_of
+from zombie_pipeline.config import (
+    CACHE_URL_ENV,
+    DAGSTER_HOME_ENV,
+    HOME_ENV,
+    QUEUE_URL_ENV,
+)
+from zombie_pipeline.orchestration.resources import (
+    ZombiePolicyResource,
+    resources_from_env,
+    store_of,
+)
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.simulation.simulator import Workload, simulate

@@ -42,7 +42,15 @@ from zombie_pipeline.config import (
 )
 from zombie_pipeline.orchestration.tags import QUEUE_DATABASE_TAG
 from zombie_pipeline.queue.connections import client_for
-from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, Status, cache_key_of_job
+from zombie_pipeline.queue.documents import (
+    ID,
+    Cache,
+    ErrorCode,
+    Event,
+    Job,
+    Status,
+    cache_key_of_job,
+)
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.simulator import Simulation, Workload, simulate

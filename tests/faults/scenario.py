@@ -24,7 +24,11 @@ from bson import ObjectId
 from pymongo import MongoClient
 
 from tests.servers import REPO_ROOT
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    QueueDatabase,
+    ZombiePolicyResource,
+)
 from zombie_pipeline.queue.documents import (
     CACHE_KEY,
     ID,

@@ -27,7 +27,14 @@ from tests.faults.scenario import (
     store_of,
 )
 from tests.figures import report_figures
-from tests.helpers import failed_steps, run_kill_zombies, step_failure_messages, step_metadata, unregister, workload
+from tests.helpers import (
+    failed_steps,
+    run_kill_zombies,
+    step_failure_messages,
+    step_metadata,
+    unregister,
+    workload,
+)
 from tests.servers import LocalServer
 from zombie_pipeline.cleanup.detection import stale_filter
 from zombie_pipeline.cleanup.run import run_cleanup

@@ -20,14 +20,30 @@ from typing import Any
 
 from bson import ObjectId
 
-from tests.faults.scenario import FULL, audit, connect, prior_failed_runs, start_actor, store_of
+from tests.faults.scenario import (
+    FULL,
+    audit,
+    connect,
+    prior_failed_runs,
+    start_actor,
+    store_of,
+)
 from tests.figures import report_figures
 from tests.helpers import workload
 from tests.servers import LocalServer
 from zombie_pipeline.cleanup.detection import detect
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import CACHE_KEY, ID, Cache, Event, EventState, Job, Status, utc_now
+from zombie_pipeline.queue.documents import (
+    CACHE_KEY,
+    ID,
+    Cache,
+    Event,
+    EventState,
+    Job,
+    Status,
+    utc_now,
+)
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import cache_document, simulate
 

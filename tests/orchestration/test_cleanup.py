@@ -12,7 +12,11 @@ from tests.helpers import (
     step_metadata,
     workload,
 )
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    QueueDatabase,
+    ZombiePolicyResource,
+)
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status, utc_now
 from zombie_pipeline.queue.secrets import redact_url
 from zombie_pipeline.simulation.embedded import free_port

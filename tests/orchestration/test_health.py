@@ -16,9 +16,21 @@ from zombie_pipeline.orchestration.health import (
     queue_health_job,
     zombies_have_cache_errors,
 )
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    QueueDatabase,
+    ZombiePolicyResource,
+)
 from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, JOB_TYPE_PARTITIONS
-from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, cache_key_of_job, utc_now
+from zombie_pipeline.queue.documents import (
+    ID,
+    Cache,
+    ErrorCode,
+    Event,
+    Job,
+    cache_key_of_job,
+    utc_now,
+)
 from zombie_pipeline.simulation.simulator import cache_document, simulate
 
 TIMEOUT = 300  # the policy resource's default heartbeat timeout

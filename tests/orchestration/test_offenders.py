@@ -13,7 +13,11 @@ from bson import ObjectId
 from tests.helpers import QUEUE_GENERATION, database_resources
 from zombie_pipeline.orchestration.health import queue_health
 from zombie_pipeline.orchestration.offenders import CHECK_NAME, repeat_offenders
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    QueueDatabase,
+    ZombiePolicyResource,
+)
 from zombie_pipeline.orchestration.statistics import (
     DAILY_PARTITIONS,
     GROUP,

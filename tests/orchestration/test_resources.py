@@ -10,7 +10,12 @@ import pytest
 
 from tests.helpers import report_suggesting
 from tests.test_policy import BAD_POLICIES, assert_refused, case_id
-from zombie_pipeline.config import CACHE_DATABASE_ENV, CACHE_URL_ENV, QUEUE_DATABASE_ENV, QUEUE_URL_ENV
+from zombie_pipeline.config import (
+    CACHE_DATABASE_ENV,
+    CACHE_URL_ENV,
+    QUEUE_DATABASE_ENV,
+    QUEUE_URL_ENV,
+)
 from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
     QueueDatabase,
@@ -19,7 +24,11 @@ from zombie_pipeline.orchestration.resources import (
     store_of,
 )
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
-from zombie_pipeline.queue.connections import DatabaseUnavailable, check_reachable, client_for
+from zombie_pipeline.queue.connections import (
+    DatabaseUnavailable,
+    check_reachable,
+    client_for,
+)
 from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.statistics.suggestions import save_suggestions
 

@@ -9,7 +9,13 @@ import dagster as dg
 import pytest
 
 from tests.helpers import crashed_job, documents, opcounters
-from zombie_pipeline.config import CACHE_DATABASE_ENV, CACHE_URL_ENV, KILL_CRON_ENV, QUEUE_DATABASE_ENV, QUEUE_URL_ENV
+from zombie_pipeline.config import (
+    CACHE_DATABASE_ENV,
+    CACHE_URL_ENV,
+    KILL_CRON_ENV,
+    QUEUE_DATABASE_ENV,
+    QUEUE_URL_ENV,
+)
 from zombie_pipeline.definitions import defs
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.schedules import (

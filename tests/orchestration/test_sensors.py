@@ -10,14 +10,23 @@ import pytest
 from tests.helpers import crashed_job, healthy_job, job_document
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
-from zombie_pipeline.orchestration.resources import CacheDatabase, FailureWebhook, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    FailureWebhook,
+    QueueDatabase,
+    ZombiePolicyResource,
+)
 from zombie_pipeline.orchestration.sensors import (
     cleanup_checks_sensor,
     job_types_sensor,
     pipeline_failure_sensor,
     stale_jobs_sensor,
 )
-from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, JOB_TYPE_PARTITIONS, STALE_COUNT_TAG
+from zombie_pipeline.orchestration.tags import (
+    CLEANUP_RUN_TAG,
+    JOB_TYPE_PARTITIONS,
+    STALE_COUNT_TAG,
+)
 from zombie_pipeline.queue.documents import ID, Failure, Job, Status
 from zombie_pipeline.simulation.embedded import free_port
 

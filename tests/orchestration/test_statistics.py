@@ -12,7 +12,11 @@ import pytest
 from bson import ObjectId
 
 from tests.helpers import QUEUE_GENERATION, database_resources, job_document, workload
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    QueueDatabase,
+    ZombiePolicyResource,
+)
 from zombie_pipeline.orchestration.statistics import (
     DAILY_PARTITIONS,
     GROUP,

@@ -13,7 +13,10 @@ from zombie_pipeline.cleanup.detection import query_plan_of
 from zombie_pipeline.queue.documents import HTTP_OK, Cache, ErrorCode, Reason, Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
-from zombie_pipeline.statistics.cache_history import CacheIndexMissing, read_cache_period
+from zombie_pipeline.statistics.cache_history import (
+    CacheIndexMissing,
+    read_cache_period,
+)
 
 INDEX_NAME = CACHE_UPDATED_INDEX.full_name
 from zombie_pipeline.statistics.history import read_history

@@ -7,7 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from zombie_pipeline.statistics.quantiles import binomial_cdf, percentile_name, quantile_interval, readable_round_up
+from zombie_pipeline.statistics.quantiles import (
+    binomial_cdf,
+    percentile_name,
+    quantile_interval,
+    readable_round_up,
+)
 
 
 @pytest.mark.parametrize("n", [1, 30, 299, 300, 5_000, 200_000])

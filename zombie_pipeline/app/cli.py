@@ -7,10 +7,14 @@ import sys
 from typing import Sequence
 
 from zombie_pipeline import config
-from zombie_pipeline.cleanup.run import GenerationUnknown
 from zombie_pipeline.config import SettingError
 from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients
-from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.queue.generations import (
+    CACHE_GENERATIONS,
+    NEWEST_QUEUE_GENERATION,
+    QUEUE_GENERATIONS,
+    GenerationUnknown,
+)
 from zombie_pipeline.queue.secrets import redact
 from zombie_pipeline.simulation import embedded
 from zombie_pipeline.simulation.simulator import (
@@ -29,7 +33,11 @@ from zombie_pipeline.simulation.simulator import (
 
 def _store_and_resources():
     """The configured databases, reachable: a refused or closed port fails now (within the resources' timeout), naming the URL."""
-    from zombie_pipeline.orchestration.resources import check_databases, resources_from_env, store_of
+    from zombie_pipeline.orchestration.resources import (
+        check_databases,
+        resources_from_env,
+        store_of,
+    )
 
     resources = resources_from_env()
     check_databases(resources["queue_db"], resources["cache_db"])
@@ -64,7 +72,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
-    from zombie_pipeline.cleanup.run import queue_verdict, required_generation
+    from zombie_pipeline.queue.generations import decide
     from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 
     rates = WorkerRates(
@@ -78,7 +86,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
             "zombie-pipeline simulated (zombie-pipeline simulate first)"
         )
     policy = resources["zombie_policy"].policy()
-    generation = required_generation(queue_verdict(store, policy))
+    generation = decide(store, policy).required_queue()
     pool = WorkerPool(store, generation, policy, rates, seed=args.seed)
     print(f"{rates.workers} simulated workers on a {generation.name} queue ({pool.adopt_running()} running jobs adopted); Ctrl-C stops them")
     try:

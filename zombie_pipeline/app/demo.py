@@ -13,13 +13,30 @@ import dagster as dg
 
 from zombie_pipeline import config
 from zombie_pipeline.cleanup.detection import count_stale
-from zombie_pipeline.cleanup.run import queue_verdict, required_generation, summarize_run
+from zombie_pipeline.cleanup.run import summarize
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
-from zombie_pipeline.orchestration.resources import check_databases, resources_from_env, store_of
-from zombie_pipeline.orchestration.statistics import job_duration_statistics, job_duration_tallies
+from zombie_pipeline.orchestration.resources import (
+    check_databases,
+    resources_from_env,
+    store_of,
+)
+from zombie_pipeline.orchestration.statistics import (
+    job_duration_statistics,
+    job_duration_tallies,
+)
 from zombie_pipeline.queue.documents import utc_now
-from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
-from zombie_pipeline.simulation.simulator import Workload, check_ours, drop_simulation, simulate, simulated_generation
+from zombie_pipeline.queue.generations import (
+    NEWEST_QUEUE_GENERATION,
+    QUEUE_GENERATIONS,
+    decide,
+)
+from zombie_pipeline.simulation.simulator import (
+    Workload,
+    check_ours,
+    drop_simulation,
+    simulate,
+    simulated_generation,
+)
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 from zombie_pipeline.statistics.reports import ReportFiles, summary_text
 from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze_window
@@ -108,7 +125,7 @@ def _run_pipeline(store, resources, run_config, policy, real_database: bool) -> 
     if real_database:
         found = _output_metadata(result, "find_zombies").get("candidates")
         print(f"  dry run: {found.value if found else 0} zombies found and left alone (their evidence: the find_zombies step)")
-    summary = summarize_run(store, result.run_id, result.output_for_node("summarize"))
+    summary = summarize(store, result.run_id, result.output_for_node("summarize"))
     print("  " + summary.one_line())
     for row in summary.rows[:8]:
         print(f"  - {row['type']:<32} {row['dataset']:<28} {row['reason']:<22} ran {row['ran_seconds']:>7.0f} s")
@@ -123,8 +140,7 @@ def _run_pipeline(store, resources, run_config, policy, real_database: bool) -> 
         print(f"\nduration_statistics: not computed: {error}")
         return 0
     print(f"\nduration_statistics for the {DEFAULT_WINDOW_DAYS} days to {window_end:%Y-%m-%d %H:%M} UTC:")
-    verdict = queue_verdict(store, policy)
-    report = analyze_window(store, required_generation(verdict), policy, end=window_end)  # the asset's figures, for the terminal
+    report = analyze_window(store, decide(store, policy).required_queue(), policy, end=window_end)  # the asset's figures, for the terminal
     print(summary_text(report, files))
     return 0
 

@@ -27,6 +27,7 @@ from zombie_pipeline.cleanup.events import READ_BATCH, duplicate_indexes
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
 from zombie_pipeline.queue.documents import (
+    CACHE_CONTENT_ERROR,
     ERROR_MESSAGE_OF_REASON,
     ID,
     Cache,
@@ -38,10 +39,7 @@ from zombie_pipeline.queue.documents import (
     cache_key_of_job,
 )
 from zombie_pipeline.queue.generations import (
-    CACHE_GENERATIONS,
     CacheGeneration,
-    QueueGeneration,
-    cache_generation_of,
     failed_runs_after_crash,
     runner_version_of,
     stored_failed_runs,
@@ -49,27 +47,9 @@ from zombie_pipeline.queue.generations import (
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.transactions import Conflict
 
-_GENERATION_SAMPLE = 200
 #: Our own keys in an entry's ``details`` (a free dictionary in every generation).
 DETAIL_JOB_ID = "job_id"
 DETAIL_PREVIOUS = "previous_entry"
-
-
-def detect_cache_generation(store: Store, policy: ZombiePolicy, queue: QueueGeneration) -> CacheGeneration:
-    """The configured generation, else the one the newest existing entries were written in.
-
-    An empty cache tells nothing: the cache the queue's generation writes is assumed (for an early
-    queue, the oldest of its time, whose fields every later one of that time declares too).
-    """
-    if policy.cache_generation:
-        return CACHE_GENERATIONS[policy.cache_generation]
-    seen: set[str] = set()
-    recent = store.cache.find({}, {Cache.CONTENT: 0, Cache.DETAILS: 0}).sort("$natural", -1).limit(_GENERATION_SAMPLE)
-    for entry in recent:
-        seen.update(entry)
-    if not seen:
-        return CACHE_GENERATIONS[queue.cache_generation]
-    return cache_generation_of(seen)
 
 
 def summary_of(entry: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -115,7 +95,7 @@ def error_entry(
     finalized_at = event[Event.FINALIZED_AT]
     last_heartbeat = as_utc(job.get(Job.LAST_HEARTBEAT))
     details: dict[str, Any] = {
-        "error": message,
+        CACHE_CONTENT_ERROR: message,
         "reason": event[Event.REASON],
         "last_heartbeat": last_heartbeat.isoformat() if last_heartbeat else None,
         "threshold_seconds": event[Event.THRESHOLD_SECONDS],
@@ -128,7 +108,7 @@ def error_entry(
         **cache_key_of_job(job),
         Cache.HTTP_STATUS: policy.http_status,
         Cache.ERROR_CODE: event[Event.ERROR_CODE],
-        Cache.CONTENT: {"error": message},
+        Cache.CONTENT: {CACHE_CONTENT_ERROR: message},
         Cache.DETAILS: details,
         Cache.UPDATED_AT: finalized_at,
         # the job's revision where jobs carry one, else what the worker left

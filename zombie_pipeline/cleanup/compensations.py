@@ -31,7 +31,8 @@ from importlib.metadata import entry_points
 from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 from zombie_pipeline import webhooks
-from zombie_pipeline.cleanup.events import READ_BATCH, StepResult
+from zombie_pipeline.cleanup.counts import Count, StepResult
+from zombie_pipeline.cleanup.events import READ_BATCH
 from zombie_pipeline.config import setting
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
@@ -187,7 +188,7 @@ def _lease(store: Store, event_id: Any, run_id: str, now: dt.datetime) -> Mappin
 
 def _compensate_one(
     store: Store, event: Mapping[str, Any], policy: ZombiePolicy, by_name: Mapping[str, Compensation], run_id: str
-) -> list[str]:
+) -> list[Count]:
     entries = [dict(entry) for entry in event.get(Event.COMPENSATIONS) or []]
     outcomes = []
     for entry in entries:
@@ -203,12 +204,12 @@ def _compensate_one(
             entry[CompensationEntry.LAST_ERROR] = scrub(f"{type(error).__name__}: {error}")[:ERROR_LENGTH]
             exhausted = action is None or entry[CompensationEntry.ATTEMPTS] >= policy.compensation_max_attempts
             entry[CompensationEntry.STATE] = CompensationState.FAILED if exhausted else CompensationState.PENDING
-            outcomes.append("compensation_failed" if exhausted else "compensation_to_retry")
+            outcomes.append(Count.COMPENSATION_FAILED if exhausted else Count.COMPENSATION_TO_RETRY)
         else:
             entry[CompensationEntry.STATE] = CompensationState.DONE
             entry[CompensationEntry.DONE_AT] = utc_now()
             entry.pop(CompensationEntry.LAST_ERROR, None)
-            outcomes.append("compensation_done")
+            outcomes.append(Count.COMPENSATION_DONE)
     states = {entry.get(CompensationEntry.STATE) for entry in entries}
     overall = next(
         (state for state in (CompensationState.PENDING, CompensationState.FAILED) if state in states), CompensationState.DONE

@@ -105,6 +105,7 @@ class Detection:
     now: dt.datetime
     candidates: list[Candidate] = field(default_factory=list)
     malformed: list[Malformed] = field(default_factory=list)
+    brake: Brake | None = None  # set when too many of the started jobs look dead for the run to act on them
 
     def count_by(self, attribute: str) -> dict[str, int]:
         counts: dict[str, int] = {}

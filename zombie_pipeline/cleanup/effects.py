@@ -4,8 +4,9 @@ dataset-viewer keeps counters in step with its queue (``jobTotalMetric``,
 ``workerTypeJobCounts``), rate-limits datasets from the runs of the last hour
 (``pastJobs``, ``datasetBlockages``) and frees locks when a job finishes. A zombie
 never finishes, so its cleanup does all of that in its stead, in the collections
-the queue's generation keeps and that exist (we keep them in step; we never
-create one). The rules and constants are the deployment's (docs/generations.md).
+the queue's generation keeps (which of them, and whether finished jobs are
+counted, the finish strategy says: ``strategies``). The rules and constants are
+the deployment's (docs/generations.md).
 
 Every write here is one command per batch, and takes the session of the
 transaction the finish runs in, when the server has transactions.
@@ -75,11 +76,15 @@ class SideCollections:
     by_dataset_status: bool
 
     @classmethod
-    def of(cls, store: Store, generation: QueueGeneration) -> "SideCollections":
-        """From 2023-12 the deployment writes its counters at its first job, creating them: so do we. Before,
-        they came and went with releases (a recount in another database, then in step): kept only where they exist."""
+    def of(cls, store: Store, generation: QueueGeneration, only_existing: bool) -> "SideCollections":
+        """The generation's collections; with ``only_existing``, those of them that exist.
+
+        From 2023-12 the deployment writes its counters at its first job, creating them: so do we. Before,
+        they came and went with releases (a recount in another database, then in step): kept only where
+        they exist. Which applies is the finish strategy's to say.
+        """
         kept = generation.side_collections
-        if generation.keeps_finished_jobs and kept:
+        if only_existing and kept:
             existing = store.queue_collection_names() | ({CACHE_METRICS_COLLECTION} if store.has_cache_metrics() else set())
             kept &= existing
         row = store.job_metrics.find_one({}, {JobMetric.DATASET_STATUS: 1}) if JOB_METRICS_COLLECTION in kept else None
@@ -120,12 +125,15 @@ def after_finish(
     now: dt.datetime,
     session: ClientSession | None = None,
     count: bool = True,
+    count_final_status: bool = False,
 ) -> dict[Any, list[str]]:
     """Counters, rate limiter and locks around the finish of each job of ``finished``; the effects per job id.
 
     ``count=False`` leaves the counters alone: a finish found done by an earlier
     attempt that died before recording it may have counted already, and a
     counter is never moved twice (the deployment recounts them periodically).
+    ``count_final_status``: the queue keeps finished jobs, so ``jobTotalMetric``
+    counts them under their final status too.
     """
     effects: dict[Any, list[str]] = {item.id: [] for item in finished}
     if not finished:
@@ -134,7 +142,7 @@ def after_finish(
         changes: Counter = Counter()
         for item in finished:
             changes[(item.job[Job.TYPE], Status.STARTED)] -= 1
-            if side.generation.keeps_finished_jobs:
+            if count_final_status:
                 changes[(item.job[Job.TYPE], item.status)] += 1
             effects[item.id].append(Effect.JOB_METRICS)
         _add_to_job_metrics(store, side, changes, session)

@@ -1,18 +1,20 @@
-"""The audit trail as the cleanup's write-ahead log: leases, batches of events by state, recorded outcomes.
+"""The audit trail as the cleanup's write-ahead log: the claim, leases, batches of events by state, recorded outcomes.
 
 Each event (``zombieEvents``, ``_id`` = the job's ``_id``) is driven by one run
-at a time, its lease owner. A run that dies leaves its events with a lease that
-runs out; the next run takes them over and completes them. Every step reads its
-events in batches of ``policy.batch_size`` and must move each one on (to a later
-state, or out of the log), so that a step ends when no event is left for it.
+at a time, its lease owner. Inserting it is the **claim**: the unique ``_id``
+makes it exclusive, so of two concurrent cleanups one insert fails and that
+cleanup leaves the job alone. A run that dies leaves its events with a lease
+that runs out; the next run takes them over and completes them. Every step
+reads its events in batches of ``policy.batch_size`` and must move each one on
+(to a later state, or out of the log), so that a step ends when no event is
+left for it. The statistics and the repeat offenders read the finalized ones
+(:func:`finalized_between`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 from bson import ObjectId
@@ -20,26 +22,69 @@ from pymongo import UpdateMany, UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
+from zombie_pipeline.cleanup.counts import Count, StepResult
+from zombie_pipeline.cleanup.detection import Candidate
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Event, EventState, ZombieEvent, utc_now
-from zombie_pipeline.queue.generations import OLDEST_QUEUE_GENERATION
+from zombie_pipeline.queue.generations import OLDEST_QUEUE_GENERATION, QueueGeneration
 from zombie_pipeline.queue.store import Store
 
 DUPLICATE_KEY = 11000
 READ_BATCH = 10_000  # the documents of a batch come back in one reply, not one getMore per 101
 
 
-@dataclass
-class StepResult:
-    """What one step did, for run metadata."""
+def claim(
+    store: Store, candidates: list[Candidate], policy: ZombiePolicy, run_id: str, now: dt.datetime, generation: QueueGeneration
+) -> StepResult:
+    """Record the intent to finalize each candidate; a job claimed by another cleanup is skipped."""
+    result = StepResult()
+    finalized_at = utc_now()
+    for batch in batched(candidates, policy.batch_size):
+        events = [event_of(candidate, policy, run_id, finalized_at, now, generation) for candidate in batch]
+        try:
+            store.events.insert_many(events, ordered=False)
+            result.counts[Count.CLAIMED] += len(events)
+        except BulkWriteError as error:
+            refused = duplicate_indexes(error)
+            result.counts[Count.CLAIMED] += len(events) - len(refused)
+            result.counts[Count.CLAIMED_BY_ANOTHER_CLEANUP] += len(refused)
+    return result
 
-    counts: Counter = field(default_factory=Counter)
-    rows: list[dict[str, Any]] = field(default_factory=list)
 
-    def merge(self, other: "StepResult") -> "StepResult":
-        self.counts.update(other.counts)
-        self.rows.extend(other.rows)
-        return self
+def event_of(
+    candidate: Candidate,
+    policy: ZombiePolicy,
+    run_id: str,
+    finalized_at: dt.datetime,
+    now: dt.datetime,
+    generation: QueueGeneration,
+) -> ZombieEvent:
+    """The claim of one candidate: the job as detection saw it, why, and the generation it is finalized in, to its end."""
+    return {
+        ID: candidate.id,
+        Event.JOB: candidate.job,
+        Event.REASON: candidate.reason,
+        Event.ERROR_CODE: candidate.error_code,
+        Event.THRESHOLD_SECONDS: candidate.threshold_seconds,
+        Event.PAST_MAX_DURATION: candidate.past_max_duration,
+        Event.POLICY: policy.as_document(),
+        Event.DETECTED_AT: candidate.detected_at,
+        Event.FINALIZED_AT: finalized_at,
+        Event.RUN_ID: run_id,
+        Event.QUEUE_GENERATION: generation.name,
+        Event.STATE: EventState.CLAIMED,
+        Event.LEASE_OWNER: run_id,
+        Event.LEASE_UNTIL: lease_end(now, policy),
+        Event.RETRY_JOB_ID: ObjectId(),
+    }
+
+
+def finalized_between(start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+    """Zombies finalized in ``[start, end)``, on the ``finalized_at`` index; a claim that lost its race never gets there."""
+    return {
+        Event.FINALIZED_AT: {"$gte": start, "$lt": end},
+        Event.STATE: {"$in": [EventState.FINALIZED, EventState.DONE]},
+    }
 
 
 def batched(items: list, size: int) -> Iterator[list]:

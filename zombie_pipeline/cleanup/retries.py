@@ -27,8 +27,10 @@ from pymongo import UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
+from zombie_pipeline.cleanup.counts import Count
 from zombie_pipeline.cleanup.effects import SideCollections, after_insert
 from zombie_pipeline.cleanup.events import READ_BATCH, duplicate_indexes
+from zombie_pipeline.cleanup.strategies import FinishStrategy, strategy_for
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     ID,
@@ -53,7 +55,7 @@ def enqueue_retries(
     store: Store,
     events: list[Mapping[str, Any]],
     policy: ZombiePolicy,
-    side: SideCollections,
+    strategy: FinishStrategy,
     now: dt.datetime,
     session: ClientSession | None = None,
 ) -> dict[Any, tuple[RetryOutcome, dt.datetime | None]]:
@@ -64,7 +66,7 @@ def enqueue_retries(
     time, is not inserted, nor counted, again.
     """
     outcomes: dict[Any, tuple[RetryOutcome, dt.datetime | None]] = {
-        event[ID]: (retry_decision(event, policy, side.generation), None) for event in events
+        event[ID]: (retry_decision(event, policy, strategy), None) for event in events
     }
     wanted = [event for event in events if outcomes[event[ID]][0] == RetryOutcome.ENQUEUED]
     queued = _queued_unicity_ids(store, wanted, session)
@@ -79,12 +81,12 @@ def enqueue_retries(
         if delay > 0:
             due_at = truncate_ms(event[Event.FINALIZED_AT] + dt.timedelta(seconds=delay))
             outcomes[event[ID]] = (RetryOutcome.SCHEDULED, due_at)
-            scheduled.append(_scheduled(event, side.generation, now, due_at))
+            scheduled.append(_scheduled(event, strategy.generation, now, due_at))
         elif holder is None:
-            new_jobs.append(retry_job(event, side.generation, now))
+            new_jobs.append(retry_job(event, strategy.generation, now))
     if new_jobs:
         store.jobs.insert_many(new_jobs, ordered=False, session=session)
-        after_insert(store, side, new_jobs, session)
+        after_insert(store, strategy.side, new_jobs, session)
     if scheduled:
         present = {document[ID] for document in store.retries.find({ID: {"$in": [item[ID] for item in scheduled]}}, {ID: 1}, session=session)}
         fresh = [item for item in scheduled if item[ID] not in present]
@@ -128,11 +130,10 @@ def enqueue_due_retries(store: Store, policy: ZombiePolicy, now: dt.datetime | N
             return counts
         decided: dict[Any, ScheduledState] = {}
         for name in sorted({item[ScheduledRetry.QUEUE_GENERATION] for item in due}):
-            generation = QUEUE_GENERATIONS[name]
             batch = [item for item in due if item[ScheduledRetry.QUEUE_GENERATION] == name]
-            batch_decided, inserted = _enqueue_due(store, batch, SideCollections.of(store, generation), now)
+            batch_decided, inserted = _enqueue_due(store, batch, strategy_for(store, QUEUE_GENERATIONS[name]).side, now)
             decided.update(batch_decided)
-            counts["due_retry_enqueued"] += inserted
+            counts[Count.DUE_RETRY_ENQUEUED] += inserted
         store.retries.bulk_write(
             [
                 UpdateOne({ID: item_id, ScheduledRetry.STATE: ScheduledState.PENDING}, {"$set": {ScheduledRetry.STATE: state, ScheduledRetry.DECIDED_AT: now}})
@@ -140,7 +141,7 @@ def enqueue_due_retries(store: Store, policy: ZombiePolicy, now: dt.datetime | N
             ],
             ordered=False,
         )
-        counts["due_retry_already_queued"] += sum(state == ScheduledState.ALREADY_QUEUED for state in decided.values())
+        counts[Count.DUE_RETRY_ALREADY_QUEUED] += sum(state == ScheduledState.ALREADY_QUEUED for state in decided.values())
 
 
 def pending_retries(store: Store) -> int:
@@ -176,8 +177,8 @@ def _enqueue_due(
     return decided, 0
 
 
-def retry_decision(event: Mapping[str, Any], policy: ZombiePolicy, generation: QueueGeneration) -> RetryOutcome:
-    if not policy.retries_in(generation):
+def retry_decision(event: Mapping[str, Any], policy: ZombiePolicy, strategy: FinishStrategy) -> RetryOutcome:
+    if not strategy.enqueues_retries(policy):
         return RetryOutcome.NOT_RETRIED  # the deployment's backfill re-creates it
     if event[Event.CACHE_OUTCOME] == CacheOutcome.SKIPPED_FRESHER:
         return RetryOutcome.NOT_RETRIED  # a newer result exists: nothing to redo

@@ -1,299 +1,164 @@
-"""Finalizing zombies exactly once, never over a live worker, as the queue's generation finishes a job.
+"""A cleanup, step by step: the one flow that ``kill_zombies_job``'s ops and :func:`run_cleanup` both run.
 
-The audit collection is also the write-ahead log of a cleanup (:mod:`events`):
+1. :func:`prepare`: the policy's compensations are loaded (a broken one is refused
+   before anything is written), the queue's and the cache's generations decided
+   once, with their evidence (``queue.generations.decide``), the indexes our
+   queries need created, and the overrides of job types the queue does not hold
+   named.
+2. :func:`reconcile`: what crashed runs left half done is completed
+   (``finalize.reconcile``), and the delayed retries that are due are enqueued.
+3. :func:`find`: the zombies, by one indexed query (``detection``), with the
+   malformed started jobs left alone, and the **brake** as a value: engaged when
+   an implausible share of the started jobs look dead.
+4. :func:`finalize`: each zombie claimed in the audit trail, then finished as the
+   queue's finish strategy says (``strategies``, ``finalize``): the job and its
+   cache error entry, the deployment's counters, rate limiter and locks, retries.
+5. :func:`compensate`: the actions that undo a zombie's partial side effects.
+6. :func:`summarize`: the run's work, read back from the audit trail.
 
-1. **claim**: insert one event per candidate, ``_id`` = the job's ``_id``, with
-   the job as detection saw it and the queue generation it is finalized in.
-   The unique ``_id`` makes the claim exclusive: of two concurrent cleanups,
-   one insert fails and that cleanup leaves the job alone.
-2. **finalize**, a batch of claims at a time, in the order the generation
-   finishes a job:
-
-   - jobs kept (before 2023-12): the job is set to ``error`` by compare-and-set
-     (:mod:`finish`), then its cache error entry is written (:mod:`cache_errors`);
-   - jobs deleted (2023-12 on), as the deployment kills a stuck job: claims of
-     jobs a worker touched since detection are dropped, the cache error entry is
-     written, then the job is deleted by compare-and-set; the deletion is the
-     proof that the claim won.
-
-   Around the finish, what the deployment does (:mod:`finish_effects`):
-   counters, ``pastJobs`` and blockages, locks released. Then the retries where
-   the generation wants them (:mod:`retries`), and each event is completed once,
-   with every outcome: a zombie costs its claim, its job, its cache entry and
-   that one completion (and its retry).
-3. A pass that dies leaves its events claimed: the next run's **reconcile**
-   takes them over and redoes the pass, which recognizes what was done (our
-   stamp on a kept job, our entry beside a deleted one, the retry's ``_id``
-   chosen at claim time) and never does it twice.
-
-Every part works on a batch of ``policy.batch_size``: the database commands of
-a cleanup grow with zombies / batch size, not with zombies, nor with job types.
+The steps pass a :class:`CleanupPlan` along (the run's options, policy and
+generations), and keep their state in the database: with Dagster's multiprocess
+executor nothing else is shared between them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
-from bson import ObjectId
-from pymongo.client_session import ClientSession
-from pymongo.errors import BulkWriteError
-
 from zombie_pipeline.cleanup import compensations
-from zombie_pipeline.cleanup.cache_errors import detect_cache_generation, write_batch
-from zombie_pipeline.cleanup.detection import Candidate, Detection, brake_for, detect, find_malformed_started
-from zombie_pipeline.cleanup.effects import SideCollections
-from zombie_pipeline.cleanup.events import (
+from zombie_pipeline.cleanup import finalize as finalizing
+from zombie_pipeline.cleanup.counts import (
+    Count,
     StepResult,
-    batched,
-    drain,
-    duplicate_indexes,
-    lease_end,
-    set_on_events,
-    take_over_expired,
+    cache_count,
+    reason_count,
+    retry_count,
 )
-from zombie_pipeline.cleanup.retries import enqueue_due_retries, enqueue_retries, pending_retries
-from zombie_pipeline.cleanup.strategies import Outcome, finish, sort_claims
+from zombie_pipeline.cleanup.detection import (
+    Candidate,
+    Detection,
+    brake_for,
+    detect,
+    find_malformed_started,
+    unknown_job_types,
+)
+from zombie_pipeline.cleanup.retries import pending_retries
+from zombie_pipeline.cleanup.strategies import strategy_for
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
-    ID,
     REASONS,
+    CacheOutcome,
     Event,
     EventState,
-    Job,
     RetryOutcome,
-    ZombieEvent,
-    as_utc,
-    job_row,
     utc_now,
 )
-from zombie_pipeline.queue.generations import (
-    QUEUE_GENERATIONS,
-    CacheGeneration,
-    QueueGeneration,
-    QueueVerdict,
-    detect_queue_generation,
-)
+from zombie_pipeline.queue.generations import Generations, decide
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.queue.transactions import atomically
 
 
 class BrakeEngaged(RuntimeError):
     """Too many started jobs look dead at once; nothing was written."""
 
 
-class GenerationUnknown(RuntimeError):
-    """The queue's generation cannot be told from the database; nothing was written."""
+@dataclass(frozen=True)
+class CleanupOptions:
+    """What one run was asked to do."""
+
+    dry_run: bool = False  # list the zombies with their evidence; write nothing
+    override_brake: bool = False
+    job_types: tuple[str, ...] | None = None  # None: every type
 
 
-def queue_verdict(store: Store, policy: ZombiePolicy) -> QueueVerdict:
-    """Which generation the queue is (configured, or detected with its evidence)."""
-    return detect_queue_generation(store.jobs.database, store.jobs.name, policy.queue_generation)
+@dataclass(frozen=True)
+class CleanupPlan:
+    """What the steps of one run pass along: its options, the policy in force and the generations decided."""
+
+    run_id: str
+    policy: ZombiePolicy
+    options: CleanupOptions
+    generations: Generations
+    started_at: dt.datetime
+    counts: tuple[tuple[str, int], ...] = ()  # what the steps so far did
+
+    def add(self, result: StepResult) -> CleanupPlan:
+        merged = Counter(dict(self.counts))
+        merged.update(result.counts)
+        return replace(self, counts=tuple(sorted(merged.items())))
 
 
-def required_generation(verdict: QueueVerdict) -> QueueGeneration:
-    if verdict.generation is None:
-        raise GenerationUnknown(verdict.problem)
-    return verdict.generation
+@dataclass(frozen=True)
+class Preparation:
+    """What :func:`prepare` found, beside the plan: for the run's metadata and warnings."""
+
+    plan: CleanupPlan
+    compensations: tuple[str, ...]  # the names of the actions in force
+    unknown_override_types: tuple[str, ...]  # max_duration_seconds_by_type names no job of the queue has (typos?)
+    indexes_created: tuple[str, ...]
 
 
-# --- claim ----------------------------------------------------------------------
-
-
-def claim(
-    store: Store, candidates: list[Candidate], policy: ZombiePolicy, run_id: str, now: dt.datetime, generation: QueueGeneration
-) -> StepResult:
-    """Record the intent to finalize each candidate; a job claimed by another cleanup is skipped."""
-    result = StepResult()
-    finalized_at = utc_now()
-    for batch in batched(candidates, policy.batch_size):
-        events = [_event_of(candidate, policy, run_id, finalized_at, now, generation) for candidate in batch]
-        try:
-            store.events.insert_many(events, ordered=False)
-            result.counts["claimed"] += len(events)
-        except BulkWriteError as error:
-            refused = duplicate_indexes(error)
-            result.counts["claimed"] += len(events) - len(refused)
-            result.counts["claimed_by_another_cleanup"] += len(refused)
-    return result
-
-
-def _event_of(
-    candidate: Candidate, policy: ZombiePolicy, run_id: str, finalized_at: dt.datetime, now: dt.datetime, generation: QueueGeneration
-) -> dict[str, Any]:
-    return {
-        "_id": candidate.id,
-        Event.JOB: candidate.job,
-        Event.REASON: candidate.reason,
-        Event.ERROR_CODE: candidate.error_code,
-        Event.THRESHOLD_SECONDS: candidate.threshold_seconds,
-        Event.PAST_MAX_DURATION: candidate.past_max_duration,
-        Event.POLICY: policy.as_document(),
-        Event.DETECTED_AT: candidate.detected_at,
-        Event.FINALIZED_AT: finalized_at,
-        Event.RUN_ID: run_id,
-        Event.QUEUE_GENERATION: generation.name,
-        Event.STATE: EventState.CLAIMED,
-        Event.LEASE_OWNER: run_id,
-        Event.LEASE_UNTIL: lease_end(now, policy),
-        Event.RETRY_JOB_ID: ObjectId(),
-    }
-
-
-# --- finalize -------------------------------------------------------------------------
-
-
-def finalize(
-    store: Store, run_id: str, policy: ZombiePolicy, generation: QueueGeneration | None = None, recovering: bool = False
-) -> StepResult:
-    """Drive this run's claimed events to done, a batch at a time, as their generation finishes a job.
-
-    ``generation``: the one this run claimed in; else every generation its events (taken over from
-    crashed runs: ``recovering``) carry.
-    """
-    result = StepResult()
-    for queue in [generation] if generation else _generations_of(store, run_id):
-        side = SideCollections.of(store, queue)
-        cache: CacheGeneration | None = None
-        for events in drain(store, run_id, {Event.STATE: EventState.CLAIMED, Event.QUEUE_GENERATION: queue.name}, policy):
-            cache = cache or detect_cache_generation(store, policy, queue)  # read once, and only when there is work
-            result.counts[f"cache_generation:{cache.name}"] = 1
-            result.merge(_finalize_batch(store, run_id, events, policy, side, cache, recovering))
-    return result
-
-
-def _finalize_batch(
-    store: Store,
-    run_id: str,
-    events: list[ZombieEvent],
-    policy: ZombiePolicy,
-    side: SideCollections,
-    cache: CacheGeneration,
-    recovering: bool,
-) -> StepResult:
-    """One batch from claimed to done; each part is safe to redo, the events are written once, at the end."""
-    queue_client, cache_client = store.jobs.database.client, store.cache.database.client
-
-    def write_cache(finished: list[ZombieEvent]) -> dict[Any, dict[str, Any]]:
-        return atomically(cache_client, lambda session: write_batch(store, finished, cache, policy, side.cache_metrics, session), policy.transactions)
-
-    claims = sort_claims(store, events, side, recovering)
-    if side.generation.cache_first:
-        cached = write_cache(claims.to_finish + claims.done_before)
-        outcome = atomically(queue_client, lambda session: finish(store, claims, side, session), policy.transactions)
-    else:
-        outcome = atomically(queue_client, lambda session: finish(store, claims, side, session), policy.transactions)
-        cached = write_cache(outcome.finished)
-    finished = [{**event, **cached[event[ID]]} for event in outcome.finished]
-    now = utc_now()
+def prepare(store: Store, policy: ZombiePolicy, run_id: str, options: CleanupOptions = CleanupOptions()) -> Preparation:
+    """Everything decided before the first write; a broken compensation raises ``CompensationError`` first."""
     actions = compensations.registry(policy)
-
-    def complete(session: ClientSession | None) -> dict[Any, RetryOutcome]:
-        retried = enqueue_retries(store, finished, policy, side, now, session)
-        done = {
-            event[ID]: {
-                Event.STATE: EventState.DONE,
-                **cached[event[ID]],
-                Event.EFFECTS: outcome.effects[event[ID]],
-                Event.RETRY_OUTCOME: retried[event[ID]][0],
-                **({Event.RETRY_DUE_AT: retried[event[ID]][1]} if retried[event[ID]][1] else {}),
-                **compensations.pending_for(actions, event[Event.JOB][Job.TYPE]),
-                Event.COMPLETED_AT: now,
-            }
-            for event in finished
-        }
-        set_on_events(store, run_id, done, session)
-        if outcome.lost:  # the worker was alive after all: forget the claim, the job may be judged again later
-            lost = [event[ID] for event in outcome.lost]
-            store.events.delete_many({ID: {"$in": lost}, Event.LEASE_OWNER: run_id, Event.STATE: EventState.CLAIMED}, session=session)
-        return {event_id: decision[0] for event_id, decision in retried.items()}
-
-    retried = atomically(queue_client, complete, policy.transactions)
-    return _result(outcome, cached, retried)
-
-
-def _result(outcome: Outcome, cached: Mapping[Any, Mapping[str, Any]], retried: Mapping[Any, str]) -> StepResult:
-    result = StepResult()
-    result.counts["finalized"] += len(outcome.finished)
-    result.counts["lost_to_live_worker"] += len(outcome.lost)
-    for event in outcome.finished:
-        result.counts[f"reason:{event[Event.REASON]}"] += 1
-        result.counts[f"type:{event[Event.JOB][Job.TYPE]}"] += 1
-        result.counts[f"cache_{cached[event[ID]][Event.CACHE_OUTCOME]}"] += 1
-        result.counts[f"retry_{retried[event[ID]]}"] += 1
-        result.counts.update(f"effect:{effect}" for effect in outcome.effects[event[ID]])
-        result.rows.append(finalized_row(event))
-    return result
-
-
-def finalized_row(event: Mapping[str, Any]) -> dict[str, Any]:
-    job = event[Event.JOB]
-    return job_row(
-        event[ID],
-        job,
-        reason=event[Event.REASON],
-        threshold_seconds=event[Event.THRESHOLD_SECONDS],
-        ran_seconds=round((event[Event.FINALIZED_AT] - as_utc(job[Job.STARTED_AT])).total_seconds(), 1),
+    generations = decide(store, policy)
+    created = store.ensure_indexes() if not options.dry_run and generations.queue is not None else []
+    plan = CleanupPlan(run_id=run_id, policy=policy, options=options, generations=generations, started_at=utc_now())
+    return Preparation(
+        plan=plan,
+        compensations=tuple(action.name for action in actions),
+        unknown_override_types=tuple(unknown_job_types(store.jobs, policy.max_duration_seconds_by_type)),
+        indexes_created=tuple(created),
     )
 
 
-def _generations_of(store: Store, run_id: str) -> list[QueueGeneration]:
-    names = store.events.distinct(Event.QUEUE_GENERATION, {Event.LEASE_OWNER: run_id, Event.STATE: EventState.CLAIMED})
-    return [generation for name, generation in QUEUE_GENERATIONS.items() if name in names]
+def reconcile(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -> StepResult:
+    """Complete the finalizations crashed runs left half done, and enqueue the delayed retries that are due."""
+    if plan.options.dry_run:
+        return StepResult()
+    return finalizing.reconcile(store, plan.run_id, plan.policy, plan.generations.cache, now)
 
 
-def finalize_zombies(
-    store: Store, candidates: list[Candidate], policy: ZombiePolicy, run_id: str, now: dt.datetime, generation: QueueGeneration
-) -> StepResult:
-    """Claim the candidates, then finalize the ones claimed."""
-    return claim(store, candidates, policy, run_id, now, generation).merge(finalize(store, run_id, policy, generation))
-
-
-def reconcile(store: Store, run_id: str, policy: ZombiePolicy, now: dt.datetime | None = None) -> StepResult:
-    """Complete what crashed runs left half done; runs first in every cleanup.
-
-    Events left by a version that knew only early-2023 queues carry no
-    generation: they are completed as that generation. Delayed retries that are
-    due are enqueued here too.
-    """
-    taken = take_over_expired(store, run_id, now or utc_now(), policy)
-    result = StepResult()
-    if taken:
-        result.merge(finalize(store, run_id, policy, recovering=True))
-    result.counts["taken_over"] += taken
-    result.counts.update(enqueue_due_retries(store, policy, now))
-    return result
-
-
-# --- the whole cleanup ----------------------------------------------------------------------
-
-
-def find_zombies(
-    store: Store,
-    policy: ZombiePolicy,
-    now: dt.datetime | None = None,
-    job_types: Iterable[str] | None = None,
-    override_brake: bool = False,
-) -> Detection:
-    """Detect, and refuse (raise BrakeEngaged) when the share of dead-looking jobs is implausible."""
-    detection = detect(store.jobs, policy, now or utc_now(), job_types)
+def find(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -> Detection:
+    """The zombies and the malformed started jobs; ``brake`` set when it stops the run (unless overridden)."""
+    job_types = plan.options.job_types
+    detection = detect(store.jobs, plan.policy, now or utc_now(), job_types)
     known = {item.id for item in detection.malformed}
     detection.malformed.extend(item for item in find_malformed_started(store.jobs, job_types) if item.id not in known)
-    if detection.candidates and not override_brake:
-        brake = brake_for(store.jobs, detection, policy, job_types)
-        if brake.engaged:
-            raise BrakeEngaged(brake.message())
+    if detection.candidates and not plan.options.override_brake:
+        brake = brake_for(store.jobs, detection, plan.policy, job_types)
+        detection.brake = brake if brake.engaged else None
     return detection
+
+
+def finalize(store: Store, plan: CleanupPlan, candidates: list[Candidate], now: dt.datetime | None = None) -> StepResult:
+    """Claim and finalize the candidates (``GenerationUnknown`` when there are some and the queue is undecided)."""
+    if plan.options.dry_run or not candidates:
+        return StepResult()
+    strategy = strategy_for(store, plan.generations.required_queue())
+    return finalizing.finalize_zombies(
+        store, candidates, plan.policy, plan.run_id, now or utc_now(), strategy, plan.generations.cache
+    )
+
+
+def compensate(store: Store, plan: CleanupPlan) -> StepResult:
+    """Run the pending compensations of every finalized zombie, this run's and the failed ones of earlier runs."""
+    if plan.options.dry_run:
+        return StepResult()
+    return compensations.compensate(store, plan.policy, plan.run_id, compensations.registry(plan.policy))
+
+
+# --- the whole cleanup in one call ---------------------------------------------------------------------
 
 
 @dataclass
 class CleanupReport:
     run_id: str
     dry_run: bool
-    verdict: QueueVerdict | None = None
-    detection: Detection | None = None
+    generations: Generations
+    detection: Detection
     steps: StepResult = field(default_factory=StepResult)
     reconciled: StepResult = field(default_factory=StepResult)
 
@@ -303,10 +168,10 @@ class CleanupReport:
 
     @property
     def malformed(self) -> list:
-        return self.detection.malformed if self.detection else []
+        return self.detection.malformed
 
     def candidate_rows(self) -> list[dict[str, Any]]:
-        return [candidate.evidence() for candidate in (self.detection.candidates if self.detection else [])]
+        return [candidate.evidence() for candidate in self.detection.candidates]
 
 
 def run_cleanup(
@@ -318,34 +183,39 @@ def run_cleanup(
     dry_run: bool = False,
     override_brake: bool = False,
 ) -> CleanupReport:
-    """The whole cleanup in one call: the steps of ``kill_zombies_job``'s ops, in their order."""
-    job_types = list(job_types) if job_types is not None else None
-    report = CleanupReport(run_id=run_id, dry_run=dry_run, verdict=queue_verdict(store, policy))
-    actions = compensations.registry(policy)  # a broken action is refused before anything is written
-    if not dry_run:
-        report.reconciled = reconcile(store, run_id, policy, now)
-    report.detection = find_zombies(store, policy, now, job_types, override_brake)
-    if not dry_run and report.detection.candidates:
-        generation = required_generation(report.verdict)
-        report.steps.merge(finalize_zombies(store, report.detection.candidates, policy, run_id, now or utc_now(), generation))
-    if not dry_run:
-        report.steps.merge(compensations.compensate(store, policy, run_id, actions))
+    """The whole cleanup in one call: the steps of ``kill_zombies_job``'s ops, in their order.
+
+    Raises :class:`BrakeEngaged` where the find step's brake stops the run, and
+    ``GenerationUnknown`` where zombies are found in a queue of undecided generation.
+    """
+    options = CleanupOptions(dry_run, override_brake, tuple(job_types) if job_types is not None else None)
+    plan = prepare(store, policy, run_id, options).plan
+    reconciled = reconcile(store, plan, now)
+    detection = find(store, plan, now)
+    if detection.brake is not None:
+        raise BrakeEngaged(detection.brake.message())
+    report = CleanupReport(run_id, dry_run, plan.generations, detection, reconciled=reconciled)
+    report.steps.merge(finalize(store, plan, detection.candidates, now))
+    report.steps.merge(compensate(store, plan))
     return report
 
 
+# --- the summary ------------------------------------------------------------------------------------------
+
+#: Shown even when zero, so that a run's metadata always has the same keys (the UI plots them over runs).
 SUMMARY_COUNTS = (
-    "finalized",
-    "lost_to_live_worker",
-    "cache_written",
-    "cache_skipped_fresher",
-    "retry_enqueued",
-    "retry_scheduled",
-    "retry_limit_reached",
-    "due_retry_enqueued",
-    "due_retry_already_queued",
-    "compensation_done",
-    "compensation_to_retry",
-    "compensation_failed",
+    Count.FINALIZED,
+    Count.LOST_TO_LIVE_WORKER,
+    cache_count(CacheOutcome.WRITTEN),
+    cache_count(CacheOutcome.SKIPPED_FRESHER),
+    retry_count(RetryOutcome.ENQUEUED),
+    retry_count(RetryOutcome.SCHEDULED),
+    retry_count(RetryOutcome.LIMIT_REACHED),
+    Count.DUE_RETRY_ENQUEUED,
+    Count.DUE_RETRY_ALREADY_QUEUED,
+    Count.COMPENSATION_DONE,
+    Count.COMPENSATION_TO_RETRY,
+    Count.COMPENSATION_FAILED,
 )
 
 
@@ -358,14 +228,16 @@ class RunSummary:
 
     def one_line(self) -> str:
         c = self.counts
-        reasons = ", ".join(f"{c[f'reason:{reason}']} {reason.replace('_', ' ')}" for reason in REASONS)
+        reasons = ", ".join(f"{c[reason_count(reason)]} {reason.replace('_', ' ')}" for reason in REASONS)
         return (
-            f"finalized {c['finalized']} zombies ({reasons}); {c['lost_to_live_worker']} lost to live workers; "
-            f"{c['cache_written']} cache errors written, {c['cache_skipped_fresher']} kept as fresher; "
-            f"{c['retry_enqueued']} retries enqueued, {c['retry_scheduled']} scheduled after a delay, "
-            f"{c['retry_limit_reached']} at their retry limit; {c['due_retry_enqueued']} delayed retries enqueued, "
-            f"{c['retries_pending']} still waiting for their delay; compensations: {c['compensation_done']} done, "
-            f"{c['compensation_to_retry']} to try again, {c['compensation_failed']} given up on"
+            f"finalized {c[Count.FINALIZED]} zombies ({reasons}); {c[Count.LOST_TO_LIVE_WORKER]} lost to live workers; "
+            f"{c[cache_count(CacheOutcome.WRITTEN)]} cache errors written, "
+            f"{c[cache_count(CacheOutcome.SKIPPED_FRESHER)]} kept as fresher; "
+            f"{c[retry_count(RetryOutcome.ENQUEUED)]} retries enqueued, {c[retry_count(RetryOutcome.SCHEDULED)]} scheduled "
+            f"after a delay, {c[retry_count(RetryOutcome.LIMIT_REACHED)]} at their retry limit; "
+            f"{c[Count.DUE_RETRY_ENQUEUED]} delayed retries enqueued, {c[Count.RETRIES_PENDING]} still waiting for their "
+            f"delay; compensations: {c[Count.COMPENSATION_DONE]} done, {c[Count.COMPENSATION_TO_RETRY]} to try again, "
+            f"{c[Count.COMPENSATION_FAILED]} given up on"
         )
 
     def markdown(self) -> str:
@@ -375,20 +247,21 @@ class RunSummary:
         return "\n".join(lines)
 
 
-def summarize_run(store: Store, run_id: str, step_counts: Mapping[str, int] | None = None) -> RunSummary:
+def summarize(store: Store, run_id: str, step_counts: Mapping[str, int] | None = None) -> RunSummary:
     """Counts and a table of every finalization this run drove, read back from the audit trail."""
     counts: Counter = Counter(step_counts or {})
     for name in SUMMARY_COUNTS:
         counts.setdefault(name, 0)
-    counts["retries_pending"] = pending_retries(store)
+    counts[Count.RETRIES_PENDING] = pending_retries(store)
     for reason in REASONS:
-        counts.setdefault(f"reason:{reason}", 0)
+        counts.setdefault(reason_count(reason), 0)
     rows = []
     query = {Event.LEASE_OWNER: run_id, Event.STATE: EventState.DONE}
     for event in store.events.find(query).sort(Event.FINALIZED_AT, 1):
-        row = finalized_row(event)
+        row = finalizing.finalized_row(event)
         row["cache"] = event.get(Event.CACHE_OUTCOME)
         row["retry"] = event.get(Event.RETRY_OUTCOME)
         row["effects"] = ", ".join(event.get(Event.EFFECTS) or [])
         rows.append(row)
     return RunSummary(counts=counts, rows=rows)
+

@@ -1,33 +1,50 @@
-"""Finishing claimed zombies as their queue's generation does, and never a job a worker still drives.
+"""The two ways a queue finishes a job, each owning every rule that depends on it.
 
 Before December 2023 a finished job is kept with status ``error`` and its
-``finished_at``; from then on it is deleted. Either way the write is a
-compare-and-set on what detection saw (still ``started``, same ``started_at``,
-``last_heartbeat`` and ``terminated_at``): a worker that beat, finished or got
-SIGTERM meanwhile wins, and the claim is forgotten. What the deployment does
-around a finish (counters, rate limiter, locks: :mod:`finish_effects`) follows
-for the jobs won.
+``finished_at`` (:class:`KeptAsError`); from then on it is deleted
+(:class:`Deleted`). A strategy owns what follows from that, and nothing else in
+the pipeline asks which generation a queue is:
 
-Nothing here writes an event: the batch's events are completed once, at the end
-of its pass (``cleanup``). A pass that dies is redone from the claims, so every
-finish must be recognizable afterwards: our stamp as ``finished_at`` on a kept
-job; for a deleted one, our error entry still beside it (a worker writes its
-result before it deletes its job). A finish found done that way had its
-counters moved by the pass that died, and they are left alone.
+- the write that finishes a job, a compare-and-set on what detection saw (still
+  ``started``, same ``started_at``, ``last_heartbeat`` and ``terminated_at``): a
+  worker that beat, finished or got SIGTERM meanwhile wins, and the claim is
+  forgotten;
+- the order of the job's finish and its cache error entry (the deployment of
+  2023-12 on writes the entry first: the deletion then proves the claim won);
+- how a pass that died is recognized afterwards: our stamp as ``finished_at`` on
+  a kept job; for a deleted one, our error entry still beside it (a worker
+  writes its result before it deletes its job). A finish found done that way had
+  its counters moved by the pass that died, and they are left alone;
+- whether the cleanup re-enqueues crashed jobs by default (from 2023-12 the
+  deployment's backfill re-creates them itself);
+- what the deployment does around a finish (:mod:`.effects`), in the
+  collections the generation keeps: counters, ``pastJobs``, blockages, locks;
+- how a worker finishes a job (the simulated workers finish theirs this way).
+
+Nothing here writes an event: a batch's events are completed once, at the end of
+its pass (:mod:`.finalize`).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 from pymongo import DeleteOne, UpdateOne
 from pymongo.client_session import ClientSession
+from pymongo.results import BulkWriteResult
 
 from zombie_pipeline.cleanup.cache_errors import written_for
-from zombie_pipeline.cleanup.detection import as_seen_expression, as_seen_filter, is_as_seen
+from zombie_pipeline.cleanup.detection import (
+    as_seen_expression,
+    as_seen_filter,
+    is_as_seen,
+)
 from zombie_pipeline.cleanup.effects import Finished, SideCollections, after_finish
 from zombie_pipeline.cleanup.events import READ_BATCH
+from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
 from zombie_pipeline.queue.documents import (
     ID,
@@ -40,13 +57,17 @@ from zombie_pipeline.queue.documents import (
     cache_key_of_job,
     utc_now,
 )
+from zombie_pipeline.queue.generations import FinishStyle, QueueGeneration
 from zombie_pipeline.queue.store import Store
 
 _JOB_STATE = {Job.STATUS: 1, Job.FINISHED_AT: 1, Job.STARTED_AT: 1, Job.LAST_HEARTBEAT: 1, Job.TERMINATED_AT: 1}
 
+#: The cache errors of a batch's finished events, by event id (``cache_errors.write_batch``'s result).
+CacheOutcomes = dict[Any, dict[str, Any]]
+
 
 @dataclass
-class Sorted:
+class SortedClaims:
     """A batch of claimed events, told apart before anything is written."""
 
     to_finish: list[ZombieEvent] = field(default_factory=list)  # still as detection saw them
@@ -55,7 +76,7 @@ class Sorted:
 
 
 @dataclass
-class Outcome:
+class FinishOutcome:
     """What the finish of a batch did."""
 
     won: list[ZombieEvent] = field(default_factory=list)
@@ -68,58 +89,193 @@ class Outcome:
         return self.won + self.done_before
 
 
-def sort_claims(store: Store, events: list[ZombieEvent], side: SideCollections, recovering: bool) -> Sorted:
-    """Which claims can still be finished, which were by a pass that died (``recovering``), which are lost.
+class FinishStrategy(ABC):
+    """How one queue finishes a job, with the deployment's collections of its generation resolved once."""
 
-    Where the cache entry is written before the job is deleted, a claim whose job a
-    worker touched since detection is dropped here, so that no error entry is written
-    for a worker that is only slow. Where jobs are kept and nothing needs recovering,
-    the finish's own compare-and-set is the check: no read is needed.
-    """
-    keeps = side.generation.keeps_finished_jobs
-    if keeps and not recovering:
-        return Sorted(to_finish=list(events))
-    current = _jobs_of(store, events, None)
-    sorted_ = Sorted()
-    gone = []
-    for event in events:
-        job = current.get(event[ID])
-        if recovering and keeps and _finished_by_us(job, event, keeps):
-            sorted_.done_before.append(event)
-        elif is_as_seen(job, event[Event.JOB]):
-            sorted_.to_finish.append(event)
-        elif recovering and not keeps and job is None:
-            gone.append(event)
-        else:
-            sorted_.lost.append(event)
-    ours = _still_our_entries(store, gone)
-    sorted_.done_before += [event for event in gone if event[ID] in ours]
-    sorted_.lost += [event for event in gone if event[ID] not in ours]
-    return sorted_
+    style: ClassVar[FinishStyle]
+    #: Whether the queue keeps a finished job (its history of runs lives in the queue too).
+    keeps_finished_jobs: ClassVar[bool]
+    #: Whether the cleanup re-enqueues a crashed job unless the policy says otherwise.
+    retries_by_default: ClassVar[bool]
+
+    def __init__(self, store: Store, generation: QueueGeneration) -> None:
+        self.store = store
+        self.generation = generation
+        self.side = SideCollections.of(store, generation, only_existing=self.keeps_finished_jobs)
+
+    # --- the cleanup's finish --------------------------------------------------------------------------
+
+    def sort_claims(self, events: list[ZombieEvent], recovering: bool) -> SortedClaims:
+        """Which claims can still be finished, which were by a pass that died (``recovering``), which are lost."""
+        current = _jobs_of(self.store, events, None)
+        claims, finished = SortedClaims(), []
+        for event in events:
+            job = current.get(event[ID])
+            if recovering and self._finished_by_us(job, event):
+                finished.append(event)
+            elif is_as_seen(job, event[Event.JOB]):
+                claims.to_finish.append(event)
+            else:
+                claims.lost.append(event)
+        ours = self._finished_by_the_pass_that_died(finished)
+        claims.done_before += [event for event in finished if event[ID] in ours]
+        claims.lost += [event for event in finished if event[ID] not in ours]
+        return claims
+
+    def _finished_by_the_pass_that_died(self, finished: list[ZombieEvent]) -> set[Any]:
+        """Of the claims whose job looks finished by us, those a pass of ours did finish (their ids)."""
+        return {event[ID] for event in finished}
+
+    def finish(self, claims: SortedClaims, session: ClientSession | None = None) -> FinishOutcome:
+        """Finish the claims still as detection saw them, by compare-and-set; then what the deployment does around it."""
+        outcome = FinishOutcome(done_before=list(claims.done_before), lost=list(claims.lost))
+        if claims.to_finish:
+            operations = [self._finish_operation(event) for event in claims.to_finish]
+            written = self.store.jobs.bulk_write(operations, ordered=False, session=session)
+            if self._applied(written) == len(claims.to_finish):  # every compare-and-set took: all won, nothing to read
+                won = list(claims.to_finish)
+            else:
+                won = self._won(claims.to_finish, written, session)
+            winners = {event[ID] for event in won}
+            outcome.won = won
+            outcome.lost += [event for event in claims.to_finish if event[ID] not in winners]
+        now = utc_now()
+        outcome.effects = self.after_finish(_finished(outcome.won), now, session)
+        outcome.effects.update(self.after_finish(_finished(outcome.done_before), now, session, count=False))
+        return outcome
+
+    @abstractmethod
+    def finish_in_order(
+        self,
+        claims: SortedClaims,
+        finish: Callable[[SortedClaims], FinishOutcome],
+        write_errors: Callable[[list[ZombieEvent]], CacheOutcomes],
+    ) -> tuple[FinishOutcome, CacheOutcomes]:
+        """The job's finish and its cache error entry, in the order the deployment writes them."""
+
+    def enqueues_retries(self, policy: ZombiePolicy) -> bool:
+        """Whether this cleanup re-enqueues crashed jobs: as the policy says, else as the deployment of the generation."""
+        return self.retries_by_default if policy.enqueue_retries is None else policy.enqueue_retries
+
+    def after_finish(
+        self, finished: list[Finished], now: dt.datetime, session: ClientSession | None = None, count: bool = True
+    ) -> dict[Any, list[str]]:
+        """Counters, rate limiter and locks around these finishes, as the deployment of the generation keeps them."""
+        return after_finish(self.store, self.side, finished, now, session, count, count_final_status=self.keeps_finished_jobs)
+
+    # --- a worker's finish -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def worker_finish(self, job: Mapping[str, Any], status: str, finished_at: dt.datetime) -> None:
+        """Finish ``job`` as its own worker does once its result is written (the simulated workers)."""
+
+    # --- the parts each style writes its own way ---------------------------------------------------------
+
+    @abstractmethod
+    def _finish_operation(self, event: Mapping[str, Any]) -> UpdateOne | DeleteOne: ...
+
+    @abstractmethod
+    def _applied(self, written: BulkWriteResult) -> int: ...
+
+    @abstractmethod
+    def _finished_by_us(self, job: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool: ...
+
+    def _won(self, events: list[ZombieEvent], written: BulkWriteResult, session: ClientSession | None) -> list[ZombieEvent]:
+        """Which compare-and-sets took, read back from the jobs."""
+        after = _jobs_of(self.store, events, session)
+        return [event for event in events if self._finished_by_us(after.get(event[ID]), event)]
 
 
-def finish(store: Store, claims: Sorted, side: SideCollections, session: ClientSession | None = None) -> Outcome:
-    """Finish the claims still as detection saw them, by compare-and-set; then what the deployment does around a finish."""
-    keeps = side.generation.keeps_finished_jobs
-    outcome = Outcome(done_before=list(claims.done_before), lost=list(claims.lost))
-    if claims.to_finish:
-        written = store.jobs.bulk_write([_finish_operation(event, keeps) for event in claims.to_finish], ordered=False, session=session)
-        applied = written.modified_count if keeps else written.deleted_count
-        if applied == len(claims.to_finish):  # every compare-and-set took (one job each): all won, nothing to read back
-            won = list(claims.to_finish)
-        else:  # which ones: read the jobs back
-            after = _jobs_of(store, claims.to_finish, session)
-            won = [event for event in claims.to_finish if _finished_by_us(after.get(event[ID]), event, keeps)]
-            if not keeps and written.deleted_count < len(won):  # a worker deleted some itself: theirs no longer hold our entry
-                ours = _still_our_entries(store, won)
-                won = [event for event in won if event[ID] in ours]
-        winners = {event[ID] for event in won}
-        outcome.won = won
-        outcome.lost += [event for event in claims.to_finish if event[ID] not in winners]
-    now = utc_now()
-    outcome.effects = after_finish(store, side, _finished(outcome.won), now, session)
-    outcome.effects.update(after_finish(store, side, _finished(outcome.done_before), now, session, count=False))
-    return outcome
+class KeptAsError(FinishStrategy):
+    """Before 2023-12: the job is set to ``error`` with our stamp as ``finished_at``; then its cache entry."""
+
+    style = FinishStyle.KEPT_AS_ERROR
+    keeps_finished_jobs = True
+    retries_by_default = True  # nothing in the deployment of the time re-ran a crashed job
+
+    def sort_claims(self, events: list[ZombieEvent], recovering: bool) -> SortedClaims:
+        if not recovering:  # the finish's own compare-and-set is the check: no read is needed
+            return SortedClaims(to_finish=list(events))
+        return super().sort_claims(events, recovering)
+
+    def finish_in_order(self, claims, finish, write_errors):  # type: ignore[no-untyped-def]  # see the base class
+        outcome = finish(claims)
+        return outcome, write_errors(outcome.finished)
+
+    def worker_finish(self, job: Mapping[str, Any], status: str, finished_at: dt.datetime) -> None:
+        self.store.jobs.update_one({ID: job[ID]}, {"$set": {Job.STATUS: status, Job.FINISHED_AT: finished_at}})
+
+    def _finish_operation(self, event: Mapping[str, Any]) -> UpdateOne:
+        """Selected by ``_id`` alone, compared in the update itself (an update pipeline's ``$cond``, atomic like a filter).
+
+        A job no longer as seen is left exactly as it is and not counted as modified. The embedded
+        server serves an ``_id``-only filter by a point lookup, and plans every other field of a filter
+        against its index catalog first (about 1 ms per statement: docs/benchmarks.md); MongoDB serves
+        both by the ``_id`` index.
+        """
+        job = event[Event.JOB]
+        seen = as_seen_expression(job)
+        finish_job = {
+            Job.STATUS: {"$cond": [seen, Status.ERROR, f"${Job.STATUS}"]},
+            Job.FINISHED_AT: {"$cond": [seen, event[Event.FINALIZED_AT], f"${Job.FINISHED_AT}"]},
+        }
+        return UpdateOne({ID: job[ID]}, [{"$set": finish_job}])
+
+    def _applied(self, written: BulkWriteResult) -> int:
+        return written.modified_count
+
+    def _finished_by_us(self, job: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool:
+        return (
+            job is not None
+            and job.get(Job.STATUS) == Status.ERROR
+            and as_utc(job.get(Job.FINISHED_AT)) == event[Event.FINALIZED_AT]
+        )
+
+
+class Deleted(FinishStrategy):
+    """2023-12 on, as the deployment kills a stuck job: its cache error entry first, then the job deleted."""
+
+    style = FinishStyle.DELETED
+    keeps_finished_jobs = False
+    retries_by_default = False  # the deployment's backfill re-creates failed jobs from the cache's failed_runs
+
+    # sort_claims reads the jobs first in every case: claims of jobs a worker touched since detection are
+    # dropped before the cache is written, so no error entry is written for a worker that is only slow.
+
+    def _finished_by_the_pass_that_died(self, finished: list[ZombieEvent]) -> set[Any]:
+        """A job gone while recovering was deleted by the pass that died if our entry is still beside it."""
+        return _still_our_entries(self.store, finished)
+
+    def finish_in_order(self, claims, finish, write_errors):  # type: ignore[no-untyped-def]  # see the base class
+        cached = write_errors(claims.to_finish + claims.done_before)
+        return finish(claims), cached
+
+    def worker_finish(self, job: Mapping[str, Any], status: str, finished_at: dt.datetime) -> None:
+        self.store.jobs.delete_one({ID: job[ID]})
+
+    def _finish_operation(self, event: Mapping[str, Any]) -> DeleteOne:
+        return DeleteOne(as_seen_filter(event[Event.JOB]))
+
+    def _applied(self, written: BulkWriteResult) -> int:
+        return written.deleted_count
+
+    def _finished_by_us(self, job: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool:
+        return job is None
+
+    def _won(self, events: list[ZombieEvent], written: BulkWriteResult, session: ClientSession | None) -> list[ZombieEvent]:
+        won = super()._won(events, written, session)
+        if written.deleted_count < len(won):  # a worker deleted some itself: theirs no longer hold our entry
+            ours = _still_our_entries(self.store, won)
+            won = [event for event in won if event[ID] in ours]
+        return won
+
+
+STRATEGIES: dict[FinishStyle, type[FinishStrategy]] = {strategy.style: strategy for strategy in (KeptAsError, Deleted)}
+
+
+def strategy_for(store: Store, generation: QueueGeneration) -> FinishStrategy:
+    """The strategy of ``generation``'s finish style, with the deployment's collections it keeps resolved."""
+    return STRATEGIES[generation.finish](store, generation)
 
 
 def _finished(events: list[ZombieEvent]) -> list[Finished]:
@@ -129,32 +285,6 @@ def _finished(events: list[ZombieEvent]) -> list[Finished]:
 def _jobs_of(store: Store, events: list[Mapping[str, Any]], session: ClientSession | None) -> dict[Any, dict[str, Any]]:
     ids = [event[ID] for event in events]
     return {job[ID]: job for job in store.jobs.find({ID: {"$in": ids}}, _JOB_STATE, session=session).batch_size(READ_BATCH)}
-
-
-def _finished_by_us(job: Mapping[str, Any] | None, event: Mapping[str, Any], keeps: bool) -> bool:
-    if not keeps:
-        return job is None
-    return job is not None and job.get(Job.STATUS) == Status.ERROR and as_utc(job.get(Job.FINISHED_AT)) == event[Event.FINALIZED_AT]
-
-
-def _finish_operation(event: Mapping[str, Any], keeps: bool) -> UpdateOne | DeleteOne:
-    """The compare-and-set on what detection saw: the job is set to ``error`` (or deleted) only while still as seen.
-
-    A kept job's update selects it by ``_id`` alone and compares in the update itself (an update pipeline's
-    ``$cond``, atomic on the document like a filter): a job no longer as seen is left exactly as it is and
-    not counted as modified. Same outcome as a filter on every field, but the embedded server serves an
-    ``_id``-only filter by a point lookup, and plans every other field of a filter against its index catalog
-    first (about 1 ms per statement: docs/benchmarks.md); MongoDB serves both by the ``_id`` index.
-    """
-    job = event[Event.JOB]
-    if keeps:
-        seen = as_seen_expression(job)
-        finish_job = {
-            Job.STATUS: {"$cond": [seen, Status.ERROR, f"${Job.STATUS}"]},
-            Job.FINISHED_AT: {"$cond": [seen, event[Event.FINALIZED_AT], f"${Job.FINISHED_AT}"]},
-        }
-        return UpdateOne({ID: job[ID]}, [{"$set": finish_job}])
-    return DeleteOne(as_seen_filter(job))
 
 
 def _still_our_entries(store: Store, events: list[Mapping[str, Any]]) -> set[Any]:

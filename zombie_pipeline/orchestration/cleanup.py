@@ -1,27 +1,33 @@
-"""``kill_zombies_job``: the cleanup as ops, each a thin call into ``zombie_pipeline.cleanup``.
+"""``kill_zombies_job``: the cleanup as ops, each a thin call into a step of ``zombie_pipeline.cleanup.run``.
 
-The ops pass a :class:`CleanupPlan` along (run options, the policy and the
-queue's generation) and work on the audit collection, which is the cleanup's
-state: with the multiprocess executor nothing is shared in memory between ops.
+The ops pass the run's :class:`~zombie_pipeline.cleanup.run.CleanupPlan` along
+(options, the policy in force, the generations decided) and work on the audit
+collection, which is the cleanup's state: nothing else is shared between them.
 """
 
 
-import datetime as dt
-from collections import Counter
-from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import dagster as dg
 from pydantic import Field
 
 from zombie_pipeline import config
-from zombie_pipeline.cleanup import compensations
-from zombie_pipeline.cleanup import run as cleanup
-from zombie_pipeline.cleanup.detection import Candidate, engaged_brake, unknown_job_types
-from zombie_pipeline.cleanup.events import StepResult
-from zombie_pipeline.cleanup.run import GenerationUnknown
-from zombie_pipeline.orchestration.metadata import counts_metadata, malformed_metadata, table_metadata
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
+from zombie_pipeline.cleanup import run
+from zombie_pipeline.cleanup.compensations import CompensationError
+from zombie_pipeline.cleanup.counts import Count
+from zombie_pipeline.cleanup.detection import Candidate
+from zombie_pipeline.cleanup.run import CleanupOptions, CleanupPlan
+from zombie_pipeline.orchestration.metadata import (
+    counts_metadata,
+    malformed_metadata,
+    table_metadata,
+)
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    QueueDatabase,
+    ZombiePolicyResource,
+    store_of,
+)
 from zombie_pipeline.orchestration.tags import (
     CLEANUP_GROUP,
     JOB_TYPE_PARTITIONS,
@@ -32,9 +38,8 @@ from zombie_pipeline.orchestration.tags import (
     QUEUE_DATABASE_TAG,
     RETRY_STRATEGY_TAG,
 )
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import REASONS, utc_now
-from zombie_pipeline.queue.generations import QUEUE_GENERATIONS, QueueVerdict
+from zombie_pipeline.queue.documents import REASONS
+from zombie_pipeline.queue.generations import GenerationUnknown
 
 
 class CleanupConfig(dg.Config):
@@ -48,37 +53,12 @@ class CleanupConfig(dg.Config):
         default=None, description="Only these job types (a partitioned run takes its partition's type)."
     )
 
-
-@dataclass(frozen=True)
-class CleanupPlan:
-    run_id: str
-    policy: ZombiePolicy
-    dry_run: bool
-    override_brake: bool
-    job_types: Optional[tuple[str, ...]]
-    started_at: dt.datetime
-    generation: Optional[str]  # None: undecided, and ``generation_problem`` says why
-    generation_problem: Optional[str] = None
-    generation_candidates: tuple[str, ...] = ()  # the generations the evidence leaves open
-    counts: tuple[tuple[str, int], ...] = ()  # what the steps so far did
-
-    def add(self, result: StepResult) -> "CleanupPlan":
-        merged = Counter(dict(self.counts))
-        merged.update(result.counts)
-        return replace(self, counts=tuple(sorted(merged.items())))
-
-
-def _job_types(context: dg.OpExecutionContext, config: CleanupConfig) -> Optional[tuple[str, ...]]:
-    if context.has_partition_key:
-        return tuple(context.partition_keys)
-    return tuple(config.job_types) if config.job_types is not None else None
-
-
-def _generation_metadata(verdict: QueueVerdict) -> dict[str, Any]:
-    return {
-        "queue_generation": verdict.generation.name if verdict.generation else "undecided",
-        "queue_generation_evidence": dg.MetadataValue.json(verdict.evidence()),
-    }
+    def options(self, context: dg.OpExecutionContext) -> CleanupOptions:
+        if context.has_partition_key:
+            job_types: Optional[tuple[str, ...]] = tuple(context.partition_keys)
+        else:
+            job_types = tuple(self.job_types) if self.job_types is not None else None
+        return CleanupOptions(dry_run=self.dry_run, override_brake=self.override_brake, job_types=job_types)
 
 
 @dg.op(description="Tell the queue's generation, and complete the finalizations that crashed runs left half done.")
@@ -92,49 +72,36 @@ def reconcile(
     store = store_of(queue_db, cache_db, check=True)
     policy = zombie_policy.in_force(store)
     try:
-        actions = compensations.registry(policy)
-    except compensations.CompensationError as error:  # refused before anything is written
+        prepared = run.prepare(store, policy, context.run_id, config.options(context))
+    except CompensationError as error:  # refused before anything is written
         raise dg.Failure(description=str(error)) from None
+    plan = prepared.plan
     if zombie_policy.use_suggested_max_durations:
         context.log.info(f"suggested maximum durations in force: {policy.max_duration_seconds_by_type}")
-    verdict = cleanup.queue_verdict(store, policy)
-    plan = CleanupPlan(
-        run_id=context.run_id,
-        policy=policy,
-        dry_run=config.dry_run,
-        override_brake=config.override_brake,
-        job_types=_job_types(context, config),
-        started_at=utc_now(),
-        generation=verdict.generation.name if verdict.generation else None,
-        generation_problem=verdict.problem,
-        generation_candidates=verdict.candidates,
-    )
     metadata: dict[str, Any] = {
         "queue": queue_db.describe(),
         "cache": cache_db.describe(),
-        "policy": dg.MetadataValue.json(plan.policy.as_dict()),
-        **{f"policy/{name}": value for name, value in plan.policy.as_dict().items() if isinstance(value, (int, float))},
-        "dry_run": plan.dry_run,
-        "compensations": dg.MetadataValue.json([action.name for action in actions]),
-        **_generation_metadata(verdict),
+        "policy": dg.MetadataValue.json(policy.as_dict()),
+        **{f"policy/{name}": value for name, value in policy.as_dict().items() if isinstance(value, (int, float))},
+        "dry_run": plan.options.dry_run,
+        "compensations": dg.MetadataValue.json(list(prepared.compensations)),
+        "queue_generation": plan.generations.queue.name if plan.generations.queue else "undecided",
+        "cache_generation": plan.generations.cache.name,
+        "queue_generation_evidence": dg.MetadataValue.json(plan.generations.evidence()),
     }
-    if verdict.problem:
-        context.log.warning(verdict.problem)
-    unknown = unknown_job_types(store.jobs, zombie_policy.max_duration_seconds_by_type)
-    if unknown:
-        metadata["unknown_override_types"] = dg.MetadataValue.json(unknown)
+    if plan.generations.problem:
+        context.log.warning(plan.generations.problem)
+    if prepared.unknown_override_types:
+        metadata["unknown_override_types"] = dg.MetadataValue.json(list(prepared.unknown_override_types))
         context.log.warning(
-            f"max_duration_seconds_by_type names job types the queue does not hold: {unknown}; "
+            f"max_duration_seconds_by_type names job types the queue does not hold: {list(prepared.unknown_override_types)}; "
             "their maximum duration applies to no job (a misspelt type?)"
         )
-    if not plan.dry_run:
-        if verdict.generation is not None:
-            store.ensure_indexes()
-        result = cleanup.reconcile(store, plan.run_id, plan.policy)
-        plan = plan.add(result)
-        metadata.update(counts_metadata(result.counts))
-        if result.counts["taken_over"]:
-            context.log.warning(f"completed {result.counts['taken_over']} finalizations left by crashed runs")
+    result = run.reconcile(store, plan)
+    plan = plan.add(result)
+    metadata.update(counts_metadata(result.counts))
+    if result.counts[Count.TAKEN_OVER]:
+        context.log.warning(f"completed {result.counts[Count.TAKEN_OVER]} finalizations left by crashed runs")
     context.add_output_metadata(metadata)
     return plan
 
@@ -144,11 +111,9 @@ def find_zombies(
     context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> list[Candidate]:
     store = store_of(queue_db, cache_db, check=True)
-    # The brake applied here rather than inside cleanup.find_zombies: its numbers become the failure's metadata.
-    detection = cleanup.find_zombies(store, plan.policy, None, plan.job_types, override_brake=True)
-    brake = None if plan.override_brake else engaged_brake(store.jobs, detection, plan.policy, plan.job_types)
-    if brake is not None:
-        raise dg.Failure(description=brake.message(), metadata=brake.facts())
+    detection = run.find(store, plan)
+    if detection.brake is not None:
+        raise dg.Failure(description=detection.brake.message(), metadata=detection.brake.facts())
     rows = [candidate.evidence() for candidate in detection.candidates]
     by_reason = detection.count_by("reason")
     metadata: dict[str, Any] = {f"candidates/{reason}": by_reason.get(reason, 0) for reason in REASONS}
@@ -159,7 +124,7 @@ def find_zombies(
     if detection.malformed:
         context.log.warning(f"{len(detection.malformed)} started jobs are malformed and were left alone")
     context.add_output_metadata(metadata)
-    if plan.dry_run:
+    if plan.options.dry_run:
         context.log.info(f"dry run: {len(rows)} zombies would be finalized; nothing written")
         return []
     return detection.candidates
@@ -174,19 +139,17 @@ def finalize_zombies(
     context: dg.OpExecutionContext, plan: CleanupPlan, candidates: list[Candidate], queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> CleanupPlan:
     store = store_of(queue_db, cache_db, check=True)
-    if candidates and plan.generation is None:
+    try:
+        result = run.finalize(store, plan, candidates)
+    except GenerationUnknown as error:
         raise dg.Failure(
-            description=str(GenerationUnknown(plan.generation_problem)),
+            description=str(error),
             metadata={
                 "zombies_found": len(candidates),
-                "queue_generation_candidates": dg.MetadataValue.json(list(plan.generation_candidates)),
+                "queue_generation_candidates": dg.MetadataValue.json(list(plan.generations.queue_verdict.candidates)),
                 "to_decide": "set queue_generation in the zombie_policy resource",
             },
-        )
-    result = StepResult()
-    if candidates:
-        generation = QUEUE_GENERATIONS[plan.generation]
-        result = cleanup.finalize_zombies(store, candidates, plan.policy, plan.run_id, utc_now(), generation)
+        ) from None
     context.add_output_metadata({**counts_metadata(result.counts), "finalized_jobs": table_metadata(result.rows)})
     return plan.add(result)
 
@@ -196,15 +159,13 @@ def finalize_zombies(
     "failing in earlier runs too; record every outcome on its event. A failure never stops the others."
 )
 def compensate_zombies(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase) -> CleanupPlan:
-    if plan.dry_run:
-        return plan
     store = store_of(queue_db, cache_db, check=True)
-    result = compensations.compensate(store, plan.policy, plan.run_id, compensations.registry(plan.policy))
+    result = run.compensate(store, plan)
     context.add_output_metadata(counts_metadata(result.counts))
-    if result.counts["compensation_failed"] or result.counts["compensation_to_retry"]:
+    if result.counts[Count.COMPENSATION_FAILED] or result.counts[Count.COMPENSATION_TO_RETRY]:
         context.log.warning(
-            f"compensations: {result.counts['compensation_to_retry']} failed and will be tried again, "
-            f"{result.counts['compensation_failed']} given up on (see the compensations_succeed check)"
+            f"compensations: {result.counts[Count.COMPENSATION_TO_RETRY]} failed and will be tried again, "
+            f"{result.counts[Count.COMPENSATION_FAILED]} given up on (see the compensations_succeed check)"
         )
     return plan.add(result)
 
@@ -212,7 +173,7 @@ def compensate_zombies(context: dg.OpExecutionContext, plan: CleanupPlan, queue_
 @dg.op(description="Summarize the run from the audit trail: what was finalized, why, and what was skipped.")
 def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase) -> dict:
     store = store_of(queue_db, cache_db, check=True)
-    summary = cleanup.summarize_run(store, plan.run_id, dict(plan.counts))
+    summary = run.summarize(store, plan.run_id, dict(plan.counts))
     context.add_output_metadata(
         {
             **counts_metadata(summary.counts),

@@ -31,8 +31,17 @@ from zombie_pipeline import monitoring
 from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.orchestration.cleanup import reconcile
 from zombie_pipeline.orchestration.metadata import malformed_metadata, table_metadata
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
-from zombie_pipeline.orchestration.tags import CLEANUP_GROUP, CLEANUP_RUN_TAG, PARTITION_TAG
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    QueueDatabase,
+    ZombiePolicyResource,
+    store_of,
+)
+from zombie_pipeline.orchestration.tags import (
+    CLEANUP_GROUP,
+    CLEANUP_RUN_TAG,
+    PARTITION_TAG,
+)
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ErrorCode, utc_now
 from zombie_pipeline.statistics.offenders import DEFAULT_THRESHOLD, find_offenders

@@ -19,9 +19,18 @@ import dagster as dg
 from pydantic import Field
 
 from zombie_pipeline.orchestration.metadata import table_metadata
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, store_of
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    QueueDatabase,
+    store_of,
+)
 from zombie_pipeline.orchestration.statistics import DAILY_PARTITIONS, GROUP
-from zombie_pipeline.statistics.offenders import DEFAULT_LIMIT, DEFAULT_THRESHOLD, RepeatOffenders, find_offenders
+from zombie_pipeline.statistics.offenders import (
+    DEFAULT_LIMIT,
+    DEFAULT_THRESHOLD,
+    RepeatOffenders,
+    find_offenders,
+)
 from zombie_pipeline.statistics.reports import offenders_markdown
 from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS
 

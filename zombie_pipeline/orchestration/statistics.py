@@ -24,10 +24,15 @@ import dagster as dg
 from pydantic import Field
 
 from zombie_pipeline import config
-from zombie_pipeline.cleanup.run import GenerationUnknown, queue_verdict, required_generation
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    QueueDatabase,
+    ZombiePolicyResource,
+    store_of,
+)
 from zombie_pipeline.orchestration.tags import PIPELINE_TAG, STATISTICS_GROUP
 from zombie_pipeline.policy import SuggestionRules
+from zombie_pipeline.queue.generations import GenerationUnknown, decide
 from zombie_pipeline.statistics.cache_history import CacheIndexMissing
 from zombie_pipeline.statistics.history import read_history
 from zombie_pipeline.statistics.offenders import DEFAULT_THRESHOLD, find_offenders
@@ -42,7 +47,12 @@ from zombie_pipeline.statistics.reports import (
 )
 from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze
 from zombie_pipeline.statistics.suggestions import save_suggestions
-from zombie_pipeline.statistics.tallies import READ_BATCH_SIZE, Period, combine, count_undated_jobs
+from zombie_pipeline.statistics.tallies import (
+    READ_BATCH_SIZE,
+    Period,
+    combine,
+    count_undated_jobs,
+)
 
 GROUP = STATISTICS_GROUP
 PARTITIONS_START = config.statistics_start().isoformat()
@@ -103,14 +113,14 @@ def job_duration_tallies(
     """
     window = context.partition_time_window
     store = store_of(queue_db, cache_db, check=True)
-    verdict = queue_verdict(store, zombie_policy.policy())
+    generations = decide(store, zombie_policy.policy())
     try:
-        generation = required_generation(verdict)
+        generation = generations.required_queue()
         period = read_history(store, generation, window.start, window.end, config.batch_size, config.create_cache_index)
     except GenerationUnknown as error:
         raise dg.Failure(
             description=str(error),
-            metadata={"queue_generation_candidates": dg.MetadataValue.json(list(verdict.candidates))},
+            metadata={"queue_generation_candidates": dg.MetadataValue.json(list(generations.queue_verdict.candidates))},
         ) from None
     except CacheIndexMissing as error:
         raise dg.Failure(

@@ -1,9 +1,13 @@
-"""The generations of the deployment's documents: what each declares, and how to tell which one runs.
+"""The generations of the deployment's documents: what each declares, and which one a database is, decided once a run.
 
 The deployment loads its collections through strict models that refuse
 undeclared fields and statuses, and what finishing a job means changed in
-December 2023 (finished jobs are deleted). The cleanup, the statistics and the
-simulator ask this module; none of them branches on a generation name by hand.
+December 2023 (finished jobs are deleted). This module is the table of every
+generation, the evidence that tells a database's generation, and
+:func:`decide`, asked once per run: the queue's and the cache's generation
+with their evidence. How a generation finishes a job is a *finish style* here,
+and behaviour in the cleanup's strategies (``cleanup/strategies.py``); nobody
+else branches on a generation.
 
 A queue generation is recognized from evidence in the database (job fields,
 statuses, collections, indexes): each piece of evidence allows a range of
@@ -16,9 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import pymongo
+from pymongo.collection import Collection
 from pymongo.database import Database
 
 from zombie_pipeline.queue.documents import (
@@ -37,7 +42,25 @@ from zombie_pipeline.queue.documents import (
     Status,
 )
 
+if TYPE_CHECKING:
+    from zombie_pipeline.policy import ZombiePolicy
+    from zombie_pipeline.queue.store import Store
+
 # --- queue generations -----------------------------------------------------
+
+
+class FinishStyle(StrEnum):
+    """How the deployment finishes a job; each has its strategy in ``cleanup/strategies.py``."""
+
+    KEPT_AS_ERROR = "kept_as_error"  # before 2023-12: the job stays, with its final status and finished_at
+    DELETED = "deleted"  # 2023-12 on: the job is deleted once its cache entry is written
+
+
+class DurationsSource(StrEnum):
+    """Where the durations of finished runs can be read, once a day is over."""
+
+    FINISHED_JOBS = "jobs"  # every run of the day, kept in the queue
+    CACHE_ENTRIES = "cache"  # the latest run of each artifact, in its cache entry's duration
 
 
 class UnicityFormat(StrEnum):
@@ -61,13 +84,15 @@ class QueueGeneration:
     #: The cache generation a deployment of this generation writes (the simulator's default).
     cache_generation: str
     #: From December 2023, a finished job is deleted; before, it is kept with its final status.
-    keeps_finished_jobs: bool = True
+    finish: FinishStyle = FinishStyle.KEPT_AS_ERROR
     #: ``jobTotalMetric`` rows carry ``dataset_status`` (from July 2024; the rows updated in step are "normal").
     job_metrics_by_dataset_status: bool = False
     #: The fields of a ``locks`` document (the lock's key is its ``_id``).
     lock_fields: frozenset[str] = frozenset()
     #: The cache has the ``(kind, updated_at, dataset)`` index (named ``kind_updated``, 2026 on).
     cache_updated_index: bool = False
+    #: A job's heartbeat may be an explicit null (an update that set it to None), not only a missing key.
+    null_heartbeats: bool = False
 
     def declares(self, field_name: str) -> bool:
         return field_name in self.job_fields
@@ -81,14 +106,9 @@ class QueueGeneration:
         return self.keeps(CACHE_METRICS_COLLECTION)
 
     @property
-    def cache_first(self) -> bool:
-        """The deployment writes the error entry, then deletes the job (the deletion proves the claim won)."""
-        return not self.keeps_finished_jobs
-
-    @property
-    def retries_by_default(self) -> bool:
-        """Where finished jobs are deleted, the deployment's backfill re-creates failed jobs itself."""
-        return self.keeps_finished_jobs
+    def durations_source(self) -> DurationsSource:
+        """Finished jobs where the queue keeps them; else the cache entries, which outlive them."""
+        return DurationsSource.FINISHED_JOBS if self.finish is FinishStyle.KEPT_AS_ERROR else DurationsSource.CACHE_ENTRIES
 
     def unicity_id(self, job_type: str, dataset: str, revision: str | None, config: str | None, split: str | None) -> str:
         if self.unicity_format is UnicityFormat.BRACKETS:
@@ -165,7 +185,8 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             frozenset({LOCKS_COLLECTION, JOB_METRICS_COLLECTION, WORKER_SIZE_METRICS_COLLECTION, CACHE_METRICS_COLLECTION}),
             UnicityFormat.COMMAS_WITH_REVISION,
             "2024-01",
-            keeps_finished_jobs=False,
+            finish=FinishStyle.DELETED,
+            null_heartbeats=True,
             lock_fields=_LOCK_2023_12,
         ),
         QueueGeneration(
@@ -175,7 +196,8 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             _RATE_LIMITED,
             UnicityFormat.COMMAS_WITH_REVISION,
             "2024-07",
-            keeps_finished_jobs=False,
+            finish=FinishStyle.DELETED,
+            null_heartbeats=True,
             job_metrics_by_dataset_status=True,
             lock_fields=_LOCK_2023_12,
         ),
@@ -186,7 +208,8 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             _RATE_LIMITED,
             UnicityFormat.COMMAS_WITH_REVISION,
             "2024-07",
-            keeps_finished_jobs=False,
+            finish=FinishStyle.DELETED,
+            null_heartbeats=True,
             job_metrics_by_dataset_status=True,
             lock_fields=_LOCK_2023_12,
             cache_updated_index=True,
@@ -206,7 +229,7 @@ def _until(name: str) -> frozenset[str]:
     return frozenset(QUEUE_GENERATION_NAMES[: QUEUE_GENERATION_NAMES.index(name) + 1])
 
 
-_KEPT = frozenset(name for name, generation in QUEUE_GENERATIONS.items() if generation.keeps_finished_jobs)
+_KEPT = frozenset(name for name, generation in QUEUE_GENERATIONS.items() if generation.finish is FinishStyle.KEPT_AS_ERROR)
 
 
 @dataclass(frozen=True)
@@ -334,7 +357,7 @@ def judge(clues: list[Clue], configured: str | None = None) -> QueueVerdict:
         seen = "; ".join(f"{clue.seen} (allows {_span(clue.allows)})" for clue in clues)
         problem = f"the queue's evidence contradicts itself: {seen}. Nothing was written; check the database, or {hint}."
         return QueueVerdict(None, (), tuple(clues), problem=problem)
-    if len({QUEUE_GENERATIONS[name].keeps_finished_jobs for name in ordered}) > 1:
+    if len({QUEUE_GENERATIONS[name].finish for name in ordered}) > 1:
         problem = (
             f"the queue could be any of {', '.join(ordered)}: nothing seen tells whether finished jobs are kept "
             f"(before 2023-12) or deleted. Nothing was written; {hint}."
@@ -415,6 +438,37 @@ OLDEST_CACHE_GENERATION = "2023-01"
 NEWEST_CACHE_GENERATION = "2024-07"
 
 
+_CACHE_SAMPLE = 200
+
+
+@dataclass(frozen=True)
+class CacheVerdict:
+    """Which generation the cache's entries are written in, and why."""
+
+    generation: CacheGeneration
+    configured: bool = False
+    fields_seen: tuple[str, ...] = ()  # in the newest entries; none: an empty cache, its queue's own assumed
+
+    def evidence(self) -> dict[str, Any]:
+        return {"generation": self.generation.name, "configured": self.configured, "fields_seen": list(self.fields_seen)}
+
+
+def detect_cache_generation(cache: Collection, configured: str | None, queue: QueueGeneration | None) -> CacheVerdict:
+    """The configured generation, else the one the newest existing entries were written in.
+
+    An empty cache tells nothing: the cache the queue's generation writes is assumed (for an early
+    queue, the oldest of its time, whose fields every later one of that time declares too).
+    """
+    if configured:
+        return CacheVerdict(CACHE_GENERATIONS[configured], configured=True)
+    seen: set[str] = set()
+    for entry in cache.find({}, {Cache.CONTENT: 0, Cache.DETAILS: 0}).sort("$natural", -1).limit(_CACHE_SAMPLE):
+        seen.update(entry)
+    if not seen:
+        return CacheVerdict(CACHE_GENERATIONS[queue.cache_generation if queue else NEWEST_CACHE_GENERATION])
+    return CacheVerdict(cache_generation_of(seen), fields_seen=tuple(sorted(seen - {ID})))
+
+
 def cache_generation_of(field_names: set[str]) -> CacheGeneration:
     """The oldest generation that declares every field seen in existing entries.
 
@@ -425,6 +479,50 @@ def cache_generation_of(field_names: set[str]) -> CacheGeneration:
         if field_names - {ID} <= generation.fields:
             return generation
     return CACHE_GENERATIONS[NEWEST_CACHE_GENERATION]
+
+
+# --- the decision of a run --------------------------------------------------------
+
+
+class GenerationUnknown(RuntimeError):
+    """The queue's generation cannot be told from the database; nothing was written."""
+
+
+@dataclass(frozen=True)
+class Generations:
+    """The queue's and the cache's generation for one run, with their evidence: decided once, by :func:`decide`."""
+
+    queue_verdict: QueueVerdict
+    cache_verdict: CacheVerdict
+
+    @property
+    def queue(self) -> QueueGeneration | None:
+        """None when the evidence leaves the queue's generation undecided (``problem`` says why)."""
+        return self.queue_verdict.generation
+
+    @property
+    def cache(self) -> CacheGeneration:
+        return self.cache_verdict.generation
+
+    @property
+    def problem(self) -> str | None:
+        return self.queue_verdict.problem
+
+    def required_queue(self) -> QueueGeneration:
+        """The queue's generation, or :class:`GenerationUnknown` for a run that must write."""
+        if self.queue is None:
+            raise GenerationUnknown(self.problem)
+        return self.queue
+
+    def evidence(self) -> dict[str, Any]:
+        """For run metadata: what was seen in each database, what it allows, and the verdicts."""
+        return {**self.queue_verdict.evidence(), "cache": self.cache_verdict.evidence()}
+
+
+def decide(store: Store, policy: ZombiePolicy) -> Generations:
+    """Which generations the run's databases are: configured in the policy, or told from a few indexed reads."""
+    verdict = detect_queue_generation(store.jobs.database, store.jobs.name, policy.queue_generation)
+    return Generations(verdict, detect_cache_generation(store.cache, policy.cache_generation, verdict.generation))
 
 
 # --- reading cache entries of any generation ------------------------------------

@@ -21,7 +21,13 @@ from zombie_pipeline.queue.documents import (
     RETRIES_COLLECTION,
     WORKER_SIZE_METRICS_COLLECTION,
 )
-from zombie_pipeline.queue.indexes import CACHE_INDEXES, EVENT_INDEXES, JOB_INDEXES, RETRY_INDEXES, ensure_indexes
+from zombie_pipeline.queue.indexes import (
+    CACHE_INDEXES,
+    EVENT_INDEXES,
+    JOB_INDEXES,
+    RETRY_INDEXES,
+    ensure_indexes,
+)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-import pymongo
 from bson import ObjectId
 
 from zombie_pipeline.cleanup import counters
@@ -48,6 +47,7 @@ from zombie_pipeline.queue.generations import (
     CACHE_GENERATIONS,
     NEWEST_QUEUE_GENERATION,
     QUEUE_GENERATIONS,
+    DurationsSource,
     QueueGeneration,
 )
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
@@ -173,7 +173,7 @@ class Workload:
     @property
     def total(self) -> int:
         """Job documents written: the finished history stays in the queue only where finished jobs are kept."""
-        kept = self.finished if self.queue_generation.keeps_finished_jobs else 0
+        kept = self.finished if self.queue_generation.durations_source is DurationsSource.FINISHED_JOBS else 0
         return kept + self.started + self.waiting
 
 
@@ -344,7 +344,7 @@ class _Generator:
             last_heartbeat=last_heartbeat,
             terminated_at=terminated_at,
         )
-        if kind == "never_heartbeated" and self.rng.random() < 0.5 and not self.generation.keeps_finished_jobs:
+        if kind == "never_heartbeated" and self.rng.random() < 0.5 and self.generation.null_heartbeats:
             job[Job.LAST_HEARTBEAT] = None  # an explicit null, as an update that set None writes it
         return job
 
@@ -454,7 +454,7 @@ def simulate(store: Store, workload: Workload = Workload(), now: dt.datetime | N
             flush_jobs()
 
     for job, entry in generator.finished_jobs():
-        if generation.keeps_finished_jobs:
+        if generation.durations_source is DurationsSource.FINISHED_JOBS:  # the queue keeps its history
             add(job)
         else:
             past_jobs += _past_job(job, entry[Cache.UPDATED_AT], now)

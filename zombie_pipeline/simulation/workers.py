@@ -30,7 +30,8 @@ from typing import Any, Callable
 
 from pymongo import ReturnDocument
 
-from zombie_pipeline.cleanup.effects import Finished, SideCollections, after_finish, after_insert, worker_size
+from zombie_pipeline.cleanup.effects import Finished, after_insert, worker_size
+from zombie_pipeline.cleanup.strategies import strategy_for
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     DEFAULT_ZOMBIE_HTTP_STATUS,
@@ -56,7 +57,13 @@ from zombie_pipeline.queue.generations import (
     stored_failed_runs,
 )
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import JOB_TYPES, START_LOCK_TTL_SECONDS, JobType, WorkloadError, job_document
+from zombie_pipeline.simulation.simulator import (
+    JOB_TYPES,
+    START_LOCK_TTL_SECONDS,
+    JobType,
+    WorkloadError,
+    job_document,
+)
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,8 @@ class WorkerPool:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.runs: list[_Run | None] = [None] * self.rates.workers
-        self.side = SideCollections.of(self.store, self.generation)
+        self.strategy = strategy_for(self.store, self.generation)
+        self.side = self.strategy.side
         self.cache_generation = CACHE_GENERATIONS[self.generation.cache_generation]
         self.types = {job_type.name: job_type for job_type in self.job_types}
         self._openings: tuple[set, set, list] | None = None
@@ -256,11 +264,8 @@ class WorkerPool:
         finished_at = self.now()
         self._write_result(current, finished_at, run.failed)
         status = Status.ERROR if run.failed else Status.SUCCESS
-        if self.generation.keeps_finished_jobs:
-            self.store.jobs.update_one({ID: current[ID]}, {"$set": {Job.STATUS: status, Job.FINISHED_AT: finished_at}})
-        else:
-            self.store.jobs.delete_one({ID: current[ID]})
-        after_finish(self.store, self.side, [Finished(current, finished_at, status)], finished_at)
+        self.strategy.worker_finish(current, status, finished_at)
+        self.strategy.after_finish([Finished(current, finished_at, status)], finished_at)
         self.counts[f"finished_{status}"] += 1
 
     def _write_result(self, job: dict[str, Any], finished_at: dt.datetime, failed: bool) -> None:

@@ -22,12 +22,18 @@ from typing import Any, Mapping
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pymongo
 from pymongo.collection import Collection
 from pymongoarrow.api import Schema, find_arrow_all
 
 from zombie_pipeline.cleanup.cache_errors import DETAIL_JOB_ID
-from zombie_pipeline.queue.documents import HTTP_OK, Cache, ErrorCode, Reason, Status, as_utc
+from zombie_pipeline.queue.documents import (
+    HTTP_OK,
+    Cache,
+    ErrorCode,
+    Reason,
+    Status,
+    as_utc,
+)
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
 from zombie_pipeline.statistics.tallies import (
     EVENT_PROJECTION,

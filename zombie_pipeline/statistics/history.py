@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.generations import DurationsSource, QueueGeneration
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.statistics.cache_history import read_cache_period
 from zombie_pipeline.statistics.tallies import READ_BATCH_SIZE, Period, read_period
@@ -19,6 +19,6 @@ def read_history(
     create_cache_index: bool = False,
 ) -> Period:
     """The tallies of ``[start, end)`` from the source ``generation`` leaves: jobs, or cache entries."""
-    if generation.keeps_finished_jobs:
+    if generation.durations_source is DurationsSource.FINISHED_JOBS:
         return read_period(store.jobs, store.events, start, end, batch_size)
     return read_cache_period(store.cache, store.events, start, end, batch_size, create_cache_index)

@@ -419,7 +419,9 @@ def _stamp(moment) -> str:
 
 def plot_durations(report: DurationReport, path: Path | str) -> Path:
     """One panel per type: successful durations on a log axis, current T2 red, suggested T2 green."""
-    from matplotlib.figure import Figure  # Agg canvas, no pyplot state: safe in any process or thread
+    from matplotlib.figure import (
+        Figure,  # Agg canvas, no pyplot state: safe in any process or thread
+    )
 
     path = Path(path)
     count = max(len(report.types), 1)

@@ -35,7 +35,7 @@ import pandas as pd
 
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
 from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, as_utc
-from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.generations import DurationsSource, QueueGeneration
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.statistics.history import read_history
 from zombie_pipeline.statistics.quantiles import (
@@ -45,7 +45,13 @@ from zombie_pipeline.statistics.quantiles import (
     runs_for_upper_bound,
     success_statistics,
 )
-from zombie_pipeline.statistics.tallies import EMPTY_DURATIONS, READ_BATCH_SIZE, Period, Tally, count_undated_jobs
+from zombie_pipeline.statistics.tallies import (
+    EMPTY_DURATIONS,
+    READ_BATCH_SIZE,
+    Period,
+    Tally,
+    count_undated_jobs,
+)
 
 DEFAULT_WINDOW_DAYS = 7
 
@@ -316,5 +322,5 @@ def analyze_window(
     """One pass over the ``window_days`` before ``end``: the report without Dagster (the CLI demo)."""
     end = as_utc(end)
     period = read_history(store, generation, end - dt.timedelta(days=window_days), end, batch_size)
-    undated = count_undated_jobs(store.jobs) if generation.keeps_finished_jobs else None
+    undated = count_undated_jobs(store.jobs) if generation.durations_source is DurationsSource.FINISHED_JOBS else None
     return analyze(period, policy, rules, undated=undated)
