@@ -192,7 +192,7 @@ def test_an_error_code_or_job_id_of_an_odd_type_is_not_a_kill_nor_ours_and_never
     cache.insert_many(
         [
             entry("a", "u/list-code", 30.0, http_status=500, error_code=[ErrorCode.CRASHED]),
-            entry("a", "u/number-id", 40.0, http_status=500, error_code="UnexpectedError", **{Cache.DETAILS: {DETAIL_JOB_ID: 12}}),
+            entry("a", "u/number-id", 40.0, http_status=500, error_code="Unexpected", **{Cache.DETAILS: {DETAIL_JOB_ID: 12}}),
             entry("a", "u/null-id", 50.0, http_status=500, **{Cache.DETAILS: {DETAIL_JOB_ID: None}}),
             entry("a", "u/listed-details", 60.0, http_status=500, **{Cache.DETAILS: [{DETAIL_JOB_ID: "x"}]}),
         ]
@@ -236,21 +236,28 @@ def test_an_entry_without_a_job_type_is_counted_once_in_its_day_whatever_its_kin
 
 
 def test_every_query_of_a_day_examines_that_days_entries_of_one_kind_value_on_the_index(store, cache, mongo_url):
-    days = (-3, 0, 3)
-    cache.insert_many(
-        [entry(kind, f"u/d{i}-{day}", 1.0, updated_at=NOON + dt.timedelta(days=day)) for kind in ("a", "b") for i in range(20) for day in days]
-        + [entry(kind, f"u/odd{i}-{day}", 1.0, updated_at=NOON + dt.timedelta(days=day)) for kind in (ABSENT, 7) for i in range(3) for day in days]
-    )
+    def entries(kinds, each: int) -> list[dict]:
+        return [
+            entry(kind, f"u/{kind}-{i}-{day}", 1.0, updated_at=NOON + dt.timedelta(days=day))
+            for kind in kinds
+            for i in range(each)
+            for day in (-3, 0, 3)
+        ]
+
+    cache.insert_many(entries(("a", "b"), 20) + entries((ABSENT, 7), 3))
 
     with logged_store(mongo_url, store) as (logged, log):
         period = read_cache_period(logged.cache, logged.events, DAY, NEXT_DAY)
 
-    queries = [(command["filter"], command["hint"]) for command in log.named("find") if command["find"] == store.cache.name]
-    queries += [(command["pipeline"][0]["$match"], command["hint"]) for command in log.named("aggregate") if command["aggregate"] == store.cache.name]
+    cache_name = store.cache.name
+    queries = [(command["filter"], command["hint"]) for command in log.named("find") if command["find"] == cache_name]
+    counts = [command for command in log.named("aggregate") if command["aggregate"] == cache_name]  # count_documents
+    queries += [(command["pipeline"][0]["$match"], command["hint"]) for command in counts]
     assert [query[Cache.KIND] for query, _ in queries] == ["a", "b", 7, None] and {hint for _, hint in queries} == {INDEX_NAME}
     examined = []
     for query, hint in queries:
-        explained = store.cache.database.command("explain", {"find": store.cache.name, "filter": query, "hint": hint}, verbosity="executionStats")
+        find = {"find": cache_name, "filter": query, "hint": hint}
+        explained = store.cache.database.command("explain", find, verbosity="executionStats")
         examined.append(query_plan_of(explained)["executionStats"]["totalDocsExamined"])
     assert examined == [20, 20, 3, 3]  # the day's entries of one kind value: never another day's, never a scan
     assert period.bad_data == {BadData.INVALID_TYPE: 6} and period.jobs_read == 46

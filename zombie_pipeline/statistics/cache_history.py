@@ -138,7 +138,8 @@ def read_cache_period(
     values = cache.distinct(Cache.KIND)  # each value once, by the server's equality (MongoDB: 1 and 1.0 are one, true another)
     for kind in sorted(value for value in values if is_job_type(value)):
         query = entries_filter(kind, start, end)
-        _fold_table(period, kind, find_arrow_all(cache, query, schema=_SCHEMA, projection=_ROW, hint=index, batch_size=batch_size))
+        table = find_arrow_all(cache, query, schema=_SCHEMA, projection=_ROW, hint=index, batch_size=batch_size)
+        _fold_table(period, kind, table)
     for value in [value for value in values if value is not None and not is_job_type(value)] + [None]:
         unnamed = cache.count_documents(entries_filter(value, start, end), hint=index)  # None: no kind, or null
         period.jobs_read += unnamed
