@@ -10,8 +10,9 @@ fresh server per run by :mod:`benchmarks.cleanup_bench`):
   documents, and the server's ``explain`` of the stale query (plan, documents
   and keys examined);
 * **statistics**: the duration statistics of the 7-day window as the Dagster
-  assets compute them (one ``read_period`` per UTC day, ``combine``, ``analyze``
-  with ``count_undated_jobs``), time split into database read and Python/pandas
+  assets compute them (one ``read_period`` per UTC day of the finished statuses
+  the queue's generation declares, ``combine``, ``analyze`` with
+  ``count_undated_jobs``), time split into database read and Python/pandas
   compute, peak memory, bytes; beside a naive version that loads whole documents
   into one DataFrame; and one daily partition alone (what it reads, what the
   server examines);
@@ -56,7 +57,7 @@ from zombie_pipeline.queue.documents import (
     Status,
     cache_key_of_job,
 )
-from zombie_pipeline.queue.generations import NEWEST_CACHE_GENERATION
+from zombie_pipeline.queue.generations import NEWEST_CACHE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import Workload, simulate
@@ -66,6 +67,8 @@ from zombie_pipeline.statistics.suggest import analyze
 
 QUEUE_DB = "bench_history_queue"
 CACHE_DB = "bench_history_cache"
+#: The generation of the benchmark's queue: the statuses a day reads are the finished ones it declares.
+GENERATION = QUEUE_GENERATIONS[QUEUE_GENERATION]
 
 
 @dataclass
@@ -143,9 +146,9 @@ class TimedCollection:
         return timed
 
 
-def day_filters(jobs: Any, start: dt.datetime, end: dt.datetime) -> list[dict[str, Any]]:
-    """The queries ``read_period`` sends for the jobs of ``[start, end)``: one per status."""
-    return [tallies.finished_jobs_filter(status, start, end) for status in tallies.statuses_to_read(jobs)]
+def day_filters(start: dt.datetime, end: dt.datetime) -> list[dict[str, Any]]:
+    """The queries ``read_period`` sends for the jobs of ``[start, end)``: one per finished status of the generation."""
+    return [tallies.finished_jobs_filter(status, start, end) for status in tallies.statuses_to_read(GENERATION)]
 
 
 # --- statistics: ours and the naive version ------------------------------------------------
@@ -160,9 +163,11 @@ def days_of(history: History) -> list[tuple[dt.datetime, dt.datetime]]:
 def statistics_ours(jobs: Any, events: Any, history: History, policy: ZombiePolicy, clock: Clock) -> dict[str, Any]:
     """The window as the assets compute it: a ``read_period`` per day, then ``combine`` and ``analyze``."""
     timed_jobs, timed_events = TimedCollection(jobs, clock), TimedCollection(events, clock)
-    periods = [tallies.read_period(timed_jobs, timed_events, start, end) for start, end in days_of(history)]
+    periods = [
+        tallies.read_period(timed_jobs, timed_events, start, end, generation=GENERATION) for start, end in days_of(history)
+    ]
     period = tallies.combine(periods)
-    report = analyze(period, policy, undated=tallies.count_undated_jobs(timed_jobs))
+    report = analyze(period, policy, undated=tallies.count_undated_jobs(timed_jobs, GENERATION))
     return {"jobs_read": period.jobs_read, "types": len(report.types)}
 
 
@@ -182,7 +187,7 @@ def statistics_naive(jobs: Any, history: History, clock: Clock) -> dict[str, Any
 
 
 def statistics_day(jobs: Any, events: Any, start: dt.datetime, end: dt.datetime, clock: Clock) -> dict[str, Any]:
-    period = tallies.read_period(TimedCollection(jobs, clock), TimedCollection(events, clock), start, end)
+    period = tallies.read_period(TimedCollection(jobs, clock), TimedCollection(events, clock), start, end, generation=GENERATION)
     return {"jobs_read": period.jobs_read}
 
 
@@ -296,13 +301,14 @@ class HistoryBench:
         keys = [cache_key_of_job(job) for job in zombies]
         unicity_ids = sorted(job[Job.UNICITY_ID] for job in zombies)
         day_start, day_end = days_of(self.history)[len(days_of(self.history)) // 2]
+        day_queries = day_filters(day_start, day_end)
         shapes = [
             ("detection: stale query as detect sends it (two $match stages)", jobs, stale_pipeline(policy, now), None, None),
             ("detection: the same as one find with its $or (not sent)", jobs, stale_filter(policy, now), None, None),
             (
                 "statistics: one day, successful jobs (a read_period query)",
                 jobs,
-                next((q for q in day_filters(jobs, day_start, day_end) if q.get(Job.STATUS) == Status.SUCCESS), day_filters(jobs, day_start, day_end)[0]),
+                next((q for q in day_queries if q.get(Job.STATUS) == Status.SUCCESS), day_queries[0]),
                 None,
                 None,
             ),
@@ -417,7 +423,7 @@ class HistoryBench:
         day = measure(lambda: statistics_day(jobs, events, day_start, day_end, clock), self.counter)
         explains = [
             explain_find(self.setup_store.jobs, query, projection=tallies._JOB_PROJECTION)
-            for query in day_filters(self.setup_store.jobs, day_start, day_end)
+            for query in day_filters(day_start, day_end)
         ]
         plan = f"{len(explains)} finds, first: {explains[0]['plan']}"
         if day.counts["commands_by_name"].get("distinct"):  # read_period asks which statuses exist

@@ -53,10 +53,14 @@ def test_harness_produces_figures(tmp_path: Path) -> None:
     variants = {row["variant"].split(" ")[0]: row for row in results["statistics"]}
     assert set(variants) == {"ours", "naive", "one"}
     assert variants["one"]["jobs_read"] == variants["one"]["jobs_finished_that_day"]
+    # a daily partition sends no distinct and the server examines its own day's jobs only (issue 19)
+    assert "distinct" not in variants["one"]["commands_by_name"]
+    assert variants["one"]["docs_examined"] == variants["one"]["jobs_read"] > 0
     assert results["growth"]
 
     verdicts = {target["target"].split(" (")[0]: target for target in results["targets"]}
     assert verdicts["documents written per zombie <= 4 + retry"]["held"]
+    assert verdicts["a daily partition makes the server examine only its own day"]["held"]
     assert any(name.startswith("cleanup commands across 30 job types") for name in verdicts)
     assert any(name.startswith("(for comparison, not a target) cleanup wall time") for name in verdicts)  # a target at 1,000 zombies only
 

@@ -15,8 +15,10 @@ from bson.tz_util import utc as bson_utc
 
 from tests.helpers import logged_store, workload
 from tests.statistics.builders import DAY, NEXT_DAY, NOON, UTC, event, job, tally
+from zombie_pipeline.cleanup.detection import query_plan_of
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Reason, Status
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.statistics.suggest import analyze
 from zombie_pipeline.statistics.tallies import (
@@ -164,6 +166,53 @@ def test_only_the_needed_fields_leave_the_database_in_batches(mongo_url, store):
     assert finds and all(set(command["projection"]) <= needed and "note" not in command["projection"] for command in finds)
     assert all(command.get("batchSize") == 10 for command in finds)
     assert len(log.named("getMore")) >= 2  # 25 documents of one status, 10 a batch
+
+
+def test_a_day_reads_the_finished_statuses_its_generation_declares_and_examines_only_that_days_jobs(mongo_url, store):
+    other_days = [DAY - dt.timedelta(days=2), NEXT_DAY + dt.timedelta(hours=3)]
+    store.jobs.insert_many(
+        [job("/a", status, 5, finished_at=at) for status in (Status.SUCCESS, Status.ERROR) for at in [NOON] * 6 + other_days * 20]
+        + [job("/a", Status.CANCELLED, None) for _ in range(2)]
+        + [job("/a", Status.SKIPPED, None)]  # 2023-05 and after declare no such status
+        + [job("/a", Status.WAITING, None, **{Job.FINISHED_AT: None}) for _ in range(30)]
+        + [job("/a", "exploded", 5) for _ in range(30)]
+    )
+
+    with logged_store(mongo_url, store) as (logged, log):
+        period = read_period(logged.jobs, logged.events, DAY, NEXT_DAY, generation=QUEUE_GENERATIONS["2023-05"])
+
+    assert log.named("distinct") == []  # which statuses exist is asked once per window, not by every day
+    finds = [command for command in log.named("find") if command["find"] == store.jobs.name]
+    assert [command["filter"][Job.STATUS] for command in finds] == [Status.CANCELLED, Status.ERROR, Status.SUCCESS]
+    examined = []
+    for command in finds:
+        find = {"find": store.jobs.name, "filter": command["filter"]}
+        explained = store.jobs.database.command("explain", find, verbosity="executionStats")
+        examined.append(query_plan_of(explained)["executionStats"]["totalDocsExamined"])
+    assert examined == [2, 6, 6] and period.jobs_read == 14
+    assert period.tallies["/a"].statuses == {Status.SUCCESS: 6, Status.ERROR: 6, Status.CANCELLED: 2} and period.bad_data == {}
+
+
+def test_jobs_of_a_status_the_generation_does_not_declare_are_counted_once_over_the_whole_collection(store):
+    long_ago = DAY - dt.timedelta(days=400)
+    store.jobs.insert_many(
+        [job("/a", Status.SUCCESS, 5), job("/a", Status.WAITING, None, **{Job.FINISHED_AT: None}), job("/a", Status.STARTED, 5)]
+        + [job("/a", "exploded", 5), job("/a", "exploded", 5, finished_at=long_ago)]
+        + [without(job("/a", "running", 5), Job.FINISHED_AT)]
+        + [job("/a", None, 5), without(job("/a", Status.SUCCESS, 5), Job.STATUS), job("/a", 3, 5), job("/a", {"name": "x"}, 5)]
+        + [job("/a", ["exploded", "running"], 5)]  # one job, though it holds two odd statuses
+        + [job("/a", Status.SKIPPED, None), job("/a", Status.SKIPPED, None, finished_at=long_ago)]
+    )
+
+    newest, oldest = QUEUE_GENERATIONS["2023-05"], QUEUE_GENERATIONS["2023-01"]  # only the oldest declares skipped
+
+    assert count_undated_jobs(store.jobs, newest) == {BadData.UNKNOWN_STATUS: 10}
+    assert count_undated_jobs(store.jobs, oldest) == {BadData.UNKNOWN_STATUS: 8}
+    assert read_period(store.jobs, store.events, DAY, NEXT_DAY, generation=oldest).tallies["/a"].statuses == {
+        Status.SUCCESS: 1,
+        Status.SKIPPED: 1,
+    }
+    assert read_period(store.jobs, store.events, DAY, NEXT_DAY, generation=newest).bad_data == {}  # counted once: above
 
 
 # --- a batch classified on arrays, as one document at a time ------------------------------

@@ -217,7 +217,8 @@ def job_duration_statistics(
         period,
         policy,
         rules,
-        undated=count_undated_jobs(store.jobs) if period.source == "jobs" else None,
+        # jobs the daily reads leave out: undated, or of a status the queue's generation does not declare
+        undated=count_undated_jobs(store.jobs, decide(store, policy).queue) if period.source == "jobs" else None,
         missing_days=missing,
     )
     # the report's section on repeat offenders: the window's datasets finalized at least DEFAULT_THRESHOLD times

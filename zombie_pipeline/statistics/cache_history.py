@@ -8,6 +8,13 @@ entries, so a day is read one ``kind`` at a time on the deployment's own
 is refused, with the command that creates it (we never create an index on the
 deployment's large collections unasked).
 
+Every entry gets one reason, whatever its neighbours hold: the server computes
+each entry's row (the BSON type of its kind and duration, the duration as a
+double only when it is a number, the status only when it is an integer), so
+every value decodes into its column and one rule, :func:`_fold_table`, judges
+it. Entries whose kind is not a job type (missing, null, not a string, not a
+name) are counted in the day too, by an indexed equality on each such value.
+
 Our own zombies are counted from ``zombieEvents`` (:func:`tallies.tally_events`),
 their entries skipped; an entry the deployment's own killer wrote counts as a
 zombie too, and one stopped at the maximum duration is a censored duration.
@@ -17,7 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -46,17 +53,49 @@ from zombie_pipeline.statistics.tallies import (
     tally_events,
 )
 
-_PROJECTION = {Cache.HTTP_STATUS: 1, Cache.ERROR_CODE: 1, Cache.DURATION: 1, f"{Cache.DETAILS}.{DETAIL_JOB_ID}": 1}
+# The columns of an entry's row, as the server computes them.
+_KIND_TYPE = "kind_type"
+_DURATION_TYPE = "duration_type"
+_SECONDS = "seconds"
+_OURS = "ours"
+#: ``$type`` of a field that is absent, or null: no duration at all.
+_NO_VALUE = pa.array(["missing", "null"])
+#: The longest duration a tally holds (float32); NaN, infinities and negative numbers fail ``0 <= seconds <=`` it too.
+_LONGEST = float(np.finfo(np.float32).max)
+
+
+def _type_of(name: str) -> dict[str, Any]:
+    return {"$type": f"${name}"}
+
+
+def _where(condition: dict[str, Any], value: Any) -> dict[str, Any]:
+    return {"$cond": [condition, value, None]}
+
+
+#: One entry as the rules read it, a projection the server computes (MongoDB 4.4 on). Given the stored values,
+#: pymongoarrow would decode a NaN duration as null, a boolean as 1.0, and fail on a string or a decimal: the
+#: types tell those apart, and no value can fail to fit its column.
+_ROW = {
+    "_id": 0,
+    _KIND_TYPE: _type_of(Cache.KIND),  # "string", or "array" for an entry holding several kinds
+    _DURATION_TYPE: _type_of(Cache.DURATION),
+    _SECONDS: _where(
+        {"$isNumber": f"${Cache.DURATION}"}, {"$convert": {"input": f"${Cache.DURATION}", "to": "double", "onError": None}}
+    ),
+    Cache.HTTP_STATUS: _where({"$in": [_type_of(Cache.HTTP_STATUS), ["int", "long"]]}, f"${Cache.HTTP_STATUS}"),
+    Cache.ERROR_CODE: _where({"$eq": [_type_of(Cache.ERROR_CODE), "string"]}, f"${Cache.ERROR_CODE}"),
+    _OURS: {"$eq": [_type_of(f"{Cache.DETAILS}.{DETAIL_JOB_ID}"), "string"]},  # our error entries name their job
+}
 _SCHEMA = Schema(
     {
+        _KIND_TYPE: pa.string(),
+        _DURATION_TYPE: pa.string(),
+        _SECONDS: pa.float64(),
         Cache.HTTP_STATUS: pa.int64(),
         Cache.ERROR_CODE: pa.string(),
-        Cache.DURATION: pa.float64(),
-        Cache.DETAILS: pa.struct([(DETAIL_JOB_ID, pa.string())]),
+        _OURS: pa.bool_(),
     }
 )
-_REASON_OF_KILL = {ErrorCode.CRASHED: Reason.MISSING_HEARTBEAT, ErrorCode.EXCEEDED_MAX_DURATION: Reason.EXCEEDED_MAX_DURATION}
-
 
 class CacheIndexMissing(RuntimeError):
     """The cache has no index to read a day by kind; the message says how to create it."""
@@ -100,104 +139,88 @@ def read_cache_period(
     index = ensure_updated_index(cache, create_index)
     period = Period(start=start, end=end, source="cache")
     tally_events(period, events.find(events_filter(start, end), EVENT_PROJECTION, batch_size=batch_size))
-    for kind in sorted(value for value in cache.distinct(Cache.KIND) if isinstance(value, str)):
-        query = {Cache.KIND: kind, Cache.UPDATED_AT: {"$gte": start, "$lt": end}}
-        try:  # decoded straight into columns ...
-            table = find_arrow_all(cache, query, schema=_SCHEMA, batch_size=batch_size, hint=index)
-        except (TypeError, ValueError, OverflowError):  # ... unless a value does not fit them: then entry by entry
-            _fold(period, kind, cache.find(query, _PROJECTION, batch_size=batch_size).hint(index))
-        else:
-            _fold_table(period, kind, table)
+    values = cache.distinct(Cache.KIND)  # each value once, by the server's equality (MongoDB: 1 and 1.0 are one, true another)
+    for kind in sorted(value for value in values if is_job_type(value)):
+        query = entries_filter(kind, start, end)
+        table = find_arrow_all(cache, query, schema=_SCHEMA, projection=_ROW, hint=index, batch_size=batch_size)
+        _fold_table(period, kind, table)
+    for value in [value for value in values if value is not None and not is_job_type(value)] + [None]:
+        unnamed = cache.count_documents(entries_filter(value, start, end), hint=index)  # None: no kind, or null
+        period.jobs_read += unnamed
+        period.bad_data.update(+Counter({BadData.INVALID_TYPE: unnamed}))
     return period
 
 
+def entries_filter(kind: Any, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+    """The entries of one ``kind`` value updated in ``[start, end)``: an equality and a range on the index.
+
+    An entry whose kind is an array matches the query of each value it holds
+    (and ``distinct`` lists each): the ``$expr``, checked on the entries the
+    index found, keeps it in the query of its least value only, so that it
+    is counted once.
+    """
+    return {
+        Cache.KIND: kind,
+        Cache.UPDATED_AT: {"$gte": start, "$lt": end},
+        "$expr": {"$eq": [{"$min": f"${Cache.KIND}"}, {"$literal": kind}]},
+    }
+
+
 def _fold_table(period: Period, kind: str, table: pa.Table) -> None:
-    """:func:`_fold`'s rules over a table of one kind's entries, on whole columns."""
+    """One kind's entries into its tally: success and error durations, kills, and each entry left out by its reason.
+
+    In this order: a kind that is an array (``invalid_type``); no duration, or a
+    null one (``missing_duration``); a duration that is not a number of
+    seconds a tally holds: NaN, an infinity, negative, a boolean, a string ...
+    (``invalid_duration``); a status that is not an integer
+    (``invalid_http_status``).
+    """
     rows = table.num_rows
     period.jobs_read += rows
     if not rows:
         return
-    if not is_job_type(kind):
-        period.bad_data[BadData.INVALID_TYPE] += rows
-        return
-    duration = table[Cache.DURATION].combine_chunks()
-    seconds = pc.fill_null(duration, np.nan).to_numpy(zero_copy_only=False).astype(np.float64)
+    named = _flags(pc.equal(table[_KIND_TYPE].combine_chunks(), "string"))
+    no_value = _flags(pc.is_in(table[_DURATION_TYPE].combine_chunks(), value_set=_NO_VALUE))
+    seconds = pc.fill_null(table[_SECONDS].combine_chunks(), np.nan).to_numpy(zero_copy_only=False).astype(np.float64)
+    timed = (seconds >= 0) & (seconds <= _LONGEST)  # False for NaN, which a NaN duration arrives as
     http = table[Cache.HTTP_STATUS].combine_chunks()
-    ours = pc.is_valid(pc.struct_field(table[Cache.DETAILS].combine_chunks(), [0])).to_numpy(zero_copy_only=False)
-    missing = pc.is_null(duration).to_numpy(zero_copy_only=False)
-    invalid = ~missing & ~(np.isfinite(seconds) & (seconds >= 0))
-    no_status = pc.is_null(http).to_numpy(zero_copy_only=False)
+    no_status = _flags(pc.is_null(http))
     period.bad_data.update(
         +Counter(
             {
-                BadData.MISSING_DURATION: int(np.count_nonzero(missing)),
-                BadData.INVALID_DURATION: int(np.count_nonzero(invalid)),
-                BadData.INVALID_HTTP_STATUS: int(np.count_nonzero(~missing & ~invalid & no_status)),
+                BadData.INVALID_TYPE: int(np.count_nonzero(~named)),
+                BadData.MISSING_DURATION: int(np.count_nonzero(named & no_value)),
+                BadData.INVALID_DURATION: int(np.count_nonzero(named & ~no_value & ~timed)),
+                BadData.INVALID_HTTP_STATUS: int(np.count_nonzero(named & timed & no_status)),
             }
         )
     )
-    counted = ~missing & ~invalid & ~no_status & ~ours  # our own error entries: counted from their events
+    counted = named & timed & ~no_status & ~_flags(table[_OURS].combine_chunks())  # our own entries: from their events
     if not counted.any():
         return
     succeeded = (pc.fill_null(http, 0).to_numpy(zero_copy_only=False) == HTTP_OK) & counted
     codes = table[Cache.ERROR_CODE].combine_chunks()
-    crashed = pc.fill_null(pc.equal(codes, ErrorCode.CRASHED.value), False).to_numpy(zero_copy_only=False) & counted
-    exceeded = pc.fill_null(pc.equal(codes, ErrorCode.EXCEEDED_MAX_DURATION.value), False).to_numpy(zero_copy_only=False) & counted
+    crashed = _flags(pc.equal(codes, ErrorCode.CRASHED.value)) & counted
+    exceeded = _flags(pc.equal(codes, ErrorCode.EXCEEDED_MAX_DURATION.value)) & counted
     tally = period.tally(kind)
-    tally.statuses.update(+Counter({Status.SUCCESS: int(np.count_nonzero(succeeded)), Status.ERROR: int(np.count_nonzero(counted & ~succeeded))}))
+    tally.statuses.update(
+        +Counter({Status.SUCCESS: int(np.count_nonzero(succeeded)), Status.ERROR: int(np.count_nonzero(counted & ~succeeded))})
+    )
     tally.started += int(np.count_nonzero(counted))
-    tally.zombies.update(+Counter({Reason.MISSING_HEARTBEAT: int(np.count_nonzero(crashed)), Reason.EXCEEDED_MAX_DURATION: int(np.count_nonzero(exceeded))}))
-    killed = crashed | exceeded
+    tally.zombies.update(
+        +Counter(
+            {
+                Reason.MISSING_HEARTBEAT: int(np.count_nonzero(crashed)),
+                Reason.EXCEEDED_MAX_DURATION: int(np.count_nonzero(exceeded)),
+            }
+        )
+    )
+    killed = crashed | exceeded  # the deployment's own killer finished these runs
     for name, chosen in (("success", succeeded & ~killed), ("error", counted & ~succeeded & ~killed), ("stopped", exceeded)):
         if chosen.any():
             setattr(tally, name, np.concatenate([getattr(tally, name), durations_array(seconds[chosen])]))
 
 
-def _fold(period: Period, kind: str, entries: Any) -> None:
-    """One kind's entries into its tally: success and error durations, kills, bad data."""
-    success, error, stopped = [], [], []
-    statuses = {Status.SUCCESS: 0, Status.ERROR: 0}
-    started = 0
-    zombies: dict[str, int] = {}
-    for entry in entries:
-        period.jobs_read += 1
-        problem = _problem(kind, entry)
-        if problem:
-            period.bad_data[problem] += 1
-            continue
-        details = entry.get(Cache.DETAILS)
-        if isinstance(details, Mapping) and DETAIL_JOB_ID in details:
-            continue  # our own error entry: the zombie is counted from its event
-        seconds = float(entry[Cache.DURATION])
-        succeeded = entry[Cache.HTTP_STATUS] == HTTP_OK
-        statuses[Status.SUCCESS if succeeded else Status.ERROR] += 1
-        started += 1
-        reason = _REASON_OF_KILL.get(entry.get(Cache.ERROR_CODE))
-        if reason is not None:  # the deployment's own killer finished this run
-            zombies[reason] = zombies.get(reason, 0) + 1
-            if reason == Reason.EXCEEDED_MAX_DURATION:
-                stopped.append(seconds)
-        else:
-            (success if succeeded else error).append(seconds)
-    if not started:
-        return
-    tally = period.tally(kind)
-    tally.statuses.update({status: count for status, count in statuses.items() if count})
-    tally.started += started
-    tally.zombies.update(zombies)
-    for name, values in (("success", success), ("error", error), ("stopped", stopped)):
-        if values:
-            setattr(tally, name, np.concatenate([getattr(tally, name), durations_array(values)]))
-
-
-def _problem(kind: str, entry: Mapping[str, Any]) -> str | None:
-    if not is_job_type(kind):
-        return BadData.INVALID_TYPE
-    duration = entry.get(Cache.DURATION)
-    if duration is None:
-        return BadData.MISSING_DURATION
-    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not np.isfinite(duration) or duration < 0:
-        return BadData.INVALID_DURATION
-    if not isinstance(entry.get(Cache.HTTP_STATUS), int):
-        return BadData.INVALID_HTTP_STATUS
-    return None
+def _flags(column: pa.Array) -> np.ndarray:
+    """A boolean column as a numpy array, null read as False."""
+    return pc.fill_null(column, False).to_numpy(zero_copy_only=False)

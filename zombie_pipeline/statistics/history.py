@@ -18,7 +18,8 @@ def read_history(
     batch_size: int = READ_BATCH_SIZE,
     create_cache_index: bool = False,
 ) -> Period:
-    """The tallies of ``[start, end)`` from the source ``generation`` leaves: jobs, or cache entries."""
+    """The tallies of ``[start, end)`` from the source ``generation`` leaves: jobs (of the statuses it declares),
+    or cache entries."""
     if generation.durations_source is DurationsSource.FINISHED_JOBS:
-        return read_period(store.jobs, store.events, start, end, batch_size)
+        return read_period(store.jobs, store.events, start, end, batch_size, generation)
     return read_cache_period(store.cache, store.events, start, end, batch_size, create_cache_index)

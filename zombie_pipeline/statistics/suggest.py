@@ -322,5 +322,5 @@ def analyze_window(
     """One pass over the ``window_days`` before ``end``: the report without Dagster (the CLI demo)."""
     end = as_utc(end)
     period = read_history(store, generation, end - dt.timedelta(days=window_days), end, batch_size)
-    undated = count_undated_jobs(store.jobs) if generation.durations_source is DurationsSource.FINISHED_JOBS else None
+    undated = count_undated_jobs(store.jobs, generation) if generation.durations_source is DurationsSource.FINISHED_JOBS else None
     return analyze(period, policy, rules, undated=undated)

@@ -1,8 +1,10 @@
 """A period's finished jobs and audited zombies, as per-type tallies of exact durations.
 
 A period (one UTC day for a Dagster partition, or any window) is read with
-indexed queries: finished jobs by ``(status, finished_at)``, one status at a
-time, and audit events by ``finalized_at``, each projected to the few fields
+indexed queries: finished jobs by ``(status, finished_at)``, one finished
+status of the queue's generation at a time (a job of any other status is
+counted once per window, over the whole collection: :func:`count_undated_jobs`),
+and audit events by ``finalized_at``, each projected to the few fields
 needed and read in batches. Each batch is read once into columns, checked and
 timed on whole arrays, and folded into a :class:`Tally` per job type; memory
 grows with the jobs of the period only, by four bytes per job.
@@ -53,6 +55,7 @@ from zombie_pipeline.queue.documents import (
     as_utc,
     job_type_problem,
 )
+from zombie_pipeline.queue.generations import QueueGeneration
 
 READ_BATCH_SIZE = 5_000
 #: Where a period's durations come from, as the report explains it.
@@ -70,7 +73,8 @@ EMPTY_DURATIONS = np.empty(0, dtype=_DURATIONS)
 class BadData:
     """Why a document was left out of the statistics; each is counted in the report."""
 
-    UNKNOWN_STATUS = "unknown_status"
+    # Counted over the whole collection (see count_undated_jobs): no daily read holds these jobs.
+    UNKNOWN_STATUS = "unknown_status"  # missing, null, not a string, or a status the queue's generation does not declare
     INVALID_TYPE = "invalid_type"  # missing, not a string, or not a name (see documents.job_type_problem)
     MISSING_STARTED_AT = "missing_started_at"
     STARTED_AT_AS_STRING = "started_at_stored_as_string"
@@ -170,16 +174,18 @@ EVENT_PROJECTION = {
 }
 
 
-def statuses_to_read(jobs: Collection) -> list[Any]:
-    """The finished statuses, any unknown status present, and None (missing or null).
+def statuses_to_read(generation: QueueGeneration | None = None) -> list[str]:
+    """The finished statuses ``generation`` declares (without one, those of every generation).
 
     Reading one status at a time keeps each query an equality plus a range on the
-    ``(status, finished_at)`` index on any server; unknown statuses are read so
-    that they are counted, not silently ignored.
+    ``(status, finished_at)`` index on any server, so that a day examines only its
+    own jobs; jobs of any other status are counted by :func:`count_undated_jobs`.
     """
-    present = jobs.distinct(Job.STATUS)
-    unknown = {value for value in present if isinstance(value, str)} - STATUSES
-    return sorted(FINISHED_STATUSES) + sorted(unknown) + [None]
+    return sorted(_declared(generation) & FINISHED_STATUSES)
+
+
+def _declared(generation: QueueGeneration | None) -> frozenset[str]:
+    return STATUSES if generation is None else generation.statuses
 
 
 def finished_jobs_filter(status: Any, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
@@ -526,8 +532,12 @@ def read_period(
     start: dt.datetime,
     end: dt.datetime,
     batch_size: int = READ_BATCH_SIZE,
+    generation: QueueGeneration | None = None,
 ) -> Period:
     """Tallies of the jobs finished and the zombies finalized in ``[start, end)``.
+
+    The jobs read are those of the finished statuses ``generation`` declares
+    (:func:`statuses_to_read`).
 
     One status at a time, the jobs are decoded straight into columns (Arrow); a
     status whose documents hold a value that does not fit a column is read as
@@ -540,7 +550,7 @@ def read_period(
     period = Period(start=start, end=end)
     audited = tally_events(period, events.find(events_filter(start, end), EVENT_PROJECTION, batch_size=batch_size))
     pieces, found = _Pieces(), set()
-    for status in statuses_to_read(jobs):
+    for status in statuses_to_read(generation):
         query = finished_jobs_filter(status, start, end)
         table = _arrow_table(jobs, query, batch_size)
         if table is None:
@@ -613,16 +623,26 @@ def _close(period: Period, pieces: _Pieces, audited: _Audited, found: set[Any]) 
     return period
 
 
-def count_undated_jobs(jobs: Collection) -> Counter:
-    """Finished jobs no day can hold (no ``finished_at``, or a string), over the whole collection.
+def count_undated_jobs(jobs: Collection, generation: QueueGeneration | None = None) -> Counter:
+    """Jobs no daily read holds, over the whole collection: finished jobs without a date to place them in a day
+    (no ``finished_at``, or a string), and jobs whose status ``generation`` does not declare.
 
-    Each count is bounded on the ``(status, finished_at)`` index.
+    Each count is bounded on the ``(status, finished_at)`` index. Which odd
+    statuses exist is asked once here, per window, rather than in every daily
+    partition: ``distinct`` walks the index on MongoDB (``DISTINCT_SCAN``), but
+    the embedded SecantusDB scans the collection for it.
     """
     counts: Counter = Counter()
-    for status in sorted(FINISHED_STATUSES):
+    for status in statuses_to_read(generation):
         counts[BadData.MISSING_FINISHED_AT] += jobs.count_documents({Job.STATUS: status, Job.FINISHED_AT: None})
         counts[BadData.FINISHED_AT_AS_STRING] += jobs.count_documents(
             {Job.STATUS: status, Job.FINISHED_AT: {"$type": "string"}}
         )
+    declared = _declared(generation)
+    odd = [
+        value for value in jobs.distinct(Job.STATUS) if value is not None and not (isinstance(value, str) and value in declared)
+    ]
+    # None: no status, or a null one. One query, so that a job whose status is an array of odd values counts once.
+    counts[BadData.UNKNOWN_STATUS] += jobs.count_documents({Job.STATUS: {"$in": [None, *odd]}})
     return +counts  # drop the zeros
 
