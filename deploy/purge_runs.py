@@ -9,7 +9,8 @@ each run's event log with it. The audit trail of what a cleanup did stays in the
 materializations are the assets' history.
 
 Run it where the instance is configured (``DAGSTER_HOME`` with deploy/dagster.yaml and the DAGSTER_PG_*
-variables), e.g. daily from a Kubernetes CronJob on the daemon's image (docs/deploy.md, "Retention"):
+variables), e.g. daily from a Kubernetes CronJob on the code location's image, which has dagster-postgres (docs/deploy.md,
+"Retention of runs"):
 
     python deploy/purge_runs.py --older-than-days 30 [--job kill_zombies_job ...] [--dry-run]
 """

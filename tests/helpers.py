@@ -11,6 +11,7 @@ from typing import Any, Iterator
 
 import dagster as dg
 import numpy as np
+from dagster._core.remote_origin import GrpcServerCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 from pymongo import MongoClient, monitoring
 
 from zombie_pipeline.cleanup import events, run
@@ -21,7 +22,7 @@ from zombie_pipeline.cleanup.run import CleanupOptions, CleanupPlan
 from zombie_pipeline.cleanup.strategies import strategy_for
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase
-from zombie_pipeline.orchestration.tags import JOB_TYPE_PARTITIONS
+from zombie_pipeline.orchestration.tags import JOB_TYPE_PARTITIONS, QUEUE_DATABASE_TAG
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, utc_now
 from zombie_pipeline.queue.generations import (
@@ -236,6 +237,20 @@ def run_kill_zombies(
         )
         result.logs = list(instance.all_logs(result.run_id))
         return result
+
+
+def recorded_cleanup_run(
+    instance: dg.DagsterInstance, status: dg.DagsterRunStatus, queue_database: str | None = None, **tags: str
+) -> dg.DagsterRun:
+    """A kill_zombies_job run as the run queue holds it: the job's tags (its queue database), in ``status``."""
+    run_tags = {**kill_zombies_job.tags, **tags}
+    if queue_database is not None:
+        run_tags[QUEUE_DATABASE_TAG] = queue_database
+    # a queued run names the code location it will be launched from (here the one the deployment serves)
+    location = GrpcServerCodeLocationOrigin(host="127.0.0.1", port=4000, location_name="zombie_pipeline")
+    origin = RemoteJobOrigin(RemoteRepositoryOrigin(location, "__repository__"), kill_zombies_job.name)
+    run = dg.DagsterRun(job_name=kill_zombies_job.name, status=status, tags=run_tags, remote_job_origin=origin)
+    return instance.add_run(run)
 
 
 def step_metadata(result: dg.ExecuteInProcessResult, step: str) -> dict[str, Any]:

@@ -92,6 +92,7 @@ def test_the_jobs_schedules_and_sensors_are_the_pipelines():
         "job_types_sensor",
         "cleanup_checks_sensor",
         "pipeline_failure_sensor",
+        "cleanup_overdue_sensor",
     }
 
 
@@ -120,6 +121,7 @@ def test_the_checks_watch_queue_health_and_run_in_its_job():
         ("queue_health", "no_zombies_left"),
         ("queue_health", "zombies_have_cache_errors"),
         ("queue_health", "compensations_succeed"),
+        ("queue_health", "cleanups_are_recent"),
         ("repeat_offenders", "no_repeat_offenders"),
     }
     job = defs.resolve_job_def("queue_health_job")
@@ -134,6 +136,8 @@ def test_sensors_target_the_right_jobs_and_write_only_when_turned_on():
     for name in ("job_types_sensor", "cleanup_checks_sensor", "pipeline_failure_sensor"):
         assert sensors[name].default_status == dg.DefaultSensorStatus.RUNNING, name
     assert sensors["stale_jobs_sensor"].minimum_interval_seconds == 60
+    # it alarms when no cleanup succeeds: on before the cleanups are, it would cry wolf
+    assert sensors["cleanup_overdue_sensor"].default_status == dg.DefaultSensorStatus.STOPPED
 
 
 def test_cleanup_is_partitioned_by_the_job_types_the_sensor_registers():

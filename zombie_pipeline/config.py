@@ -32,6 +32,9 @@ STATISTICS_START_ENV = "ZOMBIE_STATISTICS_START"
 STATISTICS_DAYS_BACK = 56
 #: How long to wait for a MongoDB server before giving up, in milliseconds (the resources' default, the CLI's).
 SERVER_SELECTION_TIMEOUT_ENV = "ZOMBIE_MONGO_TIMEOUT_MS"
+#: Minutes without a successful cleanup after which the queue is reported overdue (cleanup_overdue_sensor).
+CLEANUP_OVERDUE_MINUTES_ENV = "ZOMBIE_CLEANUP_OVERDUE_MINUTES"
+DEFAULT_CLEANUP_OVERDUE_MINUTES = 30
 
 #: The project directory of a source checkout (editable install), else None.
 _CHECKOUT = Path(__file__).resolve().parent.parent
@@ -117,3 +120,13 @@ def server_selection_timeout_ms(default: int) -> int:
 
 def dagster_home_is_set() -> bool:
     return setting(DAGSTER_HOME_ENV) is not None
+
+
+def cleanup_overdue_minutes(environ: Mapping[str, str] | None = None) -> int:
+    """``$ZOMBIE_CLEANUP_OVERDUE_MINUTES`` when set (a positive integer), else 30."""
+    configured = setting(CLEANUP_OVERDUE_MINUTES_ENV, environ)
+    if configured is None:
+        return DEFAULT_CLEANUP_OVERDUE_MINUTES
+    if not configured.isdigit() or int(configured) <= 0:
+        raise SettingError(f"{CLEANUP_OVERDUE_MINUTES_ENV}={configured!r} is not a positive number of minutes")
+    return int(configured)

@@ -10,6 +10,7 @@ launches are a few milliseconds apart and not two interpreter start-ups.
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 from typing import Iterator
 
@@ -48,11 +49,13 @@ class Operator:
         sensor = self.repository.get_sensor(name)
         return list(self.instance.get_ticks(sensor.get_remote_origin_id(), sensor.selector_id))
 
-    def launch(self, job_name: str) -> dg.DagsterRun:
-        """``dagster job launch -j JOB -w deploy/workspace.yaml``: the run is queued; the daemon launches it."""
+    def launch(self, job_name: str, tags: dict[str, str] | None = None, run_config: dict | None = None) -> dg.DagsterRun:
+        """``dagster job launch -j JOB -w deploy/workspace.yaml [--tags JSON] [--config-json JSON]``: the run is
+        queued; the daemon launches it."""
         return execute_launch_command(
-            instance=self.instance, workspace_opts=WorkspaceOpts(workspace=[str(self.workspace_yaml)]), job_name=job_name
-        )
+            instance=self.instance, workspace_opts=WorkspaceOpts(workspace=[str(self.workspace_yaml)]), job_name=job_name,
+            tags=json.dumps(tags) if tags else None, config_json=json.dumps(run_config) if run_config else None,
+        )  # fmt: skip
 
 
 @contextlib.contextmanager

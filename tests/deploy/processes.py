@@ -37,6 +37,7 @@ class ProcessTree:
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
         self.pids: list[int] = []
+        self.crashed = False
 
     def start(self) -> "ProcessTree":
         with open(self.log_path, "ab") as log:
@@ -53,10 +54,25 @@ class ProcessTree:
         if self.process is not None and self.process.poll() is not None:
             raise RuntimeError(f"{self.command[:3]} exited with {self.process.returncode}:\n{self.log_tail()}")
 
+    def crash(self) -> list[int]:
+        """SIGKILL to the root and its whole tree at once, as when a container dies with its processes; the PIDs."""
+        assert self.process is not None and self.process.poll() is None, "crash a running tree"
+        self.pids = [self.process.pid, *descendants(self.process.pid)]
+        for pid in self.pids:
+            _signal(pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+        self.crashed = True
+        return self.pids
+
     def stop(self, timeout: float = 30) -> list[int]:
         """SIGTERM to the root, then to whatever of its tree outlives it, SIGKILL after ``timeout``; the PIDs."""
         if self.process is None:
             return []
+        if self.crashed:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and self.alive():
+                time.sleep(0.2)
+            return self.pids
         self.pids = [self.process.pid, *descendants(self.process.pid)]
         _signal(self.process.pid, signal.SIGTERM)
         try:
@@ -113,6 +129,23 @@ def wait_until_serving(port: int, env: Mapping[str, str], server: ProcessTree, t
     wait_for("the code server to answer its health check", healthy, timeout, interval=0.5)
 
 
+def daemon_command(workspace_yaml: Path | str) -> list[str]:
+    """``dagster-daemon run`` on the deployment's workspace (deploy/docker-compose.yaml runs the same)."""
+    return ["dagster-daemon", "run", "-w", str(workspace_yaml)]
+
+
+def webserver_command(workspace_yaml: Path | str, host: str, port: int) -> list[str]:
+    """``dagster-webserver`` on the deployment's workspace (deploy/docker-compose.yaml runs the same)."""
+    return ["dagster-webserver", "-h", host, "-p", str(port), "-w", str(workspace_yaml)]
+
+
 def daemon(workspace_yaml: Path, env: Mapping[str, str], log_path: Path) -> ProcessTree:
     """``dagster-daemon run`` on the deployment's workspace: schedules, sensors, run queue, monitoring, retries."""
-    return ProcessTree([executable("dagster-daemon"), "run", "-w", str(workspace_yaml)], env, log_path)
+    command = daemon_command(workspace_yaml)
+    return ProcessTree([executable(command[0]), *command[1:]], env, log_path)
+
+
+def webserver(workspace_yaml: Path, port: int, env: Mapping[str, str], log_path: Path) -> ProcessTree:
+    """The UI on 127.0.0.1, reading the same instance and workspace."""
+    command = webserver_command(workspace_yaml, "127.0.0.1", port)
+    return ProcessTree([executable(command[0]), *command[1:]], env, log_path)

@@ -1,176 +1,61 @@
 """The production path: Dagster's own engine on PostgreSQL, fired by ticks, with the production run queue.
 
-One deployment for the module, as deploy/ describes it and nothing in its place: a private PostgreSQL
-cluster holds the instance (deploy/dagster.yaml, copied unchanged into a fresh DAGSTER_HOME, its variables
-pointing at that cluster); the code location is served by the Dockerfile's command (``dagster code-server
-start``) and found through deploy/workspace.yaml; ``dagster-daemon run`` fires schedules and sensors, keeps
-the run queue and monitors the runs; runs are launched by the code server, as in a deployment without
-Kubernetes. The queue is simulated on the session's MongoDB-wire server, today's generation (finished jobs
-deleted), with zombies of every kind. kill_zombies_schedule is turned on with its cron overridden to every
-minute (ZOMBIE_KILL_CRON), and stale_jobs_sensor too. cleanup_checks_sensor is turned off to save a run
-after every cleanup (its checks are the end-to-end test's business). Every process is stopped by PID when
-the module ends, and the test checks none is left.
+One deployment for the module, as deploy/ describes it and nothing in its place (tests/deploy/stack.py): the
+instance is deploy/dagster.yaml unchanged, on a private PostgreSQL cluster; the code server runs the
+Dockerfile's command; ``dagster-daemon run`` fires schedules and sensors. The queue is simulated, today's
+generation (finished jobs deleted), with zombies of every kind. kill_zombies_schedule is turned on with its cron
+overridden to every minute (ZOMBIE_KILL_CRON), and stale_jobs_sensor too. cleanup_checks_sensor is turned off
+to save a run after every cleanup (its checks are the end-to-end test's business).
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import os
-import shutil
+import json
 import subprocess
 import sys
-import uuid
+import urllib.error
+import urllib.request
 from typing import Iterator
 
 import dagster as dg
 import pytest
 
 from tests.deploy import processes
-from tests.deploy.instance import Operator, operator
-from tests.deploy.postgres import PrivateCluster, private_cluster
-from tests.deploy.processes import REPO_ROOT
-from tests.e2e.harness import wait_for
-from zombie_pipeline.config import (
-    CACHE_DATABASE_ENV,
-    CACHE_URL_ENV,
-    HOME_ENV,
-    KILL_CRON_ENV,
-    QUEUE_DATABASE_ENV,
-    QUEUE_URL_ENV,
-    WEBHOOK_URL_ENV,
+from tests.deploy.stack import (
+    CLEANUP,
+    DEPLOY,
+    EVERY_MINUTE,
+    RUN_TIMEOUT,
+    Deployment,
+    assert_never_two_cleanups_at_once,
+    deployment_stack,
 )
 from zombie_pipeline.orchestration.tags import QUEUE_DATABASE_TAG
-from zombie_pipeline.queue.connections import client_for
-from zombie_pipeline.queue.documents import (
-    ID,
-    Cache,
-    ErrorCode,
-    Event,
-    Job,
-    Status,
-    cache_key_of_job,
-)
-from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, Status, cache_key_of_job
 from zombie_pipeline.simulation.embedded import free_port
-from zombie_pipeline.simulation.simulator import Simulation, Workload, simulate
+from zombie_pipeline.simulation.simulator import Workload
 
 pytestmark = pytest.mark.slow
 
-DEPLOY = REPO_ROOT / "deploy"
-CLEANUP = "kill_zombies_job"
 SCHEDULE = "kill_zombies_schedule"
 SENSOR = "stale_jobs_sensor"
-EVERY_MINUTE = "* * * * *"
 IN_FLIGHT = {dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED}
 FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
-RUN_TIMEOUT = 150  # a run takes seconds; the margin is for a machine busy with the rest of the suite
-
-
-class Deployment:
-    def __init__(self, store: Store, simulation: Simulation, zombies: list[dict], cluster: PrivateCluster,
-                 instance: dg.DagsterInstance, ops: Operator, env: dict[str, str],
-                 server: processes.ProcessTree, daemon: processes.ProcessTree) -> None:  # fmt: skip
-        self.store = store
-        self.simulation = simulation
-        self.zombies = zombies  # the zombie jobs as they were: finalized ones are deleted
-        self.cluster = cluster
-        self.instance = instance
-        self.ops = ops
-        self.env = env
-        self.server = server
-        self.daemon = daemon
-
-    def wait(self, what: str, probe, timeout: float, interval: float = 0.5):
-        """``wait_for``, and on a timeout the daemon's and the code server's last words."""
-        try:
-            return wait_for(what, probe, timeout, interval)
-        except TimeoutError as error:
-            logs = f"--- daemon ---\n{self.daemon.log_tail()}\n--- code server ---\n{self.server.log_tail()}"
-            raise TimeoutError(f"{error}\n{logs}") from None
-
-    def wait_for_run(self, run_id: str, timeout: float = RUN_TIMEOUT) -> dg.DagsterRunStatus:
-        def finished():
-            run = self.instance.get_run_by_id(run_id)
-            return run.status if run is not None and run.is_finished else None
-
-        return self.wait(f"run {run_id} to finish", finished, timeout)
-
-    def cleanup_records(self) -> list[dg.RunRecord]:
-        return list(self.instance.get_run_records(dg.RunsFilter(job_name=CLEANUP)))
 
 
 @pytest.fixture(scope="module")
 def deployment(mongo_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    base = tmp_path_factory.mktemp("production")
-    home = base / "dagster_home"
-    home.mkdir()
-    shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
-    client = client_for(mongo_url)
-    suffix = uuid.uuid4().hex[:12]
-    store = Store.of(client[f"test_prod_queue_{suffix}"], client[f"test_prod_cache_{suffix}"])
-    with private_cluster() as cluster, dropped_after(store):
-        store.ensure_indexes()
-        # today's generation (the simulator's default): a finalized zombie is deleted, its error left in the cache
-        simulation = simulate(store, Workload(finished=80, crashed=4, never_heartbeated=2, terminated=2, overdue=2,
-                                              running=20, waiting=5, days=1.0, seed=14))  # fmt: skip
-        zombies = list(store.jobs.find({ID: {"$in": simulation.zombie_ids}}))
-        cluster.create_database("dagster")
-        port = free_port()
-        instance_env = {
-            **cluster.env("dagster"),
-            "DAGSTER_HOME": str(home),
-            "DAGSTER_MAX_CONCURRENT_RUNS": "10",
-            "DAGSTER_DEQUEUE_INTERVAL_SECONDS": "1",
-            "ZOMBIE_CODE_SERVER_HOST": "127.0.0.1",
-            "ZOMBIE_CODE_SERVER_PORT": str(port),
-        }
-        # what the code server (and the run workers it launches) reads; the instance's variables too, since
-        # every process that opens the instance resolves dagster.yaml's {env: ...} in its own environment
-        pipeline_env = {
-            QUEUE_URL_ENV: mongo_url,
-            CACHE_URL_ENV: mongo_url,
-            QUEUE_DATABASE_ENV: store.jobs.database.name,
-            CACHE_DATABASE_ENV: store.cache.database.name,
-            KILL_CRON_ENV: EVERY_MINUTE,
-            WEBHOOK_URL_ENV: "",
-            HOME_ENV: str(base / "zombie_pipeline_home"),
-        }
-        python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, **instance_env, "PYTHONPATH": python_path}  # this checkout's code, however installed
-        server = processes.code_server(port, {**env, **pipeline_env}, base / "code-server.log")
-        daemon = processes.daemon(DEPLOY / "workspace.yaml", env, base / "daemon.log")
-        try:
-            server.start()
-            with pytest.MonkeyPatch.context() as patch:
-                for name, value in instance_env.items():
-                    patch.setenv(name, value)
-                processes.wait_until_serving(port, env, server)
-                with dg.DagsterInstance.from_config(str(home)) as instance, operator(instance, DEPLOY / "workspace.yaml") as ops:
-                    # turned on before the daemon starts, as an operator does after a first deploy; the schedule
-                    # only once the sensor has fired, so that its tick cannot put a cleanup in flight first (the
-                    # sensor asks for none while one is)
-                    ops.stop_sensor("cleanup_checks_sensor")
-                    ops.start_sensor(SENSOR)
-                    daemon.start()
-                    yield Deployment(store, simulation, zombies, cluster, instance, ops, env, server, daemon)
-        except Exception:
-            print(f"--- code server log ---\n{server.log_tail()}\n--- daemon log ---\n{daemon.log_tail()}")
-            raise
-        finally:
-            pids = daemon.stop() + server.stop()
-            assert [pid for pid in pids if processes.pid_alive(pid)] == [], "processes of the deployment survived the stop"
+    # today's generation (the simulator's default): a finalized zombie is deleted, its error left in the cache
+    workload = Workload(finished=80, crashed=4, never_heartbeated=2, terminated=2, overdue=2, running=20, waiting=5, days=1.0, seed=14)
 
+    def turn_on(ops):
+        # as an operator does after a first deploy; the schedule only once the sensor has fired, so that its tick
+        # cannot put a cleanup in flight first (the sensor asks for none while one is)
+        ops.stop_sensor("cleanup_checks_sensor")
+        ops.start_sensor(SENSOR)
 
-@contextlib.contextmanager
-def dropped_after(store: Store) -> Iterator[None]:
-    """A real MongoDB (ZOMBIE_TEST_MONGO_URL) is cleaned up; a server the tests started goes with its storage."""
-    try:
-        yield
-    finally:
-        if os.environ.get("ZOMBIE_TEST_MONGO_URL"):
-            for database in (store.jobs.database, store.cache.database):
-                database.client.drop_database(database.name)
+    with deployment_stack(mongo_url, tmp_path_factory.mktemp("production"), workload, before_daemon=turn_on) as deployment:
+        yield deployment
 
 
 @pytest.fixture(scope="module")
@@ -272,12 +157,25 @@ def test_old_finished_runs_are_purged_with_their_event_logs(deployment, sensor_r
         assert deployment.instance.all_logs(run_id) == []
 
 
-def assert_never_two_cleanups_at_once(deployment: Deployment) -> None:
-    """The limit of one cleanup per queue database, over every cleanup the instance ever ran."""
-    spans = sorted(
-        (record.start_time, record.end_time or dt.datetime.now(dt.timezone.utc).timestamp())
-        for record in deployment.cleanup_records()
-        if record.start_time is not None
-    )
-    for (_, end), (next_start, _) in zip(spans, spans[1:]):
-        assert end <= next_start, spans
+def test_the_webserver_serves_the_deployment_with_the_compose_files_command(deployment, sensor_run, tmp_path):
+    """deploy/docker-compose.yaml's webserver command, on 127.0.0.1: the code location loaded, the runs in PostgreSQL."""
+    port = free_port()
+    server = processes.webserver(DEPLOY / "workspace.yaml", port, deployment.env, tmp_path / "webserver.log").start()
+    query = '{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus } } } runsOrError { ... on Runs { count } } }'
+    try:
+        def answer():
+            server.check_running()
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(),
+                                             headers={"Content-Type": "application/json"})  # fmt: skip
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    return json.loads(response.read())["data"]
+            except (urllib.error.URLError, ConnectionError):
+                return None
+
+        data = deployment.wait("the webserver to answer GraphQL", answer, RUN_TIMEOUT)
+        assert {(entry["name"], entry["loadStatus"]) for entry in data["workspaceOrError"]["locationEntries"]} == {("zombie_pipeline", "LOADED")}
+        assert data["runsOrError"]["count"] == deployment.instance.get_runs_count()  # the same PostgreSQL
+    finally:
+        pids = server.stop()
+        assert [pid for pid in pids if processes.pid_alive(pid)] == []

@@ -10,6 +10,7 @@ from tests.helpers import ago, crashed_job, job_document, workload
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.health import (
+    cleanups_are_recent,
     compensations_succeed,
     no_zombies_left,
     queue_health,
@@ -56,7 +57,7 @@ def instance():
 def defs(resources):
     return dg.Definitions(
         assets=[queue_health],
-        asset_checks=[no_zombies_left, zombies_have_cache_errors, compensations_succeed],
+        asset_checks=[no_zombies_left, zombies_have_cache_errors, compensations_succeed, cleanups_are_recent],
         jobs=[kill_zombies_job, queue_health_job],
         resources=resources,
     )
@@ -92,7 +93,8 @@ def test_queue_health_job_materializes_the_snapshot_and_runs_its_checks(store, d
     values = {name: value.value for name, value in materialization.metadata.items()}
     assert (values["started"], values["waiting"], values["stale"]) == (15, 4, 5)
     assert values["policy"]["heartbeat_timeout_seconds"] == TIMEOUT
-    assert {e.check_name for e in result.get_asset_check_evaluations()} == {"no_zombies_left", "zombies_have_cache_errors", "compensations_succeed"}
+    assert {e.check_name for e in result.get_asset_check_evaluations()} == {
+        "no_zombies_left", "zombies_have_cache_errors", "compensations_succeed", "cleanups_are_recent"}
 
 
 def test_zombies_before_any_cleanup_fail_no_zombies_left_with_their_evidence(store, defs, instance):
@@ -111,6 +113,15 @@ def test_after_a_cleanup_both_checks_pass(store, defs, instance):
     assert metadata(evaluations["no_zombies_left"])["cleanup_run"] == run_id
     assert evaluations["zombies_have_cache_errors"].passed
     assert metadata(evaluations["zombies_have_cache_errors"])["finalizations_checked"] == 8
+
+
+def test_cleanups_are_recent_fails_before_any_successful_cleanup_of_the_queue_and_passes_after_one(store, defs, instance):
+    before = check_results(defs, instance)["cleanups_are_recent"]
+    assert not before.passed and "no successful cleanup of queue database" in before.description
+    run_id = cleanup(defs, instance)
+    after = check_results(defs, instance, after_cleanup=run_id)["cleanups_are_recent"]
+    assert after.passed and metadata(after)["last_successful_cleanup_run"] == run_id
+    assert metadata(after)["minutes_since"] < 1 and metadata(after)["limit_minutes"] == 30
 
 
 def test_a_partitioned_cleanup_is_judged_on_its_own_job_type(store, defs, instance):

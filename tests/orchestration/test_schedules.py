@@ -1,4 +1,4 @@
-"""Schedules: what they request and when, and a bad cron refused when the code location loads."""
+"""Schedules: what they request and when (and when not), and a bad cron refused when the code location loads."""
 
 import datetime as dt
 import os
@@ -8,23 +8,17 @@ import sys
 import dagster as dg
 import pytest
 
-from tests.helpers import crashed_job, documents, opcounters
-from zombie_pipeline.config import (
-    CACHE_DATABASE_ENV,
-    CACHE_URL_ENV,
-    KILL_CRON_ENV,
-    QUEUE_DATABASE_ENV,
-    QUEUE_URL_ENV,
-)
+from tests.helpers import crashed_job, documents, opcounters, recorded_cleanup_run
+from zombie_pipeline.config import CACHE_DATABASE_ENV, CACHE_URL_ENV, KILL_CRON_ENV, QUEUE_DATABASE_ENV, QUEUE_URL_ENV
 from zombie_pipeline.definitions import defs
-from zombie_pipeline.orchestration.cleanup import kill_zombies_job
+from zombie_pipeline.orchestration.cleanup import IN_FLIGHT_STATUSES, kill_zombies_job
 from zombie_pipeline.orchestration.schedules import (
     DEFAULT_KILL_CRON,
     ScheduleConfigError,
     build_kill_zombies_schedule,
     kill_zombies_cron,
 )
-from zombie_pipeline.orchestration.tags import TRIGGER_TAG
+from zombie_pipeline.orchestration.tags import QUEUE_DATABASE_TAG, TRIGGER_TAG
 
 UTC = dt.timezone.utc
 BAD_CRONS = ["*/10 * * *", "61 * * * *", "every ten minutes", "every 10 minutes", "* * * * * * *", "*/0 * * * *"]
@@ -75,10 +69,22 @@ def test_an_invalid_cron_stops_the_code_location_from_loading_and_touches_no_dat
     assert documents(store) == before
 
 
-def test_a_cleanup_tick_requests_one_run_over_every_job_type():
+@pytest.fixture
+def instance():
+    """Persistent, as the daemon's is: a schedule's context opens the instance from its reference."""
+    with dg.instance_for_test() as instance:
+        yield instance
+
+
+def cleanup_tick(instance: dg.DagsterInstance):
     schedule = defs.resolve_schedule_def("kill_zombies_schedule")
-    context = dg.build_schedule_context(scheduled_execution_time=dt.datetime(2024, 3, 5, 10, 20, tzinfo=UTC))
-    [request] = schedule.evaluate_tick(context).run_requests
+    context = dg.build_schedule_context(instance=instance, scheduled_execution_time=dt.datetime(2024, 3, 5, 10, 20, tzinfo=UTC))
+    return schedule.evaluate_tick(context)
+
+
+def test_a_cleanup_tick_requests_one_run_over_every_job_type(instance):
+    schedule = defs.resolve_schedule_def("kill_zombies_schedule")
+    [request] = cleanup_tick(instance).run_requests
     assert request.partition_key is None
     assert request.tags[TRIGGER_TAG] == "kill_zombies_schedule"
     assert schedule.job_name == kill_zombies_job.name
@@ -93,3 +99,20 @@ def test_the_statistics_run_daily_for_the_day_that_just_ended():
     )
     [request] = schedule.evaluate_tick(context).run_requests
     assert request.partition_key == "2024-03-04"
+
+
+@pytest.mark.parametrize("status", IN_FLIGHT_STATUSES, ids=lambda status: status.value)
+def test_a_cleanup_tick_skips_naming_the_cleanup_of_its_queue_that_is_queued_or_running(instance, status):
+    run = recorded_cleanup_run(instance, status)
+    result = cleanup_tick(instance)
+    assert result.run_requests == []
+    assert run.run_id in result.skip_message and status.value.lower() in result.skip_message
+    assert repr(kill_zombies_job.tags[QUEUE_DATABASE_TAG]) in result.skip_message
+
+
+def test_a_cleanup_tick_is_not_held_by_finished_cleanups_nor_by_a_cleanup_of_another_queue(instance):
+    for status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+        recorded_cleanup_run(instance, status)
+    recorded_cleanup_run(instance, dg.DagsterRunStatus.STARTED, queue_database="another_queue")
+    [request] = cleanup_tick(instance).run_requests
+    assert request.tags[TRIGGER_TAG] == "kill_zombies_schedule"

@@ -1,5 +1,6 @@
 """Sensors: evaluated as the daemon would, against the real server and a real Dagster instance."""
 
+import datetime as dt
 import http.server
 import json
 import threading
@@ -7,27 +8,21 @@ import threading
 import dagster as dg
 import pytest
 
-from tests.helpers import crashed_job, healthy_job, job_document
-from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
+from tests.helpers import crashed_job, healthy_job, job_document, recorded_cleanup_run, run_kill_zombies
+from zombie_pipeline.config import CACHE_URL_ENV, CLEANUP_OVERDUE_MINUTES_ENV, QUEUE_URL_ENV
+from zombie_pipeline.orchestration import recency
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
-from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    FailureWebhook,
-    QueueDatabase,
-    ZombiePolicyResource,
-)
+from zombie_pipeline.orchestration.health import queue_health
+from zombie_pipeline.orchestration.resources import CacheDatabase, FailureWebhook, QueueDatabase, ZombiePolicyResource
 from zombie_pipeline.orchestration.sensors import (
     cleanup_checks_sensor,
+    cleanup_overdue_sensor,
     job_types_sensor,
     pipeline_failure_sensor,
     stale_jobs_sensor,
 )
-from zombie_pipeline.orchestration.tags import (
-    CLEANUP_RUN_TAG,
-    JOB_TYPE_PARTITIONS,
-    STALE_COUNT_TAG,
-)
-from zombie_pipeline.queue.documents import ID, Failure, Job, Status
+from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, JOB_TYPE_PARTITIONS, QUEUE_DATABASE_TAG, STALE_COUNT_TAG
+from zombie_pipeline.queue.documents import ID, Failure, Job, Status, utc_now
 from zombie_pipeline.simulation.embedded import free_port
 
 WEBHOOK_ENV = "ZOMBIE_TEST_FAILURE_WEBHOOK_URL"
@@ -88,12 +83,20 @@ def test_stale_sensor_judges_with_the_policy_resource(store, instance, resources
     assert result.run_requests == []
 
 
-def test_stale_sensor_waits_while_a_cleanup_is_in_flight(store, instance, resources):
+@pytest.mark.parametrize("status", [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTED], ids=lambda status: status.value)
+def test_stale_sensor_waits_while_a_cleanup_of_its_queue_is_queued_or_running(store, instance, resources, status):
     store.jobs.insert_one(crashed_job())
-    run = instance.create_run_for_job(kill_zombies_job, status=dg.DagsterRunStatus.STARTED)
+    run = recorded_cleanup_run(instance, status)
     result = tick(stale_jobs_sensor, instance, resources)
     assert result.run_requests == []
-    assert run.run_id in result.skip_message
+    assert run.run_id in result.skip_message and "1 stale jobs" in result.skip_message
+
+
+def test_stale_sensor_is_not_held_by_a_cleanup_of_another_queue(store, instance, resources):
+    store.jobs.insert_one(crashed_job())
+    recorded_cleanup_run(instance, dg.DagsterRunStatus.STARTED, queue_database="another_queue")
+    [request] = tick(stale_jobs_sensor, instance, resources).run_requests
+    assert request.tags[STALE_COUNT_TAG] == "1"
 
 
 def test_stale_sensor_fails_the_tick_with_a_clean_message_when_the_queue_is_unreachable(instance, resources, monkeypatch):
@@ -251,3 +254,77 @@ def test_an_unreachable_webhook_is_recorded_not_raised_and_its_token_not_shown(s
     outcome = store.failures.find_one({ID: run_id})[Failure.WEBHOOK_OUTCOME]
     assert outcome.startswith("failed:")
     assert "s3cret-t0ken" not in outcome
+
+
+# --- cleanup_overdue_sensor ------------------------------------------------------------------
+
+
+def overdue_tick(instance, resources, cursor=None):
+    context = dg.build_sensor_context(
+        instance=instance, resources={"failure_webhook": resources["failure_webhook"]}, cursor=cursor,
+        sensor_name=cleanup_overdue_sensor.name,
+    )  # fmt: skip
+    return cleanup_overdue_sensor.evaluate_tick(context)
+
+
+def cursor_watching_since(minutes_ago: float, reported: str) -> str:
+    since = utc_now() - dt.timedelta(minutes=minutes_ago)
+    return json.dumps({"watching_since": since.isoformat(), "reported": reported})
+
+
+def reported_check(result) -> dg.AssetCheckEvaluation:
+    [evaluation] = result.asset_events
+    assert (evaluation.asset_key, evaluation.check_name) == (queue_health.key, "cleanups_are_recent")
+    return evaluation
+
+
+def successful_cleanup(instance, resources) -> str:
+    result = run_kill_zombies({name: resources[name] for name in ("queue_db", "cache_db", "zombie_policy")}, instance=instance)
+    assert result.success
+    return result.run_id
+
+
+def test_a_queue_never_cleaned_is_given_the_limit_from_the_sensors_first_tick(instance, resources):
+    first = overdue_tick(instance, resources)
+    evaluation = reported_check(first)
+    assert evaluation.passed
+    assert "no successful cleanup" in evaluation.description and "limit 30 min" in evaluation.description
+    again = overdue_tick(instance, resources, first.cursor)
+    assert again.asset_events == [] and json.loads(again.cursor)["watching_since"] == json.loads(first.cursor)["watching_since"]
+
+
+def test_no_successful_cleanup_within_the_limit_fails_the_check_and_posts_the_webhook_once(instance, resources, webhook, monkeypatch):
+    url, received = webhook
+    monkeypatch.setenv(WEBHOOK_ENV, url)
+    overdue = overdue_tick(instance, resources, cursor_watching_since(31, reported="recent"))
+    evaluation = reported_check(overdue)
+    assert not evaluation.passed and evaluation.metadata["limit_minutes"].value == 30
+    [(_, _, body)] = received
+    assert body["alert"] == "cleanup_overdue" and body["queue_database"] == kill_zombies_job.tags[QUEUE_DATABASE_TAG]
+    assert "no successful cleanup" in body["text"]
+
+    still = overdue_tick(instance, resources, overdue.cursor)
+    assert still.asset_events == [] and "no successful cleanup" in still.skip_message
+    assert len(received) == 1  # told once per episode
+
+
+def test_a_successful_cleanup_passes_the_check_again_and_its_age_is_judged_against_the_limit(store, instance, resources):
+    store.jobs.insert_one(crashed_job())
+    run_id = successful_cleanup(instance, resources)
+    recovered = reported_check(overdue_tick(instance, resources, cursor_watching_since(90, reported="overdue")))
+    assert recovered.passed and recovered.metadata["last_successful_cleanup_run"].value == run_id
+
+    later = recency.cleanup_recency(instance, utc_now() + dt.timedelta(minutes=31), limit_minutes=30)
+    assert later.overdue and later.last_success_run_id == run_id and "OVERDUE" in later.message()
+    assert not recency.cleanup_recency(instance, utc_now() + dt.timedelta(minutes=29), limit_minutes=30).overdue
+    # a success of another queue database's cleanup says nothing about this one
+    assert recency.cleanup_recency(instance, utc_now(), 30, queue_database="another_queue").last_success_run_id is None
+
+
+def test_the_limit_comes_from_the_environment_and_a_bad_one_names_the_variable(instance, resources, monkeypatch):
+    monkeypatch.setenv(CLEANUP_OVERDUE_MINUTES_ENV, "5")
+    overdue = reported_check(overdue_tick(instance, resources, cursor_watching_since(6, reported="recent")))
+    assert not overdue.passed and "limit 5 min" in overdue.description
+    monkeypatch.setenv(CLEANUP_OVERDUE_MINUTES_ENV, "half an hour")
+    with pytest.raises(Exception, match=f"{CLEANUP_OVERDUE_MINUTES_ENV}='half an hour' is not a positive number of minutes"):
+        overdue_tick(instance, resources)

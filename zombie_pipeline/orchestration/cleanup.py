@@ -6,6 +6,7 @@ collection, which is the cleanup's state: nothing else is shared between them.
 """
 
 
+import datetime as dt
 from typing import Any, Optional
 
 import dagster as dg
@@ -185,6 +186,10 @@ def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: Queue
     return dict(summary.counts)
 
 
+#: A cleanup's runtime limit (its dagster/max_runtime tag): some 30 times what a cleanup of 1,000 zombies takes.
+CLEANUP_MAX_RUNTIME_SECONDS = 300
+
+
 @dg.job(
     description=(
         "Find zombie jobs (started, worker gone or running past its maximum duration), finalize each exactly "
@@ -203,8 +208,9 @@ def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: Queue
         # Ahead of statistics runs waiting for a slot in the run queue.
         PRIORITY_TAG: "10",
         # The zombie killer must not become a zombie: a cleanup takes seconds (a fixed number of commands per
-        # batch), so after 15 minutes run monitoring fails it and stops its worker; the next tick starts afresh.
-        MAX_RUNTIME_TAG: "900",
+        # batch; 1,000 zombies in about 10 s on the embedded server), so after 5 minutes run monitoring fails it
+        # and, its worker lost or stuck, the run is retried and the queue's slot freed (docs/deploy.md, "Crashes").
+        MAX_RUNTIME_TAG: str(CLEANUP_MAX_RUNTIME_SECONDS),
         # Retried twice, from the start, when it fails: safe because a cleanup is idempotent. Each zombie is
         # claimed by inserting its audit event (_id = job _id) and finished by compare-and-set on what
         # detection saw, so a retry can neither finalize a job twice nor overwrite a live worker; what a dead
@@ -217,3 +223,39 @@ def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: Queue
 def kill_zombies_job():
     plan = reconcile()
     summarize(compensate_zombies(finalize_zombies(plan, find_zombies(plan))))
+
+
+#: A cleanup in these states holds (or waits for) its queue database's slot in the run queue.
+IN_FLIGHT_STATUSES = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+
+
+def cleanup_in_flight(instance: dg.DagsterInstance, queue_database: Optional[str] = None) -> Optional[dg.RunRecord]:
+    """The newest cleanup of ``queue_database`` (default: this location's) that is queued, starting or running.
+
+    The schedule and the sensor ask for no cleanup while there is one: it would only wait behind it in the run
+    queue (one cleanup per queue database), and a run stuck until its runtime limit would leave a backlog that
+    then runs as a burst.
+    """
+    database = queue_database or kill_zombies_job.tags[QUEUE_DATABASE_TAG]
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=kill_zombies_job.name, statuses=IN_FLIGHT_STATUSES, tags={QUEUE_DATABASE_TAG: database}),
+        limit=1,
+    )
+    return records[0] if records else None
+
+
+def in_flight_reason(record: dg.RunRecord) -> str:
+    """Why a tick asks for nothing, naming the run, its queue database, its state and since when."""
+    run = record.dagster_run
+    since = dt.datetime.fromtimestamp(record.start_time or record.create_timestamp.timestamp(), dt.timezone.utc)
+    return (
+        f"cleanup run {run.run_id} of queue database {run.tags.get(QUEUE_DATABASE_TAG)!r} is "
+        f"{run.status.value.lower()} since {since:%Y-%m-%d %H:%M:%S} UTC; a run stuck longer than its "
+        f"{run.tags.get(MAX_RUNTIME_TAG, '?')} s limit is failed by run monitoring"
+    )

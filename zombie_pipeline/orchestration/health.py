@@ -12,7 +12,11 @@ finalizations; the policy), and the two invariants are its checks:
   cache error was written still finds that error in the cache, unless a newer
   result replaced it.
 
-``queue_health_job`` materializes the asset and runs both checks;
+A fourth check, ``cleanups_are_recent``, is about the cleanups rather than one of
+them: a cleanup of the queue succeeded within the last N minutes
+(``orchestration/recency.py``); ``cleanup_overdue_sensor`` reports it.
+
+``queue_health_job`` materializes the asset and runs its checks;
 ``cleanup_checks_sensor`` (sensors.py) launches it after every successful
 cleanup, tagged with that cleanup's run id, so the checks judge the cleanup's
 own scope (its start time and job types). Launched by hand, the checks judge
@@ -29,6 +33,8 @@ from pydantic import Field
 
 from zombie_pipeline import monitoring
 from zombie_pipeline.cleanup import compensations
+from zombie_pipeline.config import CLEANUP_OVERDUE_MINUTES_ENV, DEFAULT_CLEANUP_OVERDUE_MINUTES, cleanup_overdue_minutes
+from zombie_pipeline.orchestration import recency
 from zombie_pipeline.orchestration.cleanup import reconcile
 from zombie_pipeline.orchestration.metadata import malformed_metadata, table_metadata
 from zombie_pipeline.orchestration.resources import (
@@ -216,6 +222,21 @@ def compensations_succeed(queue_db: QueueDatabase, cache_db: CacheDatabase) -> d
         if audit.passed
         else f"{audit.failed} compensations given up on, {audit.retrying} failing and to be tried again",
     )
+
+
+@dg.asset_check(
+    asset=queue_health,
+    name=recency.CHECK_NAME,
+    description=(
+        "A cleanup of this queue database succeeded within the last "
+        f"${CLEANUP_OVERDUE_MINUTES_ENV} minutes ({DEFAULT_CLEANUP_OVERDUE_MINUTES} by default): fails when cleanups "
+        "fail, hang, or are not launched at all (schedule off, daemon down, ticks skipped behind a stuck run). "
+        "cleanup_overdue_sensor reports it here whenever it changes and POSTs the failure webhook when it fails."
+    ),
+)
+def cleanups_are_recent(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    verdict = recency.cleanup_recency(context.instance, utc_now(), cleanup_overdue_minutes())
+    return dg.AssetCheckResult(passed=not verdict.overdue, metadata=verdict.metadata(), description=verdict.message())
 
 
 queue_health_job = dg.define_asset_job(

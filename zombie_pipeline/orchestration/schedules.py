@@ -4,6 +4,9 @@ Both are stopped by default: an operator turns them on in the UI (Automation)
 once the policy suits the deployment. The cleanup's cron comes from
 ``$ZOMBIE_KILL_CRON``; a bad value stops the code location from loading with a
 message that names the variable, rather than a schedule that never fires.
+A cleanup tick skips, saying why, while a cleanup of the same queue database is
+queued or running: it would only wait behind it, and a stuck run would pile up
+a backlog that later runs as a burst.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import dagster as dg
 
 from zombie_pipeline import config
 from zombie_pipeline.config import KILL_CRON_ENV
-from zombie_pipeline.orchestration.cleanup import kill_zombies_job
+from zombie_pipeline.orchestration.cleanup import cleanup_in_flight, in_flight_reason, kill_zombies_job
 from zombie_pipeline.orchestration.statistics import duration_statistics_job
 from zombie_pipeline.orchestration.tags import TRIGGER_TAG
 
@@ -34,25 +37,33 @@ def kill_zombies_cron(environ: Optional[Mapping[str, str]] = None) -> str:
 def build_kill_zombies_schedule(cron: Optional[str] = None) -> dg.ScheduleDefinition:
     cron = cron if cron is not None else kill_zombies_cron()
     try:
-        return dg.ScheduleDefinition(
+
+        @dg.schedule(
             name="kill_zombies_schedule",
             cron_schedule=cron,
             job_name=kill_zombies_job.name,
             execution_timezone=TIMEZONE,
             default_status=dg.DefaultScheduleStatus.STOPPED,
-            tags={TRIGGER_TAG: "kill_zombies_schedule"},
             description=(
                 f"Runs kill_zombies_job over every job type on '{cron}' (UTC; set ${KILL_CRON_ENV} to change, "
-                f"default '{DEFAULT_KILL_CRON}'). stale_jobs_sensor reacts sooner; this is the safety net that also "
+                f"default '{DEFAULT_KILL_CRON}'), unless a cleanup of the same queue database is queued or running "
+                "(the tick then skips and names it). stale_jobs_sensor reacts sooner; this is the safety net that also "
                 "completes finalizations a crashed run left behind."
             ),
         )
+        def kill_zombies_schedule(context: dg.ScheduleEvaluationContext):
+            in_flight = cleanup_in_flight(context.instance)
+            if in_flight is not None:
+                return dg.SkipReason(in_flight_reason(in_flight))
+            return dg.RunRequest(tags={TRIGGER_TAG: "kill_zombies_schedule"})
+
     except dg.DagsterInvalidDefinitionError:
         raise ScheduleConfigError(
             f"{KILL_CRON_ENV}={cron!r} is not a valid cron schedule: use five fields "
             f"(minute hour day-of-month month day-of-week), e.g. {DEFAULT_KILL_CRON!r} for every 10 minutes, "
             f"or unset {KILL_CRON_ENV} for that default."
         ) from None
+    return kill_zombies_schedule
 
 
 def build_duration_stats_schedule() -> dg.ScheduleDefinition:

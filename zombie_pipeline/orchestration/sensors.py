@@ -12,18 +12,24 @@
 - ``pipeline_failure_sensor`` (running by default): a failed run of any job of
   this code location is logged, recorded in ``zombiePipelineFailures`` and
   POSTed to an optional webhook.
+- ``cleanup_overdue_sensor`` (every minute, stopped by default: turned on with
+  the schedule): no cleanup of the queue succeeded in the last N minutes. Says
+  so on ``queue_health``'s check ``cleanups_are_recent`` and to the webhook.
 """
 
 
+import datetime as dt
+import json
 from typing import Optional
 
 import dagster as dg
 from pymongo.errors import PyMongoError
 
 from zombie_pipeline import alerts, monitoring
-from zombie_pipeline.config import WEBHOOK_URL_ENV
-from zombie_pipeline.orchestration.cleanup import kill_zombies_job
-from zombie_pipeline.orchestration.health import cleanup_scope, queue_health_job
+from zombie_pipeline.config import CLEANUP_OVERDUE_MINUTES_ENV, WEBHOOK_URL_ENV, cleanup_overdue_minutes
+from zombie_pipeline.orchestration import recency
+from zombie_pipeline.orchestration.cleanup import cleanup_in_flight, in_flight_reason, kill_zombies_job
+from zombie_pipeline.orchestration.health import cleanup_scope, queue_health, queue_health_job
 from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
     FailureWebhook,
@@ -42,13 +48,6 @@ from zombie_pipeline.queue.connections import check_reachable
 from zombie_pipeline.queue.documents import utc_now
 from zombie_pipeline.queue.secrets import scrub
 
-_ACTIVE_STATUSES = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-]
-
 
 @dg.sensor(
     job_name=kill_zombies_job.name,
@@ -57,7 +56,8 @@ _ACTIVE_STATUSES = [
     description=(
         "Every minute, counts started jobs past their heartbeat timeout or maximum duration (an indexed count). "
         "When there are any, requests a kill_zombies_job run over every type, keyed by the set of stale jobs: "
-        "the same state never launches twice, and no run is requested while a cleanup is in flight. "
+        "the same state never launches twice, and no run is requested while a cleanup of the same queue database is queued "
+        "or running. "
         "Detection latency becomes threshold + about a minute."
     ),
 )
@@ -69,13 +69,9 @@ def stale_jobs_sensor(
     state = monitoring.stale_state(store.jobs, zombie_policy.in_force(store), utc_now())
     if state.count == 0:
         return dg.SkipReason("no started job is past its thresholds")
-    in_flight = context.instance.get_run_records(
-        dg.RunsFilter(job_name=kill_zombies_job.name, statuses=_ACTIVE_STATUSES), limit=1
-    )
-    if in_flight:
-        return dg.SkipReason(
-            f"{state.count} stale jobs, but cleanup run {in_flight[0].dagster_run.run_id} is in flight; it or the next tick will take them"
-        )
+    in_flight = cleanup_in_flight(context.instance)
+    if in_flight is not None:
+        return dg.SkipReason(f"{state.count} stale jobs, left to the cleanup in flight or the next tick: {in_flight_reason(in_flight)}")
     context.log.info(f"{state.count} started jobs are past their thresholds: requesting a cleanup ({state.run_key})")
     return dg.RunRequest(
         run_key=state.run_key,
@@ -166,3 +162,38 @@ def failure_record(context: dg.RunFailureSensorContext, secrets: list[Optional[s
         failed_steps=tuple(event.step_key for event in steps if event.step_key),
     )
 
+
+@dg.sensor(
+    minimum_interval_seconds=60,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description=(
+        "Every minute, the age of the last successful kill_zombies_job run of this queue database. When it passes "
+        f"${CLEANUP_OVERDUE_MINUTES_ENV} minutes (30 by default; counted from the sensor's start while no cleanup ever "
+        "succeeded), queue_health's check cleanups_are_recent fails and the failure webhook is POSTed once; when a "
+        "cleanup succeeds again, the check passes. Turn it on with kill_zombies_schedule."
+    ),
+)
+def cleanup_overdue_sensor(context: dg.SensorEvaluationContext, failure_webhook: FailureWebhook):
+    cursor = json.loads(context.cursor) if context.cursor else {}
+    now = utc_now()
+    watching_since = dt.datetime.fromisoformat(cursor["watching_since"]) if cursor.get("watching_since") else now
+    verdict = recency.cleanup_recency(context.instance, now, cleanup_overdue_minutes(), watching_since)
+    state = "overdue" if verdict.overdue else "recent"
+    next_cursor = json.dumps({"watching_since": watching_since.isoformat(), "reported": state})
+    if cursor.get("reported") == state:
+        return dg.SensorResult(skip_reason=verdict.message(), cursor=next_cursor)
+    if verdict.overdue:
+        context.log.error(verdict.message())
+        outcome = alerts.post_json(failure_webhook.url(), verdict.payload(), failure_webhook.timeout_seconds)
+        if outcome.startswith("failed"):
+            context.log.warning(f"failure webhook: {outcome}")
+    else:
+        context.log.info(verdict.message())
+    evaluation = dg.AssetCheckEvaluation(
+        asset_key=queue_health.key,
+        check_name=recency.CHECK_NAME,
+        passed=not verdict.overdue,
+        metadata=verdict.metadata(),
+        description=verdict.message(),
+    )
+    return dg.SensorResult(asset_events=[evaluation], cursor=next_cursor)
