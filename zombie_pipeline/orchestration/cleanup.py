@@ -9,18 +9,20 @@ state: with the multiprocess executor nothing is shared in memory between ops.
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Optional
 
 import dagster as dg
 from pydantic import Field
 
-from zombie_pipeline import cleanup, compensations, config
+from zombie_pipeline import cleanup, compensations, config, metrics
 from zombie_pipeline.cleanup import GenerationUnknown
-from zombie_pipeline.detection import Candidate, engaged_brake, unknown_job_types
+from zombie_pipeline.detection import Candidate, brake_for, unknown_job_types
 from zombie_pipeline.documents import REASONS, utc_now
 from zombie_pipeline.events import StepResult
 from zombie_pipeline.generations import QUEUE_GENERATIONS, QueueVerdict
 from zombie_pipeline.orchestration.metadata import counts_metadata, malformed_metadata, table_metadata
+from zombie_pipeline.orchestration.metrics import MetricsGateway
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource, store_of
 from zombie_pipeline.orchestration.tags import (
     CLEANUP_GROUP,
@@ -59,6 +61,7 @@ class CleanupPlan:
     generation_problem: Optional[str] = None
     generation_candidates: tuple[str, ...] = ()  # the generations the evidence leaves open
     counts: tuple[tuple[str, int], ...] = ()  # what the steps so far did
+    found: tuple[tuple[str, str, int], ...] = ()  # (job type, reason, zombies) as detection returned them
 
     def add(self, result: StepResult) -> "CleanupPlan":
         merged = Counter(dict(self.counts))
@@ -139,13 +142,19 @@ def reconcile(
 
 @dg.op(description="Find started jobs past their heartbeat timeout, SIGTERM or maximum duration, in one indexed query.")
 def find_zombies(
-    context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
+    context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase, metrics_gateway: MetricsGateway
 ) -> list[Candidate]:
     store = store_of(queue_db, cache_db, check=True)
     # The brake applied here rather than inside cleanup.find_zombies: its numbers become the failure's metadata.
     detection = cleanup.find_zombies(store, plan.policy, None, plan.job_types, override_brake=True)
-    brake = None if plan.override_brake else engaged_brake(store.jobs, detection, plan.policy, plan.job_types)
-    if brake is not None:
+    brake = None if plan.override_brake or not detection.candidates else brake_for(store.jobs, detection, plan.policy, plan.job_types)
+    engaged = brake is not None and brake.engaged
+    pushed: dict[str, Any] = {}
+    if not plan.dry_run:  # pushed when the brake stops the run too: that is when an operator must hear of it
+        started = brake.started if brake is not None else None
+        figures = partial(metrics.brake_figures, engaged, len(detection.candidates), started, plan.policy.max_stale_fraction)
+        pushed = metrics_gateway.push(context, figures, queue_db.database)
+    if engaged:
         raise dg.Failure(description=brake.message(), metadata=brake.facts())
     rows = [candidate.evidence() for candidate in detection.candidates]
     by_reason = detection.count_by("reason")
@@ -154,6 +163,7 @@ def find_zombies(
     metadata["candidates_by_type"] = dg.MetadataValue.json(detection.count_by("job_type"))
     metadata["evidence"] = table_metadata(rows)
     metadata.update(malformed_metadata(detection.malformed))
+    metadata.update(pushed)
     if detection.malformed:
         context.log.warning(f"{len(detection.malformed)} started jobs are malformed and were left alone")
     context.add_output_metadata(metadata)
@@ -186,7 +196,8 @@ def finalize_zombies(
         generation = QUEUE_GENERATIONS[plan.generation]
         result = cleanup.finalize_zombies(store, candidates, plan.policy, plan.run_id, utc_now(), generation)
     context.add_output_metadata({**counts_metadata(result.counts), "finalized_jobs": table_metadata(result.rows)})
-    return plan.add(result)
+    found = Counter((candidate.job_type, str(candidate.reason)) for candidate in candidates)
+    return replace(plan.add(result), found=tuple((job_type, reason, count) for (job_type, reason), count in sorted(found.items())))
 
 
 @dg.op(
@@ -207,17 +218,28 @@ def compensate_zombies(context: dg.OpExecutionContext, plan: CleanupPlan, queue_
     return plan.add(result)
 
 
-@dg.op(description="Summarize the run from the audit trail: what was finalized, why, and what was skipped.")
-def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase) -> dict:
+@dg.op(
+    description="Summarize the run from the audit trail: what was finalized, why, and what was skipped; push the "
+    "figures to the Pushgateway, if there is one."
+)
+def summarize(
+    context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase, metrics_gateway: MetricsGateway
+) -> dict:
     store = store_of(queue_db, cache_db, check=True)
     summary = cleanup.summarize_run(store, plan.run_id, dict(plan.counts))
-    context.add_output_metadata(
-        {
-            **counts_metadata(summary.counts),
-            "finalized_jobs": table_metadata(summary.rows),
-            "summary": dg.MetadataValue.md(summary.markdown()),
-        }
-    )
+    metadata: dict[str, Any] = {
+        **counts_metadata(summary.counts),
+        "finalized_jobs": table_metadata(summary.rows),
+        "summary": dg.MetadataValue.md(summary.markdown()),
+    }
+    if not plan.dry_run:
+        found = {(job_type, reason): count for job_type, reason, count in plan.found}
+
+        def figures() -> metrics.Figures:  # read only when there is a gateway to push to
+            return metrics.cleanup_figures(metrics.audit_totals(store.events), summary.counts, found, plan.started_at, utc_now())
+
+        metadata.update(metrics_gateway.push(context, figures, queue_db.database))
+    context.add_output_metadata(metadata)
     context.log.info(summary.one_line())
     return dict(summary.counts)
 
