@@ -175,9 +175,6 @@ class Figures(Collector):
         self._samples.setdefault(metric, {})[tuple(str(labels[name]) for name in metric.labels)] = float(value)
         return self
 
-    def value(self, metric: Metric, **labels: str) -> float | None:
-        return self._samples.get(metric, {}).get(tuple(str(labels[name]) for name in metric.labels))
-
     @property
     def metrics(self) -> tuple[Metric, ...]:
         return tuple(self._samples)
