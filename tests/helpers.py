@@ -21,6 +21,7 @@ from zombie_pipeline.cleanup.detection import Candidate, Detection
 from zombie_pipeline.cleanup.run import CleanupOptions, CleanupPlan
 from zombie_pipeline.cleanup.strategies import strategy_for
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
+from zombie_pipeline.orchestration.metrics import MetricsGateway
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase
 from zombie_pipeline.orchestration.tags import JOB_TYPE_PARTITIONS, QUEUE_DATABASE_TAG
 from zombie_pipeline.policy import ZombiePolicy
@@ -207,11 +208,16 @@ def unregister(listener: monitoring.CommandListener) -> None:
 # --- kill_zombies_job in process ------------------------------------------------------------------------
 
 
+#: The metrics resource without a gateway: nothing is pushed (tests/orchestration/test_metrics.py pushes to a real one).
+METRICS_OFF = {"metrics_gateway": MetricsGateway()}
+
+
 def database_resources(store: Store, url_env: str, **options: Any) -> dict[str, Any]:
-    """The ``queue_db`` and ``cache_db`` resources of ``store``'s databases, their URL in ``$url_env``."""
+    """The ``queue_db`` and ``cache_db`` resources of ``store``'s databases, their URL in ``$url_env``; metrics off."""
     return {
         "queue_db": QueueDatabase(url_env_var=url_env, database=store.jobs.database.name, **options),
         "cache_db": CacheDatabase(url_env_var=url_env, database=store.cache.database.name, **options),
+        **METRICS_OFF,
     }
 
 
@@ -224,8 +230,10 @@ def run_kill_zombies(
 ) -> dg.ExecuteInProcessResult:
     """kill_zombies_job in process, with ``config`` as the cleanup options, never raising.
 
-    Without ``instance``, an in-memory one (0.1 s, where a temporary sqlite one takes 1.8 s).
+    Without ``instance``, an in-memory one (0.1 s, where a temporary sqlite one takes 1.8 s); without a
+    ``metrics_gateway`` resource, metrics off.
     """
+    resources = {**METRICS_OFF, **resources}
     run_config = {"ops": {"reconcile": {"config": config}}, "loggers": QUIET_LOGGERS, **(run_config or {})}
     with contextlib.ExitStack() as stack:
         if instance is None:

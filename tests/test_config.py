@@ -51,3 +51,25 @@ def test_without_the_variable_the_statistics_start_follows_today(monkeypatch):
 def test_a_statistics_start_that_is_set_is_taken(monkeypatch):
     monkeypatch.setenv(config.STATISTICS_START_ENV, "2025-03-01")
     assert config.statistics_start(dt.date(2026, 12, 1)) == dt.date(2025, 3, 1)
+
+
+@pytest.mark.parametrize("value", ["pushgateway.monitoring:9091", "http://127.0.0.1:9091", "https://push.example/prefix"])
+def test_a_pushgateway_url_is_taken_as_set(value):
+    assert config.pushgateway_url({config.PUSHGATEWAY_URL_ENV: f" {value} "}) == value
+
+
+def test_without_a_pushgateway_url_metrics_are_off():
+    assert config.pushgateway_url({}) is None
+    assert config.pushgateway_url({config.PUSHGATEWAY_URL_ENV: " "}) is None
+
+
+@pytest.mark.parametrize("value", ["ftp://push.example", "push.example:port", "http://"])
+def test_a_pushgateway_url_that_is_not_one_is_refused_naming_the_variable(value):
+    with pytest.raises(config.SettingError, match=f"^{config.PUSHGATEWAY_URL_ENV}=.* is not a Pushgateway URL"):
+        config.pushgateway_url({config.PUSHGATEWAY_URL_ENV: value})
+
+
+def test_a_pushgateway_url_with_credentials_is_refused_without_showing_them():
+    with pytest.raises(config.SettingError) as refused:
+        config.pushgateway_url({config.PUSHGATEWAY_URL_ENV: "http://admin:s3cret@push.example:9091"})
+    assert config.PUSHGATEWAY_URL_ENV in str(refused.value) and "s3cret" not in str(refused.value)

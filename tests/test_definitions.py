@@ -17,9 +17,11 @@ from zombie_pipeline.config import (
     CACHE_URL_ENV,
     DAGSTER_HOME_ENV,
     HOME_ENV,
+    PUSHGATEWAY_URL_ENV,
     QUEUE_URL_ENV,
 )
 from zombie_pipeline.definitions import defs
+from zombie_pipeline.orchestration.metrics import MetricsGateway, metrics_gateway_from_env
 from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
     QueueDatabase,
@@ -41,6 +43,14 @@ def test_the_location_carries_the_database_and_policy_resources():
     assert isinstance(resources["queue_db"], QueueDatabase)
     assert isinstance(resources["cache_db"], CacheDatabase)
     assert isinstance(resources["zombie_policy"], ZombiePolicyResource)
+
+
+def test_the_location_pushes_metrics_to_the_gateway_its_environment_names(monkeypatch):
+    assert isinstance(defs.resources["metrics_gateway"], MetricsGateway)
+    monkeypatch.setenv(PUSHGATEWAY_URL_ENV, "pushgateway.monitoring:9091")
+    assert metrics_gateway_from_env().gateway == "pushgateway.monitoring:9091"
+    monkeypatch.delenv(PUSHGATEWAY_URL_ENV)
+    assert not metrics_gateway_from_env().enabled
 
 
 def test_dagster_definitions_validate_passes_without_starting_or_showing_anything(tmp_path):

@@ -12,6 +12,7 @@ import datetime as dt
 import os
 from pathlib import Path
 from typing import Mapping
+from urllib.parse import urlsplit
 
 from zombie_pipeline.queue.documents import (
     DEFAULT_CACHE_DATABASE,
@@ -26,6 +27,8 @@ CACHE_DATABASE_ENV = "CACHE_MONGO_DATABASE"
 HOME_ENV = "ZOMBIE_PIPELINE_HOME"
 KILL_CRON_ENV = "ZOMBIE_KILL_CRON"
 WEBHOOK_URL_ENV = "ZOMBIE_FAILURE_WEBHOOK_URL"
+#: The Prometheus Pushgateway runs push their figures to (``host:port`` or ``http(s)://host:port``); unset: no push.
+PUSHGATEWAY_URL_ENV = "ZOMBIE_PUSHGATEWAY_URL"
 DAGSTER_HOME_ENV = "DAGSTER_HOME"
 #: The first day of the statistics' daily partitions (YYYY-MM-DD); unset: eight weeks back.
 STATISTICS_START_ENV = "ZOMBIE_STATISTICS_START"
@@ -102,6 +105,30 @@ def statistics_start(today: dt.date | None = None) -> dt.date:
         except ValueError:
             raise SettingError(f"{STATISTICS_START_ENV}={configured!r} is not a date (YYYY-MM-DD)") from None
     return (today or dt.date.today()) - dt.timedelta(days=STATISTICS_DAYS_BACK)
+
+
+def pushgateway_url(environ: Mapping[str, str] | None = None) -> str | None:
+    """The Pushgateway's URL when one is set; refused when it is not one, or carries credentials.
+
+    The URL is shown as the metrics resource's config, and the push client sends no credentials from a URL anyway.
+    """
+    configured = setting(PUSHGATEWAY_URL_ENV, environ)
+    if configured is None:
+        return None
+    parsed = urlsplit(configured if "://" in configured else f"http://{configured}")
+    try:
+        parsed.port  # a port that is not a number raises
+        valid = parsed.scheme in ("http", "https") and bool(parsed.hostname)
+    except ValueError:
+        valid = False
+    if not valid:
+        raise SettingError(f"{PUSHGATEWAY_URL_ENV}={configured!r} is not a Pushgateway URL: use host:port or http(s)://host:port")
+    if parsed.username is not None or parsed.password is not None:
+        raise SettingError(
+            f"{PUSHGATEWAY_URL_ENV} carries credentials: the push client does not send them and the URL shows in "
+            "the UI; give the gateway's URL without them"
+        )
+    return configured
 
 
 def server_selection_timeout_ms(default: int) -> int:

@@ -79,7 +79,7 @@ def test_every_variable_the_files_read_is_documented():
     for name in [*env_names(INSTANCE), *env_names(WORKSPACE)]:
         assert f"`{name}`" in DOCS, f"{name} is not in docs/deploy.md"
     for name in (config.QUEUE_URL_ENV, config.CACHE_URL_ENV, config.QUEUE_DATABASE_ENV, config.CACHE_DATABASE_ENV,
-                 config.KILL_CRON_ENV, config.WEBHOOK_URL_ENV):  # fmt: skip
+                 config.KILL_CRON_ENV, config.WEBHOOK_URL_ENV, config.PUSHGATEWAY_URL_ENV):  # fmt: skip
         assert f"`{name}`" in DOCS, f"{name} is not in docs/deploy.md"
 
 

@@ -6,7 +6,7 @@ import time
 import dagster as dg
 import pytest
 
-from tests.helpers import ago, crashed_job, job_document, workload
+from tests.helpers import METRICS_OFF, ago, crashed_job, job_document, workload
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.health import (
@@ -45,6 +45,7 @@ def resources(mongo_url, queue_db, cache_db, monkeypatch):
         "queue_db": QueueDatabase(database=queue_db.name),
         "cache_db": CacheDatabase(database=cache_db.name),
         "zombie_policy": ZombiePolicyResource(),
+        **METRICS_OFF,
     }
 
 

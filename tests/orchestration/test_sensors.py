@@ -8,7 +8,7 @@ import threading
 import dagster as dg
 import pytest
 
-from tests.helpers import crashed_job, healthy_job, job_document, recorded_cleanup_run, run_kill_zombies
+from tests.helpers import METRICS_OFF, crashed_job, healthy_job, job_document, recorded_cleanup_run, run_kill_zombies
 from zombie_pipeline.config import CACHE_URL_ENV, CLEANUP_OVERDUE_MINUTES_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration import recency
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
@@ -38,6 +38,7 @@ def resources(mongo_url, queue_db, cache_db, monkeypatch):
         "cache_db": CacheDatabase(database=cache_db.name),
         "zombie_policy": ZombiePolicyResource(),
         "failure_webhook": FailureWebhook(url_env_var=WEBHOOK_ENV, timeout_seconds=2),
+        **METRICS_OFF,
     }
 
 
@@ -140,7 +141,7 @@ def test_job_types_sensor_skips_types_that_cannot_be_partition_keys(store, insta
 def _finished_cleanup(instance, resources, dry_run=False):
     result = kill_zombies_job.execute_in_process(
         instance=instance,
-        resources={name: resources[name] for name in ("queue_db", "cache_db", "zombie_policy")},
+        resources={name: resources[name] for name in ("queue_db", "cache_db", "zombie_policy", "metrics_gateway")},
         run_config={"ops": {"reconcile": {"config": {"dry_run": dry_run}}}},
     )
     assert result.success
@@ -210,7 +211,7 @@ def _braked_cleanup(store, instance, resources):
     braked = {**resources, "zombie_policy": ZombiePolicyResource(min_started_for_brake=1)}
     result = kill_zombies_job.execute_in_process(
         instance=instance,
-        resources={name: braked[name] for name in ("queue_db", "cache_db", "zombie_policy")},
+        resources={name: braked[name] for name in ("queue_db", "cache_db", "zombie_policy", "metrics_gateway")},
         raise_on_error=False,
     )
     assert not result.success

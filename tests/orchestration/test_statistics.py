@@ -11,7 +11,7 @@ import pydantic
 import pytest
 from bson import ObjectId
 
-from tests.helpers import QUEUE_GENERATION, database_resources, job_document, workload
+from tests.helpers import METRICS_OFF, QUEUE_GENERATION, database_resources, job_document, workload
 from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
     QueueDatabase,
@@ -163,6 +163,7 @@ def test_an_out_of_range_setting_fails_the_run_before_anything_is_read(monkeypat
         "queue_db": QueueDatabase(url_env_var=URL_ENV, database="unused", server_selection_timeout_ms=200),
         "cache_db": CacheDatabase(url_env_var=URL_ENV, database="unused", server_selection_timeout_ms=200),
         "zombie_policy": ZombiePolicyResource(),
+        **METRICS_OFF,
     }
     with dg.instance_for_test() as instance, pytest.raises(pydantic.ValidationError, match="quantile"):
         dg.materialize(
@@ -180,7 +181,7 @@ def test_the_assets_form_a_daily_group_with_a_partitioned_job():
     defs = dg.Definitions(
         assets=assets,
         jobs=[duration_statistics_job],
-        resources={"queue_db": QueueDatabase(), "cache_db": CacheDatabase(), "zombie_policy": ZombiePolicyResource()},
+        resources={"queue_db": QueueDatabase(), "cache_db": CacheDatabase(), "zombie_policy": ZombiePolicyResource(), **METRICS_OFF},
     )
 
     for asset in assets:

@@ -105,7 +105,11 @@ class Detection:
     now: dt.datetime
     candidates: list[Candidate] = field(default_factory=list)
     malformed: list[Malformed] = field(default_factory=list)
-    brake: Brake | None = None  # set when too many of the started jobs look dead for the run to act on them
+    brake: Brake | None = None  # judged when there are candidates: do too many of the started jobs look dead?
+
+    @property
+    def stopped_by_brake(self) -> bool:
+        return self.brake is not None and self.brake.engaged
 
     def count_by(self, attribute: str) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -83,6 +83,7 @@ class CleanupPlan:
     generations: Generations
     started_at: dt.datetime
     counts: tuple[tuple[str, int], ...] = ()  # what the steps so far did
+    found: tuple[tuple[str, str, int], ...] = ()  # (job type, reason, zombies) as detection returned them
 
     def add(self, result: StepResult) -> CleanupPlan:
         merged = Counter(dict(self.counts))
@@ -122,14 +123,13 @@ def reconcile(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -
 
 
 def find(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -> Detection:
-    """The zombies and the malformed started jobs; ``brake`` set when it stops the run (unless overridden)."""
+    """The zombies and the malformed started jobs; the brake judged when there are zombies (unless overridden)."""
     job_types = plan.options.job_types
     detection = detect(store.jobs, plan.policy, now or utc_now(), job_types)
     known = {item.id for item in detection.malformed}
     detection.malformed.extend(item for item in find_malformed_started(store.jobs, job_types) if item.id not in known)
     if detection.candidates and not plan.options.override_brake:
-        brake = brake_for(store.jobs, detection, plan.policy, job_types)
-        detection.brake = brake if brake.engaged else None
+        detection.brake = brake_for(store.jobs, detection, plan.policy, job_types)
     return detection
 
 
@@ -192,7 +192,7 @@ def run_cleanup(
     plan = prepare(store, policy, run_id, options).plan
     reconciled = reconcile(store, plan, now)
     detection = find(store, plan, now)
-    if detection.brake is not None:
+    if detection.brake is not None and detection.stopped_by_brake:
         raise BrakeEngaged(detection.brake.message())
     report = CleanupReport(run_id, dry_run, plan.generations, detection, reconciled=reconciled)
     report.steps.merge(finalize(store, plan, detection.candidates, now))

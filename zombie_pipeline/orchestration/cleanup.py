@@ -7,12 +7,15 @@ collection, which is the cleanup's state: nothing else is shared between them.
 
 
 import datetime as dt
+from collections import Counter
+from dataclasses import replace
+from functools import partial
 from typing import Any, Optional
 
 import dagster as dg
 from pydantic import Field
 
-from zombie_pipeline import config
+from zombie_pipeline import config, metrics
 from zombie_pipeline.cleanup import run
 from zombie_pipeline.cleanup.compensations import CompensationError
 from zombie_pipeline.cleanup.counts import Count
@@ -23,6 +26,7 @@ from zombie_pipeline.orchestration.metadata import (
     malformed_metadata,
     table_metadata,
 )
+from zombie_pipeline.orchestration.metrics import MetricsGateway
 from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
     QueueDatabase,
@@ -39,7 +43,7 @@ from zombie_pipeline.orchestration.tags import (
     QUEUE_DATABASE_TAG,
     RETRY_STRATEGY_TAG,
 )
-from zombie_pipeline.queue.documents import REASONS
+from zombie_pipeline.queue.documents import REASONS, utc_now
 from zombie_pipeline.queue.generations import GenerationUnknown
 
 
@@ -109,12 +113,24 @@ def reconcile(
 
 @dg.op(description="Find started jobs past their heartbeat timeout, SIGTERM or maximum duration, in one indexed query.")
 def find_zombies(
-    context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
+    context: dg.OpExecutionContext,
+    plan: CleanupPlan,
+    queue_db: QueueDatabase,
+    cache_db: CacheDatabase,
+    metrics_gateway: MetricsGateway,
 ) -> list[Candidate]:
     store = store_of(queue_db, cache_db, check=True)
     detection = run.find(store, plan)
-    if detection.brake is not None:
-        raise dg.Failure(description=detection.brake.message(), metadata=detection.brake.facts())
+    brake = detection.brake
+    pushed: dict[str, Any] = {}
+    if not plan.options.dry_run:  # pushed when the brake stops the run too: that is when an operator must hear of it
+        started = brake.started if brake is not None else None
+        engaged = detection.stopped_by_brake
+        stale_fraction = plan.policy.max_stale_fraction
+        figures = partial(metrics.brake_figures, engaged, len(detection.candidates), started, stale_fraction)
+        pushed = metrics_gateway.push(context, figures, queue_db.database)
+    if brake is not None and brake.engaged:
+        raise dg.Failure(description=brake.message(), metadata=brake.facts())
     rows = [candidate.evidence() for candidate in detection.candidates]
     by_reason = detection.count_by("reason")
     metadata: dict[str, Any] = {f"candidates/{reason}": by_reason.get(reason, 0) for reason in REASONS}
@@ -122,6 +138,7 @@ def find_zombies(
     metadata["candidates_by_type"] = dg.MetadataValue.json(detection.count_by("job_type"))
     metadata["evidence"] = table_metadata(rows)
     metadata.update(malformed_metadata(detection.malformed))
+    metadata.update(pushed)
     if detection.malformed:
         context.log.warning(f"{len(detection.malformed)} started jobs are malformed and were left alone")
     context.add_output_metadata(metadata)
@@ -152,7 +169,8 @@ def finalize_zombies(
             },
         ) from None
     context.add_output_metadata({**counts_metadata(result.counts), "finalized_jobs": table_metadata(result.rows)})
-    return plan.add(result)
+    found = Counter((candidate.job_type, str(candidate.reason)) for candidate in candidates)
+    return replace(plan.add(result), found=tuple((job_type, reason, count) for (job_type, reason), count in sorted(found.items())))
 
 
 @dg.op(
@@ -171,17 +189,33 @@ def compensate_zombies(context: dg.OpExecutionContext, plan: CleanupPlan, queue_
     return plan.add(result)
 
 
-@dg.op(description="Summarize the run from the audit trail: what was finalized, why, and what was skipped.")
-def summarize(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase) -> dict:
+@dg.op(
+    description="Summarize the run from the audit trail: what was finalized, why, and what was skipped; push the "
+    "figures to the Pushgateway, if there is one."
+)
+def summarize(
+    context: dg.OpExecutionContext,
+    plan: CleanupPlan,
+    queue_db: QueueDatabase,
+    cache_db: CacheDatabase,
+    metrics_gateway: MetricsGateway,
+) -> dict:
     store = store_of(queue_db, cache_db, check=True)
     summary = run.summarize(store, plan.run_id, dict(plan.counts))
-    context.add_output_metadata(
-        {
-            **counts_metadata(summary.counts),
-            "finalized_jobs": table_metadata(summary.rows),
-            "summary": dg.MetadataValue.md(summary.markdown()),
-        }
-    )
+    metadata: dict[str, Any] = {
+        **counts_metadata(summary.counts),
+        "finalized_jobs": table_metadata(summary.rows),
+        "summary": dg.MetadataValue.md(summary.markdown()),
+    }
+    if not plan.options.dry_run:
+        found = {(job_type, reason): count for job_type, reason, count in plan.found}
+
+        def figures() -> metrics.Figures:  # read only when there is a gateway to push to
+            totals = metrics.audit_totals(store.events)
+            return metrics.cleanup_figures(totals, summary.counts, found, plan.started_at, utc_now())
+
+        metadata.update(metrics_gateway.push(context, figures, queue_db.database))
+    context.add_output_metadata(metadata)
     context.log.info(summary.one_line())
     return dict(summary.counts)
 

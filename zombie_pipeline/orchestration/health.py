@@ -31,12 +31,13 @@ from typing import Any, Optional
 import dagster as dg
 from pydantic import Field
 
-from zombie_pipeline import monitoring
+from zombie_pipeline import metrics, monitoring
 from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.config import CLEANUP_OVERDUE_MINUTES_ENV, DEFAULT_CLEANUP_OVERDUE_MINUTES, cleanup_overdue_minutes
 from zombie_pipeline.orchestration import recency
 from zombie_pipeline.orchestration.cleanup import reconcile
 from zombie_pipeline.orchestration.metadata import malformed_metadata, table_metadata
+from zombie_pipeline.orchestration.metrics import MetricsGateway
 from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
     QueueDatabase,
@@ -95,12 +96,16 @@ def _checked_cleanup(context: dg.AssetCheckExecutionContext) -> Optional[Cleanup
         "The job queue as a cleanup leaves it: started, waiting and stale jobs, finalizations a crashed "
         "cleanup left unfinished, zombies finalized in the last 24 h, repeat offenders (datasets finalized at least "
         f"{DEFAULT_THRESHOLD} times in the last {DEFAULT_WINDOW_DAYS} days), and the policy judging them. "
-        "Materialized after every successful cleanup (cleanup_checks_sensor); each number is plotted over time. "
-        "Its checks are the cleanup's invariants."
+        "Materialized after every successful cleanup (cleanup_checks_sensor); each number is plotted over time and "
+        "pushed to the Pushgateway, if there is one. Its checks are the cleanup's invariants."
     ),
 )
 def queue_health(
-    context: dg.AssetExecutionContext, queue_db: QueueDatabase, cache_db: CacheDatabase, zombie_policy: ZombiePolicyResource
+    context: dg.AssetExecutionContext,
+    queue_db: QueueDatabase,
+    cache_db: CacheDatabase,
+    zombie_policy: ZombiePolicyResource,
+    metrics_gateway: MetricsGateway,
 ) -> dg.MaterializeResult:
     store = store_of(queue_db, cache_db, check=True)
     policy = zombie_policy.in_force(store)
@@ -116,6 +121,11 @@ def queue_health(
     cleanup_run = context.run.tags.get(CLEANUP_RUN_TAG)
     if cleanup_run:
         metadata["after_cleanup_run"] = cleanup_run
+
+    def figures() -> metrics.Figures:  # the started jobs per type read only when there is a gateway to push to
+        return metrics.health_figures(snapshot, metrics.started_by_type(store.jobs), offenders.offenders_total)
+
+    metadata.update(metrics_gateway.push(context, figures, queue_db.database))
     return dg.MaterializeResult(metadata=metadata)
 
 

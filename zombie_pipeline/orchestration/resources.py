@@ -1,4 +1,5 @@
-"""Dagster resources: where the queue and the cache are, the cleanup policy, and the failure webhook.
+"""Dagster resources: where the queue and the cache are, the cleanup policy, and the failure webhook (the
+metrics gateway is in ``orchestration/metrics.py``; its URL carries no credentials and is its config).
 
 URLs are read from environment variables when a resource is used, never stored
 in config: Dagster shows resource config in its UI, and a URL may carry a
@@ -14,6 +15,7 @@ from pydantic import Field
 from pymongo.database import Database
 
 from zombie_pipeline import config
+from zombie_pipeline.orchestration.metrics import metrics_gateway_from_env
 from zombie_pipeline.policy import ZombiePolicy, policy_fields
 from zombie_pipeline.queue.connections import (
     DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
@@ -144,4 +146,5 @@ def resources_from_env() -> dict[str, dg.ConfigurableResource]:
         "cache_db": CacheDatabase(database=config.cache_database(), server_selection_timeout_ms=timeout_ms),
         "zombie_policy": ZombiePolicyResource(),
         "failure_webhook": FailureWebhook(),
+        "metrics_gateway": metrics_gateway_from_env(),
     }

@@ -18,12 +18,14 @@ how many of them to use. Days not computed yet are skipped and listed.
 
 import datetime as dt
 import warnings
+from functools import partial
 from typing import Optional
 
 import dagster as dg
 from pydantic import Field
 
-from zombie_pipeline import config
+from zombie_pipeline import config, metrics
+from zombie_pipeline.orchestration.metrics import MetricsGateway
 from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
     QueueDatabase,
@@ -32,6 +34,7 @@ from zombie_pipeline.orchestration.resources import (
 )
 from zombie_pipeline.orchestration.tags import PIPELINE_TAG, STATISTICS_GROUP
 from zombie_pipeline.policy import SuggestionRules
+from zombie_pipeline.queue.documents import utc_now
 from zombie_pipeline.queue.generations import GenerationUnknown, decide
 from zombie_pipeline.statistics.cache_history import CacheIndexMissing
 from zombie_pipeline.statistics.history import read_history
@@ -60,6 +63,9 @@ MAX_WINDOW_DAYS = 28
 SUGGESTED_T2_METADATA_PREFIX = "suggested_t2_seconds/"
 #: Offending datasets listed in the statistics report (the repeat_offenders asset lists more).
 REPORT_OFFENDERS = 20
+#: Windows ending this recently are pushed to the Pushgateway: the daily schedule's (the day that just ended), not
+#: a backfill's past days, which would replace the current suggestions with old ones.
+CURRENT_WINDOW = dt.timedelta(days=1)
 DAILY_PARTITIONS = dg.DailyPartitionsDefinition(start_date=PARTITIONS_START)
 with warnings.catch_warnings():  # beta flag: windows that begin before the first partition load what exists
     warnings.simplefilter("ignore", dg.BetaWarning)
@@ -191,6 +197,7 @@ def job_duration_statistics(
     queue_db: QueueDatabase,
     cache_db: CacheDatabase,
     zombie_policy: ZombiePolicyResource,
+    metrics_gateway: MetricsGateway,
     tallies: dict[str, Period],
 ) -> dg.MaterializeResult:
     """Duration statistics and suggested T2 per job type over the window ending with this day.
@@ -200,7 +207,7 @@ def job_duration_statistics(
     censoring flag; CSV, JSON, Markdown and a chart in the reports directory; a
     ready-to-use ``zombie_policy`` snippet; the window's repeat offenders as a
     section of the report. Suggestions are recorded for the cleanup's opt-in
-    ``use_suggested_max_durations``.
+    ``use_suggested_max_durations``. The window ending with the last day is pushed to the Pushgateway.
     """
     rules = config.rules()
     store = store_of(queue_db, cache_db, check=True)
@@ -238,6 +245,10 @@ def job_duration_statistics(
         if entry.enough_data
     }
     charts = {metadata_key("chart", job_type): dg.MetadataValue.md(chart) for job_type, chart in duration_charts(report).items()}
+    if window_end >= utc_now() - CURRENT_WINDOW:
+        pushed = metrics_gateway.push(context, partial(metrics.statistics_figures, report), queue_db.database)
+    else:
+        pushed = {"metrics_push": "not pushed: a past window (only the window ending with the last day is)"}
     return dg.MaterializeResult(
         metadata={
             "window": window_text(report),
@@ -260,6 +271,7 @@ def job_duration_statistics(
             "json": dg.MetadataValue.path(str(files.json)),
             "markdown": dg.MetadataValue.path(str(files.markdown)),
             "chart": dg.MetadataValue.path(str(files.chart)),
+            **pushed,
         }
     )
 

@@ -1,0 +1,332 @@
+"""The pipeline's figures as Prometheus metrics, for the dashboards and alerts operators already have.
+
+Cleanups, health checks and statistics are batch runs: their figures are pushed to a Pushgateway
+after each run (``orchestration/metrics.py``), not scraped. This module knows nothing of Dagster nor
+of the gateway. It declares every metric once (:data:`METRICS`: name, type, help, labels; the alert
+rules and the dashboard name nothing else) and turns what a run knows into :class:`Figures`, a
+``prometheus_client`` collector.
+
+Names and labels follow Prometheus' conventions and dataset-viewer's vocabulary: the prefix
+``zombie_pipeline_``, base units in the name (``_seconds``, ``_ratio``, ``_timestamp_seconds``),
+``_total`` on counters, and bounded labels only: ``job_type`` (dataset-viewer's ``kind``),
+``reason``, ``error_code``, ``outcome``, ``quantile``. A dataset is never a label. The queue
+database is not a label here either: the push's grouping key adds it.
+
+Counters are the audit trail's totals (``zombieEvents`` keeps every finalization): they only grow,
+survive a gateway restart and equal what the database holds. What only a run knows (the zombies it
+found, the races it lost, its duration) is a gauge of the last run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterator, Literal, Mapping
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import Metric as MetricFamily
+from prometheus_client.registry import Collector
+from pymongo.collection import Collection
+
+from zombie_pipeline.cleanup.detection import started_filter
+from zombie_pipeline.monitoring import QueueSnapshot
+from zombie_pipeline.queue.documents import (
+    ID,
+    REASONS,
+    CacheOutcome,
+    ErrorCode,
+    Event,
+    EventState,
+    Job,
+    RetryOutcome,
+    job_type_problem,
+)
+from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.statistics.quantiles import PERCENTILES, percentile_name
+from zombie_pipeline.statistics.suggest import DurationReport
+
+PREFIX = "zombie_pipeline_"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric as exposed: a counter's name ends in ``_total``."""
+
+    name: str
+    kind: Literal["counter", "gauge"]
+    help: str
+    labels: tuple[str, ...] = ()
+
+    def family(self) -> MetricFamily:
+        if self.kind == "counter":
+            return CounterMetricFamily(self.name, self.help, labels=self.labels)
+        return GaugeMetricFamily(self.name, self.help, labels=self.labels)
+
+
+def _counter(name: str, help: str, *labels: str) -> Metric:
+    return Metric(PREFIX + name + "_total", "counter", help, labels)
+
+
+def _gauge(name: str, help: str, *labels: str) -> Metric:
+    return Metric(PREFIX + name, "gauge", help, labels)
+
+
+# --- pushed by a cleanup (summarize): the audit trail's totals, and the last cleanup's own figures -------------
+
+ZOMBIES_FINALIZED = _counter(
+    "zombies_finalized", "Zombies finalized, by job type, reason and the error code users see (the audit trail's count).",
+    "job_type", "reason", "error_code",
+)
+FRESHER_ENTRIES_KEPT = _counter(
+    "fresher_cache_entries_kept", "Finalized zombies whose cache entry was kept because it was fresher than the error.", "job_type"
+)
+RETRIES = _counter(
+    "retries", "Finalized zombies by what became of their retry: enqueued, scheduled (after a delay), already_queued, "
+    "limit_reached, not_retried.", "job_type", "outcome",
+)
+ZOMBIES_FOUND = _gauge("cleanup_zombies_found", "Zombies the last cleanup found, by job type and reason.", "job_type", "reason")
+RACES_LOST = _gauge("cleanup_races_lost", "Claims of the last cleanup that a live worker won (it beat or finished meanwhile).")
+DELAYED_RETRIES_ENQUEUED = _gauge(
+    "cleanup_delayed_retries_enqueued", "Retries whose delay had passed that the last cleanup enqueued."
+)
+COMPENSATION_RUNS = _gauge(
+    "cleanup_compensations", "Compensations the last cleanup ran, by outcome: done, to_retry, failed (given up on).", "outcome"
+)
+CLEANUP_DURATION = _gauge("cleanup_duration_seconds", "How long the last successful cleanup took, from its first step to its summary.")
+LAST_SUCCESS = _gauge(
+    "cleanup_last_success_timestamp_seconds", "When the last successful cleanup ended (unix time): the alert compares it with time()."
+)
+
+# --- pushed by a cleanup's detection (find_zombies), also when the brake stops it ----------------------------------
+
+BRAKE_ENGAGED = _gauge("brake_engaged", "1 when the last detection's brake stopped its cleanup (too many started jobs look dead), else 0.")
+STALE_RATIO = _gauge("brake_stale_ratio", "Share of the started jobs that looked dead at the last detection (0 to 1).")
+MAX_STALE_RATIO = _gauge("brake_max_stale_ratio", "The policy's max_stale_fraction: above it (and min_started_for_brake) the brake engages.")
+
+# --- pushed by queue_health: the queue's state after a cleanup --------------------------------------------------
+
+STARTED_JOBS = _gauge("started_jobs", "Jobs started now, by job type.", "job_type")
+WAITING_JOBS = _gauge("waiting_jobs", "Jobs waiting now.")
+STALE_JOBS = _gauge("stale_jobs", "Started jobs past their heartbeat timeout, SIGTERM or maximum duration now.")
+UNFINISHED_FINALIZATIONS = _gauge(
+    "unfinished_finalizations", "Finalizations a crashed cleanup left half done (the next cleanup completes them)."
+)
+RETRIES_WAITING = _gauge("retries_waiting", "Retries waiting for their delay (zombieRetries).")
+COMPENSATIONS_PENDING = _gauge(
+    "compensations_pending", "Finalized zombies whose compensations still run, or failed and will be tried again."
+)
+COMPENSATIONS_FAILED = _gauge("compensations_failed", "Finalized zombies with a compensation given up on after its last attempt.")
+REPEAT_OFFENDERS = _gauge(
+    "repeat_offender_datasets", "Datasets finalized at least 3 times in the last 7 days (the repeat_offenders asset lists them)."
+)
+
+# --- pushed by job_duration_statistics: the suggestions of the current window ------------------------------------
+
+SUGGESTED_MAX_DURATION = _gauge(
+    "suggested_max_duration_seconds", "Suggested maximum duration (T2) per job type, where the window had enough successful runs.",
+    "job_type",
+)
+CONFIGURED_MAX_DURATION = _gauge(
+    "configured_max_duration_seconds", "Maximum duration (T2) per job type in force when the statistics ran.", "job_type"
+)
+SUGGESTION_RUNS = _gauge(
+    "suggestion_successful_runs", "Successful runs of the window behind each job type's suggestion.", "job_type"
+)
+SUCCESSFUL_RUN_DURATION = _gauge(
+    "successful_run_duration_seconds", "Percentiles of the window's successful run durations, per job type.", "job_type", "quantile"
+)
+SUGGESTION_CENSORED = _gauge(
+    "suggestion_censored", "1 when so many jobs of the type were stopped at T2 that the suggestion is only a lower bound.", "job_type"
+)
+STATISTICS_WINDOW_END = _gauge(
+    "statistics_window_end_timestamp_seconds", "End of the window the pushed statistics describe (unix time)."
+)
+
+CLEANUP_METRICS = (
+    ZOMBIES_FINALIZED, FRESHER_ENTRIES_KEPT, RETRIES, ZOMBIES_FOUND, RACES_LOST, DELAYED_RETRIES_ENQUEUED,
+    COMPENSATION_RUNS, CLEANUP_DURATION, LAST_SUCCESS,
+)  # fmt: skip
+BRAKE_METRICS = (BRAKE_ENGAGED, STALE_RATIO, MAX_STALE_RATIO)
+HEALTH_METRICS = (
+    STARTED_JOBS, WAITING_JOBS, STALE_JOBS, UNFINISHED_FINALIZATIONS, RETRIES_WAITING, COMPENSATIONS_PENDING,
+    COMPENSATIONS_FAILED, REPEAT_OFFENDERS,
+)  # fmt: skip
+STATISTICS_METRICS = (
+    SUGGESTED_MAX_DURATION, CONFIGURED_MAX_DURATION, SUGGESTION_RUNS, SUCCESSFUL_RUN_DURATION, SUGGESTION_CENSORED,
+    STATISTICS_WINDOW_END,
+)  # fmt: skip
+#: Every metric the pipeline pushes: the one list the alert rules and the dashboard are checked against.
+METRICS = CLEANUP_METRICS + BRAKE_METRICS + HEALTH_METRICS + STATISTICS_METRICS
+METRIC_NAMES = frozenset(metric.name for metric in METRICS)
+
+
+class Figures(Collector):
+    """Samples of some of :data:`METRICS`; registered in a ``CollectorRegistry``, it exposes (or pushes) them."""
+
+    def __init__(self) -> None:
+        self._samples: dict[Metric, dict[tuple[str, ...], float]] = {}
+
+    def set(self, metric: Metric, value: float, **labels: str) -> "Figures":
+        """The value of ``metric`` for these labels, which must be exactly the metric's."""
+        if metric not in METRICS:
+            raise ValueError(f"{metric.name} is not one of the pipeline's metrics (metrics.METRICS)")
+        if set(labels) != set(metric.labels):
+            raise ValueError(f"{metric.name} takes the labels {list(metric.labels)}, not {sorted(labels)}")
+        self._samples.setdefault(metric, {})[tuple(str(labels[name]) for name in metric.labels)] = float(value)
+        return self
+
+    @property
+    def metrics(self) -> tuple[Metric, ...]:
+        return tuple(self._samples)
+
+    def collect(self) -> Iterator[MetricFamily]:
+        for metric, samples in self._samples.items():
+            family = metric.family()
+            for labels, value in sorted(samples.items()):
+                family.add_metric(list(labels), value)
+            yield family
+
+
+# --- what a cleanup pushes ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class AuditTotals:
+    """The audit trail's finalizations, counted by what the counters label them with."""
+
+    finalized: Counter = field(default_factory=Counter)  # (job type, reason, error code) -> events
+    fresher_kept: Counter = field(default_factory=Counter)  # job type -> events
+    retries: Counter = field(default_factory=Counter)  # (job type, retry outcome) -> events
+    skipped: int = 0  # events whose type, reason or code cannot be a label value (written by hand or an old version)
+
+
+_REASONS = {str(reason) for reason in REASONS}
+_ERROR_CODES = {str(code) for code in ErrorCode}
+_RETRY_OUTCOMES = {str(outcome) for outcome in RetryOutcome}
+_TYPE, _REASON, _CODE, _CACHE, _RETRY, _COUNT = "type", "reason", "code", "cache", "retry", "count"
+
+
+def audit_totals(events: Collection) -> AuditTotals:
+    """One aggregation over the finalized events (on the ``(state, lease_until)`` index), grouped on the server.
+
+    Finalized means what the statistics call so (state ``finalized`` or ``done``): a claim that lost its race
+    never gets there. The cache and retry outcomes are those of the events completed (``done``).
+    """
+    pipeline = on_index(
+        {Event.STATE: {"$in": [EventState.FINALIZED, EventState.DONE]}},
+        {},
+        {
+            "$group": {
+                ID: {
+                    _TYPE: f"${Event.JOB}.{Job.TYPE}",
+                    _REASON: f"${Event.REASON}",
+                    _CODE: f"${Event.ERROR_CODE}",
+                    _CACHE: f"${Event.CACHE_OUTCOME}",
+                    _RETRY: f"${Event.RETRY_OUTCOME}",
+                },
+                _COUNT: {"$sum": 1},
+            }
+        },
+    )
+    totals = AuditTotals()
+    for group in events.aggregate(pipeline):
+        key, count = group[ID], group[_COUNT]
+        job_type, reason, code = key.get(_TYPE), key.get(_REASON), key.get(_CODE)
+        if job_type_problem(job_type) or reason not in _REASONS or code not in _ERROR_CODES:
+            totals.skipped += count
+            continue
+        totals.finalized[(job_type, reason, code)] += count
+        if key.get(_CACHE) == CacheOutcome.SKIPPED_FRESHER:
+            totals.fresher_kept[job_type] += count
+        if key.get(_RETRY) in _RETRY_OUTCOMES:
+            totals.retries[(job_type, key[_RETRY])] += count
+    return totals
+
+
+def cleanup_figures(
+    totals: AuditTotals,
+    run_counts: Mapping[str, int],
+    found: Mapping[tuple[str, str], int],
+    started_at: dt.datetime,
+    ended_at: dt.datetime,
+) -> Figures:
+    """A successful cleanup: the audit trail's totals, and this run's own counts (``cleanup.RunSummary.counts``).
+
+    ``found``: the zombies detection returned, by (job type, reason).
+    """
+    figures = Figures()
+    for (job_type, reason, code), count in totals.finalized.items():
+        figures.set(ZOMBIES_FINALIZED, count, job_type=job_type, reason=reason, error_code=code)
+    for job_type, count in totals.fresher_kept.items():
+        figures.set(FRESHER_ENTRIES_KEPT, count, job_type=job_type)
+    for (job_type, outcome), count in totals.retries.items():
+        figures.set(RETRIES, count, job_type=job_type, outcome=outcome)
+    for (job_type, reason), count in found.items():
+        figures.set(ZOMBIES_FOUND, count, job_type=job_type, reason=reason)
+    figures.set(RACES_LOST, run_counts.get("lost_to_live_worker", 0))
+    figures.set(DELAYED_RETRIES_ENQUEUED, run_counts.get("due_retry_enqueued", 0))
+    for outcome in ("done", "to_retry", "failed"):
+        figures.set(COMPENSATION_RUNS, run_counts.get(f"compensation_{outcome}", 0), outcome=outcome)
+    figures.set(CLEANUP_DURATION, max((ended_at - started_at).total_seconds(), 0.0))
+    figures.set(LAST_SUCCESS, ended_at.timestamp())
+    return figures
+
+
+def brake_figures(engaged: bool, stale: int, started: int | None, max_stale_fraction: float) -> Figures:
+    """What the brake judged; ``started`` None when it was not counted (the brake overridden): no ratio then."""
+    figures = Figures().set(BRAKE_ENGAGED, int(engaged)).set(MAX_STALE_RATIO, max_stale_fraction)
+    if stale == 0:
+        figures.set(STALE_RATIO, 0.0)
+    elif started:
+        figures.set(STALE_RATIO, stale / started)
+    return figures
+
+
+# --- what queue_health pushes ---------------------------------------------------------------------------------
+
+
+def started_by_type(jobs: Collection) -> dict[str, int]:
+    """Started jobs per type: one aggregation on the ``(status, started_at)`` index (a few thousand jobs at most)."""
+    pipeline = on_index(started_filter(), {}, {"$group": {ID: f"${Job.TYPE}", _COUNT: {"$sum": 1}}})
+    return {group[ID]: group[_COUNT] for group in jobs.aggregate(pipeline) if not job_type_problem(group[ID])}
+
+
+def health_figures(snapshot: QueueSnapshot, started: Mapping[str, int], repeat_offenders: int) -> Figures:
+    figures = Figures()
+    for job_type, count in started.items():
+        figures.set(STARTED_JOBS, count, job_type=job_type)
+    figures.set(WAITING_JOBS, snapshot.waiting)
+    figures.set(STALE_JOBS, snapshot.stale)
+    figures.set(UNFINISHED_FINALIZATIONS, snapshot.unfinished_finalizations)
+    figures.set(RETRIES_WAITING, snapshot.retries_waiting_for_their_delay)
+    figures.set(COMPENSATIONS_PENDING, snapshot.compensations_pending)
+    figures.set(COMPENSATIONS_FAILED, snapshot.compensations_given_up)
+    figures.set(REPEAT_OFFENDERS, repeat_offenders)
+    return figures
+
+
+# --- what the statistics push ---------------------------------------------------------------------------------
+
+
+def statistics_figures(report: DurationReport) -> Figures:
+    """Per job type: the configured T2, the suggestion (where the data was enough), the runs and percentiles behind it."""
+    figures = Figures()
+    for entry in report.types:
+        job_type = entry.job_type
+        figures.set(CONFIGURED_MAX_DURATION, entry.current_t2_seconds, job_type=job_type)
+        figures.set(SUGGESTION_RUNS, entry.successes, job_type=job_type)
+        figures.set(SUGGESTION_CENSORED, int(entry.censored), job_type=job_type)
+        if entry.enough_data:
+            figures.set(SUGGESTED_MAX_DURATION, entry.suggested_t2_seconds, job_type=job_type)
+        for quantile in PERCENTILES:
+            value = entry.statistics.get(percentile_name(quantile))
+            if value is not None:
+                figures.set(SUCCESSFUL_RUN_DURATION, value, job_type=job_type, quantile=_quantile_label(quantile))
+    figures.set(STATISTICS_WINDOW_END, report.window_end.timestamp())
+    return figures
+
+
+def _quantile_label(quantile: float) -> str:
+    """``0.5``, ``0.99``: the ``quantile`` label as Prometheus' own summaries write it."""
+    return f"{quantile:g}"
