@@ -157,7 +157,7 @@ def test_the_statistics_figures_are_the_reports_suggestions_and_the_runs_behind_
         labels = (("job_type", entry.job_type),)
         assert values[("zombie_pipeline_suggested_max_duration_seconds", labels)] == entry.suggested_t2_seconds
         assert values[("zombie_pipeline_configured_max_duration_seconds", labels)] == 1200
-        assert values[("zombie_pipeline_suggestion_successful_runs", labels)] == 50
+        assert values[("zombie_pipeline_suggestion_successful_runs", labels)] == entry.successes == 400
         assert values[("zombie_pipeline_suggestion_censored", labels)] == 0
         quantiles = {dict(key)["quantile"] for name, key in values if name == "zombie_pipeline_successful_run_duration_seconds" and dict(key)["job_type"] == entry.job_type}
         assert quantiles == {f"{q:g}" for q in PERCENTILES} == {"0.5", "0.9", "0.95", "0.99"}
