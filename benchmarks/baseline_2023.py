@@ -58,7 +58,9 @@ class BaselineReport:
     by_error_code: dict[str, int] = field(default_factory=dict)
 
 
-def is_zombie(job: dict[str, Any], now: dt.datetime, heartbeat_timeout_seconds: int, max_duration_seconds: int) -> str | None:
+def is_zombie(
+    job: dict[str, Any], now: dt.datetime, heartbeat_timeout_seconds: int, max_duration_seconds: int
+) -> str | None:
     """The error code a started job is killed with, or None: the 2023 rules, evaluated in Python."""
     started_at = as_utc(job.get(Job.STARTED_AT))
     last_heartbeat = as_utc(job.get(Job.LAST_HEARTBEAT))
@@ -89,7 +91,7 @@ def kill_zombies_2023(
         if error_code is not None:
             zombies.append((job, error_code))
     for job, error_code in zombies:
-        killed_at = dt.datetime.now(dt.timezone.utc)
+        killed_at = dt.datetime.now(dt.UTC)
         result = jobs.update_one(
             {ID: job[ID], Job.STATUS: Status.STARTED},
             {"$set": {Job.STATUS: Status.ERROR, Job.FINISHED_AT: killed_at}},

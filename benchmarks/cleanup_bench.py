@@ -27,8 +27,9 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from benchmarks.baseline_2023 import kill_zombies_2023
 from benchmarks.data import build_cleanup_queue, cleanup_workload
@@ -78,7 +79,7 @@ class CleanupCase:
         return f"{self.generation} queue, {self.jobs:,} jobs, {self.zombies:,} zombies, {self.job_types} job types"
 
     @classmethod
-    def parse(cls, text: str) -> "CleanupCase":
+    def parse(cls, text: str) -> CleanupCase:
         """``GENERATION:JOBS:ZOMBIES[:TYPES[:CONTENDER+CONTENDER[:RTT+RTT]]]``, e.g. ``2023-01:10000:1000:3:ours:0``."""
         parts = text.strip().split(":")
         if len(parts) < 3:
@@ -88,7 +89,9 @@ class CleanupCase:
         if len(parts) > 4 and parts[4]:
             contenders = tuple(parts[4].split("+"))
         else:
-            keeps = generation not in QUEUE_GENERATIONS or QUEUE_GENERATIONS[generation].finish is FinishStyle.KEPT_AS_ERROR
+            keeps = (
+                generation not in QUEUE_GENERATIONS or QUEUE_GENERATIONS[generation].finish is FinishStyle.KEPT_AS_ERROR
+            )
             contenders = CONTENDERS if keeps else (OURS,)
         rtts = tuple(float(part) for part in parts[5].split("+")) if len(parts) > 5 and parts[5] else None
         return cls(generation, jobs, zombies, types, contenders, rtts)
@@ -116,7 +119,12 @@ def contenders(policy: ZombiePolicy) -> dict[str, Callable[[Store, dt.datetime],
 
     def baseline(store: Store, now: dt.datetime) -> int:
         report = kill_zombies_2023(
-            store.jobs, store.cache, now, policy.heartbeat_timeout_seconds, policy.max_duration_seconds, policy.http_status
+            store.jobs,
+            store.cache,
+            now,
+            policy.heartbeat_timeout_seconds,
+            policy.max_duration_seconds,
+            policy.http_status,
         )
         return report.jobs_updated
 
@@ -143,7 +151,7 @@ KINDS = CORE_KINDS + ("retry", "deployment's collections")
 
 
 def written_by_kind(written: dict[str, dict[str, int]], store: Store) -> dict[str, int]:
-    out = {kind: 0 for kind in KINDS}
+    out = dict.fromkeys(KINDS, 0)
     for collection, by_command in written.items():
         for command, count in by_command.items():
             out[write_kind(collection, command, store)] += count
@@ -175,7 +183,9 @@ def run_once(
             client.admin.command("ping")  # the connection is opened before the clock starts
             store = Store.of(client[template.queue_db], client[template.cache_db])
             cpu_before = running.cpu_seconds()
-            m = measure(lambda: call(store, facts["now"]), counter, trace_memory=traced, cap_seconds=settings.cap_seconds)
+            m = measure(
+                lambda: call(store, facts["now"]), counter, trace_memory=traced, cap_seconds=settings.cap_seconds
+            )
             cpu_after = running.cpu_seconds()
             rss = running.rss_mb()
         finally:
@@ -190,7 +200,9 @@ def run_once(
     by_kind = written_by_kind(counts.get("written_by_collection", {}), store)
     notes = []
     if m.timed_out:
-        notes.append(f"stopped after {m.wall_seconds:.0f} s (cap {settings.cap_seconds:.0f} s), {finalized} finalized by then")
+        notes.append(
+            f"stopped after {m.wall_seconds:.0f} s (cap {settings.cap_seconds:.0f} s), {finalized} finalized by then"
+        )
     elif finalized != facts["zombies"]:
         notes.append(f"finalized {finalized} of {facts['zombies']} zombies")
     return {
@@ -281,7 +293,20 @@ def cleanup_section(
     cases = list(cases)
     rtts = settings.rtts_ms if servers.can_delay else tuple(r for r in settings.rtts_ms if r == 0) or (0.0,)
     templates = {case.key: case_template(servers, case, log) for case in cases}
-    emit("cleanup_cases", [{"section": "cleanup_cases", "case": case.key, "label": case.label, "contenders": list(case.contenders), "build_seconds": round(templates[case.key].build_seconds, 1), **_jsonable(templates[case.key].facts)} for case in cases])
+    emit(
+        "cleanup_cases",
+        [
+            {
+                "section": "cleanup_cases",
+                "case": case.key,
+                "label": case.label,
+                "contenders": list(case.contenders),
+                "build_seconds": round(templates[case.key].build_seconds, 1),
+                **_jsonable(templates[case.key].facts),
+            }
+            for case in cases
+        ],
+    )
     if settings.trace:
         for case in cases:
             for contender in case.contenders:
@@ -333,7 +358,10 @@ def summaries(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         commands = sorted({row["commands"] for row in done})
         written = [row["documents_written"] for row in done]
         by_kind = {kind: median_of(row["written_by_kind"][kind] for row in done) for kind in KINDS}
-        per_zombie = {kind: round(count / finalized, 3) if finalized and count is not None else None for kind, count in by_kind.items()}
+        per_zombie = {
+            kind: round(count / finalized, 3) if finalized and count is not None else None
+            for kind, count in by_kind.items()
+        }
         core = sum(per_zombie[kind] or 0 for kind in CORE_KINDS) if finalized else None
         tracer = traced.get((case, contender), {})
         out.append(
@@ -352,7 +380,9 @@ def summaries(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "timed_out_runs": len(rows) - len(done),
                 "wall": spread([row["wall_seconds"] for row in done]),
                 "client_cpu": spread([row["client_cpu_seconds"] for row in done]),
-                "server_cpu": spread([row["server_cpu_seconds"] for row in done if row["server_cpu_seconds"] is not None]),
+                "server_cpu": spread(
+                    [row["server_cpu_seconds"] for row in done if row["server_cpu_seconds"] is not None]
+                ),
                 "commands": commands[0] if len(commands) == 1 else (commands or None),
                 "write_commands": median_of(row["write_commands"] for row in done),
                 "documents_written": median_of(written),
@@ -421,7 +451,9 @@ def models(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "intercept_seconds": None,
             "round_trips_fitted": None,
             "r2": None,
-            "mongodb_server_seconds_assumed": round(written * MONGODB_SECONDS_PER_DOCUMENT, 3) if written is not None else None,
+            "mongodb_server_seconds_assumed": round(written * MONGODB_SECONDS_PER_DOCUMENT, 3)
+            if written is not None
+            else None,
             "predicted_mongodb_seconds": {},
         }
         if fitted:

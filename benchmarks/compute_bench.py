@@ -25,7 +25,8 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections import Counter
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import bson
 import pyarrow as pa
@@ -41,7 +42,7 @@ from zombie_pipeline.statistics import tallies
 from zombie_pipeline.statistics.suggest import analyze
 
 #: what ``zombie_pipeline.queue.connections.client_for`` decodes with
-CODEC_OPTIONS = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc)
+CODEC_OPTIONS = CodecOptions(tz_aware=True, tzinfo=dt.UTC)
 PROJECTED = (Job.TYPE, Job.STATUS, Job.STARTED_AT, Job.FINISHED_AT)
 
 
@@ -69,7 +70,10 @@ def encoded_days(size: int, now: dt.datetime, seed: int = 7) -> tuple[Encoded, E
             batches[-1].append(bson.encode({name: job[name] for name in fields if name in job}))
 
     def joined(out: dict[Day, dict[str, list[list[bytes]]]]) -> Encoded:
-        return {day: {status: [b"".join(b) for b in batches if b] for status, batches in by_status.items()} for day, by_status in out.items()}
+        return {
+            day: {status: [b"".join(b) for b in batches if b] for status, batches in by_status.items()}
+            for day, by_status in out.items()
+        }
 
     return joined(documents), joined(arrow)
 
@@ -85,13 +89,18 @@ def _decoded(by_status: dict[str, list[bytes]], clock: Clock) -> Iterator[dict[s
 
 def statistics_documents(days: Encoded, policy: ZombiePolicy, clock: Clock) -> tallies.Period:
     """The window as the assets computed it before Arrow: dicts, ``tally_jobs`` per day."""
-    periods = [tallies.tally_jobs(tallies.Period(start=start, end=end), _decoded(by_status, clock)) for (start, end), by_status in days.items()]
+    periods = [
+        tallies.tally_jobs(tallies.Period(start=start, end=end), _decoded(by_status, clock))
+        for (start, end), by_status in days.items()
+    ]
     period = tallies.combine(periods)
     analyze(period, policy, undated=Counter())
     return period
 
 
-def _arrow_period(start: dt.datetime, end: dt.datetime, by_status: dict[str, list[bytes]], clock: Clock) -> tallies.Period:
+def _arrow_period(
+    start: dt.datetime, end: dt.datetime, by_status: dict[str, list[bytes]], clock: Clock
+) -> tallies.Period:
     """``tallies.read_period`` without the server (and without audit events: the simulator's history has none)."""
     period = tallies.Period(start=start, end=end)
     pieces, found = tallies._Pieces(), set()
@@ -135,9 +144,14 @@ def tallies_fingerprint(period: tallies.Period) -> dict[str, Any]:
 def compute_case(size: int, repeats: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """One row per path: decode and compute medians with their spread, peak memory; runs interleaved."""
     started = time.perf_counter()
-    encoded = dict(zip(PATHS, encoded_days(size, dt.datetime.now(dt.timezone.utc))))
-    sizes_mb = {path: sum(len(b) for by_status in days.values() for batches in by_status.values() for b in batches) / 2**20 for path, days in encoded.items()}
-    log(f"  {size} jobs encoded in {time.perf_counter() - started:.1f} s ({', '.join(f'{p} {mb:.0f} MB' for p, mb in sizes_mb.items())} of BSON)")
+    encoded = dict(zip(PATHS, encoded_days(size, dt.datetime.now(dt.UTC))))
+    sizes_mb = {
+        path: sum(len(b) for by_status in days.values() for batches in by_status.values() for b in batches) / 2**20
+        for path, days in encoded.items()
+    }
+    log(
+        f"  {size} jobs encoded in {time.perf_counter() - started:.1f} s ({', '.join(f'{p} {mb:.0f} MB' for p, mb in sizes_mb.items())} of BSON)"
+    )
     policy = ZombiePolicy()
     traced: dict[str, Any] = {}
     arrow_peaks: dict[str, float] = {}
@@ -190,7 +204,6 @@ def compute_case(size: int, repeats: int, log: Callable[[str], None]) -> list[di
         log(
             f"  statistics step without the server, {size} jobs, {path}: decode {row['decode_median_seconds']:.2f} s + "
             f"compute {row['compute_median_seconds']:.2f} s (medians of {row['runs']}), peak {row['peak_python_mb']:.0f} MB Python "
-            f"+ {row['peak_arrow_mb']:.0f} MB Arrow"
-            + ("" if same else "  DIFFERENT TALLIES")
+            f"+ {row['peak_arrow_mb']:.0f} MB Arrow" + ("" if same else "  DIFFERENT TALLIES")
         )
     return rows

@@ -20,8 +20,9 @@ import datetime as dt
 import math
 import random
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from bson import ObjectId
 from pymongo import DeleteOne, InsertOne, ReplaceOne
@@ -79,7 +80,14 @@ def job_types(count: int | None) -> tuple[JobType, ...]:
     if count <= len(JOB_TYPES):
         return JOB_TYPES[:count]
     extra = [
-        JobType(f"{base.name}-{2 + index // len(JOB_TYPES)}", base.level, base.median_seconds, base.sigma, base.error_rate, base.difficulty)
+        JobType(
+            f"{base.name}-{2 + index // len(JOB_TYPES)}",
+            base.level,
+            base.median_seconds,
+            base.sigma,
+            base.error_rate,
+            base.difficulty,
+        )
         for index, base in ((i, JOB_TYPES[i % len(JOB_TYPES)]) for i in range(count - len(JOB_TYPES)))
     ]
     return JOB_TYPES + tuple(extra)
@@ -141,7 +149,9 @@ def build_cleanup_queue(
         "generation": workload.generation,
         "finish": QUEUE_GENERATIONS[workload.generation].finish.value,
         "job_types": len(workload.job_types),
-        "started_job_types": len({job[Job.TYPE] for job in store.jobs.find({Job.STATUS: Status.STARTED}, {Job.TYPE: 1})}),
+        "started_job_types": len(
+            {job[Job.TYPE] for job in store.jobs.find({Job.STATUS: Status.STARTED}, {Job.TYPE: 1})}
+        ),
     }
 
 
@@ -165,7 +175,7 @@ class History:
 
 def history_for(now: dt.datetime, days: int = 7) -> History:
     """History over the ``days`` full UTC days before ``now``'s day."""
-    today = now.astimezone(dt.timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    today = now.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     return History(first_day=today - dt.timedelta(days=days), days=days)
 
 
@@ -208,7 +218,9 @@ def _finished_jobs(
                 Job.CREATED_AT: created_at,
                 Job.STARTED_AT: started_at,
                 Job.FINISHED_AT: finished_at,
-                Job.LAST_HEARTBEAT: started_at + dt.timedelta(seconds=beats * HEARTBEAT_INTERVAL_SECONDS) if beats else None,
+                Job.LAST_HEARTBEAT: started_at + dt.timedelta(seconds=beats * HEARTBEAT_INTERVAL_SECONDS)
+                if beats
+                else None,
             }
         )
 
@@ -251,7 +263,7 @@ class Snapshot:
     started: int  # started jobs before a run
 
     @classmethod
-    def take(cls, store: Store, simulation: Simulation) -> "Snapshot":
+    def take(cls, store: Store, simulation: Simulation) -> Snapshot:
         zombie_ids = set(simulation.zombie_ids)
         # Zombies and running jobs were simulated with datasets of their own ("userN/live-M"):
         # one indexed read of the started jobs finds them, without a long $in.
@@ -275,7 +287,11 @@ class Snapshot:
 
     def restore(self, store: Store) -> None:
         """Put the zombies, their cache entries and an empty audit back; delete retries."""
-        retry_ids = [event[Event.RETRY_JOB_ID] for event in store.events.find({}, {Event.RETRY_JOB_ID: 1}) if Event.RETRY_JOB_ID in event]
+        retry_ids = [
+            event[Event.RETRY_JOB_ID]
+            for event in store.events.find({}, {Event.RETRY_JOB_ID: 1})
+            if Event.RETRY_JOB_ID in event
+        ]
         operations: list[Any] = [DeleteOne({ID: retry_id}) for retry_id in retry_ids]
         operations += [ReplaceOne({ID: job[ID]}, job) for job in self.zombie_jobs]
         for start in range(0, len(operations), 5_000):

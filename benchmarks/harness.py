@@ -26,10 +26,11 @@ import sys
 import time
 import tracemalloc
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import bson
 import pymongo
@@ -70,7 +71,9 @@ class CommandCounter(monitoring.CommandListener):
         command = event.command
         target = command.get(event.command_name)
         collection = target if isinstance(target, str) else command.get("collection")
-        self._names[event.request_id] = f"{event.command_name} {collection}" if isinstance(collection, str) else event.command_name
+        self._names[event.request_id] = (
+            f"{event.command_name} {collection}" if isinstance(collection, str) else event.command_name
+        )
         if event.command_name in WRITE_COMMANDS and isinstance(collection, str):
             self._writes[event.request_id] = (collection, event.command_name)
             self.write_commands += 1
@@ -86,7 +89,9 @@ class CommandCounter(monitoring.CommandListener):
         cursor = reply.get("cursor") if isinstance(reply, dict) else None
         if isinstance(cursor, dict):
             batch = cursor.get("firstBatch", cursor.get("nextBatch")) or []
-            self.docs_returned += sum(raw_documents(item) if isinstance(item, (bytes, bytearray, memoryview)) else 1 for item in batch)
+            self.docs_returned += sum(
+                raw_documents(item) if isinstance(item, (bytes, bytearray, memoryview)) else 1 for item in batch
+            )
         if self.measure_bytes:
             self.bytes_received += len(bson.encode(reply))
 
@@ -148,7 +153,7 @@ def documents_written(command: str, reply: Any) -> int:
 def new_client(url: str, counter: CommandCounter | None = None) -> MongoClient:
     """A client of its own (never the pipeline's cached one), tz-aware like the pipeline's."""
     listeners = [counter] if counter is not None else []
-    return MongoClient(url, tz_aware=True, tzinfo=dt.timezone.utc, event_listeners=listeners)
+    return MongoClient(url, tz_aware=True, tzinfo=dt.UTC, event_listeners=listeners)
 
 
 def drop_if_exists(client: MongoClient, *names: str) -> None:
@@ -330,7 +335,9 @@ def machine_info(embedded: bool, reported_version: str) -> dict[str, Any]:
         "pymongo": pymongo.version,
         "pandas": version("pandas"),
         "numpy": version("numpy"),
-        "server": "SecantusDB (embedded, a fresh server per run, started by the benchmark)" if embedded else "external (QUEUE_MONGO_URL)",
+        "server": "SecantusDB (embedded, a fresh server per run, started by the benchmark)"
+        if embedded
+        else "external (QUEUE_MONGO_URL)",
         "server_version_reported": reported_version,
         "secantusdb": version("secantusdb") if embedded else None,
         "load_average_at_start": list(os.getloadavg()),
@@ -346,7 +353,7 @@ def _cpu_model() -> str | None:
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
 
 
 def python_command() -> str:

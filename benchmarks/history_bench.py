@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 from pymongo import MongoClient
@@ -100,7 +101,7 @@ class TimedCursor:
         self._cursor = cursor
         self._clock = clock
 
-    def __iter__(self) -> "TimedCursor":
+    def __iter__(self) -> TimedCursor:
         return self
 
     def __next__(self) -> Any:
@@ -156,7 +157,8 @@ def day_filters(start: dt.datetime, end: dt.datetime) -> list[dict[str, Any]]:
 
 def days_of(history: History) -> list[tuple[dt.datetime, dt.datetime]]:
     return [
-        (history.first_day + dt.timedelta(days=i), history.first_day + dt.timedelta(days=i + 1)) for i in range(history.days)
+        (history.first_day + dt.timedelta(days=i), history.first_day + dt.timedelta(days=i + 1))
+        for i in range(history.days)
     ]
 
 
@@ -164,7 +166,8 @@ def statistics_ours(jobs: Any, events: Any, history: History, policy: ZombiePoli
     """The window as the assets compute it: a ``read_period`` per day, then ``combine`` and ``analyze``."""
     timed_jobs, timed_events = TimedCollection(jobs, clock), TimedCollection(events, clock)
     periods = [
-        tallies.read_period(timed_jobs, timed_events, start, end, generation=GENERATION) for start, end in days_of(history)
+        tallies.read_period(timed_jobs, timed_events, start, end, generation=GENERATION)
+        for start, end in days_of(history)
     ]
     period = tallies.combine(periods)
     report = analyze(period, policy, undated=tallies.count_undated_jobs(timed_jobs, GENERATION))
@@ -187,7 +190,9 @@ def statistics_naive(jobs: Any, history: History, clock: Clock) -> dict[str, Any
 
 
 def statistics_day(jobs: Any, events: Any, start: dt.datetime, end: dt.datetime, clock: Clock) -> dict[str, Any]:
-    period = tallies.read_period(TimedCollection(jobs, clock), TimedCollection(events, clock), start, end, generation=GENERATION)
+    period = tallies.read_period(
+        TimedCollection(jobs, clock), TimedCollection(events, clock), start, end, generation=GENERATION
+    )
     return {"jobs_read": period.jobs_read}
 
 
@@ -238,13 +243,17 @@ class HistoryBench:
         self.measured_store = Store.of(self.measured_client[QUEUE_DB], self.measured_client[CACHE_DB])
         self.history = history_for(simulation.now)
         self.live_jobs = workload.total
-        self.log(f"history queue: {workload.total} started/waiting jobs ({s.zombies} zombies); window {self.history.window[0]:%Y-%m-%d} .. {self.history.window[1]:%Y-%m-%d}")
+        self.log(
+            f"history queue: {workload.total} started/waiting jobs ({s.zombies} zombies); window {self.history.window[0]:%Y-%m-%d} .. {self.history.window[1]:%Y-%m-%d}"
+        )
         try:
             for size in sorted(s.sizes):
                 started = time.perf_counter()
                 add_finished_history(setup_store.jobs, self.history, size - self.history.total)
                 insert_seconds = time.perf_counter() - started
-                self.log(f"  {self.history.total} finished jobs ({insert_seconds:.0f} s to add); server RSS {self.handle.rss_mb() or 0:.0f} MB")
+                self.log(
+                    f"  {self.history.total} finished jobs ({insert_seconds:.0f} s to add); server RSS {self.handle.rss_mb() or 0:.0f} MB"
+                )
                 self.detection(size, insert_seconds)
                 if s.plans:
                     self.plans(size)
@@ -264,7 +273,9 @@ class HistoryBench:
         for _ in range(s.repeats if traced.wall_seconds < s.slow_seconds else 0):
             walls.append(measure(lambda: detect(jobs, self.policy, self.now), self.counter).wall_seconds)
         walls = walls or [traced.wall_seconds]
-        explained = explain_aggregate(self.setup_store.jobs, stale_pipeline(self.policy, self.now))  # as detect sends it
+        explained = explain_aggregate(
+            self.setup_store.jobs, stale_pipeline(self.policy, self.now)
+        )  # as detect sends it
         candidates = len(traced.result.candidates)
         row = {
             "section": "detection",
@@ -303,7 +314,13 @@ class HistoryBench:
         day_start, day_end = days_of(self.history)[len(days_of(self.history)) // 2]
         day_queries = day_filters(day_start, day_end)
         shapes = [
-            ("detection: stale query as detect sends it (two $match stages)", jobs, stale_pipeline(policy, now), None, None),
+            (
+                "detection: stale query as detect sends it (two $match stages)",
+                jobs,
+                stale_pipeline(policy, now),
+                None,
+                None,
+            ),
             ("detection: the same as one find with its $or (not sent)", jobs, stale_filter(policy, now), None, None),
             (
                 "statistics: one day, successful jobs (a read_period query)",
@@ -315,14 +332,22 @@ class HistoryBench:
             (
                 "statistics: one day, status $nin (one-query shape)",
                 jobs,
-                {Job.STATUS: {"$nin": [Status.WAITING, Status.STARTED]}, Job.FINISHED_AT: {"$gte": day_start, "$lt": day_end}},
+                {
+                    Job.STATUS: {"$nin": [Status.WAITING, Status.STARTED]},
+                    Job.FINISHED_AT: {"$gte": day_start, "$lt": day_end},
+                },
                 None,
                 None,
             ),
             (
                 "cache errors: entries of one kind, as sent (kind =, dataset $in)",
                 cache,
-                {Cache.KIND: keys[0][Cache.KIND], Cache.DATASET: {"$in": sorted({k[Cache.DATASET] for k in keys if k[Cache.KIND] == keys[0][Cache.KIND]})}},
+                {
+                    Cache.KIND: keys[0][Cache.KIND],
+                    Cache.DATASET: {
+                        "$in": sorted({k[Cache.DATASET] for k in keys if k[Cache.KIND] == keys[0][Cache.KIND]})
+                    },
+                },
                 None,
                 None,
             ),
@@ -336,11 +361,19 @@ class HistoryBench:
                 None,
                 None,
             ),
-            (f"finalize read-back: _id $in {len(zombies)}", jobs, {ID: {"$in": [job[ID] for job in zombies]}}, None, None),
+            (
+                f"finalize read-back: _id $in {len(zombies)}",
+                jobs,
+                {ID: {"$in": [job[ID] for job in zombies]}},
+                None,
+                None,
+            ),
             (
                 f"retries: unicity_id $in {len(zombies)}, then status $in, as sent (two $match stages)",
                 jobs,
-                on_index({Job.UNICITY_ID: {"$in": unicity_ids}}, {Job.STATUS: {"$in": [Status.WAITING, Status.STARTED]}}),
+                on_index(
+                    {Job.UNICITY_ID: {"$in": unicity_ids}}, {Job.STATUS: {"$in": [Status.WAITING, Status.STARTED]}}
+                ),
                 None,
                 None,
             ),
@@ -360,7 +393,9 @@ class HistoryBench:
             else:
                 explained = explain_find(collection, query, sort=sort, projection=projection)
             rows.append({"section": "plans", "finished_jobs": size, "query": name, **explained})
-            self.log(f"    plan {name}: {explained['plan']} examined {explained['docs_examined']} docs in {explained['explain_seconds']:.2f} s")
+            self.log(
+                f"    plan {name}: {explained['plan']} examined {explained['docs_examined']} docs in {explained['explain_seconds']:.2f} s"
+            )
         self.emit("plans", rows)
 
     # statistics ---------------------------------------------------------------------------------
@@ -382,7 +417,9 @@ class HistoryBench:
             self.counter.measure_bytes = False  # re-encoding replies to size them would be timed too
             reads, computes, walls = [], [], []
             # at least one untraced run (tracemalloc slows Python down), unless none is asked (smoke test)
-            for _ in range(min(s.stats_repeats, max(1, s.stats_repeats if traced.wall_seconds < s.slow_seconds else 1))):
+            for _ in range(
+                min(s.stats_repeats, max(1, s.stats_repeats if traced.wall_seconds < s.slow_seconds else 1))
+            ):
                 clock = Clock()
                 m = measure(lambda: call(clock), self.counter)
                 walls.append(m.wall_seconds)
@@ -391,7 +428,11 @@ class HistoryBench:
             self.counter.measure_bytes = True
             from_traced = not walls
             if from_traced:
-                walls, reads, computes = [traced.wall_seconds], [traced_clock.seconds], [traced.wall_seconds - traced_clock.seconds]
+                walls, reads, computes = (
+                    [traced.wall_seconds],
+                    [traced_clock.seconds],
+                    [traced.wall_seconds - traced_clock.seconds],
+                )
             row = {
                 "section": "statistics",
                 "finished_jobs": size,
@@ -427,7 +468,9 @@ class HistoryBench:
         ]
         plan = f"{len(explains)} finds, first: {explains[0]['plan']}"
         if day.counts["commands_by_name"].get("distinct"):  # read_period asks which statuses exist
-            distinct = explain_command(self.setup_store.jobs.database, {"distinct": self.setup_store.jobs.name, "key": Job.STATUS})
+            distinct = explain_command(
+                self.setup_store.jobs.database, {"distinct": self.setup_store.jobs.name, "key": Job.STATUS}
+            )
             explains.append(distinct)
             plan += f"; distinct(status): {distinct['plan']}"
         explained = {

@@ -96,9 +96,15 @@ class PhaseLog(monitoring.CommandListener):
         if row is None:
             return
         row["micros"] = event.duration_micros
-        row["written"] = documents_written(row["command"], event.reply) if row["command"] in ("insert", "update", "delete") else 0
+        row["written"] = (
+            documents_written(row["command"], event.reply) if row["command"] in ("insert", "update", "delete") else 0
+        )
         cursor = event.reply.get("cursor") if isinstance(event.reply, dict) else None
-        row["returned"] = len((cursor or {}).get("firstBatch", (cursor or {}).get("nextBatch")) or []) if isinstance(cursor, dict) else 0
+        row["returned"] = (
+            len((cursor or {}).get("firstBatch", (cursor or {}).get("nextBatch")) or [])
+            if isinstance(cursor, dict)
+            else 0
+        )
         self.commands.append(row)
 
     def failed(self, event: Any) -> None:
@@ -117,7 +123,9 @@ def _stack() -> list[Any]:
 
 
 def by_phase(commands: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    groups: dict[tuple[str, str, str], dict[str, Any]] = defaultdict(lambda: {"commands": 0, "micros": 0, "written": 0, "returned": 0, "statements": 0})
+    groups: dict[tuple[str, str, str], dict[str, Any]] = defaultdict(
+        lambda: {"commands": 0, "micros": 0, "written": 0, "returned": 0, "statements": 0}
+    )
     for row in commands:
         group = groups[(row["phase"], row["command"], row["collection"] or "")]
         group["commands"] += 1
@@ -125,7 +133,10 @@ def by_phase(commands: list[dict[str, Any]]) -> list[dict[str, Any]]:
         group["written"] += row["written"]
         group["returned"] += row["returned"]
         group["statements"] += row["statements"]
-    rows = [{"phase": phase, "command": command, "collection": collection, **values} for (phase, command, collection), values in groups.items()]
+    rows = [
+        {"phase": phase, "command": command, "collection": collection, **values}
+        for (phase, command, collection), values in groups.items()
+    ]
     return sorted(rows, key=lambda row: -row["micros"])
 
 
@@ -200,14 +211,20 @@ def main(argv: list[str] | None = None) -> None:
     result = run(args.directory, args.baseline, args.batch_size)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
-    print(f"{result['contender']} ({result['package']}): wall {result['wall_seconds']:.2f} s, server CPU {result['server_cpu_seconds']:.2f} s, "
-          f"commands' server time {result['server_micros'] / 1e6:.2f} s, finalized {result['finalized']}, started left "
-          f"{result['started_left']} (expected {result['expected_started_left']})")
-    print(f"{'phase':38} {'command':8} {'collection':18} {'cmds':>5} {'stmts':>6} {'written':>7} {'returned':>8} {'ms':>9} {'ms/written':>10}")
+    print(
+        f"{result['contender']} ({result['package']}): wall {result['wall_seconds']:.2f} s, server CPU {result['server_cpu_seconds']:.2f} s, "
+        f"commands' server time {result['server_micros'] / 1e6:.2f} s, finalized {result['finalized']}, started left "
+        f"{result['started_left']} (expected {result['expected_started_left']})"
+    )
+    print(
+        f"{'phase':38} {'command':8} {'collection':18} {'cmds':>5} {'stmts':>6} {'written':>7} {'returned':>8} {'ms':>9} {'ms/written':>10}"
+    )
     for row in result["phases"]:
         per = f"{row['micros'] / 1000 / row['written']:.2f}" if row["written"] else ""
-        print(f"{row['phase']:38} {row['command']:8} {row['collection'][:18]:18} {row['commands']:5} {row['statements']:6} "
-              f"{row['written']:7} {row['returned']:8} {row['micros'] / 1000:9.1f} {per:>10}")
+        print(
+            f"{row['phase']:38} {row['command']:8} {row['collection'][:18]:18} {row['commands']:5} {row['statements']:6} "
+            f"{row['written']:7} {row['returned']:8} {row['micros'] / 1000:9.1f} {per:>10}"
+        )
 
 
 if __name__ == "__main__":

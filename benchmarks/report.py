@@ -8,8 +8,9 @@ written after every measure) still renders.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from benchmarks.cleanup_bench import CORE_KINDS, KINDS, OURS, ratios
 
@@ -95,15 +96,28 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "target": f"documents written per zombie <= {CORE_WRITES_TARGET:.0f} + retry ({row['label']})",
                 "measured": f"{_per_zombie_text(row)} per zombie (claim, job, cache entry, event completion"
                 + (" + retries" if (row["written_per_zombie"] or {}).get("retry") else "")
-                + (" + the deployment's counters, pastJobs, blockages, locks" if (row["written_per_zombie"] or {}).get("deployment's collections") else "")
+                + (
+                    " + the deployment's counters, pastJobs, blockages, locks"
+                    if (row["written_per_zombie"] or {}).get("deployment's collections")
+                    else ""
+                )
                 + f"; {row['documents_written']:,} documents for {row['finalized']:,} zombies)",
                 "held": row["core_per_zombie"] <= CORE_WRITES_TARGET + 1e-9 and row["all_finalized"],
             }
         )
     for r in ratios(cleanup):
-        where = f"{r['queue_jobs']:,} jobs, {r['zombies']:,} zombies, {r['job_types']} types, {r['rtt_ms']:g} ms injected"
+        where = (
+            f"{r['queue_jobs']:,} jobs, {r['zombies']:,} zombies, {r['job_types']} types, {r['rtt_ms']:g} ms injected"
+        )
         if r["rtt_ms"] == 0 and r["zombies"] == TARGET_ZOMBIES:
-            out.append(_verdict(f"cleanup commands, baseline/ours >= {COMMANDS_RATIO_TARGET:.0f}x ({where})", r["commands"], COMMANDS_RATIO_TARGET, r["ours_timed_out"]))
+            out.append(
+                _verdict(
+                    f"cleanup commands, baseline/ours >= {COMMANDS_RATIO_TARGET:.0f}x ({where})",
+                    r["commands"],
+                    COMMANDS_RATIO_TARGET,
+                    r["ours_timed_out"],
+                )
+            )
         held = None if r["wall"] is None else r["wall"] >= 1.0
         name = f"cleanup wall time, ours at least as fast as the baseline ({where}; medians)"
         if r["rtt_ms"] != WALL_TARGET_RTT_MS or r["zombies"] != TARGET_ZOMBIES:
@@ -197,7 +211,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                     "target": f"statistics peak memory through Arrow <= the documents path's ({at})",
                     "measured": f"Arrow {arrow['peak_python_mb']:.0f} MB Python + {arrow.get('peak_arrow_mb', 0):.0f} MB Arrow pool; "
                     f"documents {documents['peak_python_mb']:.0f} MB Python + {documents.get('peak_arrow_mb', 0):.0f} MB",
-                    "held": arrow.get("peak_mb", arrow["peak_python_mb"]) <= documents.get("peak_mb", documents["peak_python_mb"]),
+                    "held": arrow.get("peak_mb", arrow["peak_python_mb"])
+                    <= documents.get("peak_mb", documents["peak_python_mb"]),
                 }
             )
         out.append(
@@ -285,7 +300,12 @@ def markdown(results: dict[str, Any]) -> str:
         ]
         if ratios(results["cleanup"]):
             parts += ["Ratios (baseline / ours; above 1, ours is faster):", "", ratio_table(results["cleanup"]), ""]
-        parts += ["Where the time goes (seconds of round trips per command and collection, as pymongo measured them; last run at RTT 0):", "", time_split_table(results["cleanup"]), ""]
+        parts += [
+            "Where the time goes (seconds of round trips per command and collection, as pymongo measured them; last run at RTT 0):",
+            "",
+            time_split_table(results["cleanup"]),
+            "",
+        ]
     if results.get("cleanup_models"):
         parts += [
             "### The model: wall = server and client time + round trips x RTT",
@@ -298,7 +318,12 @@ def markdown(results: dict[str, Any]) -> str:
             "",
         ]
     if results.get("compute"):
-        parts += ["## 2. The statistics step without the server: documents vs Arrow", "", compute_table(results["compute"]), ""]
+        parts += [
+            "## 2. The statistics step without the server: documents vs Arrow",
+            "",
+            compute_table(results["compute"]),
+            "",
+        ]
     if results.get("detection"):
         parts += ["## 3. Detection as the finished history grows", "", detection_table(results["detection"]), ""]
     if results.get("plans"):
@@ -311,7 +336,14 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def targets_table(results: dict[str, Any]) -> str:
-    rows = [[t["target"], t["measured"], held_text(t["held"]) if t.get("is_target", True) or t["held"] is not None else "(comparison)"] for t in targets(results)]
+    rows = [
+        [
+            t["target"],
+            t["measured"],
+            held_text(t["held"]) if t.get("is_target", True) or t["held"] is not None else "(comparison)",
+        ]
+        for t in targets(results)
+    ]
     return table(["target", "measured", "verdict"], rows) if rows else "(nothing measured yet)"
 
 
@@ -321,7 +353,20 @@ def _rtt_text(row: dict[str, Any]) -> str:
 
 def cleanup_table(rows: list[dict[str, Any]]) -> str:
     return table(
-        ["case", "contender", "injected RTT ms (ping ms)", "wall s: median [q1-q3] (min-max, n)", "commands", "docs written", "per zombie", "server CPU s", "client CPU s", "peak Python MB", "finalized", "notes"],
+        [
+            "case",
+            "contender",
+            "injected RTT ms (ping ms)",
+            "wall s: median [q1-q3] (min-max, n)",
+            "commands",
+            "docs written",
+            "per zombie",
+            "server CPU s",
+            "client CPU s",
+            "peak Python MB",
+            "finalized",
+            "notes",
+        ],
         [
             [
                 r["case"],
@@ -356,7 +401,14 @@ def written_table(rows: list[dict[str, Any]]) -> str:
     return table(
         ["case", "contender", "zombies finalized", *KINDS, f"per zombie ({' + '.join(CORE_KINDS)})", "write commands"],
         [
-            [r["case"], r["contender"], r["finalized"], *[(r["written_per_zombie"] or {}).get(kind) for kind in KINDS], r["core_per_zombie"], r["write_commands"]]
+            [
+                r["case"],
+                r["contender"],
+                r["finalized"],
+                *[(r["written_per_zombie"] or {}).get(kind) for kind in KINDS],
+                r["core_per_zombie"],
+                r["write_commands"],
+            ]
             for r in _first_per_case(rows)
         ],
     )
@@ -374,9 +426,29 @@ def time_split_table(rows: list[dict[str, Any]], top: int = 5) -> str:
 
 def ratio_table(rows: list[dict[str, Any]]) -> str:
     return table(
-        ["case", "injected RTT ms", "ours median s", "baseline median s", "wall baseline/ours (range)", "commands", "docs written", "docs returned", "peak memory"],
         [
-            [r["case"], r["rtt_ms"], r["ours_wall_median"], r["baseline_wall_median"], f"{_fmt(r['wall'])} ({_fmt(r['wall_low'])}-{_fmt(r['wall_high'])})", r["commands"], r["documents_written"], r["docs_returned"], r["peak_python_mb"]]
+            "case",
+            "injected RTT ms",
+            "ours median s",
+            "baseline median s",
+            "wall baseline/ours (range)",
+            "commands",
+            "docs written",
+            "docs returned",
+            "peak memory",
+        ],
+        [
+            [
+                r["case"],
+                r["rtt_ms"],
+                r["ours_wall_median"],
+                r["baseline_wall_median"],
+                f"{_fmt(r['wall'])} ({_fmt(r['wall_low'])}-{_fmt(r['wall_high'])})",
+                r["commands"],
+                r["documents_written"],
+                r["docs_returned"],
+                r["peak_python_mb"],
+            ]
             for r in ratios(rows)
         ],
     )
@@ -384,7 +456,19 @@ def ratio_table(rows: list[dict[str, Any]]) -> str:
 
 def models_table(rows: list[dict[str, Any]]) -> str:
     return table(
-        ["case", "contender", "timed runs", "commands", "docs written", "client CPU s", "server CPU s", "fit: intercept s", "fit: round trips", "fit R²", "predicted MongoDB s at 0.1 / 1 / 3 ms"],
+        [
+            "case",
+            "contender",
+            "timed runs",
+            "commands",
+            "docs written",
+            "client CPU s",
+            "server CPU s",
+            "fit: intercept s",
+            "fit: round trips",
+            "fit R²",
+            "predicted MongoDB s at 0.1 / 1 / 3 ms",
+        ],
         [
             [
                 r["case"],
@@ -406,9 +490,29 @@ def models_table(rows: list[dict[str, Any]]) -> str:
 
 def detection_table(rows: list[dict[str, Any]]) -> str:
     return table(
-        ["finished jobs", "zombies found", "runs", "median s", "commands", "docs returned", "docs examined", "keys examined", "winning plan"],
         [
-            [r["finished_jobs"], r["zombies_found"], r["runs"], r["wall_median_seconds"], r["commands"], r["docs_returned"], r["docs_examined"], r["keys_examined"], f"`{r['plan']}`"]
+            "finished jobs",
+            "zombies found",
+            "runs",
+            "median s",
+            "commands",
+            "docs returned",
+            "docs examined",
+            "keys examined",
+            "winning plan",
+        ],
+        [
+            [
+                r["finished_jobs"],
+                r["zombies_found"],
+                r["runs"],
+                r["wall_median_seconds"],
+                r["commands"],
+                r["docs_returned"],
+                r["docs_examined"],
+                r["keys_examined"],
+                f"`{r['plan']}`",
+            ]
             for r in sorted(rows, key=lambda r: r["finished_jobs"])
         ],
     )
@@ -417,13 +521,36 @@ def detection_table(rows: list[dict[str, Any]]) -> str:
 def plans_table(rows: list[dict[str, Any]]) -> str:
     return table(
         ["finished jobs", "query", "plan", "returned", "docs examined", "keys examined", "explain s"],
-        [[r["finished_jobs"], r["query"], f"`{r['plan']}`", r["returned"], r["docs_examined"], r["keys_examined"], r["explain_seconds"]] for r in rows],
+        [
+            [
+                r["finished_jobs"],
+                r["query"],
+                f"`{r['plan']}`",
+                r["returned"],
+                r["docs_examined"],
+                r["keys_examined"],
+                r["explain_seconds"],
+            ]
+            for r in rows
+        ],
     )
 
 
 def statistics_table(rows: list[dict[str, Any]]) -> str:
     return table(
-        ["finished jobs", "variant", "jobs read", "runs", "wall s", "database read s", "compute s", "peak Python MB", "commands", "MB received", "docs examined"],
+        [
+            "finished jobs",
+            "variant",
+            "jobs read",
+            "runs",
+            "wall s",
+            "database read s",
+            "compute s",
+            "peak Python MB",
+            "commands",
+            "MB received",
+            "docs examined",
+        ],
         [
             [
                 r["finished_jobs"],
@@ -445,7 +572,17 @@ def statistics_table(rows: list[dict[str, Any]]) -> str:
 
 def compute_table(rows: list[dict[str, Any]]) -> str:
     return table(
-        ["finished jobs", "path", "jobs read", "decode s", "compute s", "decode + compute s", "peak Python MB", "peak Arrow pool MB", "same tallies"],
+        [
+            "finished jobs",
+            "path",
+            "jobs read",
+            "decode s",
+            "compute s",
+            "decode + compute s",
+            "peak Python MB",
+            "peak Arrow pool MB",
+            "same tallies",
+        ],
         [
             [
                 r["finished_jobs"],
@@ -506,7 +643,9 @@ def growth_table(results: dict[str, Any]) -> str:
                 r["finished_jobs"],
                 r["detection_seconds"],
                 r["detection_docs_examined"],
-                "–" if r["stats_ours_read_seconds"] is None else f"{r['stats_ours_read_seconds']:.2f} + {r['stats_ours_compute_seconds']:.2f}",
+                "–"
+                if r["stats_ours_read_seconds"] is None
+                else f"{r['stats_ours_read_seconds']:.2f} + {r['stats_ours_compute_seconds']:.2f}",
                 r["stats_ours_peak_mb"],
                 r["stats_naive_seconds"],
                 r["stats_naive_peak_mb"],
@@ -540,7 +679,9 @@ def growth_chart(results: dict[str, Any], path: Path) -> bool:
     for label, key, style in series:
         if key is None:
             values = [
-                None if r["stats_ours_read_seconds"] is None else r["stats_ours_read_seconds"] + r["stats_ours_compute_seconds"]
+                None
+                if r["stats_ours_read_seconds"] is None
+                else r["stats_ours_read_seconds"] + r["stats_ours_compute_seconds"]
                 for r in rows
             ]
         else:

@@ -17,9 +17,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from benchmarks import report
 from benchmarks.cleanup_bench import (
@@ -74,12 +75,12 @@ class Config:
     sections: tuple[str, ...] = SECTIONS
 
     @classmethod
-    def full(cls) -> "Config":
+    def full(cls) -> Config:
         cleanup = CleanupSettings()
         return cls(cleanup=cleanup, history=HistorySettings(cleanup=cleanup))
 
     @classmethod
-    def quick(cls) -> "Config":
+    def quick(cls) -> Config:
         """A few minutes on the embedded server: small queues, still 1,000 zombies for the targets."""
         cleanup = CleanupSettings(repeats=2, cap_seconds=300.0)
         return cls(
@@ -89,13 +90,15 @@ class Config:
                 CleanupCase("2023-01", 3_000, 1_000, 3, (OURS,), (0.0,)),
             ),
             cleanup=cleanup,
-            history=HistorySettings(sizes=(5_000, 20_000), stats_sizes=(5_000, 20_000), repeats=2, stats_repeats=1, cleanup=cleanup),
+            history=HistorySettings(
+                sizes=(5_000, 20_000), stats_sizes=(5_000, 20_000), repeats=2, stats_repeats=1, cleanup=cleanup
+            ),
             compute_sizes=(100_000,),
             compute_repeats=2,
         )
 
     @classmethod
-    def smoke(cls) -> "Config":
+    def smoke(cls) -> Config:
         """Seconds, for the test suite: tiny queues, one timed run each, RTT 0 and 1 ms."""
         cleanup = CleanupSettings(repeats=1, rtts_ms=(0.0, 1.0), batch_size=20, cap_seconds=60.0, pings=5)
         return cls(
@@ -167,7 +170,9 @@ class Results:
                 self.log(f"chart not written: {error!r}")
 
 
-def run(config: Config, out_dir: Path, url: str | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(
+    config: Config, out_dir: Path, url: str | None = None, log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Run every measure of ``config`` against ``url`` (or fresh embedded servers); return the results."""
     log = log or (lambda line: print(line, flush=True))
     url = url or os.environ.get("QUEUE_MONGO_URL") or None
@@ -179,11 +184,18 @@ def run(config: Config, out_dir: Path, url: str | None = None, log: Callable[[st
                 "command": python_command() if config.mode != "smoke" else "benchmarks.run.run(Config.smoke())",
                 "mode": config.mode,
                 "started_at": now_iso(),
-                "machine": machine_info(servers.embedded, server_version(url) if url else "(a fresh SecantusDB per run)"),
+                "machine": machine_info(
+                    servers.embedded, server_version(url) if url else "(a fresh SecantusDB per run)"
+                ),
                 "code": code_state(),
                 "settings": {
                     "sections": list(config.sections),
-                    "cleanup_cases": [case.key + ("" if case.rtts_ms is None else f" at {'/'.join(f'{r:g}' for r in case.rtts_ms)} ms") + f" ({'+'.join(case.contenders)})" for case in config.cleanup_cases],
+                    "cleanup_cases": [
+                        case.key
+                        + ("" if case.rtts_ms is None else f" at {'/'.join(f'{r:g}' for r in case.rtts_ms)} ms")
+                        + f" ({'+'.join(case.contenders)})"
+                        for case in config.cleanup_cases
+                    ],
                     "rtts_ms": list(config.cleanup.rtts_ms),
                     "repeats": config.cleanup.repeats,
                     "batch_size": config.cleanup.batch_size,
@@ -197,9 +209,13 @@ def run(config: Config, out_dir: Path, url: str | None = None, log: Callable[[st
                 "notes": servers.notes,
             }
             results = Results(out_dir, meta, log)
-            log(f"servers: {'a fresh embedded SecantusDB per run' if servers.embedded else 'QUEUE_MONGO_URL'}; results in {out_dir}")
+            log(
+                f"servers: {'a fresh embedded SecantusDB per run' if servers.embedded else 'QUEUE_MONGO_URL'}; results in {out_dir}"
+            )
             if "cleanup" in config.sections and config.cleanup_cases:
-                log(f"cleanup: {len(config.cleanup_cases)} cases, injected RTT {', '.join(f'{r:g}' for r in config.cleanup.rtts_ms)} ms, {config.cleanup.repeats} repetitions")
+                log(
+                    f"cleanup: {len(config.cleanup_cases)} cases, injected RTT {', '.join(f'{r:g}' for r in config.cleanup.rtts_ms)} ms, {config.cleanup.repeats} repetitions"
+                )
                 cleanup_section(servers, config.cleanup_cases, config.cleanup, log, results.emit)
             if "compute" in config.sections:
                 log("the statistics step without the server (documents vs Arrow)")
@@ -291,18 +307,32 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few minutes: small queues, history up to 20k, statistics at 100k")
-    parser.add_argument("--cleanup-cases", type=_cases, help="GENERATION:JOBS:ZOMBIES[:TYPES[:CONTENDERS[:RTTS]]],... e.g. 2023-01:10000:1000:30,2023-01:10000:1000:3:ours:0")
+    parser.add_argument(
+        "--quick", action="store_true", help="a few minutes: small queues, history up to 20k, statistics at 100k"
+    )
+    parser.add_argument(
+        "--cleanup-cases",
+        type=_cases,
+        help="GENERATION:JOBS:ZOMBIES[:TYPES[:CONTENDERS[:RTTS]]],... e.g. 2023-01:10000:1000:30,2023-01:10000:1000:3:ours:0",
+    )
     parser.add_argument("--rtts", type=_floats, help="injected round-trip times in ms (default 0,1,3)")
     parser.add_argument("--repeats", type=int, help="timed runs per cleanup case, contender and RTT (default 5)")
     parser.add_argument("--cap-seconds", type=float, help="stop a cleanup run after this long (default 900)")
-    parser.add_argument("--compute-sizes", type=_sizes, help="finished jobs for the statistics step without the server (default 1000000)")
+    parser.add_argument(
+        "--compute-sizes",
+        type=_sizes,
+        help="finished jobs for the statistics step without the server (default 1000000)",
+    )
     parser.add_argument("--compute-repeats", type=int, help="timed runs per statistics path (default 5)")
     parser.add_argument("--sizes", type=_sizes, help="finished-history sizes, e.g. 10000,100000,1000000")
     parser.add_argument("--stats-sizes", type=_sizes, help="history sizes at which statistics are read from the server")
     parser.add_argument("--only", help=f"comma-separated sections among {', '.join(SECTIONS)}")
-    parser.add_argument("--out", type=Path, help="output directory (default docs/, or build/benchmarks-quick with --quick)")
-    parser.add_argument("--url", help="MongoDB URL (default: QUEUE_MONGO_URL, else a fresh embedded SecantusDB per run)")
+    parser.add_argument(
+        "--out", type=Path, help="output directory (default docs/, or build/benchmarks-quick with --quick)"
+    )
+    parser.add_argument(
+        "--url", help="MongoDB URL (default: QUEUE_MONGO_URL, else a fresh embedded SecantusDB per run)"
+    )
     args = parser.parse_args(argv)
     config = Config.quick() if args.quick else Config.full()
     if args.cleanup_cases:

@@ -30,9 +30,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from pymongo import MongoClient
 
@@ -182,7 +183,13 @@ class Servers:
 
     # templates -----------------------------------------------------------------------------
 
-    def template(self, name: str, build: Callable[[MongoClient, str, str], dict[str, Any]], queue_db: str = "bench_queue", cache_db: str = "bench_cache") -> Template:
+    def template(
+        self,
+        name: str,
+        build: Callable[[MongoClient, str, str], dict[str, Any]],
+        queue_db: str = "bench_queue",
+        cache_db: str = "bench_cache",
+    ) -> Template:
         """Build the case's data once (embedded: into a server then stopped, its storage kept)."""
         slug = re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
         if not self.embedded:  # one external server: each case in databases of its own
@@ -290,11 +297,13 @@ class HistoryServer:
     def url(self) -> str:
         return self.servers.url or f"mongodb://127.0.0.1:{self.port}/?directConnection=true"
 
-    def start(self) -> "HistoryServer":
+    def start(self) -> HistoryServer:
         if self.servers.embedded:
             from zombie_pipeline.simulation.embedded import start_server
 
-            self.process, _ = start_server(self.storage, port=self.port, log_path=self.servers.workdir / "history.log", detach=False)
+            self.process, _ = start_server(
+                self.storage, port=self.port, log_path=self.servers.workdir / "history.log", detach=False
+            )
             self.pid = self.process.pid
             self.servers.started += 1
         return self
@@ -318,7 +327,9 @@ class HistoryServer:
         def unbuildable(*_: Any) -> dict[str, Any]:
             raise RuntimeError("a history snapshot cannot be built again")
 
-        template = Template(name=name, queue_db=queue_db, cache_db=cache_db, build=unbuildable, facts=dict(facts), reset=reset)
+        template = Template(
+            name=name, queue_db=queue_db, cache_db=cache_db, build=unbuildable, facts=dict(facts), reset=reset
+        )
         if not self.servers.embedded:
             return template
         self.stop()

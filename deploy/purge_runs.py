@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import dagster as dg
 
@@ -31,15 +31,17 @@ BATCH = 200
 
 def old_runs_filter(job_name: str, older_than_days: float, now: dt.datetime | None = None) -> dg.RunsFilter:
     """The finished runs of ``job_name`` last updated (ended) more than ``older_than_days`` ago."""
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     return dg.RunsFilter(job_name=job_name, statuses=FINISHED, updated_before=now - dt.timedelta(days=older_than_days))
 
 
-def purge(instance: dg.DagsterInstance, jobs: Sequence[str], older_than_days: float, dry_run: bool = False) -> dict[str, int]:
+def purge(
+    instance: dg.DagsterInstance, jobs: Sequence[str], older_than_days: float, dry_run: bool = False
+) -> dict[str, int]:
     """Runs deleted (or, with ``dry_run``, that would be) per job."""
     if older_than_days < 0:
         raise ValueError(f"older_than_days must be 0 or more, got {older_than_days}")
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     deleted: dict[str, int] = {}
     for job in jobs:
         runs_filter = old_runs_filter(job, older_than_days, now)
@@ -60,7 +62,9 @@ def purge(instance: dg.DagsterInstance, jobs: Sequence[str], older_than_days: fl
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--older-than-days", type=float, required=True, help="keep the runs that ended more recently")
-    parser.add_argument("--job", action="append", help=f"a job whose runs to purge (repeat; default: {', '.join(DEFAULT_JOBS)})")
+    parser.add_argument(
+        "--job", action="append", help=f"a job whose runs to purge (repeat; default: {', '.join(DEFAULT_JOBS)})"
+    )
     parser.add_argument("--dry-run", action="store_true", help="count, delete nothing")
     args = parser.parse_args(argv)
     if args.older_than_days < 0:

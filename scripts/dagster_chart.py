@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tarfile
 import tomllib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -72,7 +72,7 @@ def _extract(archive: bytes, prefix: str, destination: Path) -> None:
         members = []
         for member in tar.getmembers():
             if member.name.startswith(prefix) and member.name != prefix.rstrip("/"):
-                member.name = member.name[len(prefix):]
+                member.name = member.name[len(prefix) :]
                 members.append(member)
         if not members:
             raise SetupError(f"nothing under {prefix!r} in the archive")
@@ -138,7 +138,7 @@ def setup(options: argparse.Namespace) -> dict:
         "chart_version": chart_version,
         "app_version": str(metadata.get("appVersion")),
         **origin,
-        "created_at": datetime.now(timezone.utc).isoformat(),
+        "created_at": datetime.now(UTC).isoformat(),
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"chart {chart_version} (pinned {version}) from {origin['source']} in {chart}")
@@ -162,10 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     make = commands.add_parser("setup", help="copy the chart into the cache folder")
     source = make.add_mutually_exclusive_group(required=True)
     source.add_argument("--git-dir", type=Path, help="a clone or bare mirror of dagster-io/dagster")
-    source.add_argument("--archive", type=Path, help="the chart package (.tgz) of `helm pull dagster/dagster --version V`")
+    source.add_argument(
+        "--archive", type=Path, help="the chart package (.tgz) of `helm pull dagster/dagster --version V`"
+    )
     source.add_argument("--directory", type=Path, help="the chart, unpacked")
     make.add_argument("--ref", help="with --git-dir: the tag or commit (default: the pinned version's tag)")
-    make.add_argument("--allow-other-version", action="store_true", help="keep a chart whose Chart.yaml says another version")
+    make.add_argument(
+        "--allow-other-version", action="store_true", help="keep a chart whose Chart.yaml says another version"
+    )
     commands.add_parser("status", help="what is set up, where")
     options = parser.parse_args(argv)
     if options.command == "status":

@@ -27,7 +27,7 @@ import sys
 import tarfile
 import time
 import tomllib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,7 +129,7 @@ def extract_libcommon(git_dir: Path, sha: str, destination: Path) -> None:
         for member in tar.getmembers():
             if not member.name.startswith(prefix):
                 continue
-            member.name = member.name[len(prefix):]
+            member.name = member.name[len(prefix) :]
             members.append(member)
         tar.extractall(destination, members=members, filter="data")
     if not (destination / "pyproject.toml").exists():
@@ -186,20 +186,21 @@ def pinned_requirements(source: Path, extra: list[str]) -> tuple[list[str], list
         if source_type in ("git", "url", "directory", "file"):
             # a git revision is not on PyPI: the release it was developed towards
             release = version.split(".dev")[0].split("+")[0]
-            deviations.append({
-                "package": name,
-                "locked": f"{version} ({source_type} {package['source'].get('url', '')}"
-                f"@{package['source'].get('resolved_reference', package['source'].get('reference', ''))})",
-                "installed": release,
-                "reason": "the lock takes it from git; the nearest PyPI release is installed",
-            })
+            deviations.append(
+                {
+                    "package": name,
+                    "locked": f"{version} ({source_type} {package['source'].get('url', '')}"
+                    f"@{package['source'].get('resolved_reference', package['source'].get('reference', ''))})",
+                    "installed": release,
+                    "reason": "the lock takes it from git; the nearest PyPI release is installed",
+                }
+            )
             version = release
         requirements[name] = f"{name}=={version}"
     for line in extra:
         name = canonical(line.split(";")[0].split("[")[0].split("=")[0].split("<")[0].split(">")[0].strip())
         if name in requirements:
-            deviations.append({"package": name, "locked": requirements[name], "installed": line,
-                               "reason": "--extra"})
+            deviations.append({"package": name, "locked": requirements[name], "installed": line, "reason": "--extra"})
         requirements[name] = line
     return sorted(requirements.values()), deviations, python
 
@@ -252,7 +253,8 @@ def setup(git_dir: Path, label: str, commit: str | None, python: str, extra: lis
     requirements, deviations, declared_python = pinned_requirements(source, extra)
     (directory / "requirements.txt").write_text(
         f"# dependencies of libcommon at {resolved['commit']}, pinned to its poetry.lock\n"
-        + "\n".join(requirements) + "\n"
+        + "\n".join(requirements)
+        + "\n"
     )
 
     run([python, "-m", "venv", str(directory / "venv")], f"{label}: virtualenv")
@@ -291,7 +293,7 @@ def setup(git_dir: Path, label: str, commit: str | None, python: str, extra: lis
         "installed": freeze,
         "install_seconds": round(time.monotonic() - started, 1),
         "size_bytes": directory_size(directory),
-        "created_at": datetime.now(timezone.utc).isoformat(),
+        "created_at": datetime.now(UTC).isoformat(),
     }
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     log(
@@ -323,13 +325,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("setup", help="extract libcommon at a commit and install it in its own venv")
-    make.add_argument("--git-dir", required=True, type=Path,
-                      help="a git directory of huggingface/dataset-viewer (clone or bare mirror)")
+    make.add_argument(
+        "--git-dir",
+        required=True,
+        type=Path,
+        help="a git directory of huggingface/dataset-viewer (clone or bare mirror)",
+    )
     make.add_argument("--label", required=True, help=f"cache folder name; pinned commits: {sorted(KNOWN_LABELS)}")
     make.add_argument("--commit", help="commit to set up (default: the label's pinned commit)")
     make.add_argument("--python", default="python3.11", help="interpreter for the venv (default: python3.11)")
-    make.add_argument("--extra", action="append", default=[],
-                      help="an extra or replacing requirement, e.g. 'pymongo==4.6.3' (repeatable)")
+    make.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        help="an extra or replacing requirement, e.g. 'pymongo==4.6.3' (repeatable)",
+    )
     make.add_argument("--force", action="store_true", help="rebuild even when already set up at that commit")
     commands.add_parser("status", help="what is set up, where")
     options = parser.parse_args(argv)

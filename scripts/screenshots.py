@@ -132,12 +132,14 @@ def crash_offender(store: Store, at: dt.datetime) -> None:
 
 def offender_history(store: Store, today: dt.date) -> None:
     """The past days' cleanups of the offender: the real cleanup, its clock set to each day."""
-    midnight = dt.datetime.combine(today, dt.time(), dt.timezone.utc)
+    midnight = dt.datetime.combine(today, dt.time(), dt.UTC)
     for days_ago, hour in OFFENDER_CRASHES:
         at = truncate_ms(midnight - dt.timedelta(days=days_ago) + dt.timedelta(hours=hour))
         crash_offender(store, at)
         with clock_at(at):
-            report = run_cleanup(store, ZombiePolicy(), f"screenshots-history-{at:%Y%m%d}", now=at, job_types=[OFFENDER["job_type"]])
+            report = run_cleanup(
+                store, ZombiePolicy(), f"screenshots-history-{at:%Y%m%d}", now=at, job_types=[OFFENDER["job_type"]]
+            )
         print(f"  cleanup at {at:%Y-%m-%d %H:%M} UTC: {dict(report.counts)}")
 
 
@@ -149,7 +151,9 @@ def chromium() -> str:
     sys.exit("headless Chromium is needed: apt-get install -y chromium")
 
 
-def capture(browser: str, url: str, path: Path, profile: Path, size: str = "1600,1000", budget_ms: int = 15_000) -> None:
+def capture(
+    browser: str, url: str, path: Path, profile: Path, size: str = "1600,1000", budget_ms: int = 15_000
+) -> None:
     """One page; without the virtual time budget the single-page app is captured blank."""
     command = [
         browser,
@@ -182,10 +186,22 @@ class DevTools:
 
         self.port = free_port()
         self.process = subprocess.Popen(
-            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-             f"--user-data-dir={profile}", f"--window-size={width},{height}", f"--remote-debugging-port={self.port}",
-             "about:blank"],
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--hide-scrollbars",
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                f"--remote-debugging-port={self.port}",
+                "about:blank",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -272,7 +288,7 @@ def shoot(browser: str, base: Path, mongo_url: str, args: argparse.Namespace) ->
         store.ensure_indexes()  # on empty collections: building them later costs ~10 s per index here
         simulation = simulate(store, WORKLOAD)
         print(f"simulated {WORKLOAD.total} jobs, {len(simulation.zombie_ids)} zombies")
-        today = dt.datetime.now(dt.timezone.utc).date()
+        today = dt.datetime.now(dt.UTC).date()
         offender_history(store, today)
         crash_offender(store, documents.utc_now())  # today's retry dies too: the cleanup below finalizes it
         env = {
@@ -291,11 +307,22 @@ def shoot(browser: str, base: Path, mongo_url: str, args: argparse.Namespace) ->
         days = [(today - dt.timedelta(days=n)).isoformat() for n in range(STATS_DAYS, 0, -1)]
         for day in days:
             launch_and_wait(
-                dev, "duration_statistics_job", tags={PARTITION_TAG: day}, asset_selection=[["job_duration_tallies"], ["repeat_offenders"]]
+                dev,
+                "duration_statistics_job",
+                tags={PARTITION_TAG: day},
+                asset_selection=[["job_duration_tallies"], ["repeat_offenders"]],
             )
-        launch_and_wait(dev, "duration_statistics_job", tags={PARTITION_TAG: days[-1]}, asset_selection=[["job_duration_statistics"]])
+        launch_and_wait(
+            dev,
+            "duration_statistics_job",
+            tags={PARTITION_TAG: days[-1]},
+            asset_selection=[["job_duration_statistics"]],
+        )
         [health] = harness.wait_for(
-            "the checks after the cleanup", lambda: harness.runs(dev, "queue_health_job", {CLEANUP_RUN_TAG: cleanup_run}), 120, 2
+            "the checks after the cleanup",
+            lambda: harness.runs(dev, "queue_health_job", {CLEANUP_RUN_TAG: cleanup_run}),
+            120,
+            2,
         )
         harness.wait_for_run(dev, health["runId"], timeout=180)
 
@@ -313,8 +340,14 @@ def shoot(browser: str, base: Path, mongo_url: str, args: argparse.Namespace) ->
             capture(browser, url, args.out / name, profile, size)
         tools = DevTools(browser, base / "devtools", 1600, 1100)
         try:
-            tools.dialog(f"{dev.url}/assets/job_duration_statistics?view=events", "[Show Markdown]", args.out / "duration-statistics-report.png")
-            tools.dialog(f"{dev.url}/runs/{cleanup_run}?logs=step%3Areconcile", "[Show JSON]", args.out / "cleanup-policy.png")
+            tools.dialog(
+                f"{dev.url}/assets/job_duration_statistics?view=events",
+                "[Show Markdown]",
+                args.out / "duration-statistics-report.png",
+            )
+            tools.dialog(
+                f"{dev.url}/runs/{cleanup_run}?logs=step%3Areconcile", "[Show JSON]", args.out / "cleanup-policy.png"
+            )
         finally:
             tools.close()
         if args.keep_open:

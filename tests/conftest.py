@@ -44,7 +44,9 @@ LONGEST_FIRST = ("e2e/", "faults/", "test_finish.py", "test_secrets.py", "test_p
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         path = item.path.relative_to(config.rootpath / "tests").as_posix()
-        return next((index for index, prefix in enumerate(LONGEST_FIRST) if path.startswith(prefix)), len(LONGEST_FIRST))
+        return next(
+            (index for index, prefix in enumerate(LONGEST_FIRST) if path.startswith(prefix)), len(LONGEST_FIRST)
+        )
 
     items.sort(key=rank)  # stable: a module's tests keep their order
 

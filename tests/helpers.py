@@ -6,8 +6,9 @@ import contextlib
 import dataclasses
 import datetime as dt
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import dagster as dg
 import numpy as np
@@ -89,13 +90,19 @@ def opcounters(client: MongoClient) -> dict[str, int]:
     return {name: counters.get(name) for name in ("insert", "query", "update", "delete", "getmore")}
 
 
-def report_suggesting(by_type: dict[str, int], end: dt.datetime = dt.datetime(2024, 3, 8, tzinfo=dt.timezone.utc)) -> DurationReport:
+def report_suggesting(
+    by_type: dict[str, int], end: dt.datetime = dt.datetime(2024, 3, 8, tzinfo=dt.UTC)
+) -> DurationReport:
     """The statistics of a week whose 400 successes per type suggest exactly ``by_type`` (p99 x 1.5, on the readable steps).
 
     400: enough runs for the p99 to have an upper bound, which a T2 lowered below the current one needs.
     """
-    tallies = {job_type: Tally(success=np.full(400, seconds / 1.5, dtype=np.float32)) for job_type, seconds in by_type.items()}
-    report = analyze(Period(start=end - dt.timedelta(days=7), end=end, tallies=tallies), ZombiePolicy(), computed_at=end)
+    tallies = {
+        job_type: Tally(success=np.full(400, seconds / 1.5, dtype=np.float32)) for job_type, seconds in by_type.items()
+    }
+    report = analyze(
+        Period(start=end - dt.timedelta(days=7), end=end, tallies=tallies), ZombiePolicy(), computed_at=end
+    )
     assert report.suggested_max_durations() == by_type, "not a suggestion these durations can make"
     return report
 
@@ -139,7 +146,9 @@ def reconcile(store: Store, run_id: str, policy: ZombiePolicy, now: dt.datetime 
 
 
 #: What a client sends around the commands of the code: handshakes, authentication, ending its sessions.
-HANDSHAKES = frozenset({"hello", "ismaster", "isMaster", "ping", "saslStart", "saslContinue", "endSessions", "buildInfo"})
+HANDSHAKES = frozenset(
+    {"hello", "ismaster", "isMaster", "ping", "saslStart", "saslContinue", "endSessions", "buildInfo"}
+)
 
 
 class CommandLog(monitoring.CommandListener):
@@ -183,7 +192,7 @@ class CommandLog(monitoring.CommandListener):
 def logged_store(mongo_url: str, store: Store) -> Iterator[tuple[Store, CommandLog]]:
     """``store``'s collections through a client of their own whose every command is logged."""
     log = CommandLog()
-    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.timezone.utc, event_listeners=[log])
+    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC, event_listeners=[log])
     try:
         yield Store.of(client[store.jobs.database.name], client[store.cache.database.name]), log
     finally:
@@ -244,7 +253,11 @@ def run_kill_zombies(
         if partition_key is not None:
             instance.add_dynamic_partitions(JOB_TYPE_PARTITIONS.name, [partition_key])
         result = kill_zombies_job.execute_in_process(
-            run_config=run_config, resources=resources, instance=instance, partition_key=partition_key, raise_on_error=False
+            run_config=run_config,
+            resources=resources,
+            instance=instance,
+            partition_key=partition_key,
+            raise_on_error=False,
         )
         result.logs = list(instance.all_logs(result.run_id))
         return result
@@ -315,7 +328,16 @@ class Budget:
 class CrashingCollection:
     """A collection whose writes stop (the process dies) once the budget is spent."""
 
-    WRITES = {"insert_one", "insert_many", "update_one", "update_many", "replace_one", "bulk_write", "delete_one", "delete_many"}
+    WRITES = {
+        "insert_one",
+        "insert_many",
+        "update_one",
+        "update_many",
+        "replace_one",
+        "bulk_write",
+        "delete_one",
+        "delete_many",
+    }
 
     def __init__(self, collection, budget: Budget) -> None:
         self._collection = collection
@@ -336,4 +358,6 @@ class CrashingCollection:
 def crashing(store: Store, writes: int | None) -> Store:
     """``store`` with every collection sharing one budget of writes."""
     budget = Budget(writes)
-    return Store(**{part.name: CrashingCollection(getattr(store, part.name), budget) for part in dataclasses.fields(Store)})
+    return Store(
+        **{part.name: CrashingCollection(getattr(store, part.name), budget) for part in dataclasses.fields(Store)}
+    )

@@ -18,8 +18,8 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import requests
@@ -53,7 +53,7 @@ class Pushgateway:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "Pushgateway":
+    def start(self) -> Pushgateway:
         command = [
             binary_or_skip(BINARY, "prometheus-pushgateway"),
             f"--web.listen-address=127.0.0.1:{self.port}",
@@ -65,7 +65,9 @@ class Pushgateway:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{BINARY} exited with {self.process.returncode}: {self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"{BINARY} exited with {self.process.returncode}: {self.log_path.read_text()[-2000:]}"
+                )
             with contextlib.suppress(requests.ConnectionError):
                 if requests.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
                     return self

@@ -19,8 +19,8 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from pymongo import MongoClient
 from pymongo.database import Database
@@ -57,16 +57,20 @@ class LocalServer:
         """The URL without credentials (a server with users refuses it any command but a ping)."""
         return f"mongodb://127.0.0.1:{self.port}/?directConnection=true"
 
-    def start(self) -> "LocalServer":
+    def start(self) -> LocalServer:
         if self.users and not (self.base / SERVER_CONFIG).exists():
             self._create_users()
-        self.process, _ = start_server(self.base / "data", port=self.port, log_path=self.base / "server.log", detach=False)
+        self.process, _ = start_server(
+            self.base / "data", port=self.port, log_path=self.base / "server.log", detach=False
+        )
         self.starts += 1
         return self
 
     def _create_users(self) -> None:
         """SecantusDB takes users created without authentication, then a restart with it on."""
-        process, info = start_server(self.base / "data", port=self.port, log_path=self.base / "server.log", detach=False)
+        process, info = start_server(
+            self.base / "data", port=self.port, log_path=self.base / "server.log", detach=False
+        )
         try:
             with MongoClient(info.url) as client:
                 for user, password in self.users.items():
@@ -90,7 +94,9 @@ class LocalServer:
 
 
 @contextlib.contextmanager
-def running_server(base: Path, port: int | None = None, users: Mapping[str, str] | None = None) -> Iterator[LocalServer]:
+def running_server(
+    base: Path, port: int | None = None, users: Mapping[str, str] | None = None
+) -> Iterator[LocalServer]:
     """A :class:`LocalServer` started for the block and stopped after it, whatever the block did to it."""
     server = LocalServer(base, port, users).start()
     try:

@@ -43,7 +43,12 @@ def test_a_webhook_post_that_fails_or_hangs_is_an_outcome_not_an_exception():
 
 def test_a_failure_record_says_what_failed_in_one_line():
     record = alerts.FailureRecord(
-        run_id="r1", job_name="kill_zombies_job", failed_at=utc_now(), message="brake engaged", partition_key="/splits", failed_steps=("find_zombies",)
+        run_id="r1",
+        job_name="kill_zombies_job",
+        failed_at=utc_now(),
+        message="brake engaged",
+        partition_key="/splits",
+        failed_steps=("find_zombies",),
     )
     line = record.log_line()
     for part in ("FAILED", "kill_zombies_job", "'/splits'", "r1", "find_zombies", "brake engaged"):

@@ -6,7 +6,8 @@ Runs on the session server (conftest ``mongo_url``), each test in fresh database
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -69,7 +70,10 @@ def resources(store: Store, mongo_url: str, monkeypatch) -> dict[str, Any]:
 
 
 def make_resources(store: Store, timeout_ms: int = 10_000, **policy: Any) -> dict[str, Any]:
-    return {**database_resources(store, URL_ENV, server_selection_timeout_ms=timeout_ms), "zombie_policy": ZombiePolicyResource(**policy)}
+    return {
+        **database_resources(store, URL_ENV, server_selection_timeout_ms=timeout_ms),
+        "zombie_policy": ZombiePolicyResource(**policy),
+    }
 
 
 # --- malformed job documents ------------------------------------------------------------------------
@@ -174,7 +178,10 @@ def test_malformed_jobs_are_skipped_and_reported_with_their_ids_and_the_rest_is_
     # not one byte of them changed, no event, no cache entry
     assert {job[ID]: job for job in store.jobs.find({ID: {"$in": list(before)}})} == before
     assert store.events.count_documents({ID: {"$in": list(before)}}) == 0
-    assert store.cache.count_documents({Cache.DATASET: {"$in": ["u/no-type", "u/null-start", "$gt", "u/config-object"]}}) == 0
+    assert (
+        store.cache.count_documents({Cache.DATASET: {"$in": ["u/no-type", "u/null-start", "$gt", "u/config-object"]}})
+        == 0
+    )
     # the rest of the queue: every good zombie finalized, the healthy job untouched
     statuses = {job[Job.DATASET]: job[Job.STATUS] for job in store.jobs.find({ID: {"$in": [j[ID] for j in good]}})}
     assert statuses == {
@@ -206,16 +213,32 @@ def test_reported_problems_name_the_field(store: Store, resources):
     malformed = malformed_jobs()
     store.jobs.insert_many(list(malformed.values()))
     result = run_kill_zombies(resources, override_brake=True, dry_run=True)
-    reported = {ObjectId(item["id"]): item["problem"] for item in step_metadata(result, "find_zombies")["malformed_jobs"]}
+    reported = {
+        ObjectId(item["id"]): item["problem"] for item in step_metadata(result, "find_zombies")["malformed_jobs"]
+    }
     expected_field = {
-        "missing type": "type", "missing dataset": "dataset", "missing unicity_id": "unicity_id",
-        "missing started_at": "started_at", "null started_at": "started_at", "started_at as a string": "started_at",
-        "started_at as a number": "started_at", "last_heartbeat as a string": "last_heartbeat",
-        "last_heartbeat as a number": "last_heartbeat", "empty type": "type", "very long type": "type",
-        "empty dataset": "dataset", "very long dataset": "dataset", "type starting with $": "type",
-        "dataset starting with $": "dataset", "unicity_id starting with $": "unicity_id",
-        "type containing a dot": "type", "type not a string": "type", "dataset not a string": "dataset",
-        "config not a string": "config", "config an operator object": "config", "split a list": "split",
+        "missing type": "type",
+        "missing dataset": "dataset",
+        "missing unicity_id": "unicity_id",
+        "missing started_at": "started_at",
+        "null started_at": "started_at",
+        "started_at as a string": "started_at",
+        "started_at as a number": "started_at",
+        "last_heartbeat as a string": "last_heartbeat",
+        "last_heartbeat as a number": "last_heartbeat",
+        "empty type": "type",
+        "very long type": "type",
+        "empty dataset": "dataset",
+        "very long dataset": "dataset",
+        "type starting with $": "type",
+        "dataset starting with $": "dataset",
+        "unicity_id starting with $": "unicity_id",
+        "type containing a dot": "type",
+        "type not a string": "type",
+        "dataset not a string": "dataset",
+        "config not a string": "config",
+        "config an operator object": "config",
+        "split a list": "split",
         "split a boolean": "split",
     }
     for name, job in malformed.items():
@@ -249,7 +272,14 @@ RUN_CASES = [
     case
     for case in BAD_POLICIES
     if next(iter(case[0]))
-    in {"heartbeat_timeout_seconds", "max_duration_seconds", "max_duration_seconds_by_type", "batch_size", "crashed_retry_limit", "claim_lease_seconds"}
+    in {
+        "heartbeat_timeout_seconds",
+        "max_duration_seconds",
+        "max_duration_seconds_by_type",
+        "batch_size",
+        "crashed_retry_limit",
+        "claim_lease_seconds",
+    }
 ]
 
 
@@ -268,7 +298,9 @@ def test_a_bad_policy_is_refused_before_any_read_or_write_with_a_message_naming_
     counters = opcounters(client)
 
     with logging_every_client(HANDSHAKES) as log:
-        result = run_kill_zombies(resources, run_config={"resources": {"zombie_policy": {"config": values}}}, override_brake=True)
+        result = run_kill_zombies(
+            resources, run_config={"resources": {"zombie_policy": {"config": values}}}, override_brake=True
+        )
 
     assert opcounters(client) == counters
     assert [e.step_key for e in result.all_events if e.event_type_value == "STEP_START"] == []  # no op ran
@@ -284,13 +316,21 @@ def test_a_bad_policy_is_refused_before_any_read_or_write_with_a_message_naming_
     assert {c.name: c.index_information() for c in (store.jobs, store.cache, store.events)} == indexes
     report_figures(
         f"bad_policy:{case_id((values, named, across_fields))}",
-        {"refused": True, "field_named": named[0], "ops_started": 0, "commands_sent": len(log.names), "opcounter_delta": 0},
+        {
+            "refused": True,
+            "field_named": named[0],
+            "ops_started": 0,
+            "commands_sent": len(log.names),
+            "opcounter_delta": 0,
+        },
     )
 
 
 def test_an_override_for_a_job_type_the_queue_does_not_know_warns(store: Store, resources, mongo_url):
     store.jobs.insert_many([zombie("u/z1"), zombie("u/z2", job_type="/first-rows")])
-    resources["zombie_policy"] = ZombiePolicyResource(max_duration_seconds_by_type={"/first-rows": 3600, "/frist-rows": 3600})
+    resources["zombie_policy"] = ZombiePolicyResource(
+        max_duration_seconds_by_type={"/first-rows": 3600, "/frist-rows": 3600}
+    )
     result = run_kill_zombies(resources, override_brake=True)
     assert result.success
     warnings = [r.user_message for r in result.logs if r.level >= 30 and "/frist-rows" in (r.user_message or "")]
@@ -341,19 +381,28 @@ def crafted_queue(store: Store) -> dict[str, list[dict[str, Any]]]:
         zombie('{"$gt": ""}', job_type="/splits"),
         zombie("u/$where", job_type="/config-names", config="$ne", split="a.b"),
         zombie("u/a.b", job_type="/first-rows", config='{"$exists": true}', split="$gt"),
-        zombie("u/js", job_type="this.status == 'started'" .replace(".", "_")),
+        zombie("u/js", job_type="this.status == 'started'".replace(".", "_")),
     ]
-    crafted_malformed = [zombie("u/m1", job_type="$where"), zombie("u/m2", job_type="a.b"), zombie("$ne"), zombie("$gt", job_type="$exists")]
+    crafted_malformed = [
+        zombie("u/m1", job_type="$where"),
+        zombie("u/m2", job_type="a.b"),
+        zombie("$ne"),
+        zombie("$gt", job_type="$exists"),
+    ]
     bystanders = [
         healthy("u/alive", job_type="/splits"),
         healthy("u/alive-2", job_type='{"$gt": ""}'),
-        job_document(job_type="/splits", dataset="u/done", status=Status.SUCCESS, started_at=ago(5000), finished_at=ago(4000)),
+        job_document(
+            job_type="/splits", dataset="u/done", status=Status.SUCCESS, started_at=ago(5000), finished_at=ago(4000)
+        ),
         job_document(job_type="/splits", dataset="u/waiting", status=Status.WAITING),
         zombie("u/other-type", job_type="/parquet"),  # a zombie of another type: only the full run may touch it
     ]
     store.jobs.insert_many(crafted_zombies + crafted_malformed + bystanders)
     entries = [cache_document(job, ago(30)) for job in bystanders[:3]]  # fresh successes anyone widening would hit
-    entries += [cache_document(job, ago(86_400), http_status=500, error_code="X", failed_runs=1) for job in crafted_zombies]
+    entries += [
+        cache_document(job, ago(86_400), http_status=500, error_code="X", failed_runs=1) for job in crafted_zombies
+    ]
     store.cache.insert_many(entries)
     return {"zombies": crafted_zombies, "malformed": crafted_malformed, "bystanders": bystanders}
 
@@ -379,7 +428,9 @@ def test_crafted_names_select_only_their_own_literal_jobs(recorded, store: Store
     assert before  # (the first run changed exactly one job, checked above)
 
 
-def test_a_full_run_over_crafted_names_touches_exactly_the_zombies_and_never_uses_a_name_as_a_key(recorded, store: Store):
+def test_a_full_run_over_crafted_names_touches_exactly_the_zombies_and_never_uses_a_name_as_a_key(
+    recorded, store: Store
+):
     store.ensure_indexes()
     queue = crafted_queue(store)
     recording_store, log = recorded
@@ -387,7 +438,9 @@ def test_a_full_run_over_crafted_names_touches_exactly_the_zombies_and_never_use
     malformed_ids = [job[ID] for job in queue["malformed"]]
     bystanders_before = sorted(store.jobs.find({ID: {"$in": bystander_ids + malformed_ids}}), key=lambda d: str(d[ID]))
     fresh_entries_before = sorted(store.cache.find({Cache.UPDATED_AT: {"$gt": ago(3600)}}), key=lambda d: str(d[ID]))
-    policy = ZombiePolicy(claim_lease_seconds=0, max_duration_seconds_by_type={'{"$gt": ""}': 100_000, '{"$ne": null}': 5_000})
+    policy = ZombiePolicy(
+        claim_lease_seconds=0, max_duration_seconds_by_type={'{"$gt": ""}': 100_000, '{"$ne": null}': 5_000}
+    )
     with pytest.raises(PolicyError):  # an override for a name no job type can have is refused before any query
         ZombiePolicy(max_duration_seconds_by_type={"$where": 5_000, "a.b": 5_000, "$ne": 5_000})
 
@@ -396,11 +449,24 @@ def test_a_full_run_over_crafted_names_touches_exactly_the_zombies_and_never_use
     zombie_ids = [job[ID] for job in queue["zombies"]] + [queue["bystanders"][4][ID]]
     assert report.counts["finalized"] == len(zombie_ids)
     assert {j[ID] for j in store.jobs.find({Job.STATUS: Status.ERROR})} == set(zombie_ids)
-    assert sorted(store.jobs.find({ID: {"$in": bystander_ids + malformed_ids}}), key=lambda d: str(d[ID])) == bystanders_before
-    assert sorted(store.cache.find({Cache.UPDATED_AT: {"$gt": ago(3600)}, Cache.ERROR_CODE: {"$ne": "JobManagerCrashedError"}}), key=lambda d: str(d[ID])) == fresh_entries_before
+    assert (
+        sorted(store.jobs.find({ID: {"$in": bystander_ids + malformed_ids}}), key=lambda d: str(d[ID]))
+        == bystanders_before
+    )
+    assert (
+        sorted(
+            store.cache.find(
+                {Cache.UPDATED_AT: {"$gt": ago(3600)}, Cache.ERROR_CODE: {"$ne": "JobManagerCrashedError"}}
+            ),
+            key=lambda d: str(d[ID]),
+        )
+        == fresh_entries_before
+    )
     for job in queue["zombies"]:  # each error entry sits at its literal key, exactly once
         key = cache_key_of_job(job)
-        matching = [e for e in store.cache.find({Cache.KIND: key[Cache.KIND]}) if all(e.get(n) == key[n] for n in CACHE_KEY)]
+        matching = [
+            e for e in store.cache.find({Cache.KIND: key[Cache.KIND]}) if all(e.get(n) == key[n] for n in CACHE_KEY)
+        ]
         assert len(matching) == 1 and matching[0][Cache.ERROR_CODE] == "JobManagerCrashedError", key
     assert store.events.count_documents({Event.STATE: EventState.DONE}) == len(zombie_ids)
 
@@ -437,30 +503,138 @@ def _allowed_keys() -> set:
     fields |= {value for name, value in vars(ScheduledRetry).items() if name.isupper()}
     fields |= {f"{Event.JOB}.{name}" for name in job_fields}
     # the error entry's free-form content and details, and the policy snapshot stored in each event
-    fields |= {"error", "reason", "last_heartbeat", "threshold_seconds", "run_id", "job_id", "result", "type", "seconds"}
+    fields |= {
+        "error",
+        "reason",
+        "last_heartbeat",
+        "threshold_seconds",
+        "run_id",
+        "job_id",
+        "result",
+        "type",
+        "seconds",
+    }
     fields |= {"runner_version"}  # the summary of the entry an error replaced, kept in the event
     fields |= set(ZombiePolicy.model_fields)
-    operators = {"$in", "$nin", "$lt", "$lte", "$gt", "$cond", "$eq", "$literal", "$ne", "$or", "$and", "$exists", "$not", "$type", "$set", "$natural", "$hint"}
+    operators = {
+        "$in",
+        "$nin",
+        "$lt",
+        "$lte",
+        "$gt",
+        "$cond",
+        "$eq",
+        "$literal",
+        "$ne",
+        "$or",
+        "$and",
+        "$exists",
+        "$not",
+        "$type",
+        "$set",
+        "$natural",
+        "$hint",
+    }
     command_keys = {
-        "find", "filter", "sort", "limit", "batchSize", "projection", "hint", "update", "updates", "q", "u", "upsert",
-        "multi", "insert", "documents", "ordered", "delete", "deletes", "aggregate", "pipeline", "cursor", "$match",
-        "$group", "$sort", "$count", "$project", "count", "n", "$db", "lsid", "id", "txnNumber", "$clusterTime", "clusterTime", "signature",
-        "hash", "keyId", "getMore", "collection", "listIndexes", "createIndexes", "indexes", "key", "name", "unique",
-        "distinct", "query", "readConcern", "writeConcern", "singleBatch", "killCursors", "cursors", "endSessions",
-        "$readPreference", "mode", "comment", "maxTimeMS", "let", "skip", "$sum", "$ifNull", "$limit", "$skip", "apiVersion",
-        "bypassDocumentValidation", "collation", "arrayFilters", "ping", "listCollections", "nameOnly",
-        "hello", "startTransaction", "autocommit", "commitTransaction", "abortTransaction", "recoveryToken",
+        "find",
+        "filter",
+        "sort",
+        "limit",
+        "batchSize",
+        "projection",
+        "hint",
+        "update",
+        "updates",
+        "q",
+        "u",
+        "upsert",
+        "multi",
+        "insert",
+        "documents",
+        "ordered",
+        "delete",
+        "deletes",
+        "aggregate",
+        "pipeline",
+        "cursor",
+        "$match",
+        "$group",
+        "$sort",
+        "$count",
+        "$project",
+        "count",
+        "n",
+        "$db",
+        "lsid",
+        "id",
+        "txnNumber",
+        "$clusterTime",
+        "clusterTime",
+        "signature",
+        "hash",
+        "keyId",
+        "getMore",
+        "collection",
+        "listIndexes",
+        "createIndexes",
+        "indexes",
+        "key",
+        "name",
+        "unique",
+        "distinct",
+        "query",
+        "readConcern",
+        "writeConcern",
+        "singleBatch",
+        "killCursors",
+        "cursors",
+        "endSessions",
+        "$readPreference",
+        "mode",
+        "comment",
+        "maxTimeMS",
+        "let",
+        "skip",
+        "$sum",
+        "$ifNull",
+        "$limit",
+        "$skip",
+        "apiVersion",
+        "bypassDocumentValidation",
+        "collation",
+        "arrayFilters",
+        "ping",
+        "listCollections",
+        "nameOnly",
+        "hello",
+        "startTransaction",
+        "autocommit",
+        "commitTransaction",
+        "abortTransaction",
+        "recoveryToken",
     }
     return fields | operators | command_keys
 
 
 def test_the_stale_filter_keeps_crafted_names_as_values():
-    policy = ZombiePolicy(max_duration_seconds_by_type={name: 5_000 for name in CRAFTED if job_type_problem(name) is None})
+    policy = ZombiePolicy(
+        max_duration_seconds_by_type={name: 5_000 for name in CRAFTED if job_type_problem(name) is None}
+    )
     query = stale_filter(policy, utc_now(), job_types=CRAFTED)
     keys: set = set()
     strings: set = set()
     keys_and_strings(query, keys, strings)
-    assert keys <= {Job.STATUS, Job.STARTED_AT, Job.LAST_HEARTBEAT, Job.TERMINATED_AT, Job.TYPE, "$or", "$lt", "$in", "$nin"}
+    assert keys <= {
+        Job.STATUS,
+        Job.STARTED_AT,
+        Job.LAST_HEARTBEAT,
+        Job.TERMINATED_AT,
+        Job.TYPE,
+        "$or",
+        "$lt",
+        "$in",
+        "$nin",
+    }
     assert set(CRAFTED) <= strings
 
 

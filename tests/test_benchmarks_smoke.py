@@ -35,7 +35,9 @@ def test_harness_produces_figures(tmp_path: Path) -> None:
     assert baseline["commands"] >= 2 * 50 > ours["commands"]  # one update and one cache upsert per zombie
     assert baseline["written_per_zombie"]["job"] == baseline["written_per_zombie"]["cache entry"] == 1.0
     # ours: claim, job, cache entry, one event completion per zombie, plus the retries
-    assert ours["core_per_zombie"] == 4.0 and all(ours["written_per_zombie"][kind] == 1.0 for kind in ("claim", "job", "cache entry", "event completion"))
+    assert ours["core_per_zombie"] == 4.0 and all(
+        ours["written_per_zombie"][kind] == 1.0 for kind in ("claim", "job", "cache entry", "event completion")
+    )
     today = next(row for row in results["cleanup"] if row["generation"] != "2023-01")
     assert today["written_per_zombie"]["deployment's collections"] > 0
     assert {row["rtt_ms"] for row in ratios(results["cleanup"])} == {0.0, 1.0}
@@ -62,7 +64,9 @@ def test_harness_produces_figures(tmp_path: Path) -> None:
     assert verdicts["documents written per zombie <= 4 + retry"]["held"]
     assert verdicts["a daily partition makes the server examine only its own day"]["held"]
     assert any(name.startswith("cleanup commands across 30 job types") for name in verdicts)
-    assert any(name.startswith("(for comparison, not a target) cleanup wall time") for name in verdicts)  # a target at 1,000 zombies only
+    assert any(
+        name.startswith("(for comparison, not a target) cleanup wall time") for name in verdicts
+    )  # a target at 1,000 zombies only
 
     written = json.loads((tmp_path / RESULTS_JSON).read_text())
     assert written["meta"]["complete"] and written["cleanup"] == json.loads(json.dumps(results["cleanup"], default=str))

@@ -31,20 +31,28 @@ def test_one_read_for_a_batch_whatever_its_job_types_with_types_only_as_values(s
     [read] = log.named("aggregate")
     assert [name for name in log.names if name not in HANDSHAKES] == ["aggregate"]  # one command, however many types
     datasets, kinds = read["pipeline"][0]["$match"], read["pipeline"][1]["$match"]
-    assert datasets == {Cache.DATASET: {"$in": sorted({f"u/d-{i}" for i in range(30)})}}  # the index's first field first
+    assert datasets == {
+        Cache.DATASET: {"$in": sorted({f"u/d-{i}" for i in range(30)})}
+    }  # the index's first field first
     assert kinds == {Cache.KIND: {"$in": ["$where", "/a", "/c", "/d", "/e"]}}  # a type name is only ever a value
 
 
 def test_the_read_of_a_batch_is_planned_on_the_deployments_dataset_index(store):
     store.ensure_indexes()
     jobs = [job_document(job_type, f"u/d-{i}") for i in range(20) for job_type in ("/a", "/b")]
-    store.cache.insert_many([cache_document(job, utc_now()) for job in jobs] + [
-        cache_document(job_document("/a", f"other/d-{i}"), utc_now()) for i in range(200)
-    ])
+    store.cache.insert_many(
+        [cache_document(job, utc_now()) for job in jobs]
+        + [cache_document(job_document("/a", f"other/d-{i}"), utc_now()) for i in range(200)]
+    )
     keys = [key_of(cache_key_of_job(job)) for job in jobs]
-    pipeline = [{"$match": {Cache.DATASET: {"$in": sorted({key[1] for key in keys})}}}, {"$match": {Cache.KIND: {"$in": ["/a", "/b"]}}}]
+    pipeline = [
+        {"$match": {Cache.DATASET: {"$in": sorted({key[1] for key in keys})}}},
+        {"$match": {Cache.KIND: {"$in": ["/a", "/b"]}}},
+    ]
 
-    explained = store.cache.database.command("explain", {"aggregate": store.cache.name, "pipeline": pipeline, "cursor": {}}, verbosity="executionStats")
+    explained = store.cache.database.command(
+        "explain", {"aggregate": store.cache.name, "pipeline": pipeline, "cursor": {}}, verbosity="executionStats"
+    )
 
     plan = query_plan_of(explained)
     assert "IXSCAN" in str(plan["queryPlanner"]["winningPlan"])  # never a collection scan

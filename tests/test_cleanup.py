@@ -79,7 +79,19 @@ def test_a_second_cleanup_finds_nothing_and_writes_nothing(store):
 
 @pytest.mark.parametrize("generation", ["2023-01", "2023-04", "2024-07"])
 def test_documents_keep_only_the_fields_their_generation_declares(store, generation):
-    simulate(store, workload(finished=100, crashed=6, never_heartbeated=0, overdue=0, running=10, waiting=0, seed=2, cache_generation=generation))
+    simulate(
+        store,
+        workload(
+            finished=100,
+            crashed=6,
+            never_heartbeated=0,
+            overdue=0,
+            running=10,
+            waiting=0,
+            seed=2,
+            cache_generation=generation,
+        ),
+    )
     report = run_cleanup(store, POLICY, "run-1")
     assert report.counts[f"cache_generation:{generation}"] == 1
     assert report.counts["cache_written"] == 6
@@ -300,7 +312,17 @@ def test_a_dry_run_lists_the_evidence_and_writes_nothing(store):
     report = run_cleanup(store, POLICY, "dry", dry_run=True)
     rows = report.candidate_rows()
     assert len(rows) == 20
-    assert set(rows[0]) >= {"job_id", "type", "dataset", "config", "split", "reason", "age_seconds", "last_heartbeat", "threshold_seconds"}
+    assert set(rows[0]) >= {
+        "job_id",
+        "type",
+        "dataset",
+        "config",
+        "split",
+        "reason",
+        "age_seconds",
+        "last_heartbeat",
+        "threshold_seconds",
+    }
     assert documents(store) == before
 
 
@@ -325,7 +347,11 @@ def test_a_crashed_job_is_retried_until_its_limit(store):
     jobs = {previous: crashed_job(f"user/failed-{previous}-times") for previous in (0, 2, 3)}
     store.jobs.insert_many(list(jobs.values()))
     store.cache.insert_many(
-        [cache_document(job, ago(86_400), http_status=500, error_code="X", failed_runs=n) for n, job in jobs.items() if n]
+        [
+            cache_document(job, ago(86_400), http_status=500, error_code="X", failed_runs=n)
+            for n, job in jobs.items()
+            if n
+        ]
     )
     run_cleanup(store, ZombiePolicy(crashed_retry_limit=3, claim_lease_seconds=0), "run-1")
 
@@ -380,7 +406,9 @@ def test_database_commands_grow_with_zombies_over_batch_size(store, mongo_url, b
     zombies = 120
     store.jobs.insert_many([crashed_job(f"user/z-{i}") for i in range(zombies)])
     with logged_store(mongo_url, store) as (counted, log):
-        report = run_cleanup(counted, ZombiePolicy(batch_size=batch_size, claim_lease_seconds=0), "counted", override_brake=True)
+        report = run_cleanup(
+            counted, ZombiePolicy(batch_size=batch_size, claim_lease_seconds=0), "counted", override_brake=True
+        )
     assert report.counts["finalized"] == zombies
     batches = math.ceil(zombies / batch_size)
     assert len(log.names) <= 17 + 10 * batches, " ".join(log.names)
@@ -434,5 +462,7 @@ def test_an_entry_a_worker_writes_after_our_read_is_kept(store, monkeypatch):
     assert report.counts["finalized"] == 1
     assert report.counts["cache_skipped_fresher"] == 1
     assert report.counts["cache_written"] == 0
-    assert [entry[Cache.HTTP_STATUS] for entry in store.cache.find()] == [cache_document(job, ago(1))[Cache.HTTP_STATUS]]
+    assert [entry[Cache.HTTP_STATUS] for entry in store.cache.find()] == [
+        cache_document(job, ago(1))[Cache.HTTP_STATUS]
+    ]
     assert store.events.find_one()[Event.RETRY_OUTCOME] == RetryOutcome.NOT_RETRIED

@@ -5,9 +5,9 @@ import json
 import socket
 import textwrap
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -67,7 +67,9 @@ def _entries(store) -> dict[str, dict]:
     return {entry[CompensationEntry.NAME]: entry for entry in event[Event.COMPENSATIONS]}
 
 
-def test_a_compensation_that_fails_twice_then_succeeds_runs_exactly_three_times_and_is_recorded_once_as_done(store, monkeypatch):
+def test_a_compensation_that_fails_twice_then_succeeds_runs_exactly_three_times_and_is_recorded_once_as_done(
+    store, monkeypatch
+):
     policy = ZombiePolicy(compensation_webhooks={"/splits": "SPLITS_HOOK"})
     job = crashed_job(job_type="/splits")
     store.jobs.insert_one(job)
@@ -76,7 +78,10 @@ def test_a_compensation_that_fails_twice_then_succeeds_runs_exactly_three_times_
         counts = [run_cleanup(store, policy, f"run-{attempt}").counts for attempt in range(5)]
     assert len(received) == 3
     assert {request["key"] for request in received} == {str(job[ID])}  # one idempotency key for every attempt
-    assert received[0]["body"]["job"][Job.DATASET] == job[Job.DATASET] and received[0]["body"]["reason"] == Reason.MISSING_HEARTBEAT
+    assert (
+        received[0]["body"]["job"][Job.DATASET] == job[Job.DATASET]
+        and received[0]["body"]["reason"] == Reason.MISSING_HEARTBEAT
+    )
     assert [request["body"]["attempt"] for request in received] == [1, 2, 3]
     assert [count["compensation_to_retry"] for count in counts] == [1, 1, 0, 0, 0]
     assert [count["compensation_done"] for count in counts] == [0, 0, 1, 0, 0]
@@ -89,7 +94,9 @@ def test_a_compensation_that_fails_twice_then_succeeds_runs_exactly_three_times_
 
 
 def test_a_failing_action_never_stops_the_others_and_is_given_up_on_after_its_attempts(store, monkeypatch):
-    policy = ZombiePolicy(compensation_webhooks={"/splits": "DOWN_HOOK", "*": "EVERY_HOOK"}, compensation_max_attempts=2)
+    policy = ZombiePolicy(
+        compensation_webhooks={"/splits": "DOWN_HOOK", "*": "EVERY_HOOK"}, compensation_max_attempts=2
+    )
     store.jobs.insert_many([crashed_job("user/a", "/splits"), crashed_job("user/b", "/first-rows")])
     monkeypatch.setenv("DOWN_HOOK", closed_port_url())
     with webhook([]) as (url, received):
@@ -108,7 +115,9 @@ def test_a_failing_action_never_stops_the_others_and_is_given_up_on_after_its_at
     assert run_cleanup(store, policy, "run-3").counts["compensation_failed"] == 0  # given up on: not tried again
 
 
-def test_a_webhook_whose_variable_is_unset_fails_with_its_name_and_no_zombie_without_an_action_is_marked(store, monkeypatch):
+def test_a_webhook_whose_variable_is_unset_fails_with_its_name_and_no_zombie_without_an_action_is_marked(
+    store, monkeypatch
+):
     monkeypatch.delenv("UNSET_HOOK", raising=False)
     policy = ZombiePolicy(compensation_webhooks={"/splits": "UNSET_HOOK"})
     store.jobs.insert_many([crashed_job("user/a", "/splits"), crashed_job("user/b", "/first-rows")])
@@ -164,10 +173,14 @@ def test_an_action_registered_through_an_entry_point_is_found_and_run(store, ins
     ran = installed_package("zp_test_compensation", "zp_test_compensation:RecordCompensation")
     job = crashed_job(job_type="/splits")
     store.jobs.insert_many([job, crashed_job("user/other", "/first-rows")])
-    store.cache.insert_one(cache_document({**job, Job.REVISION: "c0ffee"}, ago(86_400)))  # the last successful run's commit
+    store.cache.insert_one(
+        cache_document({**job, Job.REVISION: "c0ffee"}, ago(86_400))
+    )  # the last successful run's commit
     report = run_cleanup(store, ZombiePolicy(), "run-1")
     assert report.counts["compensation_done"] == 1  # only the type it applies to
-    assert [json.loads(line) for line in ran.read_text().splitlines()] == [{"job_id": str(job[ID]), "revision": "c0ffee"}]
+    assert [json.loads(line) for line in ran.read_text().splitlines()] == [
+        {"job_id": str(job[ID]), "revision": "c0ffee"}
+    ]
     assert store.events.find_one({ID: job[ID]})[Event.COMPENSATION_STATE] == CompensationState.DONE
 
 

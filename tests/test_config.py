@@ -53,7 +53,9 @@ def test_a_statistics_start_that_is_set_is_taken(monkeypatch):
     assert config.statistics_start(dt.date(2026, 12, 1)) == dt.date(2025, 3, 1)
 
 
-@pytest.mark.parametrize("value", ["pushgateway.monitoring:9091", "http://127.0.0.1:9091", "https://push.example/prefix"])
+@pytest.mark.parametrize(
+    "value", ["pushgateway.monitoring:9091", "http://127.0.0.1:9091", "https://push.example/prefix"]
+)
 def test_a_pushgateway_url_is_taken_as_set(value):
     assert config.pushgateway_url({config.PUSHGATEWAY_URL_ENV: f" {value} "}) == value
 

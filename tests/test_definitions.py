@@ -55,11 +55,7 @@ def test_the_location_pushes_metrics_to_the_gateway_its_environment_names(monkey
 
 def test_dagster_definitions_validate_passes_without_starting_or_showing_anything(tmp_path):
     password = "hunter2/secret"
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in (DAGSTER_HOME_ENV, CACHE_URL_ENV)
-    }
+    env = {key: value for key, value in os.environ.items() if key not in (DAGSTER_HOME_ENV, CACHE_URL_ENV)}
     env.update(
         {
             HOME_ENV: str(tmp_path / "home"),
@@ -135,7 +131,11 @@ def test_the_checks_watch_queue_health_and_run_in_its_job():
         ("repeat_offenders", "no_repeat_offenders"),
     }
     job = defs.resolve_job_def("queue_health_job")
-    assert {key.name for key in job.asset_layer.asset_graph.asset_check_keys} >= {"no_zombies_left", "zombies_have_cache_errors", "compensations_succeed"}
+    assert {key.name for key in job.asset_layer.asset_graph.asset_check_keys} >= {
+        "no_zombies_left",
+        "zombies_have_cache_errors",
+        "compensations_succeed",
+    }
 
 
 def test_sensors_target_the_right_jobs_and_write_only_when_turned_on():

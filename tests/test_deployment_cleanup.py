@@ -27,7 +27,7 @@ from zombie_pipeline.statistics.cache_history import read_cache_period
 
 ONLY_2023 = pytest.mark.parametrize("deployment_session", ["2023"], indirect=True)
 ONLY_CURRENT = pytest.mark.parametrize("deployment_session", ["current"], indirect=True)
-NOW = dt.datetime.now(dt.timezone.utc)
+NOW = dt.datetime.now(dt.UTC)
 PARQUET = "config-parquet-and-info"
 
 
@@ -52,12 +52,26 @@ def todays_scenario(client: DeploymentClient, queue_db, cache_db) -> str:
     client.run("heartbeat", job_id=zombie)
     client.run("heartbeat", job_id=alive)
     client.run(
-        "upsert_response", kind=PARQUET, dataset="alice/a", config="default", content={"previous": True}, http_status=500,
-        error_code="UnexpectedError", dataset_git_revision="rev-2", job_runner_version=3, failed_runs=1, progress=1.0, duration=3.0,
+        "upsert_response",
+        kind=PARQUET,
+        dataset="alice/a",
+        config="default",
+        content={"previous": True},
+        http_status=500,
+        error_code="UnexpectedError",
+        dataset_git_revision="rev-2",
+        job_runner_version=3,
+        failed_runs=1,
+        progress=1.0,
+        duration=3.0,
     )
-    cache_db.cachedResponsesBlue.update_one({"dataset": "alice/a"}, {"$set": {"updated_at": NOW - dt.timedelta(hours=2)}})
+    cache_db.cachedResponsesBlue.update_one(
+        {"dataset": "alice/a"}, {"$set": {"updated_at": NOW - dt.timedelta(hours=2)}}
+    )
     backdate(queue_db, zombie, started_at=dt.timedelta(minutes=49), last_heartbeat=dt.timedelta(minutes=9))
-    queue_db.pastJobs.insert_one({"dataset": "alice/a", "duration": 5_000, "finished_at": NOW - dt.timedelta(minutes=20)})
+    queue_db.pastJobs.insert_one(
+        {"dataset": "alice/a", "duration": 5_000, "finished_at": NOW - dt.timedelta(minutes=20)}
+    )
     return zombie
 
 
@@ -66,7 +80,9 @@ def comparable(state: dict[str, Any]) -> dict[str, Any]:
     return {
         "jobs": sorted((job["unicity_id"], job["status"]) for job in state["jobs"]),
         "locks": sorted(state["locks"].items()),
-        "past_jobs": sorted((row["dataset"], row["duration"] // 10) for row in state["past_jobs"]),  # seconds of a finish apart
+        "past_jobs": sorted(
+            (row["dataset"], row["duration"] // 10) for row in state["past_jobs"]
+        ),  # seconds of a finish apart
         "blockages": sorted(row["dataset"] for row in state["blockages"]),
         "cache": sorted((row["kind"], row["dataset"], row["http_status"], row["error_code"]) for row in state["cache"]),
     }
@@ -80,8 +96,17 @@ def test_todays_deployment_would_leave_what_our_cleanup_leaves(deployment, queue
     theirs = todays_scenario(deployment, theirs_queue, theirs_cache)
     # the deployment's own kill of a stuck job: the error entry, then the finish (services/worker job_manager.set_stuck)
     deployment.run(
-        "upsert_response", kind=PARQUET, dataset="alice/a", config="default", content={"error": "crashed"}, details={"error": "crashed"},
-        http_status=501, error_code="JobManagerCrashedError", dataset_git_revision="rev-2", job_runner_version=3, failed_runs=2,
+        "upsert_response",
+        kind=PARQUET,
+        dataset="alice/a",
+        config="default",
+        content={"error": "crashed"},
+        details={"error": "crashed"},
+        http_status=501,
+        error_code="JobManagerCrashedError",
+        dataset_git_revision="rev-2",
+        job_runner_version=3,
+        failed_runs=2,
         duration=49 * 60.0,
     )
     deployment.run("finish_job", job_id=theirs)
@@ -100,20 +125,31 @@ def test_todays_deployment_would_leave_what_our_cleanup_leaves(deployment, queue
     assert deployment.run("recount_metrics")["differences"] == expected_counters["differences"]
     entry = cache_db.cachedResponsesBlue.find_one({"dataset": "alice/a"})
     assert (entry["http_status"], entry["error_code"], entry["dataset_git_revision"], entry["failed_runs"]) == (
-        501, "JobManagerCrashedError", "rev-2", 2,
+        501,
+        "JobManagerCrashedError",
+        "rev-2",
+        2,
     )
     assert queue_db.jobsBlue.find_one({"_id": ObjectId(ours)}) is None
 
 
 @ONLY_CURRENT
-def test_after_our_cleanup_todays_deployment_loads_everything_its_counters_match_and_the_re_run_starts(deployment, queue_db, cache_db) -> None:
+def test_after_our_cleanup_todays_deployment_loads_everything_its_counters_match_and_the_re_run_starts(
+    deployment, queue_db, cache_db
+) -> None:
     zombie, _ = deployment.run(
-        "create_jobs", jobs=[{"type": "dataset-config-names", "dataset": "alice/a"}, {"type": "dataset-config-names", "dataset": "bob/b"}]
+        "create_jobs",
+        jobs=[
+            {"type": "dataset-config-names", "dataset": "alice/a"},
+            {"type": "dataset-config-names", "dataset": "bob/b"},
+        ],
     )["job_ids"]
     deployment.run("start_job")
     deployment.run("start_job")
     backdate(queue_db, zombie, started_at=dt.timedelta(minutes=10), last_heartbeat=dt.timedelta(minutes=9))
-    assert [job["job_id"] for job in deployment.run("find_stuck", max_seconds_without_heartbeat=300)["jobs"]] == [zombie]
+    assert [job["job_id"] for job in deployment.run("find_stuck", max_seconds_without_heartbeat=300)["jobs"]] == [
+        zombie
+    ]
 
     run_cleanup(Store.of(queue_db, cache_db), ZombiePolicy(), run_id="ours")
 
@@ -121,18 +157,30 @@ def test_after_our_cleanup_todays_deployment_loads_everything_its_counters_match
     assert loaded["ok"], loaded["errors"] or loaded["reader_errors"]
     assert deployment.run("recount_metrics")["differences"] == {}
     assert deployment.run("find_stuck", max_seconds_without_heartbeat=300)["jobs"] == []
-    rerun = deployment.run("create_jobs", jobs=[{"type": "dataset-config-names", "dataset": "alice/a"}])["job_ids"]  # the backfill's
+    rerun = deployment.run("create_jobs", jobs=[{"type": "dataset-config-names", "dataset": "alice/a"}])[
+        "job_ids"
+    ]  # the backfill's
     started = deployment.run("start_job")
     assert started["started"] and started["job_id"] == rerun[0]
 
 
 @ONLY_CURRENT
-def test_a_job_sigtermed_long_ago_is_finalized_as_terminated_as_the_deployment_judges_it(deployment, queue_db, cache_db) -> None:
+def test_a_job_sigtermed_long_ago_is_finalized_as_terminated_as_the_deployment_judges_it(
+    deployment, queue_db, cache_db
+) -> None:
     [job_id] = deployment.run("create_jobs", jobs=[{"type": "dataset-config-names", "dataset": "bob/b"}])["job_ids"]
     deployment.run("start_job")
     deployment.run("set_terminated", job_id=job_id)
-    backdate(queue_db, job_id, started_at=dt.timedelta(minutes=10), last_heartbeat=dt.timedelta(minutes=2), terminated_at=dt.timedelta(minutes=6))
-    assert deployment.run("find_stuck", max_seconds_without_heartbeat=300)["jobs"] == [{"job_id": job_id, "reason": "terminated"}]
+    backdate(
+        queue_db,
+        job_id,
+        started_at=dt.timedelta(minutes=10),
+        last_heartbeat=dt.timedelta(minutes=2),
+        terminated_at=dt.timedelta(minutes=6),
+    )
+    assert deployment.run("find_stuck", max_seconds_without_heartbeat=300)["jobs"] == [
+        {"job_id": job_id, "reason": "terminated"}
+    ]
 
     report = run_cleanup(Store.of(queue_db, cache_db), ZombiePolicy(), run_id="ours")
 
@@ -142,7 +190,9 @@ def test_a_job_sigtermed_long_ago_is_finalized_as_terminated_as_the_deployment_j
 
 
 @ONLY_CURRENT
-def test_a_worker_heartbeating_through_the_real_client_after_detection_keeps_its_job(deployment, queue_db, cache_db) -> None:
+def test_a_worker_heartbeating_through_the_real_client_after_detection_keeps_its_job(
+    deployment, queue_db, cache_db
+) -> None:
     [job_id] = deployment.run("create_jobs", jobs=[{"type": "dataset-config-names", "dataset": "alice/a"}])["job_ids"]
     deployment.run("start_job")
     backdate(queue_db, job_id, started_at=dt.timedelta(minutes=10), last_heartbeat=dt.timedelta(minutes=9))
@@ -205,12 +255,23 @@ def test_an_early_2023_job_dead_for_longer_than_its_maximum_duration_is_a_crash_
 
 
 @ONLY_CURRENT
-def test_the_indexes_we_create_are_the_ones_todays_deployment_creates_at_its_startup_without_a_conflict(deployment, queue_db, cache_db) -> None:
+def test_the_indexes_we_create_are_the_ones_todays_deployment_creates_at_its_startup_without_a_conflict(
+    deployment, queue_db, cache_db
+) -> None:
     deployment.run("create_jobs", jobs=[{"type": "dataset-config-names", "dataset": "alice/a"}])
-    deployment.run("upsert_response", kind="dataset-config-names", dataset="alice/a", content={}, http_status=200, dataset_git_revision="r1")
+    deployment.run(
+        "upsert_response",
+        kind="dataset-config-names",
+        dataset="alice/a",
+        content={},
+        http_status=200,
+        dataset_git_revision="r1",
+    )
     store = Store.of(queue_db, cache_db)
     store.ensure_indexes()
-    read_cache_period(store.cache, store.events, NOW - dt.timedelta(days=1), NOW, create_index=True)  # creates kind_updated
+    read_cache_period(
+        store.cache, store.events, NOW - dt.timedelta(days=1), NOW, create_index=True
+    )  # creates kind_updated
 
     startup = deployment.run("ensure_indexes")
 

@@ -70,8 +70,11 @@ def test_the_driver_runs_the_pinned_libcommon_from_its_own_venv(deployment) -> N
 def test_jobs_made_by_the_real_client_load_cleanly(deployment) -> None:
     created = deployment.run(
         "create_jobs",
-        jobs=[job("/splits", "alice/a"), job("/first-rows", "bob/b", config="default", split="train"),
-              job("/splits", "carol/c")],
+        jobs=[
+            job("/splits", "alice/a"),
+            job("/first-rows", "bob/b", config="default", split="train"),
+            job("/splits", "carol/c"),
+        ],
     )["job_ids"]
     assert len(created) == 3
     first = deployment.run("start_job")
@@ -80,12 +83,18 @@ def test_jobs_made_by_the_real_client_load_cleanly(deployment) -> None:
     deployment.run("heartbeat", job_id=second["job_id"])
     deployment.run("finish_job", job_id=first["job_id"], status="success")
     deployment.run("upsert_response", **response("/splits", "alice/a"))
-    deployment.run("upsert_response", **response("/first-rows", "bob/b", config="default", split="train",
-                                                 http_status=500, error_code="UnexpectedError"))
+    deployment.run(
+        "upsert_response",
+        **response(
+            "/first-rows", "bob/b", config="default", split="train", http_status=500, error_code="UnexpectedError"
+        ),
+    )
 
     loaded = deployment.run("load_all")
     assert loaded["ok"], loaded["errors"] or loaded["reader_errors"]
-    assert set(loaded["collections"]) == ALL_QUEUE_COLLECTIONS[deployment.label] | ALL_CACHE_COLLECTIONS[deployment.label]
+    assert (
+        set(loaded["collections"]) == ALL_QUEUE_COLLECTIONS[deployment.label] | ALL_CACHE_COLLECTIONS[deployment.label]
+    )
     assert loaded["collections"]["cachedResponsesBlue"]["loaded"] == 2
     assert loaded["readers"], "the library's own readers ran"
     assert deployment.run("recount_metrics")["ok"]
@@ -105,7 +114,9 @@ def test_jobs_made_by_the_real_client_load_cleanly(deployment) -> None:
         assert state["past_jobs"] == [] and state["blockages"] == []  # runs under 30 s are not recorded
         metrics = deployment.run("recount_metrics")["metrics"]
         assert {(row["job_type"], row["status"], row["total"]) for row in metrics["jobTotalMetric"]["recount"]} == {
-            ("/first-rows", "started", 1), ("/splits", "waiting", 1)}
+            ("/first-rows", "started", 1),
+            ("/splits", "waiting", 1),
+        }
 
     # an empty queue answers as the worker sees it
     while deployment.run("start_job")["started"]:
@@ -146,18 +157,23 @@ def test_a_status_outside_the_enum_is_reported(deployment, queue_db) -> None:
     loaded = deployment.run("load_all")
     assert not loaded["ok"]
     errors = loaded["collections"]["jobsBlue"]["errors"]
-    assert [(error["_id"], error["stage"], error["type"]) for error in errors] == [(job_id, "validate", "ValidationError")]
+    assert [(error["_id"], error["stage"], error["type"]) for error in errors] == [
+        (job_id, "validate", "ValidationError")
+    ]
     assert "status" in errors[0]["message"]
     if deployment.label == "current":  # and the counters no longer match the jobs
         differences = deployment.run("recount_metrics")["differences"]["jobTotalMetric"]
         assert {(row["status"], row["stored"], row["recount"]) for row in differences} == {
-            ("started", 1, 0), ("error", None, 1)}
+            ("started", 1, 0),
+            ("error", None, 1),
+        }
 
 
 @ONLY_CURRENT
 def test_counters_out_of_step_are_reported(deployment, queue_db, cache_db) -> None:
-    ids = deployment.run("create_jobs", jobs=[job("/splits", "alice/a", difficulty=20),
-                                              job("/splits", "bob/b", difficulty=90)])["job_ids"]
+    ids = deployment.run(
+        "create_jobs", jobs=[job("/splits", "alice/a", difficulty=20), job("/splits", "bob/b", difficulty=90)]
+    )["job_ids"]
     deployment.run("upsert_response", **response("/splits", "alice/a"))
     assert deployment.run("recount_metrics")["ok"]
 
@@ -167,10 +183,12 @@ def test_counters_out_of_step_are_reported(deployment, queue_db, cache_db) -> No
     report = deployment.run("recount_metrics")
     assert not report["ok"]
     assert report["differences"]["jobTotalMetric"] == [
-        {"job_type": "/splits", "status": "waiting", "dataset_status": "normal", "stored": 2, "recount": 1}]
+        {"job_type": "/splits", "status": "waiting", "dataset_status": "normal", "stored": 2, "recount": 1}
+    ]
     assert report["differences"]["workerTypeJobCounts"] == [{"worker_size": "heavy", "stored": 1, "recount": 0}]
     assert report["differences"]["cacheTotalMetric"] == [
-        {"kind": "/splits", "http_status": 200, "error_code": None, "stored": 1, "recount": 0}]
+        {"kind": "/splits", "http_status": 200, "error_code": None, "stored": 1, "recount": 0}
+    ]
 
 
 @ONLY_2023
@@ -180,8 +198,9 @@ def test_our_cleanup_finalizes_a_zombie_that_the_2023_deployment_then_reads(depl
     from zombie_pipeline.queue.store import Store
 
     one_per_namespace = {"max_jobs_per_namespace": 1}  # the workers' setting at the time
-    zombie_id, alive_id = deployment.run(
-        "create_jobs", jobs=[job("/splits", "alice/a"), job("/splits", "bob/b")])["job_ids"]
+    zombie_id, alive_id = deployment.run("create_jobs", jobs=[job("/splits", "alice/a"), job("/splits", "bob/b")])[
+        "job_ids"
+    ]
     assert deployment.run("start_job", **one_per_namespace)["job_id"] == zombie_id
     assert deployment.run("start_job", **one_per_namespace)["job_id"] == alive_id
     deployment.run("heartbeat", job_id=alive_id)
@@ -190,12 +209,14 @@ def test_our_cleanup_finalizes_a_zombie_that_the_2023_deployment_then_reads(depl
     deployment.run("upsert_response", **response("/splits", "alice/a"))
 
     # the worker of the zombie died 9 minutes ago, 10 minutes into the job
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     queue_db.jobsBlue.update_one(
         {"_id": ObjectId(zombie_id)},
         {"$set": {"started_at": now - dt.timedelta(minutes=10), "last_heartbeat": now - dt.timedelta(minutes=9)}},
     )
-    cache_db.cachedResponsesBlue.update_one({"dataset": "alice/a"}, {"$set": {"updated_at": now - dt.timedelta(hours=1)}})
+    cache_db.cachedResponsesBlue.update_one(
+        {"dataset": "alice/a"}, {"$set": {"updated_at": now - dt.timedelta(hours=1)}}
+    )
     assert [j["job_id"] for j in deployment.run("find_stuck", max_seconds_without_heartbeat=300)["jobs"]] == [zombie_id]
     blocked = deployment.run("start_job", **one_per_namespace)
     assert blocked == {"started": False, "exception": "EmptyQueueError", "message": blocked["message"]}

@@ -79,7 +79,10 @@ def test_a_dead_job_past_its_maximum_duration_is_a_crash_that_records_it_was_pas
             job_document(dataset="u/dead-young", started_at=now - seconds(900), last_heartbeat=now - seconds(800)),
         ]
     )
-    found = {c.job[Job.DATASET]: (c.reason, c.threshold_seconds, c.past_max_duration) for c in detect(store.jobs, POLICY, now).candidates}
+    found = {
+        c.job[Job.DATASET]: (c.reason, c.threshold_seconds, c.past_max_duration)
+        for c in detect(store.jobs, POLICY, now).candidates
+    }
     assert found == {
         "u/over-and-dead": (Reason.MISSING_HEARTBEAT, 300, True),
         "u/over-never-beat": (Reason.NEVER_HEARTBEATED, 300, True),
@@ -90,9 +93,27 @@ def test_a_dead_job_past_its_maximum_duration_is_a_crash_that_records_it_was_pas
 def test_a_job_sigtermed_long_ago_is_terminated_and_one_sigtermed_recently_is_left_whatever_its_age(store, now):
     store.jobs.insert_many(
         [
-            job_document(dataset="u/term-old", generation=NEWEST_QUEUE_GENERATION, started_at=now - seconds(5000), last_heartbeat=now - seconds(10), terminated_at=now - seconds(301)),
-            job_document(dataset="u/term-recent-past-t2", generation=NEWEST_QUEUE_GENERATION, started_at=now - seconds(5000), last_heartbeat=now - seconds(900), terminated_at=now - seconds(60)),
-            job_document(dataset="u/term-recent", generation=NEWEST_QUEUE_GENERATION, started_at=now - seconds(600), last_heartbeat=now - seconds(10), terminated_at=now - seconds(60)),
+            job_document(
+                dataset="u/term-old",
+                generation=NEWEST_QUEUE_GENERATION,
+                started_at=now - seconds(5000),
+                last_heartbeat=now - seconds(10),
+                terminated_at=now - seconds(301),
+            ),
+            job_document(
+                dataset="u/term-recent-past-t2",
+                generation=NEWEST_QUEUE_GENERATION,
+                started_at=now - seconds(5000),
+                last_heartbeat=now - seconds(900),
+                terminated_at=now - seconds(60),
+            ),
+            job_document(
+                dataset="u/term-recent",
+                generation=NEWEST_QUEUE_GENERATION,
+                started_at=now - seconds(600),
+                last_heartbeat=now - seconds(10),
+                terminated_at=now - seconds(60),
+            ),
         ]
     )
     assert reasons(store, now=now) == {"u/term-old": Reason.TERMINATED}
@@ -149,7 +170,15 @@ def test_the_simulated_queue_is_classified_as_the_simulator_built_it(store):
 
 def test_the_query_walks_the_started_at_index_and_never_finished_history(store, now):
     store.jobs.insert_many(
-        [job_document(dataset=f"u/old-{i}", status=Status.SUCCESS, started_at=now - seconds(9000), finished_at=now - seconds(8000)) for i in range(300)]
+        [
+            job_document(
+                dataset=f"u/old-{i}",
+                status=Status.SUCCESS,
+                started_at=now - seconds(9000),
+                finished_at=now - seconds(8000),
+            )
+            for i in range(300)
+        ]
         + [job_document(dataset="u/zombie", started_at=now - seconds(900), last_heartbeat=now - seconds(800))]
     )
     explain = explain_stale(store.jobs, POLICY, now)

@@ -31,7 +31,7 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.generations import OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 NOW = dt.datetime(2024, 7, 1, 12, 0, 0, tzinfo=UTC)
 JOB_FIELDS = QUEUE_GENERATIONS[OLDEST_QUEUE_GENERATION].job_fields
 
@@ -144,11 +144,17 @@ def test_now_is_at_the_millisecond_bson_keeps(queue_db):
 
 
 def test_statuses_codes_and_reasons_are_stored_as_plain_strings(queue_db):
-    queue_db["values"].insert_one({"status": Status.STARTED, "code": ErrorCode.CRASHED, "reason": Reason.NEVER_HEARTBEATED})
+    queue_db["values"].insert_one(
+        {"status": Status.STARTED, "code": ErrorCode.CRASHED, "reason": Reason.NEVER_HEARTBEATED}
+    )
 
     stored = queue_db["values"].find_one()
 
-    assert (stored["status"], stored["code"], stored["reason"]) == ("started", "JobManagerCrashedError", "never_heartbeated")
+    assert (stored["status"], stored["code"], stored["reason"]) == (
+        "started",
+        "JobManagerCrashedError",
+        "never_heartbeated",
+    )
     assert type(stored["status"]) is str
     assert queue_db["values"].count_documents({"status": "started"}) == 1
 

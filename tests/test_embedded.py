@@ -47,7 +47,9 @@ def ensure_in_subprocesses(home: Path, count: int) -> list[dict]:
         """
     )
     processes = [
-        subprocess.Popen([PYTHON, "-c", code], env=child_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [PYTHON, "-c", code], env=child_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for _ in range(count)
     ]
     reports = []

@@ -67,16 +67,38 @@ EVERY_GENERATION_BOTH_WAYS = pytest.mark.parametrize(
 )
 #: The fields of the deployment's collections beside the queue, as its models declare them.
 SIDE_FIELDS = {
-    "job_metrics": {ID, JobMetric.JOB_TYPE, JobMetric.STATUS, JobMetric.DATASET_STATUS, JobMetric.TOTAL, JobMetric.CREATED_AT},
+    "job_metrics": {
+        ID,
+        JobMetric.JOB_TYPE,
+        JobMetric.STATUS,
+        JobMetric.DATASET_STATUS,
+        JobMetric.TOTAL,
+        JobMetric.CREATED_AT,
+    },
     "worker_size_metrics": {ID, WorkerSizeMetric.WORKER_SIZE, WorkerSizeMetric.JOBS_COUNT, WorkerSizeMetric.CREATED_AT},
     "past_jobs": {ID, PastJob.DATASET, PastJob.DURATION, PastJob.FINISHED_AT},
     "blockages": {ID, Blockage.DATASET, Blockage.BLOCKED_AT},
-    "cache_metrics": {ID, CacheMetric.KIND, CacheMetric.HTTP_STATUS, CacheMetric.ERROR_CODE, CacheMetric.TOTAL, CacheMetric.CREATED_AT},
+    "cache_metrics": {
+        ID,
+        CacheMetric.KIND,
+        CacheMetric.HTTP_STATUS,
+        CacheMetric.ERROR_CODE,
+        CacheMetric.TOTAL,
+        CacheMetric.CREATED_AT,
+    },
 }
 
 
 def small_queue(store: Store, generation: str, **counts: Any) -> Simulation:
-    fields = {"finished": 20, "crashed": 4, "never_heartbeated": 2, "terminated": 2, "overdue": 2, "running": 8, "waiting": 6}
+    fields = {
+        "finished": 20,
+        "crashed": 4,
+        "never_heartbeated": 2,
+        "terminated": 2,
+        "overdue": 2,
+        "running": 8,
+        "waiting": 6,
+    }
     return simulate(store, Workload(**{**fields, **counts}, generation=generation, seed=7))
 
 
@@ -89,16 +111,32 @@ def state(store: Store) -> dict[str, Any]:
     return {
         "jobs": sorted((str(job[ID]), job[Job.STATUS], Job.FINISHED_AT in job) for job in store.jobs.find()),
         "cache": sorted(
-            (entry[Cache.KIND], entry[Cache.DATASET], entry.get(Cache.CONFIG), entry.get(Cache.SPLIT), entry[Cache.HTTP_STATUS],
-             entry.get(Cache.ERROR_CODE), entry.get(Cache.FAILED_RUNS))
+            (
+                entry[Cache.KIND],
+                entry[Cache.DATASET],
+                entry.get(Cache.CONFIG),
+                entry.get(Cache.SPLIT),
+                entry[Cache.HTTP_STATUS],
+                entry.get(Cache.ERROR_CODE),
+                entry.get(Cache.FAILED_RUNS),
+            )
             for entry in store.cache.find()
         ),
-        "counters": {name: sorted(values.items(), key=str) for name, values in counters.stored(store, QUEUE_GENERATIONS[_generation(store)]).items()},
+        "counters": {
+            name: sorted(values.items(), key=str)
+            for name, values in counters.stored(store, QUEUE_GENERATIONS[_generation(store)]).items()
+        },
         "past_jobs": sorted((str(document[ID]), document[PastJob.DURATION]) for document in store.past_jobs.find()),
         "blockages": sorted(document[Blockage.DATASET] for document in store.blockages.find()),
         "locks": sorted((str(lock[ID]), lock.get(Lock.OWNER), lock.get(Lock.JOB_ID)) for lock in store.locks.find()),
         "events": sorted(
-            (str(event[ID]), event[Event.STATE], event.get(Event.CACHE_OUTCOME), event.get(Event.FAILED_RUNS), event.get(Event.RETRY_OUTCOME))
+            (
+                str(event[ID]),
+                event[Event.STATE],
+                event.get(Event.CACHE_OUTCOME),
+                event.get(Event.FAILED_RUNS),
+                event.get(Event.RETRY_OUTCOME),
+            )
             for event in store.events.find()
         ),
     }
@@ -112,7 +150,9 @@ def _generation(store: Store) -> str:
 
 
 @EVERY_GENERATION_BOTH_WAYS
-def test_every_zombie_is_finished_as_its_generation_finishes_a_job_and_nothing_else(store: Store, generation: str, transactions: bool):
+def test_every_zombie_is_finished_as_its_generation_finishes_a_job_and_nothing_else(
+    store: Store, generation: str, transactions: bool
+):
     simulation = small_queue(store, generation)
     kept = QUEUE_GENERATIONS[generation].finish is FinishStyle.KEPT_AS_ERROR
 
@@ -126,7 +166,9 @@ def test_every_zombie_is_finished_as_its_generation_finishes_a_job_and_nothing_e
             assert job[Job.STATUS] == Status.ERROR and job[Job.FINISHED_AT] is not None
         else:
             assert job is None
-    assert store.jobs.count_documents({ID: {"$in": simulation.running_ids}, Job.STATUS: Status.STARTED}) == len(simulation.running_ids)
+    assert store.jobs.count_documents({ID: {"$in": simulation.running_ids}, Job.STATUS: Status.STARTED}) == len(
+        simulation.running_ids
+    )
     if QUEUE_GENERATIONS[generation].declares(Job.TERMINATED_AT):
         assert report.counts[f"reason:{Reason.TERMINATED}"] == len(simulation.terminated_ids) > 0
 
@@ -151,12 +193,18 @@ def test_no_field_or_status_the_generation_does_not_declare_is_ever_written(stor
     for name, fields in SIDE_FIELDS.items():
         for document in getattr(store, name).find():
             assert set(document) <= fields, (name, document)
-    present = set(store.jobs.database.list_collection_names()) - {collection.name for collection in store.ours} - {SIMULATIONS_COLLECTION}
+    present = (
+        set(store.jobs.database.list_collection_names())
+        - {collection.name for collection in store.ours}
+        - {SIMULATIONS_COLLECTION}
+    )
     assert present <= {store.jobs.name} | queue.side_collections
 
 
 @pytest.mark.parametrize("generation", GENERATIONS)
-def test_a_dead_job_past_its_maximum_duration_is_finalized_as_a_crash_counted_and_retried_as_one(store: Store, generation: str):
+def test_a_dead_job_past_its_maximum_duration_is_finalized_as_a_crash_counted_and_retried_as_one(
+    store: Store, generation: str
+):
     """The deployment's precedence: a worker that died is a crash whatever the job's age (never an 'exceeded', never retried)."""
     simulation = small_queue(store, generation, crashed=0, never_heartbeated=0, terminated=0, overdue=1)
     queue = QUEUE_GENERATIONS[generation]
@@ -164,19 +212,30 @@ def test_a_dead_job_past_its_maximum_duration_is_finalized_as_a_crash_counted_an
     now = utc_now()
     t2 = policy.max_duration_seconds
     dead = job_document(
-        "/splits", "user/dead-for-long", generation=queue, started_at=now - dt.timedelta(seconds=3 * t2),
+        "/splits",
+        "user/dead-for-long",
+        generation=queue,
+        started_at=now - dt.timedelta(seconds=3 * t2),
         last_heartbeat=now - dt.timedelta(seconds=2 * t2),
     )
     store.jobs.insert_one(dead)
-    earlier = cache_document(dead, now - dt.timedelta(days=1), http_status=500, error_code="UnexpectedError",
-                             generation=queue.cache_generation, failed_runs=1)
+    earlier = cache_document(
+        dead,
+        now - dt.timedelta(days=1),
+        http_status=500,
+        error_code="UnexpectedError",
+        generation=queue.cache_generation,
+        failed_runs=1,
+    )
     store.cache.insert_one(earlier)
 
     report = run_cleanup(store, policy, run_id="run")
 
     event = store.events.find_one({ID: dead[ID]})
     assert (event[Event.REASON], event[Event.ERROR_CODE], event[Event.PAST_MAX_DURATION]) == (
-        Reason.MISSING_HEARTBEAT, ErrorCode.CRASHED, True,
+        Reason.MISSING_HEARTBEAT,
+        ErrorCode.CRASHED,
+        True,
     )
     assert event[Event.FAILED_RUNS] == 2  # the crash counts, as the deployment counts it
     entry = store.cache.find_one(_key_of(dead))
@@ -185,12 +244,17 @@ def test_a_dead_job_past_its_maximum_duration_is_finalized_as_a_crash_counted_an
     expected_retry = RetryOutcome.ENQUEUED if STRATEGIES[queue.finish].retries_by_default else RetryOutcome.NOT_RETRIED
     assert event[Event.RETRY_OUTCOME] == expected_retry
     overdue = store.events.find_one({ID: simulation.overdue_ids[0]})  # the live one past T2 stays a timeout
-    assert (overdue[Event.REASON], overdue[Event.ERROR_CODE]) == (Reason.EXCEEDED_MAX_DURATION, ErrorCode.EXCEEDED_MAX_DURATION)
+    assert (overdue[Event.REASON], overdue[Event.ERROR_CODE]) == (
+        Reason.EXCEEDED_MAX_DURATION,
+        ErrorCode.EXCEEDED_MAX_DURATION,
+    )
     assert report.counts[f"reason:{Reason.EXCEEDED_MAX_DURATION}"] == 1
 
 
 @EVERY_GENERATION_BOTH_WAYS
-def test_after_a_cleanup_every_counter_equals_a_recount_of_the_documents(store: Store, generation: str, transactions: bool):
+def test_after_a_cleanup_every_counter_equals_a_recount_of_the_documents(
+    store: Store, generation: str, transactions: bool
+):
     small_queue(store, generation)
     queue = QUEUE_GENERATIONS[generation]
     assert counters.stored(store, queue) == counters.recount(store, queue)  # the simulator writes them in step
@@ -207,7 +271,9 @@ def test_the_lock_of_each_zombie_is_free_and_its_re_run_can_take_it(store: Store
     held = [job[Job.UNICITY_ID] for job in zombies]
     owner = Lock.OWNER if Lock.OWNER in QUEUE_GENERATIONS[generation].lock_fields else Lock.JOB_ID
     for key in held:  # each start lock left taken: a worker died while starting the job
-        store.locks.update_one({ID: key}, {"$set": {owner: "a-dead-starter"}, "$setOnInsert": {Lock.UPDATED_AT: utc_now()}}, upsert=True)
+        store.locks.update_one(
+            {ID: key}, {"$set": {owner: "a-dead-starter"}, "$setOnInsert": {Lock.UPDATED_AT: utc_now()}}, upsert=True
+        )
 
     run_cleanup(store, policy_for(generation, True), run_id="run")
 
@@ -217,11 +283,17 @@ def test_the_lock_of_each_zombie_is_free_and_its_re_run_can_take_it(store: Store
     assert taken.matched_count == store.locks.count_documents({ID: {"$in": held}})
 
 
-@pytest.mark.parametrize("generation", [name for name, queue in QUEUE_GENERATIONS.items() if queue.keeps(PAST_JOBS_COLLECTION)])
-def test_runs_of_30_seconds_or_more_leave_a_past_job_and_a_dataset_over_its_hourly_limit_is_blocked(store: Store, generation: str):
+@pytest.mark.parametrize(
+    "generation", [name for name, queue in QUEUE_GENERATIONS.items() if queue.keeps(PAST_JOBS_COLLECTION)]
+)
+def test_runs_of_30_seconds_or_more_leave_a_past_job_and_a_dataset_over_its_hourly_limit_is_blocked(
+    store: Store, generation: str
+):
     simulation = small_queue(store, generation)
     crashed = store.jobs.find_one({ID: simulation.crashed_ids[0]})
-    store.past_jobs.insert_one({PastJob.DATASET: crashed[Job.DATASET], PastJob.DURATION: 7_100, PastJob.FINISHED_AT: utc_now()})
+    store.past_jobs.insert_one(
+        {PastJob.DATASET: crashed[Job.DATASET], PastJob.DURATION: 7_100, PastJob.FINISHED_AT: utc_now()}
+    )
     waiting = job_document("/sizes", crashed[Job.DATASET], status=Status.WAITING, generation=generation, difficulty=20)
     store.jobs.insert_one(waiting)
 
@@ -257,7 +329,9 @@ def detected(store: Store, policy: ZombiePolicy) -> tuple[run.CleanupPlan, list]
 
 
 @EVERY_GENERATION_BOTH_WAYS
-def test_a_worker_that_heartbeats_after_detection_keeps_its_job_and_its_cache_entry(store: Store, generation: str, transactions: bool):
+def test_a_worker_that_heartbeats_after_detection_keeps_its_job_and_its_cache_entry(
+    store: Store, generation: str, transactions: bool
+):
     simulation = small_queue(store, generation, crashed=1, never_heartbeated=0, terminated=0, overdue=0)
     policy = policy_for(generation, transactions)
     plan, candidates = detected(store, policy)
@@ -299,7 +373,11 @@ def test_a_result_a_worker_writes_after_detection_is_never_overwritten(store: St
     policy = policy_for(generation, True)
     plan, candidates = detected(store, policy)
     job = store.jobs.find_one({ID: simulation.crashed_ids[0]})
-    store.cache.update_one(_key_of(job), {"$set": {Cache.HTTP_STATUS: 200, Cache.ERROR_CODE: None, Cache.UPDATED_AT: utc_now()}}, upsert=True)
+    store.cache.update_one(
+        _key_of(job),
+        {"$set": {Cache.HTTP_STATUS: 200, Cache.ERROR_CODE: None, Cache.UPDATED_AT: utc_now()}},
+        upsert=True,
+    )
 
     outcome = run.finalize(store, plan, candidates)
 
@@ -308,7 +386,12 @@ def test_a_result_a_worker_writes_after_detection_is_never_overwritten(store: St
 
 
 def _key_of(job: dict[str, Any]) -> dict[str, Any]:
-    return {Cache.KIND: job[Job.TYPE], Cache.DATASET: job[Job.DATASET], Cache.CONFIG: job.get(Job.CONFIG), Cache.SPLIT: job.get(Job.SPLIT)}
+    return {
+        Cache.KIND: job[Job.TYPE],
+        Cache.DATASET: job[Job.DATASET],
+        Cache.CONFIG: job.get(Job.CONFIG),
+        Cache.SPLIT: job.get(Job.SPLIT),
+    }
 
 
 # --- killed between any two writes -----------------------------------------------------------------------------
@@ -317,7 +400,9 @@ def _key_of(job: dict[str, Any]) -> dict[str, Any]:
 def outcome(store: Store) -> dict[str, Any]:
     """What a cleanup leaves, comparable between two databases simulated alike (retry ids and stamps differ)."""
     snapshot = state(store)
-    snapshot["jobs"] = sorted(Counter((job[Job.UNICITY_ID], job[Job.STATUS], Job.FINISHED_AT in job) for job in store.jobs.find()).items())
+    snapshot["jobs"] = sorted(
+        Counter((job[Job.UNICITY_ID], job[Job.STATUS], Job.FINISHED_AT in job) for job in store.jobs.find()).items()
+    )
     snapshot["past_jobs"] = sorted(str(document[ID]) for document in store.past_jobs.find())
     return snapshot
 
@@ -332,7 +417,17 @@ def test_a_cleanup_killed_between_any_two_writes_is_completed_by_the_next_run_wi
     Without transactions, a counter may be left one off by a crash between its write and its record (never
     moved twice), until the deployment's own recount; every document is exactly as after an uninterrupted run.
     """
-    workload = Workload(finished=10, crashed=3, never_heartbeated=1, terminated=1, overdue=1, running=3, waiting=2, generation=generation, seed=3)
+    workload = Workload(
+        finished=10,
+        crashed=3,
+        never_heartbeated=1,
+        terminated=1,
+        overdue=1,
+        running=3,
+        waiting=2,
+        generation=generation,
+        seed=3,
+    )
     now = utc_now()
     policy = policy_for(generation, transactions, enqueue_retries=True, claim_lease_seconds=0, batch_size=2)
 
@@ -354,8 +449,12 @@ def test_a_cleanup_killed_between_any_two_writes_is_completed_by_the_next_run_wi
             run_cleanup(attempt, policy, run_id="next")
             after = outcome(attempt)
             if not transactions:
-                assert _counters_off_by(after.pop("counters"), expected["counters"]) <= 1, f"killed after {writes} writes"
-            assert after == {name: value for name, value in expected.items() if name in after}, f"killed after {writes} writes"
+                assert _counters_off_by(after.pop("counters"), expected["counters"]) <= 1, (
+                    f"killed after {writes} writes"
+                )
+            assert after == {name: value for name, value in expected.items() if name in after}, (
+                f"killed after {writes} writes"
+            )
         else:
             break  # enough writes for the whole run: no crash point left
     assert crashes >= 5

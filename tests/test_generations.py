@@ -25,7 +25,7 @@ from zombie_pipeline.queue.generations import (
     stored_failed_runs,
 )
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 NOW = dt.datetime(2024, 7, 1, 12, 0, 0, tzinfo=UTC)
 
 
@@ -151,10 +151,21 @@ def test_a_crash_counts_one_failed_run_more_than_the_entry_of_the_same_revision(
     job = {Job.TYPE: "/splits", Job.DATASET: "u/d", Job.REVISION: "r2"}
 
     assert failed_runs_after_crash(None, job) == 1
-    assert failed_runs_after_crash({Cache.HTTP_STATUS: 500, Cache.FAILED_RUNS: 2, Cache.DATASET_GIT_REVISION: "r2"}, job) == 3
-    assert failed_runs_after_crash({Cache.HTTP_STATUS: 200, Cache.FAILED_RUNS: 2, Cache.DATASET_GIT_REVISION: "r2"}, job) == 3
-    assert failed_runs_after_crash({Cache.HTTP_STATUS: 500, Cache.FAILED_RUNS: 2, Cache.DATASET_GIT_REVISION: "r1"}, job) == 1
-    assert failed_runs_after_crash({Cache.HTTP_STATUS: 500, Cache.FAILED_RUNS: 2}, {Job.TYPE: "/splits"}) == 3  # no revision
+    assert (
+        failed_runs_after_crash({Cache.HTTP_STATUS: 500, Cache.FAILED_RUNS: 2, Cache.DATASET_GIT_REVISION: "r2"}, job)
+        == 3
+    )
+    assert (
+        failed_runs_after_crash({Cache.HTTP_STATUS: 200, Cache.FAILED_RUNS: 2, Cache.DATASET_GIT_REVISION: "r2"}, job)
+        == 3
+    )
+    assert (
+        failed_runs_after_crash({Cache.HTTP_STATUS: 500, Cache.FAILED_RUNS: 2, Cache.DATASET_GIT_REVISION: "r1"}, job)
+        == 1
+    )
+    assert (
+        failed_runs_after_crash({Cache.HTTP_STATUS: 500, Cache.FAILED_RUNS: 2}, {Job.TYPE: "/splits"}) == 3
+    )  # no revision
 
 
 def test_an_entry_keeps_only_what_its_generation_declares():

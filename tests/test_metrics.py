@@ -22,7 +22,7 @@ from zombie_pipeline.statistics.quantiles import PERCENTILES
 
 #: Every label a metric may carry: each takes a bounded set of values (a dataset never is one).
 BOUNDED_LABELS = {"job_type", "reason", "error_code", "outcome", "quantile"}
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def exposed(figures: metrics.Figures) -> dict[tuple[str, tuple], float]:
@@ -52,14 +52,18 @@ def test_every_metric_is_named_as_prometheus_conventions_want():
 
 def test_figures_refuse_labels_other_than_their_metrics():
     figures = metrics.Figures()
-    with pytest.raises(ValueError, match=r"zombie_pipeline_started_jobs takes the labels \['job_type'\], not \['dataset'\]"):
+    with pytest.raises(
+        ValueError, match=r"zombie_pipeline_started_jobs takes the labels \['job_type'\], not \['dataset'\]"
+    ):
         figures.set(metrics.STARTED_JOBS, 1, dataset="user/big")
     with pytest.raises(ValueError, match="not one of the pipeline's metrics"):
         figures.set(metrics.Metric("other_total", "counter", "Another."), 1)
 
 
 def test_counters_are_exposed_with_their_total_and_labels(store):
-    figures = metrics.Figures().set(metrics.RETRIES, 3, job_type="/splits", outcome="enqueued").set(metrics.WAITING_JOBS, 7)
+    figures = (
+        metrics.Figures().set(metrics.RETRIES, 3, job_type="/splits", outcome="enqueued").set(metrics.WAITING_JOBS, 7)
+    )
     assert exposed(figures) == {
         ("zombie_pipeline_retries_total", (("job_type", "/splits"), ("outcome", "enqueued"))): 3.0,
         ("zombie_pipeline_waiting_jobs", ()): 7.0,
@@ -76,7 +80,9 @@ def test_the_audit_totals_count_the_finalized_events_by_type_reason_and_outcome(
     store.cache.insert_one(cache_document(fresher, ago(60)))
     run_cleanup(store, ZombiePolicy(), "run-1")
     # an event written by hand, whose type cannot be a label value, is counted apart
-    store.events.insert_one({ID: ObjectId(), Event.STATE: EventState.DONE, Event.JOB: {Job.TYPE: 42}, Event.REASON: "missing_heartbeat"})
+    store.events.insert_one(
+        {ID: ObjectId(), Event.STATE: EventState.DONE, Event.JOB: {Job.TYPE: 42}, Event.REASON: "missing_heartbeat"}
+    )
 
     totals = metrics.audit_totals(store.events)
 
@@ -104,8 +110,19 @@ def test_a_cleanups_figures_are_the_audit_totals_and_the_runs_own_counts():
         {("/splits", "missing_heartbeat"): 6}, started, started + dt.timedelta(seconds=3.5),
     )  # fmt: skip
     values = exposed(figures)
-    assert values[("zombie_pipeline_zombies_finalized_total", (("error_code", "JobManagerCrashedError"), ("job_type", "/splits"), ("reason", "missing_heartbeat")))] == 4
-    assert values[("zombie_pipeline_cleanup_zombies_found", (("job_type", "/splits"), ("reason", "missing_heartbeat")))] == 6
+    assert (
+        values[
+            (
+                "zombie_pipeline_zombies_finalized_total",
+                (("error_code", "JobManagerCrashedError"), ("job_type", "/splits"), ("reason", "missing_heartbeat")),
+            )
+        ]
+        == 4
+    )
+    assert (
+        values[("zombie_pipeline_cleanup_zombies_found", (("job_type", "/splits"), ("reason", "missing_heartbeat")))]
+        == 6
+    )
     assert values[("zombie_pipeline_cleanup_races_lost", ())] == 2
     assert values[("zombie_pipeline_cleanup_delayed_retries_enqueued", ())] == 1
     assert values[("zombie_pipeline_cleanup_compensations", (("outcome", "failed"),))] == 1
@@ -123,11 +140,15 @@ def test_the_brake_figures_say_whether_it_stopped_the_cleanup_and_the_share_it_j
     values = exposed(metrics.brake_figures(engaged, stale, started, 0.5))
     assert values[("zombie_pipeline_brake_engaged", ())] == int(engaged)
     assert values[("zombie_pipeline_brake_max_stale_ratio", ())] == 0.5
-    assert values.get(("zombie_pipeline_brake_stale_ratio", ())) == ratio  # not counted (the brake overridden): no share
+    assert (
+        values.get(("zombie_pipeline_brake_stale_ratio", ())) == ratio
+    )  # not counted (the brake overridden): no share
 
 
 def test_started_jobs_are_counted_per_type_on_the_started_index(store):
-    store.jobs.insert_many([healthy_job(f"user/s{i}") for i in range(3)] + [healthy_job("user/f", "/first-rows"), crashed_job("user/c")])
+    store.jobs.insert_many(
+        [healthy_job(f"user/s{i}") for i in range(3)] + [healthy_job("user/f", "/first-rows"), crashed_job("user/c")]
+    )
     store.jobs.insert_one({**healthy_job("user/bad"), Job.TYPE: "$bad"})  # not a type: no label
     assert metrics.started_by_type(store.jobs) == {"/splits": 4, "/first-rows": 1}
 
@@ -159,7 +180,11 @@ def test_the_statistics_figures_are_the_reports_suggestions_and_the_runs_behind_
         assert values[("zombie_pipeline_configured_max_duration_seconds", labels)] == 1200
         assert values[("zombie_pipeline_suggestion_successful_runs", labels)] == entry.successes == 400
         assert values[("zombie_pipeline_suggestion_censored", labels)] == 0
-        quantiles = {dict(key)["quantile"] for name, key in values if name == "zombie_pipeline_successful_run_duration_seconds" and dict(key)["job_type"] == entry.job_type}
+        quantiles = {
+            dict(key)["quantile"]
+            for name, key in values
+            if name == "zombie_pipeline_successful_run_duration_seconds" and dict(key)["job_type"] == entry.job_type
+        }
         assert quantiles == {f"{q:g}" for q in PERCENTILES} == {"0.5", "0.9", "0.95", "0.99"}
     assert values[("zombie_pipeline_statistics_window_end_timestamp_seconds", ())] == report.window_end.timestamp()
 

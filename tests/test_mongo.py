@@ -206,7 +206,11 @@ def test_an_index_with_the_same_keys_is_reused_not_duplicated(queue_db):
     assert "zombie_pipeline_status_started_at" not in created
     assert "zombie_pipeline_status_started_at" not in after
     assert after["status_1_started_at_1"] == before["status_1_started_at_1"]
-    same_keys = [name for name, info in after.items() if [(f, int(d)) for f, d in info["key"]] == [("status", 1), ("started_at", 1)]]
+    same_keys = [
+        name
+        for name, info in after.items()
+        if [(f, int(d)) for f, d in info["key"]] == [("status", 1), ("started_at", 1)]
+    ]
     assert same_keys == ["status_1_started_at_1"]
 
 

@@ -15,7 +15,9 @@ def test_the_stale_state_depends_on_the_set_of_stale_jobs_only(store):
     store.jobs.insert_many(jobs)
     first = monitoring.stale_state(store.jobs, POLICY, utc_now())
     store.jobs.insert_one(job_document(dataset="user/alive", started_at=ago(60), last_heartbeat=ago(10)))
-    store.jobs.insert_one(job_document(dataset="user/done", status=Status.SUCCESS, started_at=ago(900), finished_at=ago(800)))
+    store.jobs.insert_one(
+        job_document(dataset="user/done", status=Status.SUCCESS, started_at=ago(900), finished_at=ago(800))
+    )
     assert monitoring.stale_state(store.jobs, POLICY, utc_now() + dt.timedelta(seconds=5)) == first
     assert first.count == 3 and first.run_key.startswith("stale-3-")
 
@@ -29,7 +31,11 @@ def test_no_stale_job_is_a_count_and_nothing_more(store):
 
 def test_the_queue_snapshot_counts_what_an_operator_plots(store):
     store.jobs.insert_many(
-        [crashed_job("user/a"), job_document(dataset="user/b", started_at=ago(60), last_heartbeat=ago(10)), job_document(status=Status.WAITING)]
+        [
+            crashed_job("user/a"),
+            job_document(dataset="user/b", started_at=ago(60), last_heartbeat=ago(10)),
+            job_document(status=Status.WAITING),
+        ]
     )
     snapshot = monitoring.queue_snapshot(store, POLICY, utc_now())
     assert (snapshot.started, snapshot.waiting, snapshot.stale) == (2, 1, 1)

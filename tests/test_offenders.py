@@ -30,7 +30,7 @@ from zombie_pipeline.statistics.offenders import (
 )
 from zombie_pipeline.statistics.reports import offenders_markdown
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 START, END = dt.datetime(2024, 3, 8, tzinfo=UTC), dt.datetime(2024, 3, 11, tzinfo=UTC)  # three days
 
 
@@ -69,7 +69,10 @@ def crafted(store):
             event("user/big", "/splits", Reason.NEVER_HEARTBEATED, at(9)),
             event("user/big", "/splits", Reason.TERMINATED, at(10, 20)),
             event(
-                "user/big", "/first-rows", Reason.EXCEEDED_MAX_DURATION, at(10, 8),
+                "user/big",
+                "/first-rows",
+                Reason.EXCEEDED_MAX_DURATION,
+                at(10, 8),
                 **{Event.RETRY_OUTCOME: RetryOutcome.LIMIT_REACHED},
             ),
             # user/exact: exactly the threshold, one a day
@@ -94,15 +97,22 @@ def crafted(store):
     store.cache.insert_many(
         [
             # two error entries of user/big's /splits: the newer one is its last error
-            cache_document(big_splits, at(9), http_status=501, error_code=ErrorCode.CRASHED, content={"error": CRASHED_MESSAGE}),
             cache_document(
-                job_document("/splits", "user/big", config="other", split="test"), at(7), http_status=500,
-                error_code="SplitsNamesError", content={"error": "an older error"},
+                big_splits, at(9), http_status=501, error_code=ErrorCode.CRASHED, content={"error": CRASHED_MESSAGE}
+            ),
+            cache_document(
+                job_document("/splits", "user/big", config="other", split="test"),
+                at(7),
+                http_status=500,
+                error_code="SplitsNamesError",
+                content={"error": "an older error"},
             ),
             # user/exact's /parquet succeeded since: no error entry, its last error is the events'
             cache_document(job_document("/parquet", "user/exact"), at(11)),
             # another kind of user/exact in error: not one of its offending types
-            cache_document(job_document("/croissant", "user/exact"), at(9), http_status=500, error_code="CroissantError"),
+            cache_document(
+                job_document("/croissant", "user/exact"), at(9), http_status=500, error_code="CroissantError"
+            ),
         ]
     )
     return store
@@ -113,25 +123,41 @@ def test_offenders_are_counted_exactly_on_crafted_events_across_days(crafted):
 
     assert [offender.dataset for offender in found.offenders] == ["user/big", "user/exact"]
     assert (found.offenders_total, found.events, found.datasets) == (2, 10, 3)
-    assert found.malformed == Counter({Problem.INVALID_DATASET: 3, Problem.UNKNOWN_REASON: 1, Problem.INVALID_JOB_TYPE: 1})
+    assert found.malformed == Counter(
+        {Problem.INVALID_DATASET: 3, Problem.UNKNOWN_REASON: 1, Problem.INVALID_JOB_TYPE: 1}
+    )
     assert found.skipped == 5 and not found.truncated
 
     big, exact = found.offenders
     assert big.finalizations == 5
     assert big.reasons == Counter(
-        {Reason.MISSING_HEARTBEAT: 2, Reason.NEVER_HEARTBEATED: 1, Reason.TERMINATED: 1, Reason.EXCEEDED_MAX_DURATION: 1}
+        {
+            Reason.MISSING_HEARTBEAT: 2,
+            Reason.NEVER_HEARTBEATED: 1,
+            Reason.TERMINATED: 1,
+            Reason.EXCEEDED_MAX_DURATION: 1,
+        }
     )
     assert (big.first_seen, big.last_seen, big.retry_limit_reached) == (at(8, 1), at(10, 20), True)
     splits, first_rows = big.offenses
-    assert (splits.job_type, splits.finalizations, splits.first_seen, splits.last_seen) == ("/splits", 4, at(8, 1), at(10, 20))
+    assert (splits.job_type, splits.finalizations, splits.first_seen, splits.last_seen) == (
+        "/splits",
+        4,
+        at(8, 1),
+        at(10, 20),
+    )
     assert splits.reasons == Counter({Reason.MISSING_HEARTBEAT: 2, Reason.NEVER_HEARTBEATED: 1, Reason.TERMINATED: 1})
     assert not splits.retry_limit_reached
     assert (splits.last_error_code, splits.last_error_message, splits.last_error_source) == (
-        ErrorCode.CRASHED, CRASHED_MESSAGE, ErrorSource.CACHE,
+        ErrorCode.CRASHED,
+        CRASHED_MESSAGE,
+        ErrorSource.CACHE,
     )
     assert (first_rows.job_type, first_rows.finalizations, first_rows.retry_limit_reached) == ("/first-rows", 1, True)
     assert (first_rows.last_error_code, first_rows.last_error_message, first_rows.last_error_source) == (
-        ErrorCode.EXCEEDED_MAX_DURATION, None, ErrorSource.EVENT,
+        ErrorCode.EXCEEDED_MAX_DURATION,
+        None,
+        ErrorSource.EVENT,
     )
     assert big.latest is splits  # the dataset's last error is its last finalization's
 
@@ -146,7 +172,9 @@ def test_the_rows_and_the_job_types_of_the_offenders_are_plain_values(crafted):
 
     rows = found.rows()
     assert [(row["dataset"], row["type"], row["finalizations"]) for row in rows] == [
-        ("user/big", "/splits", 4), ("user/big", "/first-rows", 1), ("user/exact", "/parquet", 3),
+        ("user/big", "/splits", 4),
+        ("user/big", "/first-rows", 1),
+        ("user/exact", "/parquet", 3),
     ]
     assert rows[0] == {
         "dataset": "user/big",
@@ -166,13 +194,20 @@ def test_the_rows_and_the_job_types_of_the_offenders_are_plain_values(crafted):
     by_type = found.by_job_type()
     assert list(by_type) == ["/splits", "/parquet", "/first-rows"]
     assert by_type["/parquet"] == {
-        "datasets": 1, "finalizations": 3, "reasons": Counter({Reason.MISSING_HEARTBEAT: 3}), "retry_limit_reached": 0,
+        "datasets": 1,
+        "finalizations": 3,
+        "reasons": Counter({Reason.MISSING_HEARTBEAT: 3}),
+        "retry_limit_reached": 0,
     }
     assert by_type["/first-rows"]["retry_limit_reached"] == 1
 
 
 def test_the_threshold_decides_who_is_an_offender(crafted):
-    assert [o.dataset for o in find_offenders(crafted, START, END, threshold=2).offenders] == ["user/big", "user/exact", "user/under"]
+    assert [o.dataset for o in find_offenders(crafted, START, END, threshold=2).offenders] == [
+        "user/big",
+        "user/exact",
+        "user/under",
+    ]
     assert [o.dataset for o in find_offenders(crafted, START, END, threshold=4).offenders] == ["user/big"]
     assert find_offenders(crafted, START, END, threshold=6).offenders_total == 0
 
@@ -180,7 +215,9 @@ def test_the_threshold_decides_who_is_an_offender(crafted):
 def test_a_narrower_window_counts_only_its_own_days(crafted):
     found = find_offenders(crafted, at(9, 0), at(10, 0), threshold=1)
     assert {offender.dataset: offender.finalizations for offender in found.offenders} == {
-        "user/big": 1, "user/exact": 1, "user/under": 1,
+        "user/big": 1,
+        "user/exact": 1,
+        "user/under": 1,
     }
     assert found.malformed == Counter({Problem.INVALID_DATASET: 3, Problem.UNKNOWN_REASON: 1})
 
@@ -210,7 +247,8 @@ def test_a_window_backwards_or_a_threshold_below_one_is_refused(store, start, en
 
 def test_the_window_is_read_on_the_finalized_at_index(crafted):
     explained = crafted.events.database.command(
-        "explain", {"aggregate": crafted.events.name, "pipeline": offenders_pipeline(START, END), "cursor": {}},
+        "explain",
+        {"aggregate": crafted.events.name, "pipeline": offenders_pipeline(START, END), "cursor": {}},
         verbosity="executionStats",
     )
     plan = query_plan_of(explained)
@@ -226,8 +264,14 @@ def test_the_reports_section_lists_each_offending_type_and_what_was_skipped(craf
         "**Repeat offenders 2024-03-08 00:00 – 2024-03-11 00:00 UTC**: 2 datasets finalized at least 3 times "
         "(10 finalizations of 3 datasets in the window)."
     )
-    assert "| `user/big` | `/splits` | 4 (2 / 1 / 1 / 0) | 2024-03-08 01:00:00 | 2024-03-10 20:00:00 | no | JobManagerCrashedError (cache) |" in lines
-    assert "| `user/big` | `/first-rows` | 1 (0 / 0 / 0 / 1) | 2024-03-10 08:00:00 | 2024-03-10 08:00:00 | yes | JobManagerExceededMaximumDurationError (event) |" in lines
+    assert (
+        "| `user/big` | `/splits` | 4 (2 / 1 / 1 / 0) | 2024-03-08 01:00:00 | 2024-03-10 20:00:00 | no | JobManagerCrashedError (cache) |"
+        in lines
+    )
+    assert (
+        "| `user/big` | `/first-rows` | 1 (0 / 0 / 0 / 1) | 2024-03-10 08:00:00 | 2024-03-10 08:00:00 | yes | JobManagerExceededMaximumDurationError (event) |"
+        in lines
+    )
     assert "Not listed: 1 more rows." in lines
     assert lines[-1] == "Skipped events: invalid_dataset 3, invalid_job_type 1, unknown_reason 1."
 

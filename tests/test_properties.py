@@ -88,7 +88,9 @@ actions = st.one_of(
 #: each job: its kind, its cache entry, and whether it shares the previous job's unicity_id (a queue whose
 #: one-started-job-per-unicity_id rule was broken by a race: both jobs then write the same cache entry)
 queues = st.lists(
-    st.tuples(st.sampled_from(sorted(KINDS)), st.sampled_from(sorted(CACHES)), st.sampled_from([False, False, False, True])),
+    st.tuples(
+        st.sampled_from(sorted(KINDS)), st.sampled_from(sorted(CACHES)), st.sampled_from([False, False, False, True])
+    ),
     min_size=1,
     max_size=5,
 )
@@ -138,8 +140,11 @@ def build(store: Store, queue: list[tuple[str, str]]) -> World:
         if spec is not None:
             offset, status = spec
             entry = cache_document(
-                job, job[Job.STARTED_AT] + dt.timedelta(seconds=offset), http_status=status,
-                error_code=None if status == HTTP_OK else "UnexpectedError", failed_runs=0 if status == HTTP_OK else 1,
+                job,
+                job[Job.STARTED_AT] + dt.timedelta(seconds=offset),
+                http_status=status,
+                error_code=None if status == HTTP_OK else "UnexpectedError",
+                failed_runs=0 if status == HTTP_OK else 1,
             )
             entries.append(entry)
         # what the cache counted before the zombie, as the deployment counts it on a crash
@@ -169,7 +174,10 @@ def act(world: World, action: tuple) -> None:
         success = action[2]
         stamp = utc_now()
         entry = cache_document(
-            job, stamp, http_status=HTTP_OK if success else 500, error_code=None if success else "UnexpectedError",
+            job,
+            stamp,
+            http_status=HTTP_OK if success else 500,
+            error_code=None if success else "UnexpectedError",
             failed_runs=0 if success else 1,
         )
         entry[Cache.DETAILS] = {**entry.get(Cache.DETAILS, {}), "written_by": "worker", "job_id": str(job[ID])}
@@ -252,7 +260,9 @@ def check(world: World) -> None:
             assert current[Job.FINISHED_AT] == event[Event.FINALIZED_AT], where
             assert job[ID] not in world.worker_finished, where
         if job[ID] in world.finalized_stamp:  # finalized at most once: the stamp never moves
-            assert current[Job.STATUS] == Status.ERROR and current[Job.FINISHED_AT] == world.finalized_stamp[job[ID]], where
+            assert current[Job.STATUS] == Status.ERROR and current[Job.FINISHED_AT] == world.finalized_stamp[job[ID]], (
+                where
+            )
             assert finalized, f"the event of a finalized job vanished {where}"
         elif finalized:
             world.finalized_stamp[job[ID]] = current[Job.FINISHED_AT]

@@ -35,9 +35,13 @@ def _waiting(store: Store) -> list[dict]:
 
 
 def test_the_delay_grows_by_the_factor_per_failed_run_up_to_the_cap_within_the_jitter():
-    policy = ZombiePolicy(retry_delay_seconds=60, retry_backoff_factor=3, retry_delay_max_seconds=1_000, retry_jitter=0.1)
+    policy = ZombiePolicy(
+        retry_delay_seconds=60, retry_backoff_factor=3, retry_delay_max_seconds=1_000, retry_jitter=0.1
+    )
     assert [policy.retry_delay_of(runs) for runs in (1, 2, 3, 4)] == [60, 180, 540, 1_000]
-    assert policy.retry_delay_of(2, spread=1.0) == pytest.approx(198) and policy.retry_delay_of(2, spread=-1.0) == pytest.approx(162)
+    assert policy.retry_delay_of(2, spread=1.0) == pytest.approx(198) and policy.retry_delay_of(
+        2, spread=-1.0
+    ) == pytest.approx(162)
     assert ZombiePolicy().retry_delay_of(3) == 0  # the default: at once, as before
 
 
@@ -47,7 +51,10 @@ def test_a_delayed_retry_is_scheduled_not_enqueued_and_shown_as_pending(store):
     assert event[Event.RETRY_DUE_AT] - event[Event.FINALIZED_AT] == dt.timedelta(seconds=600)  # no jitter here
     assert _waiting(store) == []
     (scheduled,) = store.retries.find()
-    assert scheduled[ScheduledRetry.STATE] == ScheduledState.PENDING and scheduled[ScheduledRetry.EVENT_ID] == event[Event.JOB][ID]
+    assert (
+        scheduled[ScheduledRetry.STATE] == ScheduledState.PENDING
+        and scheduled[ScheduledRetry.EVENT_ID] == event[Event.JOB][ID]
+    )
     assert pending_retries(store) == 1
 
 
@@ -61,13 +68,18 @@ def test_a_retry_becomes_due_at_its_time_and_is_enqueued_once(store):
     (retry,) = _waiting(store)
     assert retry[ID] == event[Event.RETRY_JOB_ID] and retry[Job.DATASET] == event[Event.JOB][Job.DATASET]
     assert store.retries.find_one()[ScheduledRetry.STATE] == ScheduledState.ENQUEUED and pending_retries(store) == 0
-    assert run_cleanup(store, DELAYED, "run-3", now=due_at + dt.timedelta(hours=1)).reconciled.counts["due_retry_enqueued"] == 0
+    assert (
+        run_cleanup(store, DELAYED, "run-3", now=due_at + dt.timedelta(hours=1)).reconciled.counts["due_retry_enqueued"]
+        == 0
+    )
     assert len(_waiting(store)) == 1
 
 
 def test_a_due_retry_is_not_enqueued_when_a_twin_already_waits(store):
     event = _scheduled_crash(store)
-    store.jobs.insert_one(job_document(dataset=event[Event.JOB][Job.DATASET], job_type=event[Event.JOB][Job.TYPE], status=Status.WAITING))
+    store.jobs.insert_one(
+        job_document(dataset=event[Event.JOB][Job.DATASET], job_type=event[Event.JOB][Job.TYPE], status=Status.WAITING)
+    )
     counts = enqueue_due_retries(store, DELAYED, event[Event.RETRY_DUE_AT])
     assert (counts["due_retry_already_queued"], counts["due_retry_enqueued"]) == (1, 0)
     assert len(_waiting(store)) == 1 and store.jobs.find_one({ID: event[Event.RETRY_JOB_ID]}) is None
@@ -99,7 +111,7 @@ def test_a_cleanup_dying_anywhere_leaves_the_retry_scheduled_once_and_enqueued_o
     store.jobs.insert_one(crashed_job())
     with pytest.raises(Crash):
         run_cleanup(crashing(store, writes), DELAYED, "killed")
-    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
     run_cleanup(store, DELAYED, "next", now=later)
     assert store.retries.count_documents({}) == 1 and _waiting(store) == []
     due_at = store.retries.find_one()[ScheduledRetry.DUE_AT]

@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import quote, quote_plus
 
 import dagster as dg
@@ -110,7 +111,11 @@ class Outputs:
     def leaks(self) -> dict[str, list[str]]:
         found = {}
         for name, blob in self.sources.items():
-            hits = [secret for secret in SECRETS if secret.encode("utf-8") in blob or secret.encode("latin-1", "ignore") in blob]
+            hits = [
+                secret
+                for secret in SECRETS
+                if secret.encode("utf-8") in blob or secret.encode("latin-1", "ignore") in blob
+            ]
             if hits:
                 found[name] = hits
         return found
@@ -129,8 +134,6 @@ class Outputs:
             },
         )
         assert leaks == {}
-
-
 
 
 # --- the server ---------------------------------------------------------------------------------------
@@ -239,7 +242,19 @@ def commands(auth_server: LocalServer, tmp_path_factory: pytest.TempPathFactory)
     good = url(auth_server.port)
     started.start(
         "cli simulate",
-        cli("simulate", "--drop", *GENERATIONS, "--finished", "200", "--crashed", "12", "--running", "20", "--waiting", "5"),
+        cli(
+            "simulate",
+            "--drop",
+            *GENERATIONS,
+            "--finished",
+            "200",
+            "--crashed",
+            "12",
+            "--running",
+            "20",
+            "--waiting",
+            "5",
+        ),
         good,
         "full_run",
     )
@@ -247,23 +262,39 @@ def commands(auth_server: LocalServer, tmp_path_factory: pytest.TempPathFactory)
     run_config.write_text("ops:\n  reconcile:\n    config:\n      override_brake: true\n")
     started.start(
         "dagster job execute",
-        dagster_cli("job", "execute", "-m", "zombie_pipeline.definitions", "-j", "kill_zombies_job", "-c", str(run_config)),
+        dagster_cli(
+            "job", "execute", "-m", "zombie_pipeline.definitions", "-j", "kill_zombies_job", "-c", str(run_config)
+        ),
         good,
         "full_run",
         after="cli simulate",
     )
     started.start("cli demo", cli("demo"), good, "demo", after="cli simulate")  # on the simulated queue
-    started.start("cli simulate, wrong password", cli("simulate", "--finished", "10"), url(auth_server.port, WRONG_PASSWORD), "wrong_password")
-    started.start("cli simulate, unreachable", cli("simulate", "--finished", "10"), url(started.closed_port), "unreachable_host")
+    started.start(
+        "cli simulate, wrong password",
+        cli("simulate", "--finished", "10"),
+        url(auth_server.port, WRONG_PASSWORD),
+        "wrong_password",
+    )
+    started.start(
+        "cli simulate, unreachable", cli("simulate", "--finished", "10"), url(started.closed_port), "unreachable_host"
+    )
     for password, scenario in ((PASSWORD, "unescaped_right"), (WRONG_PASSWORD, "unescaped_wrong")):
-        started.start(f"cli simulate, {scenario}", cli("simulate", "--finished", "10"), url(auth_server.port, password, escaped=False), scenario)
+        started.start(
+            f"cli simulate, {scenario}",
+            cli("simulate", "--finished", "10"),
+            url(auth_server.port, password, escaped=False),
+            scenario,
+        )
     try:
         yield started
     finally:
         started.close()
 
 
-def in_process_run(queue_url: str, outputs: Outputs, name: str, monkeypatch, timeout_ms: int = 10_000, **config: Any) -> dg.ExecuteInProcessResult:
+def in_process_run(
+    queue_url: str, outputs: Outputs, name: str, monkeypatch, timeout_ms: int = 10_000, **config: Any
+) -> dg.ExecuteInProcessResult:
     """kill_zombies_job in process; its every event log record, run record and metadata go to ``outputs``."""
     monkeypatch.setenv(QUEUE_URL_ENV, queue_url)
     monkeypatch.setenv(CACHE_URL_ENV, queue_url)
@@ -274,7 +305,9 @@ def in_process_run(queue_url: str, outputs: Outputs, name: str, monkeypatch, tim
     }
     with dg.DagsterInstance.ephemeral() as instance:
         try:  # Dagster's own console logger, as a deployment runs it
-            result = run_kill_zombies(resources, instance=instance, run_config={"loggers": {}}, override_brake=True, **config)
+            result = run_kill_zombies(
+                resources, instance=instance, run_config={"loggers": {}}, override_brake=True, **config
+            )
         except Exception as error:  # noqa: BLE001 - the message itself is under test
             outputs.add(f"{name}: exception", f"{type(error).__name__}: {error}")
             raise
@@ -284,14 +317,19 @@ def in_process_run(queue_url: str, outputs: Outputs, name: str, monkeypatch, tim
         outputs.add(f"{name}: run record", serialize_value(instance.get_run_by_id(result.run_id)))
         for event in result.all_events:
             outputs.add(f"{name}: events", repr(event))
-        outputs.add(f"{name}: resources describe", f"{resources['queue_db'].describe()} {resources['cache_db'].describe()}")
+        outputs.add(
+            f"{name}: resources describe", f"{resources['queue_db'].describe()} {resources['cache_db'].describe()}"
+        )
     close_clients()
     return result
 
 
 # --- the right password ---------------------------------------------------------------------------------
 
-def test_a_full_run_with_the_password_in_the_urls_leaks_it_nowhere(auth_server: LocalServer, commands: Commands, outputs: Outputs, monkeypatch):
+
+def test_a_full_run_with_the_password_in_the_urls_leaks_it_nowhere(
+    auth_server: LocalServer, commands: Commands, outputs: Outputs, monkeypatch
+):
     good = url(auth_server.port)
     homes = commands.homes("full_run")
 
@@ -306,7 +344,10 @@ def test_a_full_run_with_the_password_in_the_urls_leaks_it_nowhere(auth_server: 
     finalized = client[QUEUE]["zombieEvents"].count_documents({})
     assert finalized >= 12  # the run really ran, authenticated
 
-    simulate(Store.of(client[QUEUE], client[CACHE]), workload(finished=0, crashed=6, never_heartbeated=0, overdue=0, running=30, waiting=0, seed=99))
+    simulate(
+        Store.of(client[QUEUE], client[CACHE]),
+        workload(finished=0, crashed=6, never_heartbeated=0, overdue=0, running=30, waiting=0, seed=99),
+    )
     result = in_process_run(good, outputs, "in-process job", monkeypatch)
     assert result.success
     assert result.output_for_node("summarize")["finalized"] == 6
@@ -332,7 +373,9 @@ def test_the_demo_with_the_password_in_the_urls_leaks_it_nowhere(commands: Comma
 # --- wrong password, unreachable host, malformed URL ---------------------------------------------------------
 
 
-def test_a_wrong_password_fails_cleanly_and_leaks_neither_password(auth_server: LocalServer, commands: Commands, outputs: Outputs, monkeypatch):
+def test_a_wrong_password_fails_cleanly_and_leaks_neither_password(
+    auth_server: LocalServer, commands: Commands, outputs: Outputs, monkeypatch
+):
     wrong = url(auth_server.port, WRONG_PASSWORD)
 
     result = in_process_run(wrong, outputs, "in-process job, wrong password", monkeypatch)

@@ -27,7 +27,7 @@ from zombie_pipeline.simulation.simulator import (
     simulate,
 )
 
-NOW = dt.datetime(2024, 7, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2024, 7, 1, 12, 0, 0, tzinfo=dt.UTC)
 
 
 # --- one realistic queue of 12k jobs, written once for the module ----------------------
@@ -40,7 +40,7 @@ JOB_FIELDS = QUEUE_GENERATIONS[BIG.generation].job_fields
 def big(mongo_url):
     """The 12k-job workload written once for the module, through a client that logs its commands."""
     log = CommandLog()
-    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.timezone.utc, event_listeners=[log])
+    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC, event_listeners=[log])
     try:
         with fresh_databases(client, drop=on_real_mongodb()) as make:
             store = Store.of(make("big_queue"), make("big_cache"))
@@ -131,7 +131,9 @@ def test_every_kind_of_started_job_looks_the_part(big):
 
 def test_a_newer_queue_holds_never_heartbeated_jobs_with_the_key_missing_or_null(store):
     """From December 2023 a job's heartbeat may have been set to None by an update: an explicit null."""
-    result = simulate(store, Workload(finished=0, crashed=0, never_heartbeated=20, overdue=0, running=0, waiting=0, seed=7), now=NOW)
+    result = simulate(
+        store, Workload(finished=0, crashed=0, never_heartbeated=20, overdue=0, running=0, waiting=0, seed=7), now=NOW
+    )
 
     never = list(store.jobs.find({ID: {"$in": result.never_heartbeated_ids}}))
     assert len(never) == 20
@@ -195,7 +197,10 @@ def test_written_documents_carry_only_declared_fields_newest_generation(big):
 
 
 def test_one_cache_entry_per_key(big):
-    keys = Counter(tuple(entry.get(name) for name in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)) for entry in big["entries"])
+    keys = Counter(
+        tuple(entry.get(name) for name in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT))
+        for entry in big["entries"]
+    )
     assert keys and max(keys.values()) == 1
 
 
@@ -210,7 +215,9 @@ def written(fresh_database, workload: Workload):
     jobs = list(store.jobs.find().sort(ID, 1))
     entries = sorted(
         ({key: value for key, value in entry.items() if key != ID} for entry in store.cache.find()),
-        key=lambda entry: tuple(str(entry.get(name)) for name in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)),
+        key=lambda entry: tuple(
+            str(entry.get(name)) for name in (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)
+        ),
     )
     return result, jobs, entries
 

@@ -6,8 +6,8 @@ import base64
 import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
 
 import pytest
 
@@ -26,7 +26,14 @@ def receiver(status: int = 200, headers: dict[str, str] | None = None) -> Iterat
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            received.append({"path": self.path, "authorization": self.headers["Authorization"], "host": self.headers["Host"], "body": body})
+            received.append(
+                {
+                    "path": self.path,
+                    "authorization": self.headers["Authorization"],
+                    "host": self.headers["Host"],
+                    "body": body,
+                }
+            )
             self.send_response(status)
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
@@ -64,9 +71,11 @@ def test_a_url_without_credentials_sends_no_authorization():
 
 @pytest.mark.parametrize("status", [500, 404, 302])
 def test_an_answer_other_than_2xx_is_an_error_naming_only_scheme_host_and_port(status):
-    with receiver(status, headers={"Location": "http://127.0.0.1:1/elsewhere"}) as (port, received):
-        with pytest.raises(WebhookError) as raised:
-            post_json(f"http://user:t0ken@127.0.0.1:{port}{SECRET_PATH}", {}, 5)
+    with (
+        receiver(status, headers={"Location": "http://127.0.0.1:1/elsewhere"}) as (port, received),
+        pytest.raises(WebhookError) as raised,
+    ):
+        post_json(f"http://user:t0ken@127.0.0.1:{port}{SECRET_PATH}", {}, 5)
 
     assert str(raised.value) == f"POST http://127.0.0.1:{port}/… answered {status}"
     assert len(received) == 1  # a redirect is not followed: the body would go where nobody configured

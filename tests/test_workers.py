@@ -75,12 +75,25 @@ def declared_fields_only(store: Store, generation_name: str) -> None:
 
 
 @pytest.mark.parametrize("generation", list(QUEUE_GENERATIONS))
-def test_workers_move_the_queue_as_the_generation_does_and_their_crashes_and_overruns_become_zombies(store: Store, generation: str):
+def test_workers_move_the_queue_as_the_generation_does_and_their_crashes_and_overruns_become_zombies(
+    store: Store, generation: str
+):
     clock = VirtualClock()
     simulate(
         store,
-        workload(finished=0, crashed=0, never_heartbeated=0, terminated=0, overdue=0, running=6, waiting=8,
-                 generation=generation, cache_generation=None, policy=POLICY, seed=5),
+        workload(
+            finished=0,
+            crashed=0,
+            never_heartbeated=0,
+            terminated=0,
+            overdue=0,
+            running=6,
+            waiting=8,
+            generation=generation,
+            cache_generation=None,
+            policy=POLICY,
+            seed=5,
+        ),
         now=clock.now(),
     )
     pool = WorkerPool(store, QUEUE_GENERATIONS[generation], POLICY, RATES, seed=3, clock=clock.monotonic, now=clock.now)
@@ -93,7 +106,9 @@ def test_workers_move_the_queue_as_the_generation_does_and_their_crashes_and_ove
         clock.advance(TICK_SECONDS)
     alive, _ = in_flight(pool)
 
-    assert counters.stored(store, QUEUE_GENERATIONS[generation]) == counters.recount(store, QUEUE_GENERATIONS[generation])
+    assert counters.stored(store, QUEUE_GENERATIONS[generation]) == counters.recount(
+        store, QUEUE_GENERATIONS[generation]
+    )
     declared_fields_only(store, generation)
     assert pool.counts["finished_success"] > 5 and pool.counts["crashed"] == len(crashed) > 0
     # Judged now: a crash silent for longer than the timeout is a zombie; a live job running past its maximum duration too;
@@ -102,11 +117,16 @@ def test_workers_move_the_queue_as_the_generation_does_and_their_crashes_and_ove
     reasons = {candidate.id: candidate.reason for candidate in detect(store.jobs, POLICY, now).candidates}
     started_at = {job[ID]: job[Job.STARTED_AT] for job in store.jobs.find({ID: {"$in": list(alive | crashed)}})}
     overdue = {job_id for job_id in alive if (now - started_at[job_id]).total_seconds() > POLICY.max_duration_seconds}
-    dead = {job_id for job_id in crashed if (now - started_at[job_id]).total_seconds() > POLICY.heartbeat_timeout_seconds}
+    dead = {
+        job_id for job_id in crashed if (now - started_at[job_id]).total_seconds() > POLICY.heartbeat_timeout_seconds
+    }
     assert overdue and dead
     assert set(reasons) == overdue | dead
     assert {reasons[job_id] for job_id in overdue} == {Reason.EXCEEDED_MAX_DURATION}
-    assert {reasons[job_id] for job_id in dead} <= {Reason.NEVER_HEARTBEATED, Reason.EXCEEDED_MAX_DURATION}  # it never beat
+    assert {reasons[job_id] for job_id in dead} <= {
+        Reason.NEVER_HEARTBEATED,
+        Reason.EXCEEDED_MAX_DURATION,
+    }  # it never beat
 
     report = run_cleanup(store, POLICY, "cleanup-amid-workers", now=now)
     assert report.counts["finalized"] == len(overdue | dead)
@@ -119,14 +139,21 @@ def test_workers_move_the_queue_as_the_generation_does_and_their_crashes_and_ove
     assert pool.counts["finished_by_someone_else"] >= len(overdue)
     left = {job[ID] for job in store.jobs.find({Job.STATUS: Status.STARTED}, {ID: 1})}
     assert left == crashed - dead  # the crashed jobs the cleanup did not take yet stay zombies; nobody else is started
-    assert counters.stored(store, QUEUE_GENERATIONS[generation]) == counters.recount(store, QUEUE_GENERATIONS[generation])
+    assert counters.stored(store, QUEUE_GENERATIONS[generation]) == counters.recount(
+        store, QUEUE_GENERATIONS[generation]
+    )
     declared_fields_only(store, generation)
 
 
 @pytest.mark.parametrize(
     ("rates", "named"),
-    [({"workers": 0}, "workers"), ({"crash_rate": 1.5}, "crash_rate"), ({"overrun_rate": -0.1}, "overrun_rate"),
-     ({"speed": 0}, "speed"), ({"heartbeat_seconds": -1}, "heartbeat_seconds")],
+    [
+        ({"workers": 0}, "workers"),
+        ({"crash_rate": 1.5}, "crash_rate"),
+        ({"overrun_rate": -0.1}, "overrun_rate"),
+        ({"speed": 0}, "speed"),
+        ({"heartbeat_seconds": -1}, "heartbeat_seconds"),
+    ],
 )
 def test_a_bad_rate_is_refused_naming_it(rates: dict, named: str):
     with pytest.raises(WorkloadError, match=named):

@@ -7,8 +7,9 @@ own URL never appears beyond its scheme and host (``webhooks``).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from pymongo.collection import Collection
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 from urllib.parse import urlsplit
 
 from zombie_pipeline.queue.documents import (
@@ -117,12 +117,14 @@ def pushgateway_url(environ: Mapping[str, str] | None = None) -> str | None:
         return None
     parsed = urlsplit(configured if "://" in configured else f"http://{configured}")
     try:
-        parsed.port  # a port that is not a number raises
+        _ = parsed.port  # a port that is not a number raises
         valid = parsed.scheme in ("http", "https") and bool(parsed.hostname)
     except ValueError:
         valid = False
     if not valid:
-        raise SettingError(f"{PUSHGATEWAY_URL_ENV}={configured!r} is not a Pushgateway URL: use host:port or http(s)://host:port")
+        raise SettingError(
+            f"{PUSHGATEWAY_URL_ENV}={configured!r} is not a Pushgateway URL: use host:port or http(s)://host:port"
+        )
     if parsed.username is not None or parsed.password is not None:
         raise SettingError(
             f"{PUSHGATEWAY_URL_ENV} carries credentials: the push client does not send them and the URL shows in "

@@ -28,8 +28,12 @@ defs = dg.Definitions.merge(
     dg.Definitions(jobs=[kill_zombies_job]),  # the cleanup
     dg.Definitions(  # the queue's health after a cleanup
         assets=[health.queue_health],
-        asset_checks=[health.no_zombies_left, health.zombies_have_cache_errors, health.compensations_succeed,
-                      health.cleanups_are_recent],
+        asset_checks=[
+            health.no_zombies_left,
+            health.zombies_have_cache_errors,
+            health.compensations_succeed,
+            health.cleanups_are_recent,
+        ],
         jobs=[health.queue_health_job],
     ),
     dg.Definitions(  # the duration statistics
@@ -41,8 +45,13 @@ defs = dg.Definitions.merge(
     ),
     dg.Definitions(  # the automation that runs them
         schedules=[kill_zombies_schedule, duration_stats_schedule],
-        sensors=[stale_jobs_sensor, job_types_sensor, cleanup_checks_sensor, pipeline_failure_sensor,
-                 cleanup_overdue_sensor],
+        sensors=[
+            stale_jobs_sensor,
+            job_types_sensor,
+            cleanup_checks_sensor,
+            pipeline_failure_sensor,
+            cleanup_overdue_sensor,
+        ],
     ),
     dg.Definitions(resources=resources_from_env()),
 )

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterator, Literal, Mapping
+from typing import Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.core import Metric as MetricFamily
@@ -75,34 +76,55 @@ def _gauge(name: str, help: str, *labels: str) -> Metric:
 # --- pushed by a cleanup (summarize): the audit trail's totals, and the last cleanup's own figures -------------
 
 ZOMBIES_FINALIZED = _counter(
-    "zombies_finalized", "Zombies finalized, by job type, reason and the error code users see (the audit trail's count).",
-    "job_type", "reason", "error_code",
+    "zombies_finalized",
+    "Zombies finalized, by job type, reason and the error code users see (the audit trail's count).",
+    "job_type",
+    "reason",
+    "error_code",
 )
 FRESHER_ENTRIES_KEPT = _counter(
-    "fresher_cache_entries_kept", "Finalized zombies whose cache entry was kept because it was fresher than the error.", "job_type"
+    "fresher_cache_entries_kept",
+    "Finalized zombies whose cache entry was kept because it was fresher than the error.",
+    "job_type",
 )
 RETRIES = _counter(
-    "retries", "Finalized zombies by what became of their retry: enqueued, scheduled (after a delay), already_queued, "
-    "limit_reached, not_retried.", "job_type", "outcome",
+    "retries",
+    "Finalized zombies by what became of their retry: enqueued, scheduled (after a delay), already_queued, "
+    "limit_reached, not_retried.",
+    "job_type",
+    "outcome",
 )
-ZOMBIES_FOUND = _gauge("cleanup_zombies_found", "Zombies the last cleanup found, by job type and reason.", "job_type", "reason")
-RACES_LOST = _gauge("cleanup_races_lost", "Claims of the last cleanup that a live worker won (it beat or finished meanwhile).")
+ZOMBIES_FOUND = _gauge(
+    "cleanup_zombies_found", "Zombies the last cleanup found, by job type and reason.", "job_type", "reason"
+)
+RACES_LOST = _gauge(
+    "cleanup_races_lost", "Claims of the last cleanup that a live worker won (it beat or finished meanwhile)."
+)
 DELAYED_RETRIES_ENQUEUED = _gauge(
     "cleanup_delayed_retries_enqueued", "Retries whose delay had passed that the last cleanup enqueued."
 )
 COMPENSATION_RUNS = _gauge(
-    "cleanup_compensations", "Compensations the last cleanup ran, by outcome: done, to_retry, failed (given up on).", "outcome"
+    "cleanup_compensations",
+    "Compensations the last cleanup ran, by outcome: done, to_retry, failed (given up on).",
+    "outcome",
 )
-CLEANUP_DURATION = _gauge("cleanup_duration_seconds", "How long the last successful cleanup took, from its first step to its summary.")
+CLEANUP_DURATION = _gauge(
+    "cleanup_duration_seconds", "How long the last successful cleanup took, from its first step to its summary."
+)
 LAST_SUCCESS = _gauge(
-    "cleanup_last_success_timestamp_seconds", "When the last successful cleanup ended (unix time): the alert compares it with time()."
+    "cleanup_last_success_timestamp_seconds",
+    "When the last successful cleanup ended (unix time): the alert compares it with time().",
 )
 
 # --- pushed by a cleanup's detection (find_zombies), also when the brake stops it ----------------------------------
 
-BRAKE_ENGAGED = _gauge("brake_engaged", "1 when the last detection's brake stopped its cleanup (too many started jobs look dead), else 0.")
+BRAKE_ENGAGED = _gauge(
+    "brake_engaged", "1 when the last detection's brake stopped its cleanup (too many started jobs look dead), else 0."
+)
 STALE_RATIO = _gauge("brake_stale_ratio", "Share of the started jobs that looked dead at the last detection (0 to 1).")
-MAX_STALE_RATIO = _gauge("brake_max_stale_ratio", "The policy's max_stale_fraction: above it (and min_started_for_brake) the brake engages.")
+MAX_STALE_RATIO = _gauge(
+    "brake_max_stale_ratio", "The policy's max_stale_fraction: above it (and min_started_for_brake) the brake engages."
+)
 
 # --- pushed by queue_health: the queue's state after a cleanup --------------------------------------------------
 
@@ -116,28 +138,39 @@ RETRIES_WAITING = _gauge("retries_waiting", "Retries waiting for their delay (zo
 COMPENSATIONS_PENDING = _gauge(
     "compensations_pending", "Finalized zombies whose compensations still run, or failed and will be tried again."
 )
-COMPENSATIONS_FAILED = _gauge("compensations_failed", "Finalized zombies with a compensation given up on after its last attempt.")
+COMPENSATIONS_FAILED = _gauge(
+    "compensations_failed", "Finalized zombies with a compensation given up on after its last attempt."
+)
 REPEAT_OFFENDERS = _gauge(
-    "repeat_offender_datasets", "Datasets finalized at least 3 times in the last 7 days (the repeat_offenders asset lists them)."
+    "repeat_offender_datasets",
+    "Datasets finalized at least 3 times in the last 7 days (the repeat_offenders asset lists them).",
 )
 
 # --- pushed by job_duration_statistics: the suggestions of the current window ------------------------------------
 
 SUGGESTED_MAX_DURATION = _gauge(
-    "suggested_max_duration_seconds", "Suggested maximum duration (T2) per job type, where the window had enough successful runs.",
+    "suggested_max_duration_seconds",
+    "Suggested maximum duration (T2) per job type, where the window had enough successful runs.",
     "job_type",
 )
 CONFIGURED_MAX_DURATION = _gauge(
-    "configured_max_duration_seconds", "Maximum duration (T2) per job type in force when the statistics ran.", "job_type"
+    "configured_max_duration_seconds",
+    "Maximum duration (T2) per job type in force when the statistics ran.",
+    "job_type",
 )
 SUGGESTION_RUNS = _gauge(
     "suggestion_successful_runs", "Successful runs of the window behind each job type's suggestion.", "job_type"
 )
 SUCCESSFUL_RUN_DURATION = _gauge(
-    "successful_run_duration_seconds", "Percentiles of the window's successful run durations, per job type.", "job_type", "quantile"
+    "successful_run_duration_seconds",
+    "Percentiles of the window's successful run durations, per job type.",
+    "job_type",
+    "quantile",
 )
 SUGGESTION_CENSORED = _gauge(
-    "suggestion_censored", "1 when so many jobs of the type were stopped at T2 that the suggestion is only a lower bound.", "job_type"
+    "suggestion_censored",
+    "1 when so many jobs of the type were stopped at T2 that the suggestion is only a lower bound.",
+    "job_type",
 )
 STATISTICS_WINDOW_END = _gauge(
     "statistics_window_end_timestamp_seconds", "End of the window the pushed statistics describe (unix time)."
@@ -167,7 +200,7 @@ class Figures(Collector):
     def __init__(self) -> None:
         self._samples: dict[Metric, dict[tuple[str, ...], float]] = {}
 
-    def set(self, metric: Metric, value: float, **labels: str) -> "Figures":
+    def set(self, metric: Metric, value: float, **labels: str) -> Figures:
         """The value of ``metric`` for these labels, which must be exactly the metric's."""
         if metric not in METRICS:
             raise ValueError(f"{metric.name} is not one of the pipeline's metrics (metrics.METRICS)")

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from pymongo.collection import Collection
 
@@ -61,11 +62,15 @@ class StaleState:
         return f"stale-{self.count}-{self.digest[:16]}"
 
 
-def stale_state(jobs: Collection, policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> StaleState:
+def stale_state(
+    jobs: Collection, policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None
+) -> StaleState:
     """A count on the index; only when it is not zero, the ids (and nothing else) of the stale jobs."""
     if count_stale(jobs, policy, now, job_types) == 0:
         return StaleState(0)
-    ids = sorted(str(job[ID]) for job in jobs.aggregate(stale_pipeline(policy, now, job_types) + [{"$project": {ID: 1}}]))
+    ids = sorted(
+        str(job[ID]) for job in jobs.aggregate(stale_pipeline(policy, now, job_types) + [{"$project": {ID: 1}}])
+    )
     return StaleState(len(ids), hashlib.sha256("\n".join(ids).encode()).hexdigest())
 
 
@@ -127,7 +132,9 @@ def queue_snapshot(store: Store, policy: ZombiePolicy, now: dt.datetime) -> Queu
 # --- check: no zombies left -----------------------------------------------------------
 
 
-def zombies_left(jobs: Collection, policy: ZombiePolicy, as_of: dt.datetime, job_types: Iterable[str] | None = None) -> Detection:
+def zombies_left(
+    jobs: Collection, policy: ZombiePolicy, as_of: dt.datetime, job_types: Iterable[str] | None = None
+) -> Detection:
     """The jobs that were already zombies at ``as_of`` and are still started.
 
     With ``as_of`` = the start of a cleanup, a job that became stale during or
@@ -182,7 +189,9 @@ def audit_cache_errors(store: Store, since: dt.datetime, sample_size: int = 20) 
 _KEY_FIELDS = (Job.TYPE, Job.DATASET, Job.CONFIG, Job.SPLIT)
 
 
-def _audit_batch(cache: Collection, events: Sequence[Mapping[str, Any]], audit: CacheErrorAudit, sample_size: int) -> None:
+def _audit_batch(
+    cache: Collection, events: Sequence[Mapping[str, Any]], audit: CacheErrorAudit, sample_size: int
+) -> None:
     """The cache entries of a batch of events: one query per job type among them."""
     entries = entries_of_jobs(cache, [event[Event.JOB] for event in events], {Cache.ERROR_CODE: 1, Cache.UPDATED_AT: 1})
     for event in events:

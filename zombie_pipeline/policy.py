@@ -7,7 +7,7 @@ is read or written, with every offending field named at once.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -28,7 +28,9 @@ class ZombiePolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     heartbeat_timeout_seconds: int = Field(
-        default=300, gt=0, description="A job is dead after this long without a heartbeat (or, never heartbeated, since its start)."
+        default=300,
+        gt=0,
+        description="A job is dead after this long without a heartbeat (or, never heartbeated, since its start).",
     )
     max_duration_seconds: int = Field(default=1200, gt=0, description="Default maximum duration (T2) of a job.")
     max_duration_seconds_by_type: dict[str, int] = Field(
@@ -37,7 +39,9 @@ class ZombiePolicy(BaseModel):
     max_stale_fraction: float = Field(
         default=0.5, gt=0, le=1, description="Brake: refuse to act when more than this share of started jobs look dead."
     )
-    min_started_for_brake: int = Field(default=20, ge=0, description="The brake applies from this many started jobs on.")
+    min_started_for_brake: int = Field(
+        default=20, ge=0, description="The brake applies from this many started jobs on."
+    )
     crashed_retry_limit: int = Field(default=3, ge=0, description="Automatic retries after JobManagerCrashedError.")
     exceeded_retry_limit: int = Field(
         default=0, ge=0, description="Automatic retries after JobManagerExceededMaximumDurationError."
@@ -49,14 +53,15 @@ class ZombiePolicy(BaseModel):
     claim_lease_seconds: int = Field(
         default=300, ge=0, description="After this long, an unfinished finalization of a crashed run is taken over."
     )
-    queue_generation: Optional[str] = Field(
+    queue_generation: str | None = Field(
         default=None,
         description=f"Queue generation of the deployment ({', '.join(QUEUE_GENERATIONS)}); unset: detected from the database.",
     )
-    cache_generation: Optional[str] = Field(
-        default=None, description=f"Cache document generation to write ({', '.join(CACHE_GENERATIONS)}); unset: detected."
+    cache_generation: str | None = Field(
+        default=None,
+        description=f"Cache document generation to write ({', '.join(CACHE_GENERATIONS)}); unset: detected.",
     )
-    enqueue_retries: Optional[bool] = Field(
+    enqueue_retries: bool | None = Field(
         default=None,
         description="Re-enqueue crashed jobs below their retry limit; unset: as the generation does (yes before 2023-12, "
         "no after: the deployment's backfill re-creates failed jobs).",
@@ -72,27 +77,39 @@ class ZombiePolicy(BaseModel):
         default=False, description="Take per-type T2 from the latest statistics suggestions (opt-in)."
     )
     retry_delay_seconds: int = Field(
-        default=0, ge=0, description="Delay before a crashed job's first retry; 0: at once (the job often died of its pod's size)."
+        default=0,
+        ge=0,
+        description="Delay before a crashed job's first retry; 0: at once (the job often died of its pod's size).",
     )
-    retry_backoff_factor: float = Field(default=2.0, ge=1.0, le=10.0, description="Each further retry waits this many times longer.")
+    retry_backoff_factor: float = Field(
+        default=2.0, ge=1.0, le=10.0, description="Each further retry waits this many times longer."
+    )
     retry_delay_max_seconds: int = Field(default=3_600, ge=0, description="No retry waits longer than this.")
     retry_jitter: float = Field(
-        default=0.1, ge=0.0, le=1.0, description="Delays spread by up to this share either way, so retries do not come all at once."
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description="Delays spread by up to this share either way, so retries do not come all at once.",
     )
     compensation_webhooks: dict[str, str] = Field(
         default_factory=dict,
         description="Job type ('*': every type) -> name of the environment variable holding a URL that each finalized zombie "
         "of that type is POSTed to, once its cache entry is written (the URL itself never enters config).",
     )
-    compensation_timeout_seconds: float = Field(default=10.0, gt=0, le=120, description="A compensation webhook must answer within this.")
-    compensation_max_attempts: int = Field(default=5, ge=1, description="A failing compensation is tried again by later runs, up to this.")
+    compensation_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=120, description="A compensation webhook must answer within this."
+    )
+    compensation_max_attempts: int = Field(
+        default=5, ge=1, description="A failing compensation is tried again by later runs, up to this."
+    )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ZombiePolicy":
+    def _consistent(self) -> ZombiePolicy:
         problems = []
         timeout = self.heartbeat_timeout_seconds
         limits = {"max_duration_seconds": self.max_duration_seconds} | {
-            f"max_duration_seconds_by_type[{job_type!r}]": value for job_type, value in self.max_duration_seconds_by_type.items()
+            f"max_duration_seconds_by_type[{job_type!r}]": value
+            for job_type, value in self.max_duration_seconds_by_type.items()
         }
         for name, value in limits.items():
             if value <= 0:
@@ -105,16 +122,24 @@ class ZombiePolicy(BaseModel):
         for job_type in self.max_duration_seconds_by_type:
             problem = job_type_problem(job_type)
             if problem:
-                problems.append(f"max_duration_seconds_by_type has a job type that is not one: {problem} ({job_type!r})")
+                problems.append(
+                    f"max_duration_seconds_by_type has a job type that is not one: {problem} ({job_type!r})"
+                )
         for job_type, variable in self.compensation_webhooks.items():
             if job_type != "*" and job_type_problem(job_type):
                 problems.append(f"compensation_webhooks has a key that is neither '*' nor a job type: {job_type!r}")
             if not isinstance(variable, str) or not variable.strip():
-                problems.append(f"compensation_webhooks[{job_type!r}] must name an environment variable, got {variable!r}")
+                problems.append(
+                    f"compensation_webhooks[{job_type!r}] must name an environment variable, got {variable!r}"
+                )
         if self.queue_generation is not None and self.queue_generation not in QUEUE_GENERATIONS:
-            problems.append(f"queue_generation must be one of {sorted(QUEUE_GENERATIONS)} or unset, got {self.queue_generation!r}")
+            problems.append(
+                f"queue_generation must be one of {sorted(QUEUE_GENERATIONS)} or unset, got {self.queue_generation!r}"
+            )
         if self.cache_generation is not None and self.cache_generation not in CACHE_GENERATIONS:
-            problems.append(f"cache_generation must be one of {sorted(CACHE_GENERATIONS)} or unset, got {self.cache_generation!r}")
+            problems.append(
+                f"cache_generation must be one of {sorted(CACHE_GENERATIONS)} or unset, got {self.cache_generation!r}"
+            )
         if problems:
             raise ValueError("invalid zombie policy: " + "; ".join(problems))
         return self
@@ -131,12 +156,17 @@ class ZombiePolicy(BaseModel):
         """Seconds before the retry that follows the ``failed_runs``-th failure; ``spread`` in [-1, 1] picks the jitter."""
         if self.retry_delay_seconds == 0:
             return 0.0
-        delay = min(self.retry_delay_seconds * self.retry_backoff_factor ** max(failed_runs - 1, 0), self.retry_delay_max_seconds)
+        delay = min(
+            self.retry_delay_seconds * self.retry_backoff_factor ** max(failed_runs - 1, 0),
+            self.retry_delay_max_seconds,
+        )
         return max(delay * (1 + self.retry_jitter * spread), 0.0)
 
-    def with_max_durations(self, by_type: dict[str, int]) -> "ZombiePolicy":
+    def with_max_durations(self, by_type: dict[str, int]) -> ZombiePolicy:
         """This policy with ``by_type`` replacing the configured T2 of those types."""
-        return self.model_copy(update={"max_duration_seconds_by_type": {**self.max_duration_seconds_by_type, **by_type}})
+        return self.model_copy(
+            update={"max_duration_seconds_by_type": {**self.max_duration_seconds_by_type, **by_type}}
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return self.model_dump()
@@ -145,7 +175,8 @@ class ZombiePolicy(BaseModel):
         """The policy as stored in an audit event: job type names become values, never field names."""
         document = self.model_dump()
         document["max_duration_seconds_by_type"] = [
-            {"type": job_type, "seconds": seconds} for job_type, seconds in sorted(self.max_duration_seconds_by_type.items())
+            {"type": job_type, "seconds": seconds}
+            for job_type, seconds in sorted(self.max_duration_seconds_by_type.items())
         ]
         return document
 
@@ -160,11 +191,15 @@ class SuggestionRules(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    quantile: float = Field(default=0.99, ge=0.5, lt=1.0, description="Quantile of successful durations the T2 is based on.")
+    quantile: float = Field(
+        default=0.99, ge=0.5, lt=1.0, description="Quantile of successful durations the T2 is based on."
+    )
     margin: float = Field(default=1.5, ge=1.0, le=10.0, description="Safety factor applied to the quantile.")
-    min_samples: int = Field(default=30, ge=1, description="Successful jobs needed for a suggestion; fewer keep the current T2.")
+    min_samples: int = Field(
+        default=30, ge=1, description="Successful jobs needed for a suggestion; fewer keep the current T2."
+    )
     confidence: float = Field(default=0.95, gt=0.0, lt=1.0, description="Confidence level of the quantile's interval.")
-    censored_fraction: Optional[float] = Field(
+    censored_fraction: float | None = Field(
         default=None,
         gt=0.0,
         lt=1.0,
@@ -177,9 +212,12 @@ class SuggestionRules(BaseModel):
         return self.censored_fraction if self.censored_fraction is not None else 1.0 - self.quantile
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.model_dump(include=set(SuggestionRules.model_fields)), "censored_fraction": self.censoring_threshold}
+        return {
+            **self.model_dump(include=set(SuggestionRules.model_fields)),
+            "censored_fraction": self.censoring_threshold,
+        }
 
     @classmethod
-    def of(cls, values: dict[str, Any]) -> "SuggestionRules":
+    def of(cls, values: dict[str, Any]) -> SuggestionRules:
         """The rules among ``values`` (a Dagster config carries more)."""
         return cls(**{name: value for name, value in values.items() if name in cls.model_fields})

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
@@ -46,7 +47,9 @@ def _without_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
     return urlunsplit(parts._replace(netloc=netloc)), credentials
 
 
-def post_json(url: str, payload: Mapping[str, Any], timeout_seconds: float, headers: Mapping[str, str] | None = None) -> int:
+def post_json(
+    url: str, payload: Mapping[str, Any], timeout_seconds: float, headers: Mapping[str, str] | None = None
+) -> int:
     """POST ``payload`` as JSON; the HTTP status of a 2xx answer. Anything else raises :class:`WebhookError`."""
     where = masked_url(url)
     try:

@@ -114,7 +114,7 @@ def test_cli_db_start_reports_the_missing_server_in_process(tmp_path, monkeypatc
 @pytest.fixture
 def own_client(mongo_url):
     """A client of the test's own: the CLI closes the process's shared clients when it exits."""
-    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.timezone.utc)
+    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC)
     yield client
     client.close()
 
@@ -128,10 +128,13 @@ def foreign_databases(fresh_database, client: MongoClient) -> tuple[Database, Da
     queue[DEFAULT_JOBS_COLLECTION].insert_one(zombie)
     queue["sentinel"].insert_one({ID: "sentinel", "note": "a real deployment's document"})
     queue[LOCKS_COLLECTION].insert_one({ID: zombie[Job.UNICITY_ID], Lock.OWNER: None, Lock.UPDATED_AT: long_ago})
-    queue[PAST_JOBS_COLLECTION].insert_one({ID: "a past job", PastJob.DATASET: "acme/other", PastJob.DURATION: 42, PastJob.FINISHED_AT: long_ago})
+    queue[PAST_JOBS_COLLECTION].insert_one(
+        {ID: "a past job", PastJob.DATASET: "acme/other", PastJob.DURATION: 42, PastJob.FINISHED_AT: long_ago}
+    )
     cache[DEFAULT_CACHE_COLLECTION].insert_one(cache_document(zombie, updated_at=long_ago - dt.timedelta(days=1)))
     cache[DEFAULT_CACHE_COLLECTION].create_index(
-        [(Cache.KIND, pymongo.ASCENDING), (Cache.UPDATED_AT, pymongo.ASCENDING), (Cache.DATASET, pymongo.ASCENDING)], name="kind_updated"
+        [(Cache.KIND, pymongo.ASCENDING), (Cache.UPDATED_AT, pymongo.ASCENDING), (Cache.DATASET, pymongo.ASCENDING)],
+        name="kind_updated",
     )
     cache["sentinel"].insert_one({ID: "sentinel", "note": "a real cache's document"})
     return queue, cache
@@ -151,7 +154,10 @@ def contents(*databases: Database) -> dict[str, Any]:
 
 def point_at(monkeypatch, mongo_url: str, queue: Database, cache: Database, home: Path) -> None:
     for variable, value in (
-        (QUEUE_URL_ENV, mongo_url), (CACHE_URL_ENV, mongo_url), (QUEUE_DATABASE_ENV, queue.name), (CACHE_DATABASE_ENV, cache.name),
+        (QUEUE_URL_ENV, mongo_url),
+        (CACHE_URL_ENV, mongo_url),
+        (QUEUE_DATABASE_ENV, queue.name),
+        (CACHE_DATABASE_ENV, cache.name),
         (HOME_ENV, str(home)),  # the demo's report files, not the project's
     ):
         monkeypatch.setenv(variable, value)
@@ -203,7 +209,9 @@ def test_the_refusal_names_the_database_and_the_option_that_gives_it_up(
     assert f"--overwrite-database {queue.name}" in error
 
 
-def test_simulating_twice_refuses_the_second_cleanly_and_drop_replaces_it(mongo_url, fresh_database, own_client, tmp_path, monkeypatch, capsys):
+def test_simulating_twice_refuses_the_second_cleanly_and_drop_replaces_it(
+    mongo_url, fresh_database, own_client, tmp_path, monkeypatch, capsys
+):
     queue, cache = (own_client[fresh_database(prefix).name] for prefix in ("sim_queue", "sim_cache"))
     point_at(monkeypatch, mongo_url, queue, cache, tmp_path / "home")
     assert cli.main(["simulate", "--finished", "30"]) == 0
@@ -222,23 +230,39 @@ def test_simulating_twice_refuses_the_second_cleanly_and_drop_replaces_it(mongo_
 PASSWORD = "Sup3r-s3cret-Pw"
 
 
-def test_error_outputs_are_one_line_naming_the_problem_with_no_traceback_nor_credential(mongo_url, fresh_database, own_client, tmp_path):
+def test_error_outputs_are_one_line_naming_the_problem_with_no_traceback_nor_credential(
+    mongo_url, fresh_database, own_client, tmp_path
+):
     queue, cache = foreign_databases(fresh_database, own_client)
     closed = f"mongodb://operator:{PASSWORD}@127.0.0.1:{free_port()}/?directConnection=true"
-    foreign = {QUEUE_URL_ENV: mongo_url, CACHE_URL_ENV: mongo_url, QUEUE_DATABASE_ENV: queue.name, CACHE_DATABASE_ENV: cache.name}
+    foreign = {
+        QUEUE_URL_ENV: mongo_url,
+        CACHE_URL_ENV: mongo_url,
+        QUEUE_DATABASE_ENV: queue.name,
+        CACHE_DATABASE_ENV: cache.name,
+    }
     cases = {  # name: (arguments, environment, what the line must say)
         "bad option value": (["simulate", "--jobs", "-5"], {}, "jobs must be a non-negative integer, got -5"),
         "bad worker rate": (["workers", "--crash-rate", "2"], {}, "crash_rate must be in [0, 1], got 2.0"),
         "unreachable URL with a password": (
-            ["simulate"], {QUEUE_URL_ENV: closed, CACHE_URL_ENV: closed, SERVER_SELECTION_TIMEOUT_ENV: "500"},
+            ["simulate"],
+            {QUEUE_URL_ENV: closed, CACHE_URL_ENV: closed, SERVER_SELECTION_TIMEOUT_ENV: "500"},
             "cannot reach MongoDB at mongodb://***:***@127.0.0.1:",
         ),
-        "bad timeout setting": (["demo"], {SERVER_SELECTION_TIMEOUT_ENV: "soon"}, f"{SERVER_SELECTION_TIMEOUT_ENV}='soon' is not"),
+        "bad timeout setting": (
+            ["demo"],
+            {SERVER_SELECTION_TIMEOUT_ENV: "soon"},
+            f"{SERVER_SELECTION_TIMEOUT_ENV}='soon' is not",
+        ),
         "foreign database": (["simulate", "--drop"], foreign, "holds documents zombie-pipeline did not write"),
     }
     started = {
         name: subprocess.Popen(
-            [*CLI, *args], env=child_env(tmp_path / "home", **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*CLI, *args],
+            env=child_env(tmp_path / "home", **env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for name, (args, env, _) in cases.items()
     }

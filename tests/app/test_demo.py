@@ -48,14 +48,18 @@ def embedded_home(tmp_path, monkeypatch):
         kill_recorded_server(home)
 
 
-def test_the_demo_and_a_cleanup_from_the_ui_succeed_after_the_workers_ran_past_the_heartbeat_timeout(embedded_home, capsys):
+def test_the_demo_and_a_cleanup_from_the_ui_succeed_after_the_workers_ran_past_the_heartbeat_timeout(
+    embedded_home, capsys
+):
     resources = {**resources_from_env(), "zombie_policy": ZombiePolicyResource(heartbeat_timeout_seconds=TIMEOUT)}
     policy = resources["zombie_policy"].policy()
     store = store_of(resources["queue_db"], resources["cache_db"])  # starts the embedded server
     # zombie-pipeline simulate: 40 healthy jobs and 5 zombies
     simulation = simulate(
         store,
-        Workload(finished=100, crashed=2, never_heartbeated=1, terminated=1, overdue=1, running=40, waiting=10, policy=policy),
+        Workload(
+            finished=100, crashed=2, never_heartbeated=1, terminated=1, overdue=1, running=40, waiting=10, policy=policy
+        ),
     )
     # zombie-pipeline workers, beside the UI
     pool = WorkerPool(store, QUEUE_GENERATIONS[NEWEST_QUEUE_GENERATION], policy, RATES, seed=1)

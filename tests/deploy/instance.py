@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import dagster as dg
 from dagster._cli.job import execute_launch_command
@@ -49,7 +49,9 @@ class Operator:
         sensor = self.repository.get_sensor(name)
         return list(self.instance.get_ticks(sensor.get_remote_origin_id(), sensor.selector_id))
 
-    def launch(self, job_name: str, tags: dict[str, str] | None = None, run_config: dict | None = None) -> dg.DagsterRun:
+    def launch(
+        self, job_name: str, tags: dict[str, str] | None = None, run_config: dict | None = None
+    ) -> dg.DagsterRun:
         """``dagster job launch -j JOB -w deploy/workspace.yaml [--tags JSON] [--config-json JSON]``: the run is
         queued; the daemon launches it."""
         return execute_launch_command(

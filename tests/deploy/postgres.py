@@ -21,8 +21,8 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psycopg2
 
@@ -55,7 +55,7 @@ class PrivateCluster:
     def _as_postgres(self) -> dict:
         return {"user": self._uid, "group": self._gid, "extra_groups": [], "cwd": self.base}
 
-    def init(self) -> "PrivateCluster":
+    def init(self) -> PrivateCluster:
         password_file = self.base / "superuser-password"
         password_file.write_text(self.password + "\n")
         os.chown(password_file, self._uid, self._gid)
@@ -67,7 +67,7 @@ class PrivateCluster:
         password_file.unlink()
         return self
 
-    def start(self, timeout: float = 60) -> "PrivateCluster":
+    def start(self, timeout: float = 60) -> PrivateCluster:
         options = [
             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.base}",
             # a throwaway cluster: nothing to keep across a crash, so no waiting for the disk
@@ -89,7 +89,9 @@ class PrivateCluster:
                 return self
             except psycopg2.OperationalError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"postgres did not accept connections within {timeout:.0f} s:\n{self.log_tail()}")
+                    raise TimeoutError(
+                        f"postgres did not accept connections within {timeout:.0f} s:\n{self.log_tail()}"
+                    ) from None
                 time.sleep(0.2)
 
     def connect(self, database: str):

@@ -11,8 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from tests.e2e.harness import descendants, wait_for
 from tests.servers import pid_alive
@@ -39,7 +39,7 @@ class ProcessTree:
         self.pids: list[int] = []
         self.crashed = False
 
-    def start(self) -> "ProcessTree":
+    def start(self) -> ProcessTree:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command, cwd=REPO_ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -16,8 +16,9 @@ import contextlib
 import datetime as dt
 import os
 import uuid
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -157,7 +158,10 @@ def deployment_stack(
                 for name, value in instance_env.items():
                     patch.setenv(name, value)
                 processes.wait_until_serving(port, env, server)
-                with dg.DagsterInstance.from_config(str(home)) as instance, operator(instance, DEPLOY / "workspace.yaml") as ops:
+                with (
+                    dg.DagsterInstance.from_config(str(home)) as instance,
+                    operator(instance, DEPLOY / "workspace.yaml") as ops,
+                ):
                     before_daemon(ops)
                     daemon.start()
                     deployment = Deployment(store, simulation, zombies, cluster, instance, ops, env, server_env, port,
@@ -170,7 +174,9 @@ def deployment_stack(
         finally:
             servers = [*(deployment.stopped if deployment else []), deployment.server if deployment else server]
             pids = daemon.stop() + [pid for tree in servers for pid in tree.stop()]
-            assert [pid for pid in pids if processes.pid_alive(pid)] == [], "processes of the deployment survived the stop"
+            assert [pid for pid in pids if processes.pid_alive(pid)] == [], (
+                "processes of the deployment survived the stop"
+            )
 
 
 @contextlib.contextmanager
@@ -187,7 +193,7 @@ def dropped_after(store: Store) -> Iterator[None]:
 def assert_never_two_cleanups_at_once(deployment: Deployment) -> None:
     """The limit of one cleanup per queue database, over every cleanup the instance ever ran."""
     spans = sorted(
-        (record.start_time, record.end_time or dt.datetime.now(dt.timezone.utc).timestamp())
+        (record.start_time, record.end_time or dt.datetime.now(dt.UTC).timestamp())
         for record in deployment.cleanup_records()
         if record.start_time is not None
     )

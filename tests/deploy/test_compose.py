@@ -104,7 +104,9 @@ def test_every_variable_is_in_the_template_and_no_secret_is():
     assert interpolated <= set(env), interpolated - set(env)
     text = (DEPLOY / "docker-compose.yaml").read_text()
     assert not re.search(r"mongodb(\+srv)?://", text)
-    assert not re.search(r"^\s*\w*password\w*:\s*[^\s$]", text, re.IGNORECASE | re.MULTILINE)  # only ${...} from the env file
+    assert not re.search(
+        r"^\s*\w*password\w*:\s*[^\s$]", text, re.IGNORECASE | re.MULTILINE
+    )  # only ${...} from the env file
     assert SERVICES["dagster-webserver"]["ports"] == ["127.0.0.1:3000:3000"]  # not published beyond the host
     assert "deploy/zombie-pipeline.env" in (REPO_ROOT / ".gitignore").read_text().splitlines()
 

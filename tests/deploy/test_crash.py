@@ -26,7 +26,7 @@ import os
 import signal
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import dagster as dg
 import pytest
@@ -98,7 +98,9 @@ def hook() -> Iterator[HoldingHook]:
 
 @pytest.fixture(scope="module")
 def deployment(mongo_url: str, tmp_path_factory: pytest.TempPathFactory, hook: HoldingHook) -> Iterator[Deployment]:
-    workload = Workload(finished=20, crashed=2, never_heartbeated=0, terminated=0, overdue=0, running=10, waiting=0, days=1.0, seed=22)
+    workload = Workload(
+        finished=20, crashed=2, never_heartbeated=0, terminated=0, overdue=0, running=10, waiting=0, days=1.0, seed=22
+    )
     with deployment_stack(
         mongo_url, tmp_path_factory.mktemp("crash"), workload,
         instance_changes={"run_monitoring": {"poll_interval_seconds": POLL_SECONDS}},
@@ -118,9 +120,15 @@ def add_zombies(deployment: Deployment, seed: int) -> list:
 def launch_held_cleanup(deployment: Deployment, hook: HoldingHook, tags: dict[str, str] | None = None) -> dg.DagsterRun:
     """A cleanup that will be STARTED, inside compensate_zombies, when this returns."""
     hook.arm()
-    run_config = {"resources": {"zombie_policy": {"config": {"compensation_webhooks": {"*": HOOK_ENV}, "compensation_timeout_seconds": 120}}}}
+    run_config = {
+        "resources": {
+            "zombie_policy": {"config": {"compensation_webhooks": {"*": HOOK_ENV}, "compensation_timeout_seconds": 120}}
+        }
+    }
     run = deployment.ops.launch(CLEANUP, tags=tags, run_config=run_config)
-    deployment.wait(f"cleanup {run.run_id} to reach the compensation hook", hook.received.is_set, RUN_TIMEOUT, interval=0.2)
+    deployment.wait(
+        f"cleanup {run.run_id} to reach the compensation hook", hook.received.is_set, RUN_TIMEOUT, interval=0.2
+    )
     assert deployment.instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
     return run
 
@@ -137,7 +145,9 @@ def run_worker_pids(deployment: Deployment) -> list[int]:
 
 def failure_message(deployment: Deployment, run_id: str) -> str:
     events = deployment.instance.all_logs(run_id)
-    return "\n".join(event.message or "" for event in events if event.dagster_event and event.dagster_event.is_run_failure)
+    return "\n".join(
+        event.message or "" for event in events if event.dagster_event and event.dagster_event.is_run_failure
+    )
 
 
 def engine_messages(deployment: Deployment, run_id: str) -> str:
@@ -166,7 +176,9 @@ def test_a_run_worker_killed_alone_is_failed_within_seconds_by_the_code_server(d
     assert f"Run execution process for {run.run_id}" in engine_messages(deployment, run.run_id)
     hook.release.set()
     # retried from the start (dagster/max_retries), and the retry completes the cleanup
-    retry = deployment.wait("the retry of the failed cleanup", lambda: first_success_after(deployment, killed_at), RUN_TIMEOUT, interval=1)
+    retry = deployment.wait(
+        "the retry of the failed cleanup", lambda: first_success_after(deployment, killed_at), RUN_TIMEOUT, interval=1
+    )
     assert retry.dagster_run.tags.get("dagster/parent_run_id") == run.run_id
     assert_never_two_cleanups_at_once(deployment)
 
@@ -222,4 +234,9 @@ def test_a_crashed_code_location_frees_its_queue_at_the_cleanups_runtime_limit_w
     assert len(new_runs) <= 2, [(r.dagster_run.run_id, r.dagster_run.tags) for r in new_runs]
     assert_never_two_cleanups_at_once(deployment)
     # the failure was recorded (pipeline_failure_sensor)
-    deployment.wait("the stuck run's failure to be recorded", lambda: deployment.store.failures.find_one({ID: run.run_id}), 90, interval=1)
+    deployment.wait(
+        "the stuck run's failure to be recorded",
+        lambda: deployment.store.failures.find_one({ID: run.run_id}),
+        90,
+        interval=1,
+    )

@@ -12,7 +12,8 @@ import json
 import re
 import shutil
 import tomllib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -71,7 +72,9 @@ def test_every_connection_setting_and_queue_size_comes_from_the_environment():
     database = INSTANCE["storage"]["postgres"]["postgres_db"]
     assert all(set(value) == {"env"} for name, value in database.items() if name != "scheme")
     assert set(database) >= {"hostname", "port", "username", "password", "db_name"}
-    assert all(set(INSTANCE["run_queue"][name]) == {"env"} for name in ("max_concurrent_runs", "dequeue_interval_seconds"))
+    assert all(
+        set(INSTANCE["run_queue"][name]) == {"env"} for name in ("max_concurrent_runs", "dequeue_interval_seconds")
+    )
     assert all(set(WORKSPACE["load_from"][0]["grpc_server"][name]) == {"env"} for name in ("host", "port"))
 
 
@@ -133,7 +136,9 @@ def test_the_image_installs_the_projects_pins_and_nothing_for_tests_or_the_embed
 
 
 def test_every_file_the_dockerfile_copies_exists_and_it_serves_what_the_production_test_serves():
-    sources = [path for line in re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE, re.MULTILINE) for path in line.split()]
+    sources = [
+        path for line in re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE, re.MULTILINE) for path in line.split()
+    ]
     assert sources
     ignored = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
     for source in sources:
@@ -141,12 +146,16 @@ def test_every_file_the_dockerfile_copies_exists_and_it_serves_what_the_producti
         assert f"!{source}" in ignored, f"{source} is left out of the build context"
     command = dockerfile_command("CMD")
     assert command[:3] == ["dagster", "code-server", "start"]
-    assert command[command.index("-m") + 1] == "zombie_pipeline.definitions" and command[command.index("-a") + 1] == "defs"
+    assert (
+        command[command.index("-m") + 1] == "zombie_pipeline.definitions" and command[command.index("-a") + 1] == "defs"
+    )
     assert command[command.index("--location-name") + 1] == WORKSPACE["load_from"][0]["grpc_server"]["location_name"]
     port = command[command.index("-p") + 1]
     assert dockerfile_command("HEALTHCHECK")[:3] == ["dagster", "api", "grpc-health-check"]
     assert dockerfile_command("HEALTHCHECK")[-1] == port
-    assert not re.search(r"^ENTRYPOINT", DOCKERFILE, re.MULTILINE)  # the Helm chart passes the whole command as arguments
+    assert not re.search(
+        r"^ENTRYPOINT", DOCKERFILE, re.MULTILINE
+    )  # the Helm chart passes the whole command as arguments
     assert re.search(r"^USER (?!0|root)\S+", DOCKERFILE, re.MULTILINE)
     [deployment] = HELM["dagster-user-deployments"]["deployments"]
     assert deployment["codeServerArgs"] == ["-m", "zombie_pipeline.definitions", "-a", "defs"]
@@ -172,7 +181,10 @@ def test_a_cleanup_lost_with_its_code_location_frees_its_queue_within_the_docume
 def test_the_image_is_built_on_a_pinned_base_and_holds_the_run_launcher_of_the_charts_instance():
     default = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE, re.MULTILINE).group(1)
     assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", default), default  # a patch release on a Debian release
-    assert [line for line in DOCKERFILE.splitlines() if line.startswith("FROM ")] == ["FROM ${PYTHON_IMAGE} AS build", "FROM ${PYTHON_IMAGE}"]
+    assert [line for line in DOCKERFILE.splitlines() if line.startswith("FROM ")] == [
+        "FROM ${PYTHON_IMAGE} AS build",
+        "FROM ${PYTHON_IMAGE}",
+    ]
     pins = (DEPLOY / "requirements.txt").read_text()
     assert re.search(r"^dagster-k8s==0\.29\.27$", pins, re.MULTILINE)
     assert re.search(r"^kubernetes==", pins, re.MULTILINE)

@@ -110,7 +110,9 @@ class _Settings(SettingsMethods):
 
 def effective(validated: dict[str, Any]) -> dict[str, Any]:
     settings = _Settings(validated)
-    return {name: getattr(settings, name) for name in EFFECTIVE} | {"run_monitoring_enabled": bool(settings.run_monitoring_settings.get("enabled"))}
+    return {name: getattr(settings, name) for name in EFFECTIVE} | {
+        "run_monitoring_enabled": bool(settings.run_monitoring_settings.get("enabled"))
+    }
 
 
 def test_the_chart_in_the_cache_is_the_projects_dagster_version(manifest):
@@ -129,7 +131,11 @@ def test_the_instance_the_chart_writes_has_the_settings_of_deploy_dagster_yaml(r
                    if doc.get("kind") == "ConfigMap" and doc["metadata"]["name"].endswith("-instance")]  # fmt: skip
     written = configmap["data"]["dagster.yaml"]
     # one section of each: the chart's own run_monitoring is off, ours comes from additionalInstanceConfig
-    top_level = [line.split(":")[0] for line in written.splitlines() if line and not line[0].isspace() and not line.startswith("#")]
+    top_level = [
+        line.split(":")[0]
+        for line in written.splitlines()
+        if line and not line[0].isspace() and not line.startswith("#")
+    ]
     assert len(top_level) == len(set(top_level)), top_level
     chart_instance = instance_section(written, tmp_path / "chart", monkeypatch)
     ours = instance_section((DEPLOY / "dagster.yaml").read_text(), tmp_path / "ours", monkeypatch)
@@ -164,4 +170,6 @@ def test_the_code_location_runs_the_images_command_with_its_secret_user_and_volu
     assert pod["securityContext"]["runAsUser"] == 10001
     mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
     assert {"/opt/dagster/dagster_home/storage", "/opt/zombie_pipeline/home"} <= mounts
-    assert {"name": "zombie-pipeline-data", "persistentVolumeClaim": {"claimName": "zombie-pipeline-data"}} in pod["volumes"]
+    assert {"name": "zombie-pipeline-data", "persistentVolumeClaim": {"claimName": "zombie-pipeline-data"}} in pod[
+        "volumes"
+    ]

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from typing import Iterator
+from collections.abc import Iterator
 
 import dagster as dg
 import pytest
@@ -46,7 +46,9 @@ FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.Dagster
 @pytest.fixture(scope="module")
 def deployment(mongo_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     # today's generation (the simulator's default): a finalized zombie is deleted, its error left in the cache
-    workload = Workload(finished=80, crashed=4, never_heartbeated=2, terminated=2, overdue=2, running=20, waiting=5, days=1.0, seed=14)
+    workload = Workload(
+        finished=80, crashed=4, never_heartbeated=2, terminated=2, overdue=2, running=20, waiting=5, days=1.0, seed=14
+    )
 
     def turn_on(ops):
         # as an operator does after a first deploy; the schedule only once the sensor has fired, so that its tick
@@ -54,7 +56,9 @@ def deployment(mongo_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         ops.stop_sensor("cleanup_checks_sensor")
         ops.start_sensor(SENSOR)
 
-    with deployment_stack(mongo_url, tmp_path_factory.mktemp("production"), workload, before_daemon=turn_on) as deployment:
+    with deployment_stack(
+        mongo_url, tmp_path_factory.mktemp("production"), workload, before_daemon=turn_on
+    ) as deployment:
         yield deployment
 
 
@@ -98,9 +102,13 @@ def test_a_sensor_tick_launches_a_cleanup_that_finalizes_every_zombie(deployment
     store = deployment.store
     zombie_ids = [job[ID] for job in deployment.zombies]
     assert store.jobs.count_documents({ID: {"$in": zombie_ids}}) == 0  # today's generation deletes them
-    assert {job[Job.STATUS] for job in store.jobs.find({ID: {"$in": deployment.simulation.running_ids}})} == {Status.STARTED}
+    assert {job[Job.STATUS] for job in store.jobs.find({ID: {"$in": deployment.simulation.running_ids}})} == {
+        Status.STARTED
+    }
     for job in deployment.zombies:
-        expected = ErrorCode.EXCEEDED_MAX_DURATION if job[ID] in deployment.simulation.overdue_ids else ErrorCode.CRASHED
+        expected = (
+            ErrorCode.EXCEEDED_MAX_DURATION if job[ID] in deployment.simulation.overdue_ids else ErrorCode.CRASHED
+        )
         assert store.cache.find_one(cache_key_of_job(job))[Cache.ERROR_CODE] == expected
     assert {event[Event.RUN_ID] for event in store.events.find({ID: {"$in": zombie_ids}})} == {sensor_run.run_id}
 
@@ -128,14 +136,18 @@ def test_a_schedule_tick_launches_a_cleanup_that_succeeds(deployment, sensor_run
     def run_of_a_tick():
         return [tick for tick in deployment.ops.schedule_ticks(SCHEDULE) if tick.run_ids]
 
-    ticks = deployment.wait("a kill_zombies_schedule tick that launches a run", run_of_a_tick, 75 + RUN_TIMEOUT, interval=1)
+    ticks = deployment.wait(
+        "a kill_zombies_schedule tick that launches a run", run_of_a_tick, 75 + RUN_TIMEOUT, interval=1
+    )
     run = deployment.instance.get_run_by_id(ticks[-1].run_ids[0])
     assert run.job_name == CLEANUP and run.tags["dagster/schedule_name"] == SCHEDULE
     assert deployment.wait_for_run(run.run_id) == dg.DagsterRunStatus.SUCCESS
     # every zombie was finalized by a run that a tick launched, and it succeeded
     tick_runs = {run.run_id for run in deployment.instance.get_runs(dg.RunsFilter(job_name=CLEANUP)) if
                  {"dagster/schedule_name", "dagster/sensor_name"} & set(run.tags)}  # fmt: skip
-    finalizers = {event[Event.RUN_ID] for event in deployment.store.events.find({ID: {"$in": deployment.simulation.zombie_ids}})}
+    finalizers = {
+        event[Event.RUN_ID] for event in deployment.store.events.find({ID: {"$in": deployment.simulation.zombie_ids}})
+    }
     assert finalizers <= tick_runs
     assert all(deployment.instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.SUCCESS for run_id in finalizers)
     assert deployment.store.failures.count_documents({}) == 0  # pipeline_failure_sensor recorded no failed run
@@ -161,8 +173,9 @@ def test_the_webserver_serves_the_deployment_with_the_compose_files_command(depl
     """deploy/docker-compose.yaml's webserver command, on 127.0.0.1: the code location loaded, the runs in PostgreSQL."""
     port = free_port()
     server = processes.webserver(DEPLOY / "workspace.yaml", port, deployment.env, tmp_path / "webserver.log").start()
-    query = '{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus } } } runsOrError { ... on Runs { count } } }'
+    query = "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus } } } runsOrError { ... on Runs { count } } }"
     try:
+
         def answer():
             server.check_running()
             request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(),
@@ -174,7 +187,9 @@ def test_the_webserver_serves_the_deployment_with_the_compose_files_command(depl
                 return None
 
         data = deployment.wait("the webserver to answer GraphQL", answer, RUN_TIMEOUT)
-        assert {(entry["name"], entry["loadStatus"]) for entry in data["workspaceOrError"]["locationEntries"]} == {("zombie_pipeline", "LOADED")}
+        assert {(entry["name"], entry["loadStatus"]) for entry in data["workspaceOrError"]["locationEntries"]} == {
+            ("zombie_pipeline", "LOADED")
+        }
         assert data["runsOrError"]["count"] == deployment.instance.get_runs_count()  # the same PostgreSQL
     finally:
         pids = server.stop()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from typing import Iterator
+from collections.abc import Iterator
 
 import promql_parser
 import yaml
@@ -32,7 +32,9 @@ GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": 
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([binary_or_skip("promtool", "prometheus"), *args], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    return subprocess.run(
+        [binary_or_skip("promtool", "prometheus"), *args], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
+    )
 
 
 def metric_names(expr: str) -> set[str]:
@@ -40,7 +42,10 @@ def metric_names(expr: str) -> set[str]:
     for variable, value in GRAFANA_VARIABLES.items():
         expr = expr.replace(variable, value)
     names: set = set()
-    promql_parser.walk(promql_parser.parse(expr), lambda node: names.add(node.name) if isinstance(node, promql_parser.VectorSelector) else None)
+    promql_parser.walk(
+        promql_parser.parse(expr),
+        lambda node: names.add(node.name) if isinstance(node, promql_parser.VectorSelector) else None,
+    )
     assert None not in names, f"a selector without a metric name: {expr}"
     return names
 
@@ -77,7 +82,12 @@ def test_the_rule_tests_pass_and_show_the_no_successful_cleanup_alert_firing_on_
         for case in test.get("alert_rule_test", [])
         if case["alertname"] == "ZombieCleanupNotSucceeding" and case["exp_alerts"]
     ]
-    quiet = [case for test in tests for case in test.get("alert_rule_test", []) if case["alertname"] == "ZombieCleanupNotSucceeding" and not case["exp_alerts"]]
+    quiet = [
+        case
+        for test in tests
+        for case in test.get("alert_rule_test", [])
+        if case["alertname"] == "ZombieCleanupNotSucceeding" and not case["exp_alerts"]
+    ]
     assert firing and quiet  # it fires once the pushed time stops moving, and not before
     tested = promtool("test", "rules", str(RULE_TESTS_FILE))
     assert tested.returncode == 0, tested.stdout + tested.stderr
@@ -117,7 +127,9 @@ def test_the_dashboards_panels_have_their_own_ids_places_and_the_chosen_data_sou
     panels = DASHBOARD["panels"]
     assert len({panel["id"] for panel in panels}) == len(panels)
     for panel in panels:
-        assert {"h", "w", "x", "y"} <= set(panel["gridPos"]) and panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24, panel["title"]
+        assert {"h", "w", "x", "y"} <= set(panel["gridPos"]) and panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24, (
+            panel["title"]
+        )
         for target in panel.get("targets", []):
             assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
             assert 'queue_database=~"$queue_database"' in target["expr"], panel["title"]
@@ -135,4 +147,3 @@ def test_the_docs_list_every_metric():
     watching = DOCS[DOCS.index("Watching it") :]
     for name in METRIC_NAMES:
         assert f"`{name}`" in watching, name
-

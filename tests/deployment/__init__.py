@@ -102,8 +102,17 @@ class DeploymentClient:
         self.timeout_seconds = timeout_seconds
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self._process = subprocess.Popen(
-            [str(python_of(label)), str(DRIVER), "--serve",
-             "--mongo-url", mongo_url, "--queue-db", queue_db, "--cache-db", cache_db],
+            [
+                str(python_of(label)),
+                str(DRIVER),
+                "--serve",
+                "--mongo-url",
+                mongo_url,
+                "--queue-db",
+                queue_db,
+                "--cache-db",
+                cache_db,
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

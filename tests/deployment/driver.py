@@ -53,7 +53,8 @@ import pkgutil
 import sys
 import traceback
 from collections import Counter
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 # ---------------------------------------------------------------------------------------------
 # JSON
@@ -69,7 +70,7 @@ def to_jsonable(value: Any) -> Any:
         return to_jsonable(value.value)
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:  # mongo returns naive UTC datetimes
-            value = value.replace(tzinfo=dt.timezone.utc)
+            value = value.replace(tzinfo=dt.UTC)
         return value.isoformat()
     if isinstance(value, dt.date):
         return value.isoformat()
@@ -86,11 +87,11 @@ def to_jsonable(value: Any) -> Any:
 def parse_datetime(value: Any) -> Any:
     if isinstance(value, str):
         parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
     return value
 
 
-def describe_error(error: BaseException) -> Dict[str, Any]:
+def describe_error(error: BaseException) -> dict[str, Any]:
     return {"type": type(error).__name__, "message": str(error)[:2000]}
 
 
@@ -109,7 +110,7 @@ class Library:
         import libcommon
 
         self.libcommon = libcommon
-        self.modules: Dict[str, Any] = {}
+        self.modules: dict[str, Any] = {}
         queue_pkg = importlib.import_module("libcommon.queue")
         self.modules["libcommon.queue"] = queue_pkg
         if hasattr(queue_pkg, "__path__"):  # a package since 2024: queue/jobs.py, lock.py, ...
@@ -136,11 +137,11 @@ class Library:
 
     # -- models ------------------------------------------------------------------------------
 
-    def models(self) -> List[Any]:
+    def models(self) -> list[Any]:
         """Every mongoengine Document declared by the imported libcommon modules."""
         from mongoengine import Document
 
-        found: Dict[str, Any] = {}
+        found: dict[str, Any] = {}
         for module in self.modules.values():
             for value in vars(module).values():
                 if (
@@ -157,10 +158,10 @@ class Library:
     def alias_of(model: Any) -> str:
         return model._meta.get("db_alias") or "default"
 
-    def models_by_collection(self) -> Dict[str, Any]:
+    def models_by_collection(self) -> dict[str, Any]:
         return {model._get_collection_name(): model for model in self.models()}
 
-    def model_for(self, collection: str) -> Optional[Any]:
+    def model_for(self, collection: str) -> Any | None:
         return self.models_by_collection().get(collection)
 
     def queue_alias(self) -> str:
@@ -169,7 +170,7 @@ class Library:
     def cache_alias(self) -> str:
         return getattr(self.constants, "CACHE_MONGOENGINE_ALIAS", "cache")
 
-    def generation(self) -> Dict[str, Any]:
+    def generation(self) -> dict[str, Any]:
         job_model = self.job_model()
         fields = sorted(job_model._fields) if job_model is not None else []
         return {
@@ -181,19 +182,30 @@ class Library:
             "has_locks": self.model_for("locks") is not None,
             "queue_methods": sorted(
                 name
-                for name in ("add_job", "upsert_job", "create_jobs", "start_job", "finish_job", "heartbeat",
-                             "set_terminated", "get_stuck_jobs", "get_zombies", "kill_zombies", "kill_long_job")
+                for name in (
+                    "add_job",
+                    "upsert_job",
+                    "create_jobs",
+                    "start_job",
+                    "finish_job",
+                    "heartbeat",
+                    "set_terminated",
+                    "get_stuck_jobs",
+                    "get_zombies",
+                    "kill_zombies",
+                    "kill_long_job",
+                )
                 if hasattr(self.Queue, name)
             ),
         }
 
-    def job_model(self) -> Optional[Any]:
+    def job_model(self) -> Any | None:
         return self.model_for(getattr(self.constants, "QUEUE_COLLECTION_JOBS", "jobsBlue"))
 
-    def cache_model(self) -> Optional[Any]:
+    def cache_model(self) -> Any | None:
         return self.model_for(getattr(self.constants, "CACHE_COLLECTION_RESPONSES", "cachedResponsesBlue"))
 
-    def describe(self) -> Dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
         from importlib import metadata
 
         return {
@@ -224,10 +236,10 @@ class Connections:
 
     def __init__(self, library: Library) -> None:
         self.library = library
-        self.resources: List[Any] = []
-        self.mongo_url: Optional[str] = None
-        self.queue_db: Optional[str] = None
-        self.cache_db: Optional[str] = None
+        self.resources: list[Any] = []
+        self.mongo_url: str | None = None
+        self.queue_db: str | None = None
+        self.cache_db: str | None = None
 
     def connect(self, mongo_url: str, queue_db: str, cache_db: str) -> None:
         self.close()
@@ -272,7 +284,7 @@ class Connections:
 # Helpers for calling an API whose signature changed across commits
 
 
-def call_with_supported(function: Callable[..., Any], kwargs: Dict[str, Any], what: str) -> Any:
+def call_with_supported(function: Callable[..., Any], kwargs: dict[str, Any], what: str) -> Any:
     """Call ``function`` with the non-null arguments; refuse one it does not take at this commit."""
     parameters = inspect.signature(function).parameters
     accepted = {}
@@ -298,7 +310,7 @@ class Driver:
     def __init__(self, library: Library) -> None:
         self.library = library
         self.connections = Connections(library)
-        self.actions: Dict[str, Callable[[Dict[str, Any]], Any]] = {
+        self.actions: dict[str, Callable[[dict[str, Any]], Any]] = {
             "info": self.info,
             "connect": self.connect,
             "create_jobs": self.create_jobs,
@@ -316,8 +328,8 @@ class Driver:
 
     # -- protocol ----------------------------------------------------------------------------
 
-    def handle(self, request: Any) -> Dict[str, Any]:
-        answer: Dict[str, Any] = {}
+    def handle(self, request: Any) -> dict[str, Any]:
+        answer: dict[str, Any] = {}
         if isinstance(request, dict) and "id" in request:
             answer["id"] = request["id"]
         try:
@@ -340,17 +352,17 @@ class Driver:
 
     # -- actions -----------------------------------------------------------------------------
 
-    def info(self, args: Dict[str, Any]) -> Dict[str, Any]:
+    def info(self, args: dict[str, Any]) -> dict[str, Any]:
         return self.library.describe()
 
-    def connect(self, args: Dict[str, Any]) -> Dict[str, Any]:
+    def connect(self, args: dict[str, Any]) -> dict[str, Any]:
         mongo_url = args.get("mongo_url") or self.connections.mongo_url
         if not mongo_url or not args.get("queue_db") or not args.get("cache_db"):
             raise ActionError("connect needs queue_db, cache_db (and mongo_url unless given at start)")
         self.connections.connect(mongo_url, args["queue_db"], args["cache_db"])
         return {"queue_db": args["queue_db"], "cache_db": args["cache_db"]}
 
-    def _queue(self, args: Dict[str, Any]) -> Any:
+    def _queue(self, args: dict[str, Any]) -> Any:
         kwargs = {}
         if "max_jobs_per_namespace" in args:
             kwargs["max_jobs_per_namespace"] = args["max_jobs_per_namespace"]
@@ -359,11 +371,11 @@ class Driver:
     def _priority(self, value: Any) -> Any:
         return None if value is None else self.library.Priority(value)
 
-    def _job_ids(self) -> List[str]:
+    def _job_ids(self) -> list[str]:
         model = self.library.job_model()
         return [str(doc["_id"]) for doc in self.connections.raw_collection(model).find({}, {"_id": 1})]
 
-    def create_jobs(self, args: Dict[str, Any]) -> Dict[str, Any]:
+    def create_jobs(self, args: dict[str, Any]) -> dict[str, Any]:
         jobs = args.get("jobs")
         if not isinstance(jobs, list) or not jobs:
             raise ActionError("create_jobs needs jobs: a non-empty list of {type, dataset, ...}")
@@ -378,7 +390,9 @@ class Driver:
         for job in jobs:
             unknown = set(job) - {"type", "dataset", "revision", "config", "split", "difficulty", "priority", "force"}
             if unknown or "type" not in job or "dataset" not in job:
-                raise ActionError(f"a job is {{type, dataset, revision, config, split, difficulty, priority, force}}: {job}")
+                raise ActionError(
+                    f"a job is {{type, dataset, revision, config, split, difficulty, priority, force}}: {job}"
+                )
             specs.append(job)
         if method == "create_jobs":
             before = set(self._job_ids())
@@ -424,7 +438,7 @@ class Driver:
             job_ids.append(str(created.pk))
         return {"method": method, "job_ids": job_ids}
 
-    def start_job(self, args: Dict[str, Any]) -> Dict[str, Any]:
+    def start_job(self, args: dict[str, Any]) -> dict[str, Any]:
         queue = self._queue(args)
         kwargs = {name: args.get(name) for name in ("difficulty_min", "difficulty_max", "only_job_types")}
         try:
@@ -435,18 +449,18 @@ class Driver:
             return {"started": False, "exception": type(error).__name__, "message": str(error)}
         return {"started": True, "job_id": info["job_id"], "info": info}
 
-    def heartbeat(self, args: Dict[str, Any]) -> Dict[str, Any]:
+    def heartbeat(self, args: dict[str, Any]) -> dict[str, Any]:
         self._queue(args).heartbeat(job_id=self._required(args, "job_id"))
         return {"job_id": args["job_id"]}
 
-    def set_terminated(self, args: Dict[str, Any]) -> Dict[str, Any]:
+    def set_terminated(self, args: dict[str, Any]) -> dict[str, Any]:
         queue = self._queue(args)
         if not hasattr(queue, "set_terminated"):
             raise ActionError("Queue at this commit has no set_terminated")
         queue.set_terminated(job_id=self._required(args, "job_id"))
         return {"job_id": args["job_id"]}
 
-    def finish_job(self, args: Dict[str, Any]) -> Dict[str, Any]:
+    def finish_job(self, args: dict[str, Any]) -> dict[str, Any]:
         queue = self._queue(args)
         job_id = self._required(args, "job_id")
         status = args.get("status")
@@ -460,7 +474,7 @@ class Driver:
         returned = queue.finish_job(job_id=job_id)
         return {"job_id": job_id, "status": None, "status_ignored": status is not None, "returned": returned}
 
-    def upsert_response(self, args: Dict[str, Any]) -> Dict[str, Any]:
+    def upsert_response(self, args: dict[str, Any]) -> dict[str, Any]:
         from http import HTTPStatus
 
         for name in ("kind", "dataset", "content", "http_status"):
@@ -470,27 +484,35 @@ class Driver:
         if "updated_at" in kwargs:
             kwargs["updated_at"] = parse_datetime(kwargs["updated_at"])
         call_with_supported(self.library.simple_cache.upsert_response, kwargs, "simple_cache.upsert_response")
-        return {"kind": args["kind"], "dataset": args["dataset"], "config": args.get("config"),
-                "split": args.get("split")}
+        return {
+            "kind": args["kind"],
+            "dataset": args["dataset"],
+            "config": args.get("config"),
+            "split": args.get("split"),
+        }
 
-    def find_stuck(self, args: Dict[str, Any]) -> Dict[str, Any]:
+    def find_stuck(self, args: dict[str, Any]) -> dict[str, Any]:
         queue = self._queue(args)
         seconds = self._required(args, "max_seconds_without_heartbeat")
         if hasattr(queue, "get_stuck_jobs"):
             stuck = queue.get_stuck_jobs(max_seconds_without_heartbeat=seconds)
-            return {"method": "get_stuck_jobs",
-                    "jobs": [{"job_id": info["job_id"], "reason": reason} for info, reason in stuck]}
+            return {
+                "method": "get_stuck_jobs",
+                "jobs": [{"job_id": info["job_id"], "reason": reason} for info, reason in stuck],
+            }
         if hasattr(queue, "get_zombies"):
             zombies = queue.get_zombies(max_seconds_without_heartbeat=seconds)
-            return {"method": "get_zombies",
-                    "jobs": [{"job_id": info["job_id"], "reason": "missing heartbeats"} for info in zombies]}
+            return {
+                "method": "get_zombies",
+                "jobs": [{"job_id": info["job_id"], "reason": "missing heartbeats"} for info in zombies],
+            }
         raise ActionError("Queue at this commit finds no stuck jobs")
 
     # -- load_all ----------------------------------------------------------------------------
 
-    def load_all(self, args: Dict[str, Any]) -> Dict[str, Any]:
+    def load_all(self, args: dict[str, Any]) -> dict[str, Any]:
         wanted = args.get("collections")
-        collections: Dict[str, Any] = {}
+        collections: dict[str, Any] = {}
         for model in self.library.models():
             name = model._get_collection_name()
             if wanted is not None and name not in wanted:
@@ -516,10 +538,10 @@ class Driver:
             "reader_errors": reader_errors,
         }
 
-    def ensure_indexes(self, args: Dict[str, Any]) -> Dict[str, Any]:
+    def ensure_indexes(self, args: dict[str, Any]) -> dict[str, Any]:
         """Each model's index creation, as the deployment runs it at startup: the errors per collection, and the indexes."""
-        errors: Dict[str, str] = {}
-        indexes: Dict[str, Dict[str, Any]] = {}
+        errors: dict[str, str] = {}
+        indexes: dict[str, dict[str, Any]] = {}
         for model in self.library.models():
             name = model._get_collection_name()
             try:
@@ -527,12 +549,13 @@ class Driver:
             except Exception as error:  # an option or name conflict with an index already there
                 errors[name] = f"{type(error).__name__}: {error}"
             indexes[name] = {
-                index: [list(key) for key in info["key"]] for index, info in model._get_collection().index_information().items()
+                index: [list(key) for key in info["key"]]
+                for index, info in model._get_collection().index_information().items()
             }
         return {"ok": not errors, "errors": errors, "indexes": indexes}
 
-    def _load_collection(self, model: Any) -> Dict[str, Any]:
-        report: Dict[str, Any] = {
+    def _load_collection(self, model: Any) -> dict[str, Any]:
+        report: dict[str, Any] = {
             "model": model.__name__,
             "database": "queue" if self.library.alias_of(model) == self.library.queue_alias() else "cache",
             "documents": 0,
@@ -564,9 +587,9 @@ class Driver:
                 report["errors"].append(dict(describe_error(error), stage=stage, _id=document_id))
         return report
 
-    def _run_readers(self) -> Dict[str, Any]:
+    def _run_readers(self) -> dict[str, Any]:
         """The library's own readers of whole documents, on every job type and cache kind present."""
-        readers: Dict[str, Any] = {}
+        readers: dict[str, Any] = {}
 
         def attempt(name: str, function: Callable[[], Any]) -> None:
             try:
@@ -579,20 +602,24 @@ class Driver:
         job_model = self.library.job_model()
         if job_model is not None and hasattr(queue, "get_dump_by_pending_status"):
             for job_type in sorted(self.connections.raw_collection(job_model).distinct("type")):
-                attempt(f"Queue.get_dump_by_pending_status({job_type})",
-                        lambda job_type=job_type: queue.get_dump_by_pending_status(job_type=job_type))
+                attempt(
+                    f"Queue.get_dump_by_pending_status({job_type})",
+                    lambda job_type=job_type: queue.get_dump_by_pending_status(job_type=job_type),
+                )
         cache_model = self.library.cache_model()
         reports = getattr(self.library.simple_cache, "get_cache_reports_with_content", None)
         if cache_model is not None and reports is not None:
             for kind in sorted(self.connections.raw_collection(cache_model).distinct("kind")):
-                attempt(f"simple_cache.get_cache_reports_with_content({kind})",
-                        lambda kind=kind: reports(kind=kind, cursor=None, limit=1000)["cache_reports_with_content"])
+                attempt(
+                    f"simple_cache.get_cache_reports_with_content({kind})",
+                    lambda kind=kind: reports(kind=kind, cursor=None, limit=1000)["cache_reports_with_content"],
+                )
         return readers
 
     # -- recount_metrics ---------------------------------------------------------------------
 
-    def recount_metrics(self, args: Dict[str, Any]) -> Dict[str, Any]:
-        metrics: Dict[str, Any] = {}
+    def recount_metrics(self, args: dict[str, Any]) -> dict[str, Any]:
+        metrics: dict[str, Any] = {}
         metrics_module = self.library.metrics
         if metrics_module is not None and hasattr(metrics_module, "JobTotalMetricDocument"):
             metrics["jobTotalMetric"] = self._job_total_metric(metrics_module.JobTotalMetricDocument)
@@ -608,7 +635,7 @@ class Driver:
         }
 
     @staticmethod
-    def _compare(stored: Dict[Any, int], recount: Dict[Any, int], key_names: List[str]) -> List[Dict[str, Any]]:
+    def _compare(stored: dict[Any, int], recount: dict[Any, int], key_names: list[str]) -> list[dict[str, Any]]:
         """Rows where the stored counter and the recount differ; an absent counter counts as 0."""
         differences = []
         for key in sorted(set(stored) | set(recount), key=lambda k: json.dumps(to_jsonable(k))):
@@ -620,14 +647,14 @@ class Driver:
         return differences
 
     @staticmethod
-    def _rows(counts: Dict[Any, int], key_names: List[str]) -> List[Dict[str, Any]]:
+    def _rows(counts: dict[Any, int], key_names: list[str]) -> list[dict[str, Any]]:
         rows = []
         for key, total in counts.items():
             values = key if isinstance(key, tuple) else (key,)
             rows.append(dict(zip(key_names, to_jsonable(list(values))), total=total))
         return sorted(rows, key=lambda row: json.dumps(row, sort_keys=True))
 
-    def _job_total_metric(self, model: Any) -> Dict[str, Any]:
+    def _job_total_metric(self, model: Any) -> dict[str, Any]:
         keys = ["job_type", "status", "dataset_status"]
         stored = {(m.job_type, m.status, m.dataset_status): m.total for m in model.objects()}
         recount = dict(self.library.Queue().get_jobs_total_by_type_status_and_dataset_status())
@@ -638,7 +665,7 @@ class Driver:
             "differences": self._compare(stored, recount, keys),
         }
 
-    def _worker_size_metric(self, model: Any) -> Dict[str, Any]:
+    def _worker_size_metric(self, model: Any) -> dict[str, Any]:
         # The counters are kept by every insert/start/finish for WAITING jobs of datasets that are not
         # blocked (metrics.increase_metric / decrease_metric); the library's periodic recount
         # (Queue.get_jobs_count_by_worker_size, run by cache_maintenance) counts waiting AND started
@@ -670,7 +697,7 @@ class Driver:
             "differences_from_library_recount": self._compare(stored, library_recount, ["worker_size"]),
         }
 
-    def _cache_total_metric(self, model: Any) -> Dict[str, Any]:
+    def _cache_total_metric(self, model: Any) -> dict[str, Any]:
         keys = ["kind", "http_status", "error_code"]
         stored = {(m.kind, m.http_status, m.error_code): m.total for m in model.objects()}
         recount = dict(self.library.simple_cache.get_responses_count_by_kind_status_and_error_code())
@@ -683,23 +710,36 @@ class Driver:
 
     # -- state -------------------------------------------------------------------------------
 
-    def state(self, args: Dict[str, Any]) -> Dict[str, Any]:
+    def state(self, args: dict[str, Any]) -> dict[str, Any]:
         """A summary from raw reads, so that it works on documents the models refuse."""
         library = self.library
         by_collection = library.models_by_collection()
 
-        def raw(name: str) -> Optional[Any]:
+        def raw(name: str) -> Any | None:
             model = by_collection.get(name)
             return None if model is None else self.connections.raw_collection(model)
 
-        result: Dict[str, Any] = {}
+        result: dict[str, Any] = {}
         jobs = raw(getattr(library.constants, "QUEUE_COLLECTION_JOBS", "jobsBlue"))
         job_rows = []
         for doc in jobs.find().sort("created_at", 1):
             row = {"id": doc["_id"]}
-            for field in ("type", "dataset", "revision", "config", "split", "status", "unicity_id", "priority",
-                          "difficulty", "created_at", "started_at", "last_heartbeat", "finished_at",
-                          "terminated_at"):
+            for field in (
+                "type",
+                "dataset",
+                "revision",
+                "config",
+                "split",
+                "status",
+                "unicity_id",
+                "priority",
+                "difficulty",
+                "created_at",
+                "started_at",
+                "last_heartbeat",
+                "finished_at",
+                "terminated_at",
+            ):
                 if field in doc:
                     row[field] = doc[field]
             extra = sorted(set(doc) - set(row) - {"_id", "namespace", "force"})
@@ -718,13 +758,17 @@ class Driver:
             result["locks"] = {str(doc["_id"]): doc.get("owner") for doc in details}
             result["lock_details"] = details
         past_jobs = raw(getattr(library.constants, "QUEUE_COLLECTION_PAST_JOBS", "pastJobs"))
-        result["past_jobs"] = None if past_jobs is None else [
-            {k: v for k, v in doc.items() if k != "_id"} for doc in past_jobs.find().sort("finished_at", 1)
-        ]
+        result["past_jobs"] = (
+            None
+            if past_jobs is None
+            else [{k: v for k, v in doc.items() if k != "_id"} for doc in past_jobs.find().sort("finished_at", 1)]
+        )
         blockages = raw(getattr(library.constants, "QUEUE_COLLECTION_DATASET_BLOCKAGES", "datasetBlockages"))
-        result["blockages"] = None if blockages is None else [
-            {k: v for k, v in doc.items() if k != "_id"} for doc in blockages.find().sort("blocked_at", 1)
-        ]
+        result["blockages"] = (
+            None
+            if blockages is None
+            else [{k: v for k, v in doc.items() if k != "_id"} for doc in blockages.find().sort("blocked_at", 1)]
+        )
         cache = self.connections.raw_collection(library.cache_model())
         result["cache"] = [
             {k: doc.get(k) for k in ("kind", "dataset", "config", "split", "http_status", "error_code")}
@@ -733,7 +777,7 @@ class Driver:
         return result
 
     @staticmethod
-    def _required(args: Dict[str, Any], name: str) -> Any:
+    def _required(args: dict[str, Any], name: str) -> Any:
         if args.get(name) is None:
             raise ActionError(f"argument {name!r} is required")
         return args[name]
@@ -743,7 +787,7 @@ class Driver:
 # Main
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mongo-url")
     parser.add_argument("--queue-db")

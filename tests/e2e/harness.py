@@ -15,8 +15,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCATION = "zombie_pipeline"
@@ -98,7 +99,7 @@ class DagsterDev:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 120) -> "DagsterDev":
+    def start(self, timeout: float = 120) -> DagsterDev:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "dagster.yaml").write_text(DAGSTER_YAML)
         env = {**os.environ, **self.env, "DAGSTER_HOME": str(self.home)}
@@ -106,14 +107,22 @@ class DagsterDev:
         command = [str(dagster), "dev", "-w", str(ROOT / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(self.port)]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                command,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         wait_for("the code location to load in dagster dev", self._location_loaded, timeout)
         return self
 
     def _location_loaded(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
-            raise RuntimeError(f"dagster dev exited with {self.process.returncode}; see {self.log_path}:\n{self.log_tail()}")
+            raise RuntimeError(
+                f"dagster dev exited with {self.process.returncode}; see {self.log_path}:\n{self.log_tail()}"
+            )
         try:
             data = self.graphql(
                 "query { workspaceOrError { ... on Workspace { locationEntries { name "
@@ -210,7 +219,9 @@ query($filter: RunsFilter) {
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
 
 
-def launch(dev: DagsterDev, job: str, run_config: dict | None = None, tags: dict | None = None, asset_selection=None) -> str:
+def launch(
+    dev: DagsterDev, job: str, run_config: dict | None = None, tags: dict | None = None, asset_selection=None
+) -> str:
     params: dict[str, Any] = {
         "selector": {**repository_selector(), "jobName": job},
         "runConfigData": run_config or {},

@@ -40,12 +40,15 @@ from zombie_pipeline.simulation.simulator import simulate
 
 pytestmark = pytest.mark.e2e
 
+
 @pytest.fixture(scope="module")
 def simulated(mongo_url):
     with fresh_databases(client_for(mongo_url), drop=on_real_mongodb()) as make:
         store = Store.of(make("e2e_queue"), make("e2e_cache"))
         store.ensure_indexes()
-        simulation = simulate(store, workload(finished=150, crashed=4, never_heartbeated=2, overdue=2, running=20, waiting=10, seed=11))
+        simulation = simulate(
+            store, workload(finished=150, crashed=4, never_heartbeated=2, overdue=2, running=20, waiting=10, seed=11)
+        )
         yield store, simulation
 
 
@@ -84,7 +87,9 @@ def client(dev):
 
 def add_zombies(store: Store, job_type: str, count: int) -> list:
     jobs = [
-        job_document(job_type=job_type, dataset=f"e2e/{uuid.uuid4().hex[:8]}", started_at=ago(1_000), last_heartbeat=ago(900))
+        job_document(
+            job_type=job_type, dataset=f"e2e/{uuid.uuid4().hex[:8]}", started_at=ago(1_000), last_heartbeat=ago(900)
+        )
         for _ in range(count)
     ]
     store.jobs.insert_many(jobs)
@@ -146,8 +151,13 @@ def test_kill_zombies_job_launched_through_graphql_finalizes_every_zombie_then_t
         interval=2,
     )
     assert harness.wait_for_run(dev, health_run["runId"]) == "SUCCESS"
-    checks = harness.wait_for("check results", lambda: (c := checks_of_latest_health(dev)) and all(
-        e and e["status"] != "IN_PROGRESS" for e in c.values()) and c, timeout=30)
+    checks = harness.wait_for(
+        "check results",
+        lambda: (
+            (c := checks_of_latest_health(dev)) and all(e and e["status"] != "IN_PROGRESS" for e in c.values()) and c
+        ),
+        timeout=30,
+    )
     assert {name: e["status"] for name, e in checks.items()} == {
         "no_zombies_left": "SUCCEEDED",
         "zombies_have_cache_errors": "SUCCEEDED",
@@ -159,16 +169,23 @@ def test_kill_zombies_job_launched_through_graphql_finalizes_every_zombie_then_t
 def test_a_backfill_over_two_job_types_cleans_only_those_types(dev, simulated):
     store, simulation = simulated
     workers_beat(store, simulation)
-    splits, first_rows, parquet = (add_zombies(store, job_type, 2) for job_type in ("/splits", "/first-rows", "/parquet"))
+    splits, first_rows, parquet = (
+        add_zombies(store, job_type, 2) for job_type in ("/splits", "/first-rows", "/parquet")
+    )
     # job_types_sensor (running by default) registered the types of the simulated queue as partitions
-    partitions = harness.wait_for("job_types partitions", lambda: set(partition_names(dev)) >= {"/splits", "/first-rows"}, 90)
+    partitions = harness.wait_for(
+        "job_types partitions", lambda: set(partition_names(dev)) >= {"/splits", "/first-rows"}, 90
+    )
     assert partitions
     result = dev.graphql(
         "mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) { __typename "
         "... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }",
         {
             "params": {
-                "selector": {"partitionSetName": "kill_zombies_job_partition_set", "repositorySelector": harness.repository_selector()},
+                "selector": {
+                    "partitionSetName": "kill_zombies_job_partition_set",
+                    "repositorySelector": harness.repository_selector(),
+                },
                 "partitionNames": ["/splits", "/first-rows"],
                 "runConfigData": {},  # as the UI sends it; the backfill daemon submits the runs
             }
@@ -176,7 +193,10 @@ def test_a_backfill_over_two_job_types_cleans_only_those_types(dev, simulated):
     )["launchPartitionBackfill"]
     assert result["__typename"] == "LaunchBackfillSuccess", result
     backfill = harness.wait_for(
-        "the backfill to complete", lambda: (b := backfill_state(dev, result["backfillId"]))["status"].startswith("COMPLETED") and b, 180, 2
+        "the backfill to complete",
+        lambda: (b := backfill_state(dev, result["backfillId"]))["status"].startswith("COMPLETED") and b,
+        180,
+        2,
     )
     assert backfill["status"] == "COMPLETED_SUCCESS"
     assert {p["partitionName"]: p["runStatus"] for p in backfill["partitionStatuses"]["results"]} == {
@@ -211,12 +231,14 @@ def test_the_stale_jobs_sensor_once_started_launches_a_cleanup(dev, simulated):
     assert harness.wait_for_run(dev, run["runId"], timeout=180) == "SUCCESS"
     assert status_of(store, zombies) == {Status.ERROR}
     # leave no run behind: the checks run that follows this cleanup finishes too
-    harness.wait_for("every run to finish", lambda: all(r["status"] in harness.FINISHED for r in harness.runs(dev)), 150, 2)
+    harness.wait_for(
+        "every run to finish", lambda: all(r["status"] in harness.FINISHED for r in harness.runs(dev)), 150, 2
+    )
 
 
 def partition_names(dev) -> list[str]:
     data = dev.graphql(
-        "query($r: RepositorySelector!) { partitionSetsOrError(repositorySelector: $r, pipelineName: \"kill_zombies_job\") "
+        'query($r: RepositorySelector!) { partitionSetsOrError(repositorySelector: $r, pipelineName: "kill_zombies_job") '
         "{ ... on PartitionSets { results { name partitionsOrError { ... on Partitions { results { name } } } } } } }",
         {"r": harness.repository_selector()},
     )

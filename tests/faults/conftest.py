@@ -3,8 +3,8 @@ processes killed in the middle of a transaction leave behind, it is nobody else'
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

@@ -52,7 +52,7 @@ CACHE = "faults_cache"
 
 
 def connect(url: str, timeout_ms: int = 5_000, **options: Any) -> MongoClient:
-    return MongoClient(url, tz_aware=True, tzinfo=dt.timezone.utc, serverSelectionTimeoutMS=timeout_ms, **options)
+    return MongoClient(url, tz_aware=True, tzinfo=dt.UTC, serverSelectionTimeoutMS=timeout_ms, **options)
 
 
 def store_of(client: MongoClient, queue: str = QUEUE, cache: str = CACHE) -> Store:
@@ -189,7 +189,10 @@ def prior_failed_runs(store: Store, zombie_ids: list[ObjectId]) -> dict[ObjectId
     """The failed runs each zombie's cache entry counts before the cleanup, as the deployment counts them on a crash."""
     jobs = {job[ID]: job for job in store.jobs.find({ID: {"$in": zombie_ids}})}
     entries = {tuple(entry.get(name) for name in CACHE_KEY): entry for entry in store.cache.find()}
-    return {job_id: failed_runs_after_crash(entries.get(tuple(cache_key_of_job(job).values())), job) - 1 for job_id, job in jobs.items()}
+    return {
+        job_id: failed_runs_after_crash(entries.get(tuple(cache_key_of_job(job).values())), job) - 1
+        for job_id, job in jobs.items()
+    }
 
 
 def assert_nothing_lost_or_doubled(figures: dict[str, int]) -> None:

@@ -67,7 +67,9 @@ def test_an_unreachable_database_fails_the_run_within_its_timeout_writes_nothing
     client = connect(server.url)
     store = store_of(client)
     store.ensure_indexes()
-    simulation = simulate(store, workload(finished=40, crashed=8, never_heartbeated=2, overdue=2, running=20, waiting=5, seed=3))
+    simulation = simulate(
+        store, workload(finished=40, crashed=8, never_heartbeated=2, overdue=2, running=20, waiting=5, seed=3)
+    )
     before = snapshot(client)
     server.stop()
     urls_of(server.url)
@@ -86,7 +88,9 @@ def test_an_unreachable_database_fails_the_run_within_its_timeout_writes_nothing
     # The core, called directly, fails the same way and within the same timeout.
     core_started = time.monotonic()
     with pytest.raises(pymongo.errors.ServerSelectionTimeoutError):
-        run_cleanup(store_of(connect(server.url, timeout_ms=TIMEOUT_MS)), ZombiePolicy(), "core-run", override_brake=True)
+        run_cleanup(
+            store_of(connect(server.url, timeout_ms=TIMEOUT_MS)), ZombiePolicy(), "core-run", override_brake=True
+        )
     core_seconds = time.monotonic() - core_started
     assert core_seconds <= TIMEOUT_MS / 1000 * 2 + 1
 
@@ -168,10 +172,7 @@ MIDWAY_BATCH = 5
     [
         "finalize",
         "cache_errors",
-        *(
-            pytest.param(point, marks=FULL_SIZE)
-            for point in ("claim", "retries")
-        ),
+        *(pytest.param(point, marks=FULL_SIZE) for point in ("claim", "retries")),
     ],
 )
 def test_a_database_stopped_between_batches_fails_the_run_and_the_next_run_completes_every_zombie_once(
@@ -195,7 +196,10 @@ def test_a_database_stopped_between_batches_fails_the_run_and_the_next_run_compl
     monitoring.register(killer)
     try:
         started = time.monotonic()
-        crashed = run_kill_zombies(dagster_resources(timeout_ms=TIMEOUT_MS, batch_size=MIDWAY_BATCH, claim_lease_seconds=0), override_brake=True)
+        crashed = run_kill_zombies(
+            dagster_resources(timeout_ms=TIMEOUT_MS, batch_size=MIDWAY_BATCH, claim_lease_seconds=0),
+            override_brake=True,
+        )
         failed_seconds = time.monotonic() - started
     finally:
         killer.armed = False
@@ -209,17 +213,22 @@ def test_a_database_stopped_between_batches_fails_the_run_and_the_next_run_compl
     at_crash = {
         "jobs_error": store.jobs.count_documents({ID: {"$in": zombies}, Job.STATUS: Status.ERROR}),
         "events": dict(Counter(e[Event.STATE] for e in store.events.find({}, {Event.STATE: 1}))),
-        "finished_at": {j[ID]: j.get(Job.FINISHED_AT) for j in store.jobs.find({ID: {"$in": zombies}, Job.STATUS: Status.ERROR})},
+        "finished_at": {
+            j[ID]: j.get(Job.FINISHED_AT) for j in store.jobs.find({ID: {"$in": zombies}, Job.STATUS: Status.ERROR})
+        },
     }
     assert at_crash["events"], "the crash came before any claim"
 
-    recovered = run_kill_zombies(dagster_resources(timeout_ms=TIMEOUT_MS, batch_size=MIDWAY_BATCH, claim_lease_seconds=0), override_brake=True)
+    recovered = run_kill_zombies(
+        dagster_resources(timeout_ms=TIMEOUT_MS, batch_size=MIDWAY_BATCH, claim_lease_seconds=0), override_brake=True
+    )
     assert recovered.success, step_failure_messages(recovered)
     reconcile_metadata = step_metadata(recovered, "reconcile")
     figures = audit(store, zombies, prior)
     # finalized before the crash keep their stamp: nothing is finalized a second time
     changed = sum(
-        1 for job in store.jobs.find({ID: {"$in": list(at_crash["finished_at"])}})
+        1
+        for job in store.jobs.find({ID: {"$in": list(at_crash["finished_at"])}})
         if job.get(Job.FINISHED_AT) != at_crash["finished_at"][job[ID]]
     )
     figures["duplicate_refinalized_after_restart"] = changed

@@ -50,10 +50,20 @@ from zombie_pipeline.queue.documents import (
 from zombie_pipeline.simulation.simulator import JOB_TYPES, cache_document
 
 LIVE_SIZES = {
-    "default": dict(zombies=120, healthy=120, cleanups=3, revived_fraction=0.1),
-    "full": dict(zombies=1_000, healthy=1_000, cleanups=int(os.environ.get("ZOMBIE_FAULTS_CLEANUPS", "4")), revived_fraction=0.1),
+    "default": {"zombies": 120, "healthy": 120, "cleanups": 3, "revived_fraction": 0.1},
+    "full": {
+        "zombies": 1_000,
+        "healthy": 1_000,
+        "cleanups": int(os.environ.get("ZOMBIE_FAULTS_CLEANUPS", "4")),
+        "revived_fraction": 0.1,
+    },
 }
-LIVE_POLICY = dict(heartbeat_timeout_seconds=300, max_duration_seconds=86_400, batch_size=100, claim_lease_seconds=900)
+LIVE_POLICY = {
+    "heartbeat_timeout_seconds": 300,
+    "max_duration_seconds": 86_400,
+    "batch_size": 100,
+    "claim_lease_seconds": 900,
+}
 LIVE_BATCH_SIZES = (100, 37, 61, 13)
 LIVE_HALF_OF_TYPES = [job_type.name for job_type in JOB_TYPES[::2]]
 
@@ -71,12 +81,20 @@ def _live_jobs(zombies: int, healthy: int, now: dt.datetime, seed: int) -> tuple
             config = None if job_type.level == "dataset" else rng.choice(["default", "en"])
             split = "train" if job_type.level == "split" else None
             job = job_document(
-                job_type.name, f"user{i % 40}/{kind}-{i}", config, split,
-                started_at=started_at, last_heartbeat=heartbeat,
+                job_type.name,
+                f"user{i % 40}/{kind}-{i}",
+                config,
+                split,
+                started_at=started_at,
+                last_heartbeat=heartbeat,
             )
             target.append(job)
             if rng.random() < 0.5:  # an older result of the same step
-                entries.append(cache_document(job, started_at - dt.timedelta(days=1), http_status=500, error_code="X", failed_runs=1))
+                entries.append(
+                    cache_document(
+                        job, started_at - dt.timedelta(days=1), http_status=500, error_code="X", failed_runs=1
+                    )
+                )
     return zombie_jobs, healthy_jobs, entries
 
 
@@ -111,9 +129,14 @@ def test_concurrent_cleanups_with_live_workers_finalize_each_zombie_once_and_nev
         "worker_actor",
         tmp_path,
         {
-            **databases, "seed": 5,
-            "healthy": [str(i) for i in healthy_ids], "revived": [str(i) for i in revived_ids],
-            "go_at": go_at, "spread_seconds": spread, "finish_fraction": 0.02, "pause": 0.2,
+            **databases,
+            "seed": 5,
+            "healthy": [str(i) for i in healthy_ids],
+            "revived": [str(i) for i in revived_ids],
+            "go_at": go_at,
+            "spread_seconds": spread,
+            "finish_fraction": 0.02,
+            "pause": 0.2,
             "stop_file": str(stop_file),
         },
     )
@@ -129,13 +152,16 @@ def test_concurrent_cleanups_with_live_workers_finalize_each_zombie_once_and_nev
                     "cleanup_actor",
                     tmp_path,
                     {
-                        **databases, "policy": policy, "run_id": f"cleanup-{n}",
-                        "go_at": go_at + 0.4 * n, "job_types": LIVE_HALF_OF_TYPES if n == 1 else None,
+                        **databases,
+                        "policy": policy,
+                        "run_id": f"cleanup-{n}",
+                        "go_at": go_at + 0.4 * n,
+                        "job_types": LIVE_HALF_OF_TYPES if n == 1 else None,
                     },
                 )
             )
         outputs = [process.communicate(timeout=1_800) for process in cleanups]
-        for process, (out, err) in zip(cleanups, outputs):
+        for process, (_out, err) in zip(cleanups, outputs):
             assert process.returncode == 0, err[-3000:]
         reports = [last_report(out) for out, _ in outputs]
         time.sleep(1.0)  # a last heartbeat round
@@ -155,12 +181,18 @@ def test_concurrent_cleanups_with_live_workers_finalize_each_zombie_once_and_nev
     events_by_job = Counter(event[ID] for event in events)
     error_jobs = {job_id for job_id in zombie_ids if jobs[job_id][Job.STATUS] == Status.ERROR}
     won = Counter(job_id for report in reports for job_id in report["won"])
-    job_updates_modified = sum(report["writes"].get(f"update:{DEFAULT_JOBS_COLLECTION}", {}).get("nModified", 0) for report in reports)
+    job_updates_modified = sum(
+        report["writes"].get(f"update:{DEFAULT_JOBS_COLLECTION}", {}).get("nModified", 0) for report in reports
+    )
     entries_now = {tuple(e.get(n) for n in CACHE_KEY): e for e in store.cache.find()}
     success_overwritten = 0
     for job_id in map(ObjectId, worker_report["success_writes"]):
         entry = entries_now.get(tuple(cache_key_of_job(jobs[job_id]).values()))
-        if entry is None or entry.get(Cache.HTTP_STATUS) != HTTP_OK or entry[Cache.CONTENT].get("job_id") != str(job_id):
+        if (
+            entry is None
+            or entry.get(Cache.HTTP_STATUS) != HTTP_OK
+            or entry[Cache.CONTENT].get("job_id") != str(job_id)
+        ):
             success_overwritten += 1
     figures = {
         "zombies": len(zombie_ids),
@@ -171,7 +203,9 @@ def test_concurrent_cleanups_with_live_workers_finalize_each_zombie_once_and_nev
         "claimed_per_run": [report["counts"].get("claimed", 0) for report in reports],
         "claim_refused_per_run": [report["counts"].get("claimed_by_another_cleanup", 0) for report in reports],
         "finalized_per_run": [report["counts"].get("finalized", 0) for report in reports],
-        "compare_and_set_lost_to_live_worker_per_run": [report["counts"].get("lost_to_live_worker", 0) for report in reports],
+        "compare_and_set_lost_to_live_worker_per_run": [
+            report["counts"].get("lost_to_live_worker", 0) for report in reports
+        ],
         "zombies_finalized": len(error_jobs),
         "double_finalizations_reported": sum(1 for count in won.values() if count > 1),
         "double_finalizations_written": job_updates_modified - len(error_jobs),
@@ -185,12 +219,18 @@ def test_concurrent_cleanups_with_live_workers_finalize_each_zombie_once_and_nev
         "successes_overwritten_in_cache": success_overwritten,
         "zombies_left": sum(1 for job_id in zombie_ids if jobs[job_id][Job.STATUS] == Status.STARTED)
         + store.jobs.count_documents(stale_filter(ZombiePolicy(**LIVE_POLICY), utc_now())),
-        "events_per_finalized_job": sorted(set(events_by_job[job_id] for job_id in error_jobs)),
+        "events_per_finalized_job": sorted({events_by_job[job_id] for job_id in error_jobs}),
         "events_for_jobs_not_finalized": sum(1 for event in events if event[ID] not in error_jobs),
         "events_not_done": sum(1 for event in events if event[Event.STATE] != EventState.DONE),
     }
     # every zombie is accounted for, exactly once: finalized by one cleanup, or finished by its revived worker
-    figures.update({k: v for k, v in audit(store, sorted(error_jobs), prior).items() if k.startswith(("lost_", "duplicate_", "cache_", "retries"))})
+    figures.update(
+        {
+            k: v
+            for k, v in audit(store, sorted(error_jobs), prior).items()
+            if k.startswith(("lost_", "duplicate_", "cache_", "retries"))
+        }
+    )
     figures["lost_zombies_neither_finalized_nor_finished"] = sum(
         1 for job_id in zombie_ids if jobs[job_id][Job.STATUS] not in (Status.ERROR, Status.SUCCESS)
     )

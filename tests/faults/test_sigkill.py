@@ -52,7 +52,7 @@ KILL_WORKLOAD = (
     if FULL
     else workload(finished=60, crashed=35, never_heartbeated=5, overdue=5, running=15, waiting=10, seed=23)
 )
-KILL_POLICY = dict(batch_size=3, claim_lease_seconds=0)
+KILL_POLICY = {"batch_size": 3, "claim_lease_seconds": 0}
 OPERATION_TIMEOUT_MS = 60_000
 KILLS = 20 if FULL else 6
 
@@ -68,7 +68,10 @@ def _comparable_state(store: Store, original_ids: set) -> dict[str, Any]:
     jobs, retries = {}, []
     for job in store.jobs.find():
         if job[ID] in original_ids:
-            jobs[job[ID]] = {**{k: v for k, v in job.items() if k != Job.FINISHED_AT}, "finished": Job.FINISHED_AT in job}
+            jobs[job[ID]] = {
+                **{k: v for k, v in job.items() if k != Job.FINISHED_AT},
+                "finished": Job.FINISHED_AT in job,
+            }
         else:
             retries.append(sorted((k, repr(v)) for k, v in job.items() if k not in (ID, Job.CREATED_AT)))
     entries = {}
@@ -83,13 +86,23 @@ def _comparable_state(store: Store, original_ids: set) -> dict[str, Any]:
         events[event[ID]] = {
             k: v
             for k, v in event.items()
-            if k not in (Event.FINALIZED_AT, Event.RUN_ID, Event.LEASE_OWNER, Event.LEASE_UNTIL, Event.DETECTED_AT,
-                         Event.COMPLETED_AT, Event.RETRY_JOB_ID)
+            if k
+            not in (
+                Event.FINALIZED_AT,
+                Event.RUN_ID,
+                Event.LEASE_OWNER,
+                Event.LEASE_UNTIL,
+                Event.DETECTED_AT,
+                Event.COMPLETED_AT,
+                Event.RETRY_JOB_ID,
+            )
         }
     return {"jobs": jobs, "retries": sorted(retries), "cache": entries, "events": events}
 
 
-def test_sigkilled_cleanups_then_a_clean_run_end_in_the_state_of_an_uninterrupted_run(server: LocalServer, tmp_path: Path):
+def test_sigkilled_cleanups_then_a_clean_run_end_in_the_state_of_an_uninterrupted_run(
+    server: LocalServer, tmp_path: Path
+):
     # one operation blocked for a minute is a wedged server: the test fails saying so rather than waiting forever
     client = connect(server.url, timeoutMS=OPERATION_TIMEOUT_MS)
     sim_now = utc_now()
@@ -105,7 +118,11 @@ def test_sigkilled_cleanups_then_a_clean_run_end_in_the_state_of_an_uninterrupte
     policy = ZombiePolicy(**KILL_POLICY)
     clean_now = sim_now + dt.timedelta(seconds=1)
     # the kills run at sim_now + i ms: the same zombies are due at every instant used
-    assert {c.id for c in detect(killed.jobs, policy, sim_now).candidates} == {c.id for c in detect(killed.jobs, policy, clean_now).candidates} == set(zombies)
+    assert (
+        {c.id for c in detect(killed.jobs, policy, sim_now).candidates}
+        == {c.id for c in detect(killed.jobs, policy, clean_now).candidates}
+        == set(zombies)
+    )
 
     started = time.monotonic()
     run_cleanup(reference, policy, "uninterrupted", now=clean_now, override_brake=True)
@@ -119,8 +136,12 @@ def test_sigkilled_cleanups_then_a_clean_run_end_in_the_state_of_an_uninterrupte
             "cleanup_actor",
             tmp_path,
             {
-                "url": server.url, "queue": "kill_queue", "cache": "kill_cache",
-                "policy": KILL_POLICY, "run_id": f"killed-{i}", "now": (sim_now + dt.timedelta(milliseconds=i)).isoformat(),
+                "url": server.url,
+                "queue": "kill_queue",
+                "cache": "kill_cache",
+                "policy": KILL_POLICY,
+                "run_id": f"killed-{i}",
+                "now": (sim_now + dt.timedelta(milliseconds=i)).isoformat(),
             },
         )
         assert process.stdout.readline().strip() == "started", process.stderr.read()
@@ -142,14 +163,17 @@ def test_sigkilled_cleanups_then_a_clean_run_end_in_the_state_of_an_uninterrupte
             f"{states[state]}{state[0]}" for state in (EventState.CLAIMED, EventState.FINALIZED, EventState.DONE)
         )
     at_last_kill = dict(Counter(e[Event.STATE] for e in killed.events.find({}, {Event.STATE: 1})))
-    finalized_before_clean = {j[ID]: j[Job.FINISHED_AT] for j in killed.jobs.find({ID: {"$in": zombies}, Job.STATUS: Status.ERROR})}
+    finalized_before_clean = {
+        j[ID]: j[Job.FINISHED_AT] for j in killed.jobs.find({ID: {"$in": zombies}, Job.STATUS: Status.ERROR})
+    }
 
     clean = run_cleanup(killed, policy, "clean", now=clean_now, override_brake=True)
 
     expected, actual = _comparable_state(reference, original_ids), _comparable_state(killed, original_ids)
     differences = {part: _diff_count(expected[part], actual[part]) for part in expected}
     refinalized = sum(
-        1 for job in killed.jobs.find({ID: {"$in": list(finalized_before_clean)}})
+        1
+        for job in killed.jobs.find({ID: {"$in": list(finalized_before_clean)}})
         if job[Job.FINISHED_AT] != finalized_before_clean[job[ID]]
     )
     figures = audit(killed, zombies, prior)

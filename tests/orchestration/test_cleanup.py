@@ -57,7 +57,9 @@ def test_a_dry_run_shows_the_evidence_table_and_writes_nothing(store, resources)
     assert result.success
     evidence = step_metadata(result, "find_zombies")["evidence"]
     assert len(evidence.records) == 14
-    assert {"job_id", "type", "reason", "age_seconds", "last_heartbeat", "threshold_seconds"} <= set(evidence.records[0].data)
+    assert {"job_id", "type", "reason", "age_seconds", "last_heartbeat", "threshold_seconds"} <= set(
+        evidence.records[0].data
+    )
     assert list(store.jobs.find()) == jobs_before
     assert store.events.count_documents({}) == 0
 
@@ -72,9 +74,16 @@ def test_the_brake_fails_the_run_with_its_reason_and_the_override_proceeds(store
     [message] = step_failure_messages(braked)
     assert "brake engaged: 25 of 25" in message
     [failure] = failures(braked)
-    assert failure.description.startswith("brake engaged: 25 of 25 started jobs (100%) look dead") and "\n" not in failure.description
+    assert (
+        failure.description.startswith("brake engaged: 25 of 25 started jobs (100%) look dead")
+        and "\n" not in failure.description
+    )
     assert {name: value.value for name, value in failure.metadata.items()} == {
-        "stale": 25, "started": 25, "stale_fraction": 1.0, "max_stale_fraction": 0.5, "min_started_for_brake": 20,
+        "stale": 25,
+        "started": 25,
+        "stale_fraction": 1.0,
+        "max_stale_fraction": 0.5,
+        "min_started_for_brake": 20,
     }
     assert store.jobs.count_documents({Job.STATUS: Status.STARTED}) == 25
 
@@ -104,11 +113,12 @@ def test_an_opted_in_run_applies_the_latest_suggestions_and_says_so(store, resou
 
     kept = run_kill_zombies({**resources, "zombie_policy": ZombiePolicyResource(**configured)})
     assert step_metadata(kept, "summarize")["finalized"] == 0
-    opted_in = run_kill_zombies({**resources, "zombie_policy": ZombiePolicyResource(**configured, use_suggested_max_durations=True)})
+    opted_in = run_kill_zombies(
+        {**resources, "zombie_policy": ZombiePolicyResource(**configured, use_suggested_max_durations=True)}
+    )
     assert step_metadata(opted_in, "reconcile")["policy"]["max_duration_seconds_by_type"] == {"/first-rows": 1_800}
     assert step_metadata(opted_in, "summarize")["reason/exceeded_max_duration"] == 1
     assert [event[Event.THRESHOLD_SECONDS] for event in store.events.find()] == [1_800]
-
 
 
 def failures(result) -> list:
@@ -152,5 +162,8 @@ def test_an_unreachable_database_fails_the_run_in_seconds_in_one_line_with_where
     assert failure.description.startswith(f"cannot reach MongoDB at {redact_url(url)} (from ${URL_ENV}) within 0.3 s: ")
     assert "\n" not in failure.description
     assert {name: value.value for name, value in failure.metadata.items()} == {
-        "url": redact_url(url), "database": "unreachable_queue", "timeout_ms": 300, "variable": URL_ENV,
+        "url": redact_url(url),
+        "database": "unreachable_queue",
+        "timeout_ms": 300,
+        "variable": URL_ENV,
     }

@@ -95,7 +95,11 @@ def test_queue_health_job_materializes_the_snapshot_and_runs_its_checks(store, d
     assert (values["started"], values["waiting"], values["stale"]) == (15, 4, 5)
     assert values["policy"]["heartbeat_timeout_seconds"] == TIMEOUT
     assert {e.check_name for e in result.get_asset_check_evaluations()} == {
-        "no_zombies_left", "zombies_have_cache_errors", "compensations_succeed", "cleanups_are_recent"}
+        "no_zombies_left",
+        "zombies_have_cache_errors",
+        "compensations_succeed",
+        "cleanups_are_recent",
+    }
 
 
 def test_zombies_before_any_cleanup_fail_no_zombies_left_with_their_evidence(store, defs, instance):
@@ -116,7 +120,9 @@ def test_after_a_cleanup_both_checks_pass(store, defs, instance):
     assert metadata(evaluations["zombies_have_cache_errors"])["finalizations_checked"] == 8
 
 
-def test_cleanups_are_recent_fails_before_any_successful_cleanup_of_the_queue_and_passes_after_one(store, defs, instance):
+def test_cleanups_are_recent_fails_before_any_successful_cleanup_of_the_queue_and_passes_after_one(
+    store, defs, instance
+):
     before = check_results(defs, instance)["cleanups_are_recent"]
     assert not before.passed and "no successful cleanup of queue database" in before.description
     run_id = cleanup(defs, instance)
@@ -133,7 +139,9 @@ def test_a_partitioned_cleanup_is_judged_on_its_own_job_type(store, defs, instan
 
 
 def test_a_cleanup_of_configured_job_types_is_judged_on_those_types(store, defs, instance):
-    store.jobs.insert_many([crashed_job("user/a", "/splits"), crashed_job("user/b", "/parquet"), crashed_job("user/c", "/first-rows")])
+    store.jobs.insert_many(
+        [crashed_job("user/a", "/splits"), crashed_job("user/b", "/parquet"), crashed_job("user/c", "/first-rows")]
+    )
     run_id = cleanup(defs, instance, job_types=["/splits", "/parquet"])
     evaluation = check_results(defs, instance, after_cleanup=run_id)["no_zombies_left"]
     assert evaluation.passed
@@ -142,7 +150,7 @@ def test_a_cleanup_of_configured_job_types_is_judged_on_those_types(store, defs,
 
 def test_a_job_that_went_stale_after_the_cleanup_started_is_not_held_against_it(store, defs, instance):
     run_id = cleanup(defs, instance)
-    started_at = dt.datetime.fromtimestamp(instance.get_run_record_by_id(run_id).start_time, dt.timezone.utc)
+    started_at = dt.datetime.fromtimestamp(instance.get_run_record_by_id(run_id).start_time, dt.UTC)
     # alive when the cleanup started (last beat just inside the timeout), dead a moment later
     store.jobs.insert_one(
         job_document(started_at=ago(900), last_heartbeat=started_at - dt.timedelta(seconds=TIMEOUT - 1))
@@ -179,7 +187,9 @@ def test_an_older_entry_without_the_error_fails_the_cache_check(store, defs, ins
 def test_a_newer_result_replacing_the_error_is_the_queue_moving_on(store, defs, instance):
     [job] = _finalized_jobs(store, defs, instance, 1)
     retried = {**job, Job.STARTED_AT: utc_now()}
-    store.cache.replace_one(cache_key_of_job(job), cache_document(retried, updated_at=utc_now() + dt.timedelta(seconds=1)))
+    store.cache.replace_one(
+        cache_key_of_job(job), cache_document(retried, updated_at=utc_now() + dt.timedelta(seconds=1))
+    )
     assert check_results(defs, instance)["zombies_have_cache_errors"].passed
 
 
@@ -204,13 +214,30 @@ def test_the_error_code_checked_is_the_one_the_event_recorded(store, defs, insta
 def test_failing_compensations_warn_while_retried_and_fail_once_given_up_on(store, resources, instance, monkeypatch):
     """A webhook that cannot be reached: a warning after the first cleanup, an error once its attempts are spent."""
     monkeypatch.setenv("UNREACHABLE_HOOK", "http://127.0.0.1:9/hook")  # the discard port: nothing listens
-    resources = {**resources, "zombie_policy": ZombiePolicyResource(compensation_webhooks={"*": "UNREACHABLE_HOOK"}, compensation_max_attempts=2)}
-    defs = dg.Definitions(assets=[queue_health], asset_checks=[compensations_succeed], jobs=[kill_zombies_job, queue_health_job], resources=resources)
+    resources = {
+        **resources,
+        "zombie_policy": ZombiePolicyResource(
+            compensation_webhooks={"*": "UNREACHABLE_HOOK"}, compensation_max_attempts=2
+        ),
+    }
+    defs = dg.Definitions(
+        assets=[queue_health],
+        asset_checks=[compensations_succeed],
+        jobs=[kill_zombies_job, queue_health_job],
+        resources=resources,
+    )
     store.jobs.insert_one(crashed_job())
     seen = []
     for _ in range(2):
         cleanup(defs, instance)
         evaluation = check_results(defs, instance)["compensations_succeed"]
-        seen.append((evaluation.passed, evaluation.severity, metadata(evaluation)["given_up"], metadata(evaluation)["failing_to_retry"]))
+        seen.append(
+            (
+                evaluation.passed,
+                evaluation.severity,
+                metadata(evaluation)["given_up"],
+                metadata(evaluation)["failing_to_retry"],
+            )
+        )
     assert seen == [(False, dg.AssetCheckSeverity.WARN, 0, 1), (False, dg.AssetCheckSeverity.ERROR, 1, 0)]
     assert "POST http://127.0.0.1:9/…" in str(metadata(evaluation)["failing"])

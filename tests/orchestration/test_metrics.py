@@ -92,7 +92,10 @@ def test_a_cleanup_and_its_health_check_push_what_the_databases_hold(store, reso
     done = list(store.events.find({Event.STATE: EventState.DONE}))
     assert len(done) == summary["finalized"] == 6 + 2 + 3 + 1 + 3
     finalized = Counter((e[Event.JOB][Job.TYPE], e[Event.REASON], e[Event.ERROR_CODE]) for e in done)
-    assert values(gateway.series(metrics.ZOMBIES_FINALIZED.name, **cleanup), "job_type", "reason", "error_code") == finalized
+    assert (
+        values(gateway.series(metrics.ZOMBIES_FINALIZED.name, **cleanup), "job_type", "reason", "error_code")
+        == finalized
+    )
     # the queue keeps finished jobs (2023-01): each finalized zombie is an error job now
     assert store.jobs.count_documents({ID: {"$in": [e[ID] for e in done]}, Job.STATUS: Status.ERROR}) == len(done)
     found = Counter((e[Event.JOB][Job.TYPE], e[Event.REASON]) for e in done)  # no race lost: found = finalized
@@ -111,26 +114,41 @@ def test_a_cleanup_and_its_health_check_push_what_the_databases_hold(store, reso
     brake = group(store, "find_zombies")
     assert the_value(gateway.series(metrics.BRAKE_ENGAGED.name, **brake)) == 0
     started_when_detected = len(done) + 30  # the zombies and the healthy jobs
-    assert the_value(gateway.series(metrics.STALE_RATIO.name, **brake)) == pytest.approx(len(done) / started_when_detected)
+    assert the_value(gateway.series(metrics.STALE_RATIO.name, **brake)) == pytest.approx(
+        len(done) / started_when_detected
+    )
     assert the_value(gateway.series(metrics.MAX_STALE_RATIO.name, **brake)) == 0.5
 
     state = group(store, "queue_health")
     started = Counter(job[Job.TYPE] for job in store.jobs.find({Job.STATUS: Status.STARTED}))
     assert sum(started.values()) == 30
     assert values(gateway.series(metrics.STARTED_JOBS.name, **state), "job_type") == started
-    assert the_value(gateway.series(metrics.WAITING_JOBS.name, **state)) == store.jobs.count_documents({Job.STATUS: Status.WAITING})
+    assert the_value(gateway.series(metrics.WAITING_JOBS.name, **state)) == store.jobs.count_documents(
+        {Job.STATUS: Status.WAITING}
+    )
     assert the_value(gateway.series(metrics.STALE_JOBS.name, **state)) == 0
     assert the_value(gateway.series(metrics.UNFINISHED_FINALIZATIONS.name, **state)) == 0
     scheduled = sum(count for (_, outcome), count in retries.items() if outcome == "scheduled")
-    assert the_value(gateway.series(metrics.RETRIES_WAITING.name, **state)) == store.retries.count_documents({}) == scheduled > 0
+    assert (
+        the_value(gateway.series(metrics.RETRIES_WAITING.name, **state))
+        == store.retries.count_documents({})
+        == scheduled
+        > 0
+    )
     pending = store.events.count_documents({Event.COMPENSATION_STATE: CompensationState.PENDING})
     assert the_value(gateway.series(metrics.COMPENSATIONS_PENDING.name, **state)) == pending == len(done)
     assert the_value(gateway.series(metrics.COMPENSATIONS_FAILED.name, **state)) == 0
     by_dataset = Counter(e[Event.JOB][Job.DATASET] for e in done)
-    assert the_value(gateway.series(metrics.REPEAT_OFFENDERS.name, **state)) == sum(n >= 3 for n in by_dataset.values()) == 1
+    assert (
+        the_value(gateway.series(metrics.REPEAT_OFFENDERS.name, **state))
+        == sum(n >= 3 for n in by_dataset.values())
+        == 1
+    )
     # every pushed name is declared once, in the module the alert rules and the dashboard are checked against
     pushed = {sample.split("{")[0] for sample in gateway.scrape().splitlines() if sample.startswith(metrics.PREFIX)}
-    assert pushed == {metric.name for metric in metrics.CLEANUP_METRICS + metrics.BRAKE_METRICS + metrics.HEALTH_METRICS}
+    assert pushed == {
+        metric.name for metric in metrics.CLEANUP_METRICS + metrics.BRAKE_METRICS + metrics.HEALTH_METRICS
+    }
 
 
 def test_two_queues_push_to_groups_of_their_own(store, resources, gateway, fresh_database, mongo_url):
@@ -139,7 +157,9 @@ def test_two_queues_push_to_groups_of_their_own(store, resources, gateway, fresh
     store.jobs.insert_many([crashed_job(f"user/a{i}") for i in range(2)])
     other.jobs.insert_many([crashed_job(f"user/b{i}") for i in range(5)])
     assert run_kill_zombies(resources).success
-    assert run_kill_zombies({**resources, **database_resources(other, URL_ENV), "metrics_gateway": resources["metrics_gateway"]}).success
+    assert run_kill_zombies(
+        {**resources, **database_resources(other, URL_ENV), "metrics_gateway": resources["metrics_gateway"]}
+    ).success
 
     finalized = gateway.series(metrics.ZOMBIES_FINALIZED.name)
     by_queue = Counter()
@@ -177,7 +197,9 @@ def test_a_cleanup_with_the_gateway_down_succeeds_and_says_so(store, resources, 
     for step in ("find_zombies", "summarize"):
         metadata = step_metadata(result, step)
         assert metadata[PUSH_FAILED] == 1 and metadata["metrics_push"].startswith("failed: ")
-    warnings = [r.user_message for r in result.logs if r.level == 30 and "metrics not pushed" in r.user_message]  # logging.WARNING
+    warnings = [
+        r.user_message for r in result.logs if r.level == 30 and "metrics not pushed" in r.user_message
+    ]  # logging.WARNING
     assert len(warnings) == 2 and all(gateway.url in warning for warning in warnings)
 
 
@@ -191,14 +213,23 @@ def test_without_a_gateway_nothing_is_pushed_and_the_metadata_says_why(store, re
 
 def test_the_statistics_push_the_suggestions_they_record(store, resources, gateway, tmp_path):
     midnight = utc_now().replace(hour=0, minute=0, second=0, microsecond=0)
-    yesterday, day_before = (midnight - dt.timedelta(days=1)).date().isoformat(), (midnight - dt.timedelta(days=2)).date().isoformat()
-    simulate(store, workload(finished=500, crashed=0, never_heartbeated=0, overdue=0, running=0, waiting=0, days=2, seed=7), now=midnight)
+    yesterday, day_before = (
+        (midnight - dt.timedelta(days=1)).date().isoformat(),
+        (midnight - dt.timedelta(days=2)).date().isoformat(),
+    )
+    simulate(
+        store,
+        workload(finished=500, crashed=0, never_heartbeated=0, overdue=0, running=0, waiting=0, days=2, seed=7),
+        now=midnight,
+    )
     policy = ZombiePolicyResource(max_duration_seconds_by_type={"/first-rows": 1800})
     resources = {**resources, "zombie_policy": policy}
     config = {"ops": {job_duration_statistics.op.name: {"config": {"reports_dir": str(tmp_path), "window_days": 2}}}}
     with dg.instance_for_test() as instance:
         for day in (day_before, yesterday):
-            assert dg.materialize([job_duration_tallies], partition_key=day, resources=resources, instance=instance).success
+            assert dg.materialize(
+                [job_duration_tallies], partition_key=day, resources=resources, instance=instance
+            ).success
         window = dg.materialize(
             [job_duration_tallies, job_duration_statistics], selection=[job_duration_statistics], partition_key=yesterday,
             resources=resources, instance=instance, run_config=config,
@@ -212,14 +243,19 @@ def test_the_statistics_push_the_suggestions_they_record(store, resources, gatew
     recorded = latest_suggested_max_durations(store.suggestions)
     assert suggested == recorded and len(recorded) == 9
     assert {job_type.lstrip("/"): value for job_type, value in suggested.items()} == {
-        key[len(SUGGESTED_T2_METADATA_PREFIX):]: value for key, value in metadata.items() if key.startswith(SUGGESTED_T2_METADATA_PREFIX)
+        key[len(SUGGESTED_T2_METADATA_PREFIX) :]: value
+        for key, value in metadata.items()
+        if key.startswith(SUGGESTED_T2_METADATA_PREFIX)
     }
     configured = values(gateway.series(metrics.CONFIGURED_MAX_DURATION.name, **pushed), "job_type")
     assert configured == {job_type: policy.policy().max_duration_of(job_type) for job_type in configured}
     assert configured["/first-rows"] == 1800 and set(suggested) <= set(configured)
     runs = values(gateway.series(metrics.SUGGESTION_RUNS.name, **pushed), "job_type")
     successes = Counter(
-        job[Job.TYPE] for job in store.jobs.find({Job.STATUS: Status.SUCCESS, Job.FINISHED_AT: {"$gte": midnight - dt.timedelta(days=2), "$lt": midnight}})
+        job[Job.TYPE]
+        for job in store.jobs.find(
+            {Job.STATUS: Status.SUCCESS, Job.FINISHED_AT: {"$gte": midnight - dt.timedelta(days=2), "$lt": midnight}}
+        )
     )
     assert runs == successes
     p99 = values(gateway.series(metrics.SUCCESSFUL_RUN_DURATION.name, quantile="0.99", **pushed), "job_type")

@@ -38,7 +38,7 @@ from zombie_pipeline.queue.documents import (
 from zombie_pipeline.queue.store import Store
 
 URL_ENV = "ZOMBIE_OFFENDERS_TEST_MONGO_URL"
-UTC = dt.timezone.utc
+UTC = dt.UTC
 DAY = "2024-03-10"  # the partition: with the default 7 days, the window is 2024-03-04 to 2024-03-11
 
 
@@ -73,7 +73,13 @@ def week(store: Store) -> Store:
             event("user/big", "/splits", Reason.MISSING_HEARTBEAT, at(5)),
             event("user/big", "/splits", Reason.MISSING_HEARTBEAT, at(7)),
             event("user/big", "/splits", Reason.TERMINATED, at(9)),
-            event("user/big", "/first-rows", Reason.EXCEEDED_MAX_DURATION, at(10), **{Event.RETRY_OUTCOME: RetryOutcome.LIMIT_REACHED}),
+            event(
+                "user/big",
+                "/first-rows",
+                Reason.EXCEEDED_MAX_DURATION,
+                at(10),
+                **{Event.RETRY_OUTCOME: RetryOutcome.LIMIT_REACHED},
+            ),
             event("user/twice", "/parquet", Reason.NEVER_HEARTBEATED, at(6)),
             event("user/twice", "/parquet", Reason.NEVER_HEARTBEATED, at(8)),
             event(None, "/parquet", Reason.MISSING_HEARTBEAT, at(8)),
@@ -116,16 +122,25 @@ def test_the_asset_materializes_the_week_with_its_counts_and_table(week, resourc
     assert metadata["malformed"] == {"invalid_dataset": 1}
     rows = [record.data for record in metadata["offenders_table"].records]
     assert [(row["dataset"], row["type"], row["finalizations"]) for row in rows] == [
-        ("user/big", "/splits", 3), ("user/big", "/first-rows", 1),
+        ("user/big", "/splits", 3),
+        ("user/big", "/first-rows", 1),
     ]
     assert (rows[0]["missing_heartbeat"], rows[0]["terminated"], rows[0]["first_seen"], rows[0]["last_seen"]) == (
-        2, 1, "2024-03-05 12:00:00", "2024-03-09 12:00:00",
+        2,
+        1,
+        "2024-03-05 12:00:00",
+        "2024-03-09 12:00:00",
     )
     assert (rows[1]["retry_limit_reached"], rows[1]["last_error"], rows[1]["error_from"]) == (
-        True, "JobManagerExceededMaximumDurationError", "event",
+        True,
+        "JobManagerExceededMaximumDurationError",
+        "event",
     )
     assert metadata["job_types"]["/splits"] == {
-        "datasets": 1, "finalizations": 3, "reasons": {"missing_heartbeat": 2, "terminated": 1}, "retry_limit_reached": 0,
+        "datasets": 1,
+        "finalizations": 3,
+        "reasons": {"missing_heartbeat": 2, "terminated": 1},
+        "retry_limit_reached": 0,
     }
     assert "**Repeat offenders 2024-03-04 00:00 – 2024-03-11 00:00 UTC**: 1 datasets" in metadata["report"]
     assert "| `user/big` | `/splits` | 3 (2 / 0 / 1 / 0) |" in metadata["report"]
@@ -136,10 +151,14 @@ def test_the_check_warns_over_the_threshold_and_names_the_datasets(week, resourc
 
     assert not evaluation.passed
     assert evaluation.severity == dg.AssetCheckSeverity.WARN
-    assert evaluation.description.startswith("2 datasets finalized at least 2 times in 2024-03-04 00:00 – 2024-03-11 00:00 UTC")
+    assert evaluation.description.startswith(
+        "2 datasets finalized at least 2 times in 2024-03-04 00:00 – 2024-03-11 00:00 UTC"
+    )
     assert evaluation.description.endswith(": user/big, user/twice")
     assert {key: value.value for key, value in evaluation.metadata.items()} == {
-        "threshold": 2, "offenders": 2, "datasets": ["user/big", "user/twice"],
+        "threshold": 2,
+        "offenders": 2,
+        "datasets": ["user/big", "user/twice"],
     }
 
 
@@ -181,18 +200,26 @@ def test_the_statistics_report_has_a_section_on_the_windows_offenders(week, reso
     with dg.instance_for_test() as instance:
         result = dg.materialize(
             [job_duration_tallies, job_duration_statistics],
-            selection=[job_duration_statistics],  # no tallies: the report says the days are missing, the section is there
+            selection=[
+                job_duration_statistics
+            ],  # no tallies: the report says the days are missing, the section is there
             partition_key=DAY,
             resources={**resources, "zombie_policy": ZombiePolicyResource(queue_generation=QUEUE_GENERATION)},
             instance=instance,
             run_config={
-                "ops": {job_duration_statistics.op.name: {"config": {"reports_dir": str(tmp_path), "save_suggestions": False}}}
+                "ops": {
+                    job_duration_statistics.op.name: {
+                        "config": {"reports_dir": str(tmp_path), "save_suggestions": False}
+                    }
+                }
             },
         )
 
     (materialization,) = result.asset_materializations_for_node(job_duration_statistics.op.name)
     section = materialization.metadata["repeat_offenders"].value
-    assert section.startswith("**Repeat offenders 2024-03-04 00:00 – 2024-03-11 00:00 UTC**: 1 datasets finalized at least 3 times")
+    assert section.startswith(
+        "**Repeat offenders 2024-03-04 00:00 – 2024-03-11 00:00 UTC**: 1 datasets finalized at least 3 times"
+    )
     assert "| `user/big` | `/splits` |" in section
     assert section in Path(materialization.metadata["markdown"].value).read_text()
 
@@ -202,11 +229,17 @@ def test_queue_health_counts_the_repeat_offenders_of_the_last_week(store, resour
     store.events.insert_many(
         [event("user/again", "/splits", Reason.MISSING_HEARTBEAT, now - dt.timedelta(days=days)) for days in (1, 2, 3)]
         + [event("user/once", "/splits", Reason.MISSING_HEARTBEAT, now - dt.timedelta(hours=1))]
-        + [event("user/long-ago", "/splits", Reason.MISSING_HEARTBEAT, now - dt.timedelta(days=30 + days)) for days in (1, 2, 3)]
+        + [
+            event("user/long-ago", "/splits", Reason.MISSING_HEARTBEAT, now - dt.timedelta(days=30 + days))
+            for days in (1, 2, 3)
+        ]
     )
     with dg.instance_for_test() as instance:
         result = dg.materialize(
-            [queue_health], resources={**resources, "zombie_policy": ZombiePolicyResource()}, instance=instance, selection=[queue_health]
+            [queue_health],
+            resources={**resources, "zombie_policy": ZombiePolicyResource()},
+            instance=instance,
+            selection=[queue_health],
         )
 
     (materialization,) = result.asset_materializations_for_node(queue_health.op.name)

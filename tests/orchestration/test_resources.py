@@ -39,14 +39,16 @@ SECRET_URL = f"mongodb://zombie:{quote_plus(PASSWORD)}@db.example.com:27017/admi
 # --- connections -----------------------------------------------------------------------
 
 
-def test_queue_and_cache_connect_with_the_url_from_their_environment_variables(monkeypatch, mongo_url, queue_db, cache_db):
+def test_queue_and_cache_connect_with_the_url_from_their_environment_variables(
+    monkeypatch, mongo_url, queue_db, cache_db
+):
     queue = QueueDatabase(database=queue_db.name)
     cache = CacheDatabase(database=cache_db.name)
     # read when used, not when configured
     monkeypatch.setenv(QUEUE_URL_ENV, mongo_url)
     monkeypatch.setenv(CACHE_URL_ENV, mongo_url)
 
-    queue.get_database()[queue.jobs_collection].insert_one({"_id": 1, "at": dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)})
+    queue.get_database()[queue.jobs_collection].insert_one({"_id": 1, "at": dt.datetime(2024, 1, 1, tzinfo=dt.UTC)})
     cache.get_database()[cache.cache_collection].insert_one({"_id": 2})
 
     assert queue_db["jobsBlue"].find_one({"_id": 1})["at"].tzinfo is not None

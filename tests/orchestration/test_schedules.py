@@ -20,7 +20,7 @@ from zombie_pipeline.orchestration.schedules import (
 )
 from zombie_pipeline.orchestration.tags import QUEUE_DATABASE_TAG, TRIGGER_TAG
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 BAD_CRONS = ["*/10 * * *", "61 * * * *", "every ten minutes", "every 10 minutes", "* * * * * * *", "*/0 * * * *"]
 
 
@@ -61,7 +61,11 @@ def test_an_invalid_cron_stops_the_code_location_from_loading_and_touches_no_dat
         CACHE_DATABASE_ENV: store.cache.database.name,
     }
     result = subprocess.run(
-        [sys.executable, "-c", "import zombie_pipeline.definitions"], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", "import zombie_pipeline.definitions"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode != 0
     assert f"{KILL_CRON_ENV}='every 10 minutes' is not a valid cron schedule" in result.stderr
@@ -78,7 +82,9 @@ def instance():
 
 def cleanup_tick(instance: dg.DagsterInstance):
     schedule = defs.resolve_schedule_def("kill_zombies_schedule")
-    context = dg.build_schedule_context(instance=instance, scheduled_execution_time=dt.datetime(2024, 3, 5, 10, 20, tzinfo=UTC))
+    context = dg.build_schedule_context(
+        instance=instance, scheduled_execution_time=dt.datetime(2024, 3, 5, 10, 20, tzinfo=UTC)
+    )
     return schedule.evaluate_tick(context)
 
 

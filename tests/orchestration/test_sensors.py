@@ -49,7 +49,9 @@ def instance():
 
 
 def tick(sensor, instance, resources):
-    return sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources, sensor_name=sensor.name))
+    return sensor.evaluate_tick(
+        dg.build_sensor_context(instance=instance, resources=resources, sensor_name=sensor.name)
+    )
 
 
 # --- stale_jobs_sensor -----------------------------------------------------------------
@@ -84,7 +86,9 @@ def test_stale_sensor_judges_with_the_policy_resource(store, instance, resources
     assert result.run_requests == []
 
 
-@pytest.mark.parametrize("status", [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTED], ids=lambda status: status.value)
+@pytest.mark.parametrize(
+    "status", [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTED], ids=lambda status: status.value
+)
 def test_stale_sensor_waits_while_a_cleanup_of_its_queue_is_queued_or_running(store, instance, resources, status):
     store.jobs.insert_one(crashed_job())
     run = recorded_cleanup_run(instance, status)
@@ -100,7 +104,9 @@ def test_stale_sensor_is_not_held_by_a_cleanup_of_another_queue(store, instance,
     assert request.tags[STALE_COUNT_TAG] == "1"
 
 
-def test_stale_sensor_fails_the_tick_with_a_clean_message_when_the_queue_is_unreachable(instance, resources, monkeypatch):
+def test_stale_sensor_fails_the_tick_with_a_clean_message_when_the_queue_is_unreachable(
+    instance, resources, monkeypatch
+):
     monkeypatch.setenv(QUEUE_URL_ENV, f"mongodb://user:s3cret@127.0.0.1:{free_port()}/?directConnection=true")
     broken = {**resources, "queue_db": QueueDatabase(database="q", server_selection_timeout_ms=300)}
     with pytest.raises(Exception) as raised:
@@ -113,7 +119,13 @@ def test_stale_sensor_fails_the_tick_with_a_clean_message_when_the_queue_is_unre
 
 
 def test_job_types_sensor_registers_each_type_once(store, instance, resources):
-    store.jobs.insert_many([healthy_job(job_type="/splits"), crashed_job(job_type="/first-rows"), job_document(job_type="/splits", status=Status.SUCCESS)])
+    store.jobs.insert_many(
+        [
+            healthy_job(job_type="/splits"),
+            crashed_job(job_type="/first-rows"),
+            job_document(job_type="/splits", status=Status.SUCCESS),
+        ]
+    )
     first = tick(job_types_sensor, instance, resources)
     [request] = first.dynamic_partitions_requests
     assert request.partitions_def_name == JOB_TYPE_PARTITIONS.name
@@ -129,7 +141,8 @@ def test_job_types_sensor_registers_each_type_once(store, instance, resources):
 
 def test_job_types_sensor_skips_types_that_cannot_be_partition_keys(store, instance, resources):
     store.jobs.insert_many(
-        [job_document(job_type=name) for name in ("/splits", "a.b", "$where", "tab\there", "")] + [{Job.TYPE: 7, Job.STATUS: Status.WAITING}]
+        [job_document(job_type=name) for name in ("/splits", "a.b", "$where", "tab\there", "")]
+        + [{Job.TYPE: 7, Job.STATUS: Status.WAITING}]
     )
     [request] = tick(job_types_sensor, instance, resources).dynamic_partitions_requests
     assert list(request.partition_keys) == ["/splits"]
@@ -219,7 +232,9 @@ def _braked_cleanup(store, instance, resources):
 
 
 def _failure_context(instance, run_id, resources):
-    context = _status_context(instance, run_id, dg.DagsterEventType.RUN_FAILURE, pipeline_failure_sensor.name, resources)
+    context = _status_context(
+        instance, run_id, dg.DagsterEventType.RUN_FAILURE, pipeline_failure_sensor.name, resources
+    )
     return context.for_run_failure()
 
 
@@ -280,7 +295,9 @@ def reported_check(result) -> dg.AssetCheckEvaluation:
 
 
 def successful_cleanup(instance, resources) -> str:
-    result = run_kill_zombies({name: resources[name] for name in ("queue_db", "cache_db", "zombie_policy")}, instance=instance)
+    result = run_kill_zombies(
+        {name: resources[name] for name in ("queue_db", "cache_db", "zombie_policy")}, instance=instance
+    )
     assert result.success
     return result.run_id
 
@@ -291,10 +308,15 @@ def test_a_queue_never_cleaned_is_given_the_limit_from_the_sensors_first_tick(in
     assert evaluation.passed
     assert "no successful cleanup" in evaluation.description and "limit 30 min" in evaluation.description
     again = overdue_tick(instance, resources, first.cursor)
-    assert again.asset_events == [] and json.loads(again.cursor)["watching_since"] == json.loads(first.cursor)["watching_since"]
+    assert (
+        again.asset_events == []
+        and json.loads(again.cursor)["watching_since"] == json.loads(first.cursor)["watching_since"]
+    )
 
 
-def test_no_successful_cleanup_within_the_limit_fails_the_check_and_posts_the_webhook_once(instance, resources, webhook, monkeypatch):
+def test_no_successful_cleanup_within_the_limit_fails_the_check_and_posts_the_webhook_once(
+    instance, resources, webhook, monkeypatch
+):
     url, received = webhook
     monkeypatch.setenv(WEBHOOK_ENV, url)
     overdue = overdue_tick(instance, resources, cursor_watching_since(31, reported="recent"))
@@ -309,7 +331,9 @@ def test_no_successful_cleanup_within_the_limit_fails_the_check_and_posts_the_we
     assert len(received) == 1  # told once per episode
 
 
-def test_a_successful_cleanup_passes_the_check_again_and_its_age_is_judged_against_the_limit(store, instance, resources):
+def test_a_successful_cleanup_passes_the_check_again_and_its_age_is_judged_against_the_limit(
+    store, instance, resources
+):
     store.jobs.insert_one(crashed_job())
     run_id = successful_cleanup(instance, resources)
     recovered = reported_check(overdue_tick(instance, resources, cursor_watching_since(90, reported="overdue")))
@@ -327,5 +351,7 @@ def test_the_limit_comes_from_the_environment_and_a_bad_one_names_the_variable(i
     overdue = reported_check(overdue_tick(instance, resources, cursor_watching_since(6, reported="recent")))
     assert not overdue.passed and "limit 5 min" in overdue.description
     monkeypatch.setenv(CLEANUP_OVERDUE_MINUTES_ENV, "half an hour")
-    with pytest.raises(Exception, match=f"{CLEANUP_OVERDUE_MINUTES_ENV}='half an hour' is not a positive number of minutes"):
+    with pytest.raises(
+        Exception, match=f"{CLEANUP_OVERDUE_MINUTES_ENV}='half an hour' is not a positive number of minutes"
+    ):
         overdue_tick(instance, resources)

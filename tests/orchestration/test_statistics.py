@@ -35,7 +35,7 @@ from zombie_pipeline.statistics.suggestions import latest_suggested_max_duration
 from zombie_pipeline.statistics.tallies import BadData
 
 URL_ENV = "ZOMBIE_STATS_TEST_MONGO_URL"
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 @pytest.fixture
@@ -44,7 +44,9 @@ def resources(mongo_url, store, monkeypatch):
     return {
         **database_resources(store, URL_ENV),
         # the queue's generation named: a few bare job documents are evidence of none
-        "zombie_policy": ZombiePolicyResource(max_duration_seconds_by_type={"/first-rows": 1800}, queue_generation=QUEUE_GENERATION),
+        "zombie_policy": ZombiePolicyResource(
+            max_duration_seconds_by_type={"/first-rows": 1800}, queue_generation=QUEUE_GENERATION
+        ),
     }
 
 
@@ -59,12 +61,18 @@ def _metadata(result: dg.ExecuteInProcessResult, asset: dg.AssetsDefinition) -> 
 
 def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources, store: Store, tmp_path):
     end = dt.datetime(2024, 3, 11, tzinfo=UTC)
-    simulate(store, workload(finished=500, crashed=0, never_heartbeated=0, overdue=0, running=0, waiting=0, days=2, seed=7), now=end)
+    simulate(
+        store,
+        workload(finished=500, crashed=0, never_heartbeated=0, overdue=0, running=0, waiting=0, days=2, seed=7),
+        now=end,
+    )
     with dg.instance_for_test() as instance:
         for day in ("2024-03-09", "2024-03-10"):
             daily = dg.materialize([job_duration_tallies], partition_key=day, resources=resources, instance=instance)
             assert daily.success
-            assert_plottable_per_type(_metadata(daily, job_duration_tallies), daily.output_for_node(job_duration_tallies.op.name))
+            assert_plottable_per_type(
+                _metadata(daily, job_duration_tallies), daily.output_for_node(job_duration_tallies.op.name)
+            )
         window = dg.materialize(
             [job_duration_tallies, job_duration_statistics],
             selection=[job_duration_statistics],  # the window reads no job: only the stored tallies
@@ -78,8 +86,14 @@ def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources,
     generation = QUEUE_GENERATIONS[QUEUE_GENERATION]
     one_pass = analyze_window(store, generation, resources["zombie_policy"].policy(), end=end, window_days=2)
     assert (metadata["days_present"], metadata["days_expected"], metadata["days_missing"]) == (2, 2, 0)
-    suggested = {key[len(SUGGESTED_T2_METADATA_PREFIX):]: value for key, value in metadata.items() if key.startswith(SUGGESTED_T2_METADATA_PREFIX)}
-    assert suggested == {job_type.lstrip("/"): float(seconds) for job_type, seconds in one_pass.suggested_max_durations().items()}
+    suggested = {
+        key[len(SUGGESTED_T2_METADATA_PREFIX) :]: value
+        for key, value in metadata.items()
+        if key.startswith(SUGGESTED_T2_METADATA_PREFIX)
+    }
+    assert suggested == {
+        job_type.lstrip("/"): float(seconds) for job_type, seconds in one_pass.suggested_max_durations().items()
+    }
     assert len(suggested) == 9
     assert "| `/first-rows` |" in metadata["statistics"] and "30 min" in metadata["statistics"]
     assert "max_duration_seconds_by_type" in metadata["zombie_policy_snippet"]
@@ -90,7 +104,9 @@ def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources,
     assert set(charts) == {f"chart/{job_type.lstrip('/')}" for job_type in one_pass.suggested_max_durations()}
     for chart in charts.values():
         marked = [line for line in chart.splitlines() if "◀" in line]
-        assert len(chart) < INLINE_MARKDOWN_LIMIT and any("suggested T2" in line for line in marked), chart  # shown inline
+        assert len(chart) < INLINE_MARKDOWN_LIMIT and any("suggested T2" in line for line in marked), (
+            chart
+        )  # shown inline
     stored = latest_suggested_max_durations(store.suggestions)
     assert stored == one_pass.suggested_max_durations()
     assert store.suggestions.find_one({ID: end}) is not None
@@ -100,12 +116,26 @@ def test_days_not_computed_yet_are_listed_and_bad_data_counted(resources, store:
     noon = dt.datetime(2024, 3, 10, 12, tzinfo=UTC)
     store.jobs.insert_many(
         [
-            {ID: ObjectId(), Job.TYPE: "/a", Job.STATUS: Status.SUCCESS, Job.STARTED_AT: noon, Job.FINISHED_AT: noon - dt.timedelta(seconds=5)},
-            {ID: ObjectId(), Job.TYPE: "/a", Job.STATUS: Status.SUCCESS, Job.STARTED_AT: noon - dt.timedelta(seconds=5), Job.FINISHED_AT: noon},
+            {
+                ID: ObjectId(),
+                Job.TYPE: "/a",
+                Job.STATUS: Status.SUCCESS,
+                Job.STARTED_AT: noon,
+                Job.FINISHED_AT: noon - dt.timedelta(seconds=5),
+            },
+            {
+                ID: ObjectId(),
+                Job.TYPE: "/a",
+                Job.STATUS: Status.SUCCESS,
+                Job.STARTED_AT: noon - dt.timedelta(seconds=5),
+                Job.FINISHED_AT: noon,
+            },
         ]
     )
     with dg.instance_for_test() as instance:
-        daily = dg.materialize([job_duration_tallies], partition_key="2024-03-10", resources=resources, instance=instance)
+        daily = dg.materialize(
+            [job_duration_tallies], partition_key="2024-03-10", resources=resources, instance=instance
+        )
         window = dg.materialize(
             [job_duration_tallies, job_duration_statistics],
             selection=[job_duration_statistics],
@@ -117,11 +147,19 @@ def test_days_not_computed_yet_are_listed_and_bad_data_counted(resources, store:
 
     assert _metadata(daily, job_duration_tallies)["bad_data"] == {BadData.FINISHED_BEFORE_STARTED: 1}
     assert {key: value for key, value in _metadata(daily, job_duration_tallies).items() if "/" in key} == {
-        "runs/a": 1, "zombies/a": 0, "p50_seconds/a": 5.0, "p99_seconds/a": 5.0,
+        "runs/a": 1,
+        "zombies/a": 0,
+        "p50_seconds/a": 5.0,
+        "p99_seconds/a": 5.0,
     }
     metadata = _metadata(window, job_duration_statistics)
-    assert Path(metadata["markdown"]).name == "durations_2024-03-08_2024-03-10_partial-1of3.md"  # never the full report's name
-    assert "(only 1 of its 3 days computed)" in metadata["window"] and "(only 1 of its 3 days computed)" in metadata["statistics"]
+    assert (
+        Path(metadata["markdown"]).name == "durations_2024-03-08_2024-03-10_partial-1of3.md"
+    )  # never the full report's name
+    assert (
+        "(only 1 of its 3 days computed)" in metadata["window"]
+        and "(only 1 of its 3 days computed)" in metadata["statistics"]
+    )
     assert (metadata["days_present"], metadata["days_expected"], metadata["days_missing"]) == (1, 3, 2)
     assert metadata["skipped_documents"] == 1
     assert "2024-03-08, 2024-03-09" in metadata["statistics"]
@@ -141,18 +179,24 @@ def assert_plottable_per_type(metadata: dict, period) -> None:
     assert not any(key.startswith("/") or "//" in key for key in metadata)
 
 
-def test_daily_tallies_of_a_queue_whose_generation_cannot_be_told_fail_in_one_line_with_the_candidates(resources, store: Store):
-    store.jobs.insert_one({**job_document(dataset="u/odd", status=Status.SUCCESS), Job.REVISION: "r1"})  # 2023-01 and 2023-05 at once
+def test_daily_tallies_of_a_queue_whose_generation_cannot_be_told_fail_in_one_line_with_the_candidates(
+    resources, store: Store
+):
+    store.jobs.insert_one(
+        {**job_document(dataset="u/odd", status=Status.SUCCESS), Job.REVISION: "r1"}
+    )  # 2023-01 and 2023-05 at once
     undecided = {**resources, "zombie_policy": ZombiePolicyResource()}
     with dg.instance_for_test() as instance:
         result = dg.materialize(
-            [job_duration_tallies], partition_key="2024-03-10", resources=undecided, instance=instance, raise_on_error=False
+            [job_duration_tallies],
+            partition_key="2024-03-10",
+            resources=undecided,
+            instance=instance,
+            raise_on_error=False,
         )
 
     assert not result.success
-    [failure] = [
-        event.step_failure_data.user_failure_data for event in result.all_events if event.is_step_failure
-    ]
+    [failure] = [event.step_failure_data.user_failure_data for event in result.all_events if event.is_step_failure]
     assert failure.description.startswith("the queue's evidence contradicts itself") and "\n" not in failure.description
     assert failure.metadata["queue_generation_candidates"].value == []
 
@@ -181,7 +225,12 @@ def test_the_assets_form_a_daily_group_with_a_partitioned_job():
     defs = dg.Definitions(
         assets=assets,
         jobs=[duration_statistics_job],
-        resources={"queue_db": QueueDatabase(), "cache_db": CacheDatabase(), "zombie_policy": ZombiePolicyResource(), **METRICS_OFF},
+        resources={
+            "queue_db": QueueDatabase(),
+            "cache_db": CacheDatabase(),
+            "zombie_policy": ZombiePolicyResource(),
+            **METRICS_OFF,
+        },
     )
 
     for asset in assets:

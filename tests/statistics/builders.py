@@ -10,7 +10,7 @@ from bson import ObjectId
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status
 from zombie_pipeline.statistics.tallies import Period, Tally
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 DAY = dt.datetime(2024, 3, 5, tzinfo=UTC)
 NEXT_DAY = DAY + dt.timedelta(days=1)
 NOON = DAY + dt.timedelta(hours=12)
@@ -44,7 +44,6 @@ def tally(success=(), error=(), stopped=()) -> Tally:
         error=np.asarray(error, dtype=np.float32),
         stopped=np.asarray(stopped, dtype=np.float32),
     )
-
 
 
 def week(tallies: dict[str, Tally], end: dt.datetime = NEXT_DAY) -> Period:

@@ -31,9 +31,17 @@ KIND_UPDATED = [(Cache.KIND, 1), (Cache.UPDATED_AT, 1), (Cache.DATASET, 1)]
 ABSENT = object()
 
 
-def entry(kind, dataset: str, duration, http_status=HTTP_OK, error_code: str | None = None, updated_at=NOON, **fields) -> dict:
+def entry(
+    kind, dataset: str, duration, http_status=HTTP_OK, error_code: str | None = None, updated_at=NOON, **fields
+) -> dict:
     """A cache entry holding the values given; a field given ``ABSENT`` is left out."""
-    document = {Cache.KIND: kind, Cache.DATASET: dataset, Cache.HTTP_STATUS: http_status, Cache.CONTENT: {}, Cache.UPDATED_AT: updated_at}
+    document = {
+        Cache.KIND: kind,
+        Cache.DATASET: dataset,
+        Cache.HTTP_STATUS: http_status,
+        Cache.CONTENT: {},
+        Cache.UPDATED_AT: updated_at,
+    }
     document[Cache.DURATION] = duration
     if error_code is not None:
         document[Cache.ERROR_CODE] = error_code
@@ -51,7 +59,10 @@ def test_each_artifacts_latest_run_of_the_day_counts_once_by_its_outcome(store, 
     cache.insert_many(
         [entry("split-first-rows", f"u/d{i}", 10.0 + i) for i in range(5)]
         + [entry("split-first-rows", "u/failed", 30.0, http_status=500, error_code="UnexpectedError")]
-        + [entry("config-parquet", "u/p", 600.5), entry("config-parquet", "u/yesterday", 1.0, updated_at=DAY - dt.timedelta(hours=1))]
+        + [
+            entry("config-parquet", "u/p", 600.5),
+            entry("config-parquet", "u/yesterday", 1.0, updated_at=DAY - dt.timedelta(hours=1)),
+        ]
     )
 
     period = read_cache_period(cache, store.events, DAY, NEXT_DAY)
@@ -68,8 +79,22 @@ def test_our_own_error_entries_count_from_their_events_and_the_deployments_kills
     store.events.insert_one(event(zombie, Reason.EXCEEDED_MAX_DURATION))
     cache.insert_many(
         [
-            entry("split-first-rows", "u/ours", 1_300.0, 501, ErrorCode.EXCEEDED_MAX_DURATION, **{Cache.DETAILS: {DETAIL_JOB_ID: str(zombie["_id"])}}),
-            entry("split-first-rows", "u/killed", 1_250.0, 501, ErrorCode.EXCEEDED_MAX_DURATION, **{Cache.DETAILS: {"error": "x"}}),
+            entry(
+                "split-first-rows",
+                "u/ours",
+                1_300.0,
+                501,
+                ErrorCode.EXCEEDED_MAX_DURATION,
+                **{Cache.DETAILS: {DETAIL_JOB_ID: str(zombie["_id"])}},
+            ),
+            entry(
+                "split-first-rows",
+                "u/killed",
+                1_250.0,
+                501,
+                ErrorCode.EXCEEDED_MAX_DURATION,
+                **{Cache.DETAILS: {"error": "x"}},
+            ),
             entry("split-first-rows", "u/crashed", 42.0, 501, ErrorCode.CRASHED),
         ]
     )
@@ -137,7 +162,12 @@ ODD_DURATIONS = {
     "absent": (ABSENT, BadData.MISSING_DURATION),  # written before 2024-07
 }
 #: Numbers of seconds of every BSON number type, and what they count as.
-USABLE_DURATIONS = {"an int": (12, 12.0), "a long": (Int64(40), 40.0), "a decimal": (Decimal128("2.5"), 2.5), "zero": (0.0, 0.0)}
+USABLE_DURATIONS = {
+    "an int": (12, 12.0),
+    "a long": (Int64(40), 40.0),
+    "a decimal": (Decimal128("2.5"), 2.5),
+    "zero": (0.0, 0.0),
+}
 #: Statuses that are not an integer, with a usable duration.
 ODD_STATUSES = {"absent": ABSENT, "null": None, "true": True, "a double": 200.0, "a string": "200", "an array": [200]}
 
@@ -170,7 +200,9 @@ def test_each_odd_duration_counts_by_one_reason_alone_or_beside_every_other(stor
 
 
 def test_a_duration_of_any_bson_number_type_counts_as_its_seconds_beside_odd_ones(store, cache):
-    odd = {name: entry("any", f"u/{name}", ODD_DURATIONS[name][0]) for name in ("NaN", "true", "a string", "a decimal NaN")}
+    odd = {
+        name: entry("any", f"u/{name}", ODD_DURATIONS[name][0]) for name in ("NaN", "true", "a string", "a decimal NaN")
+    }
     odd |= {name: entry("any", f"u/{name}", value) for name, (value, _) in USABLE_DURATIONS.items()}
 
     alone, mixed = read_alone_and_mixed(store, cache, odd)
@@ -178,7 +210,9 @@ def test_a_duration_of_any_bson_number_type_counts_as_its_seconds_beside_odd_one
     assert alone.bad_data == mixed.bad_data == {BadData.INVALID_DURATION: 4}
     usable = sorted(seconds for _, seconds in USABLE_DURATIONS.values())
     assert sorted(mixed.tallies["mixed"].success.tolist()) == sorted(usable + [7.0])
-    assert sorted(second for tally in alone.tallies.values() for second in tally.success.tolist()) == sorted(usable + [7.0] * 8)
+    assert sorted(second for tally in alone.tallies.values() for second in tally.success.tolist()) == sorted(
+        usable + [7.0] * 8
+    )
 
 
 def test_a_status_that_is_not_an_integer_counts_once_and_a_duration_problem_comes_first(store, cache):
@@ -198,7 +232,14 @@ def test_an_error_code_or_job_id_of_an_odd_type_is_not_a_kill_nor_ours_and_never
     cache.insert_many(
         [
             entry("a", "u/list-code", 30.0, http_status=500, error_code=[ErrorCode.CRASHED]),
-            entry("a", "u/number-id", 40.0, http_status=500, error_code="Unexpected", **{Cache.DETAILS: {DETAIL_JOB_ID: 12}}),
+            entry(
+                "a",
+                "u/number-id",
+                40.0,
+                http_status=500,
+                error_code="Unexpected",
+                **{Cache.DETAILS: {DETAIL_JOB_ID: 12}},
+            ),
             entry("a", "u/null-id", 50.0, http_status=500, **{Cache.DETAILS: {DETAIL_JOB_ID: None}}),
             entry("a", "u/listed-details", 60.0, http_status=500, **{Cache.DETAILS: [{DETAIL_JOB_ID: "x"}]}),
         ]
@@ -230,13 +271,18 @@ ODD_KINDS = {
 def test_an_entry_without_a_job_type_is_counted_once_in_its_day_whatever_its_kind_holds(store, cache):
     cache.insert_many(
         [entry(kind, f"u/{name}", 1.0) for name, kind in ODD_KINDS.items()]
-        + [entry(kind, f"u/{name}-yesterday", 1.0, updated_at=DAY - dt.timedelta(hours=1)) for name, kind in ODD_KINDS.items()]
+        + [
+            entry(kind, f"u/{name}-yesterday", 1.0, updated_at=DAY - dt.timedelta(hours=1))
+            for name, kind in ODD_KINDS.items()
+        ]
         + [entry("a", "u/a", 2.0), entry("b", "u/b", 3.0)]
     )
 
     period = read_cache_period(cache, store.events, DAY, NEXT_DAY)
 
-    assert period.bad_data == {BadData.INVALID_TYPE: len(ODD_KINDS)}  # an array's entry too, though two kinds' queries match it
+    assert period.bad_data == {
+        BadData.INVALID_TYPE: len(ODD_KINDS)
+    }  # an array's entry too, though two kinds' queries match it
     assert period.jobs_read == len(ODD_KINDS) + 2
     assert {kind: tally.success.tolist() for kind, tally in period.tallies.items()} == {"a": [2.0], "b": [3.0]}
 
@@ -259,7 +305,9 @@ def test_every_query_of_a_day_examines_that_days_entries_of_one_kind_value_on_th
     queries = [(command["filter"], command["hint"]) for command in log.named("find") if command["find"] == cache_name]
     counts = [command for command in log.named("aggregate") if command["aggregate"] == cache_name]  # count_documents
     queries += [(command["pipeline"][0]["$match"], command["hint"]) for command in counts]
-    assert [query[Cache.KIND] for query, _ in queries] == ["a", "b", 7, None] and {hint for _, hint in queries} == {INDEX_NAME}
+    assert [query[Cache.KIND] for query, _ in queries] == ["a", "b", 7, None] and {hint for _, hint in queries} == {
+        INDEX_NAME
+    }
     examined = []
     for query, hint in queries:
         find = {"find": cache_name, "filter": query, "hint": hint}

@@ -28,7 +28,7 @@ from zombie_pipeline.statistics.reports import (
 from zombie_pipeline.statistics.suggest import analyze
 from zombie_pipeline.statistics.tallies import BadData, Period, Tally
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 END = dt.datetime(2024, 3, 8, tzinfo=UTC)
 
 
@@ -51,14 +51,24 @@ def report():
         "/slow": _tally(rng.lognormal(np.log(300), 1.0, 300).clip(max=1199), error=[1200.0] * 20),
         "/rare|odd": _tally([50.0] * 5),
     }
-    period = Period(start=END - dt.timedelta(days=7), end=END, tallies=tallies, bad_data={BadData.MISSING_STARTED_AT: 3})
+    period = Period(
+        start=END - dt.timedelta(days=7), end=END, tallies=tallies, bad_data={BadData.MISSING_STARTED_AT: 3}
+    )
     policy = ZombiePolicy(max_duration_seconds_by_type={"/rare|odd": 2400, "/gone": 900})
     return analyze(period, policy, computed_at=END)
 
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(None, "–"), (4.114, "4.11 s"), (42.4, "42 s"), (300, "5 min"), (1321, "22 min 1 s"), (3600, "1 h"), (4500, "1 h 15 min")],
+    [
+        (None, "–"),
+        (4.114, "4.11 s"),
+        (42.4, "42 s"),
+        (300, "5 min"),
+        (1321, "22 min 1 s"),
+        (3600, "1 h"),
+        (4500, "1 h 15 min"),
+    ],
 )
 def test_durations_read_in_the_units_of_a_timeout(seconds, text):
     assert format_duration(seconds) == text
@@ -106,9 +116,7 @@ def test_report_files_hold_the_statistics_the_suggestions_and_a_chart(report, tm
     document = json.loads(files.json.read_text())
     assert document["suggested_max_duration_seconds_by_type"] == report.suggested_max_durations()
     assert document["bad_data"] == {BadData.MISSING_STARTED_AT: 3}
-    assert document["types"][0]["success_p99"] == pytest.approx(
-        report.type_report("/fast").statistics["p99"]
-    )
+    assert document["types"][0]["success_p99"] == pytest.approx(report.type_report("/fast").statistics["p99"])
     assert "max_duration_seconds_by_type" in document["zombie_policy_snippet"]
     assert files.chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and files.chart.stat().st_size > 20_000
     assert "```yaml" in files.markdown.read_text()
@@ -123,7 +131,9 @@ def test_an_empty_window_still_makes_a_report(tmp_path):
     assert frame.empty and {"type", "suggested_t2_seconds", "backtest_successes_stopped"} <= set(frame.columns)
     assert files.chart.exists()
     assert "max_duration_seconds_by_type: {}" in policy_snippet(report)
-    assert yaml.safe_load(policy_snippet(report))["resources"]["zombie_policy"]["config"] == {"max_duration_seconds_by_type": {}}
+    assert yaml.safe_load(policy_snippet(report))["resources"]["zombie_policy"]["config"] == {
+        "max_duration_seconds_by_type": {}
+    }
 
 
 def test_the_summary_gives_a_few_lines_per_type_and_the_snippet(report, tmp_path):
@@ -180,7 +190,9 @@ def test_the_text_chart_is_a_log_scale_histogram_of_the_successes_with_both_t2_m
     rows = chart_rows(chart)
     assert sum(int(ROW.search(row).group(1)) for row in rows) == 400
     lows = [row.split(" – ")[0].strip() for row in rows]  # from the shortest run's bin to the current T2's
-    assert lows == [format_duration(edge) for edge in CHART_EDGES[CHART_EDGES.index(0.2): CHART_EDGES.index(1_200) + 1]]
+    assert lows == [
+        format_duration(edge) for edge in CHART_EDGES[CHART_EDGES.index(0.2) : CHART_EDGES.index(1_200) + 1]
+    ]
     assert max(row.count("█") for row in rows) == 20  # the fullest bin is a full bar
     [current] = [row for row in rows if "current T2" in row]
     [suggested] = [row for row in rows if "suggested T2" in row]
@@ -190,7 +202,9 @@ def test_the_text_chart_is_a_log_scale_histogram_of_the_successes_with_both_t2_m
 
 def test_every_chart_is_short_enough_for_the_ui_to_show_it_inline_however_wide_the_durations(report):
     spread = analyze(
-        Period(start=report.window_start, end=report.window_end, tallies={"/wide": _tally(np.geomspace(0.1, 600_000, 500))}),
+        Period(
+            start=report.window_start, end=report.window_end, tallies={"/wide": _tally(np.geomspace(0.1, 600_000, 500))}
+        ),
         ZombiePolicy(),
     )
 

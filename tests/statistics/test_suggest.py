@@ -20,8 +20,12 @@ def test_the_suggestion_is_the_quantile_times_the_margin_rounded_up():
     durations = list(range(1, 1001))  # p99 = 990.01 s, p90 = 900.1 s
 
     assert suggest("/a", tally(durations), 1200, 300).suggested_t2_seconds == 1500  # 1485.0 s -> 25 min
-    assert suggest("/a", tally(durations), 1200, 300, SuggestionRules(quantile=0.9)).suggested_t2_seconds == 1380  # 1350.2 s -> 23 min
-    assert suggest("/a", tally(durations), 1200, 300, SuggestionRules(margin=2.0)).suggested_t2_seconds == 2100  # 1980.0 s -> 35 min
+    assert (
+        suggest("/a", tally(durations), 1200, 300, SuggestionRules(quantile=0.9)).suggested_t2_seconds == 1380
+    )  # 1350.2 s -> 23 min
+    assert (
+        suggest("/a", tally(durations), 1200, 300, SuggestionRules(margin=2.0)).suggested_t2_seconds == 2100
+    )  # 1980.0 s -> 35 min
     report = suggest("/a", tally(durations), 1200, 300)
     assert report.quantile_seconds == pytest.approx(990.01)
     assert report.change == "raise"
@@ -47,10 +51,14 @@ def test_a_type_with_fewer_than_min_samples_keeps_its_current_t2():
 
 
 def test_many_jobs_stopped_make_the_suggestion_a_lower_bound_that_never_lowers_t2():
-    successes = [float(value) for value in range(1, 401)]  # p99 396.01 s x 1.5 -> 600 s; upper bound 400 s x 1.5 < 1200 s
+    successes = [
+        float(value) for value in range(1, 401)
+    ]  # p99 396.01 s x 1.5 -> 600 s; upper bound 400 s x 1.5 < 1200 s
 
     few = suggest("/a", tally(successes, error=[1200.0]), 1200, 300)  # 1 of 401 stopped: 0.25 % < 1 %
-    many = suggest("/a", tally(successes, error=[1200.0, 1250.0, 1210.0], stopped=[1300.0, 1350.0]), 1200, 300)  # 5 of 405
+    many = suggest(
+        "/a", tally(successes, error=[1200.0, 1250.0, 1210.0], stopped=[1300.0, 1350.0]), 1200, 300
+    )  # 5 of 405
     audited_only = suggest("/a", tally(successes, stopped=[1300.0, 1400.0, 1500.0, 1600.0, 1700.0]), 1200, 300)
 
     assert not few.censored and few.suggested_t2_seconds == 600

@@ -51,7 +51,9 @@ def test_statistics_of_known_durations_match_exact_values(store):
         {"count": 100, "mean": 50.5, "p50": 50.5, "p90": 90.1, "p95": 95.05, "p99": 99.01, "max": 100.0}
     )
     b = report.type_report("/b")
-    assert b.statistics == pytest.approx({"count": 4, "mean": 2.5, "p50": 2.5, "p90": 2.5, "p95": 2.5, "p99": 2.5, "max": 2.5})
+    assert b.statistics == pytest.approx(
+        {"count": 4, "mean": 2.5, "p50": 2.5, "p90": 2.5, "p95": 2.5, "p99": 2.5, "max": 2.5}
+    )
     assert report.bad_data == {}
 
 
@@ -77,13 +79,21 @@ def test_zombies_are_counted_per_reason_with_their_rate_among_started_jobs(store
         job("/a", Status.ERROR, 450),
         job("/a", Status.ERROR, 1300),
     ]
-    reasons = [Reason.MISSING_HEARTBEAT, Reason.MISSING_HEARTBEAT, Reason.NEVER_HEARTBEATED, Reason.EXCEEDED_MAX_DURATION]
+    reasons = [
+        Reason.MISSING_HEARTBEAT,
+        Reason.MISSING_HEARTBEAT,
+        Reason.NEVER_HEARTBEATED,
+        Reason.EXCEEDED_MAX_DURATION,
+    ]
     gone = job("/a", Status.ERROR, 1250)  # its job document expired (TTL); the event remains
     lost = job("/a", Status.ERROR, 600)  # a claim that lost its race: never finalized
     store.jobs.insert_many(zombies + [lost] + [job("/a", Status.SUCCESS, 60) for _ in range(14)])
     store.events.insert_many(
         [event(document, reason) for document, reason in zip(zombies, reasons)]
-        + [event(gone, Reason.EXCEEDED_MAX_DURATION, EventState.FINALIZED), event(lost, Reason.MISSING_HEARTBEAT, EventState.CLAIMED)]
+        + [
+            event(gone, Reason.EXCEEDED_MAX_DURATION, EventState.FINALIZED),
+            event(lost, Reason.MISSING_HEARTBEAT, EventState.CLAIMED),
+        ]
     )
 
     a = analyze(read_period(store.jobs, store.events, DAY, NEXT_DAY), ZombiePolicy()).type_report("/a")
@@ -111,7 +121,9 @@ def test_bad_data_is_counted_and_skipped_never_fatal(store):
         {k: v for k, v in job("/a", Status.ERROR, None).items() if k != Job.FINISHED_AT},
     ]
     store.jobs.insert_many(good + bad)
-    store.events.insert_one({ID: ObjectId(), Event.REASON: Reason.MISSING_HEARTBEAT, Event.FINALIZED_AT: NOON, Event.STATE: EventState.DONE})
+    store.events.insert_one(
+        {ID: ObjectId(), Event.REASON: Reason.MISSING_HEARTBEAT, Event.FINALIZED_AT: NOON, Event.STATE: EventState.DONE}
+    )
 
     report = analyze(
         read_period(store.jobs, store.events, DAY, NEXT_DAY), ZombiePolicy(), undated=count_undated_jobs(store.jobs)
@@ -133,13 +145,22 @@ def test_bad_data_is_counted_and_skipped_never_fatal(store):
 
 def test_days_combined_equal_one_pass_over_the_window(store):
     end = dt.datetime(2024, 3, 8, tzinfo=UTC)
-    simulate(store, workload(finished=600, crashed=0, never_heartbeated=0, overdue=0, running=0, waiting=0, days=3, seed=4), now=end)
-    audited = [job("/first-rows", Status.ERROR, 1300 + 10 * day, finished_at=end - dt.timedelta(days=day, hours=5)) for day in range(3)]
+    simulate(
+        store,
+        workload(finished=600, crashed=0, never_heartbeated=0, overdue=0, running=0, waiting=0, days=3, seed=4),
+        now=end,
+    )
+    audited = [
+        job("/first-rows", Status.ERROR, 1300 + 10 * day, finished_at=end - dt.timedelta(days=day, hours=5))
+        for day in range(3)
+    ]
     store.jobs.insert_many(audited)
     store.events.insert_many([event(document, Reason.EXCEEDED_MAX_DURATION) for document in audited])
     days = [end - dt.timedelta(days=3 - offset) for offset in range(3)]
 
-    combined = combine(read_period(store.jobs, store.events, day, day + dt.timedelta(days=1), batch_size=100) for day in days)
+    combined = combine(
+        read_period(store.jobs, store.events, day, day + dt.timedelta(days=1), batch_size=100) for day in days
+    )
     one_pass = read_period(store.jobs, store.events, days[0], end)
 
     assert combined.jobs_read == one_pass.jobs_read > 500
@@ -162,8 +183,16 @@ def test_only_the_needed_fields_leave_the_database_in_batches(mongo_url, store):
 
     assert len(period.tallies["/a"].success) == 25
     finds = [command for command in log.named("find") if command["find"] == store.jobs.name]
-    needed = {ID, Job.TYPE, Job.STATUS, Job.STARTED_AT, Job.FINISHED_AT}  # the status only where the query does not say it
-    assert finds and all(set(command["projection"]) <= needed and "note" not in command["projection"] for command in finds)
+    needed = {
+        ID,
+        Job.TYPE,
+        Job.STATUS,
+        Job.STARTED_AT,
+        Job.FINISHED_AT,
+    }  # the status only where the query does not say it
+    assert finds and all(
+        set(command["projection"]) <= needed and "note" not in command["projection"] for command in finds
+    )
     assert all(command.get("batchSize") == 10 for command in finds)
     assert len(log.named("getMore")) >= 2  # 25 documents of one status, 10 a batch
 
@@ -171,7 +200,11 @@ def test_only_the_needed_fields_leave_the_database_in_batches(mongo_url, store):
 def test_a_day_reads_the_finished_statuses_its_generation_declares_and_examines_only_that_days_jobs(mongo_url, store):
     other_days = [DAY - dt.timedelta(days=2), NEXT_DAY + dt.timedelta(hours=3)]
     store.jobs.insert_many(
-        [job("/a", status, 5, finished_at=at) for status in (Status.SUCCESS, Status.ERROR) for at in [NOON] * 6 + other_days * 20]
+        [
+            job("/a", status, 5, finished_at=at)
+            for status in (Status.SUCCESS, Status.ERROR)
+            for at in [NOON] * 6 + other_days * 20
+        ]
         + [job("/a", Status.CANCELLED, None) for _ in range(2)]
         + [job("/a", Status.SKIPPED, None)]  # 2023-05 and after declare no such status
         + [job("/a", Status.WAITING, None, **{Job.FINISHED_AT: None}) for _ in range(30)]
@@ -190,16 +223,28 @@ def test_a_day_reads_the_finished_statuses_its_generation_declares_and_examines_
         explained = store.jobs.database.command("explain", find, verbosity="executionStats")
         examined.append(query_plan_of(explained)["executionStats"]["totalDocsExamined"])
     assert examined == [2, 6, 6] and period.jobs_read == 14
-    assert period.tallies["/a"].statuses == {Status.SUCCESS: 6, Status.ERROR: 6, Status.CANCELLED: 2} and period.bad_data == {}
+    assert (
+        period.tallies["/a"].statuses == {Status.SUCCESS: 6, Status.ERROR: 6, Status.CANCELLED: 2}
+        and period.bad_data == {}
+    )
 
 
 def test_jobs_of_a_status_the_generation_does_not_declare_are_counted_once_over_the_whole_collection(store):
     long_ago = DAY - dt.timedelta(days=400)
     store.jobs.insert_many(
-        [job("/a", Status.SUCCESS, 5), job("/a", Status.WAITING, None, **{Job.FINISHED_AT: None}), job("/a", Status.STARTED, 5)]
+        [
+            job("/a", Status.SUCCESS, 5),
+            job("/a", Status.WAITING, None, **{Job.FINISHED_AT: None}),
+            job("/a", Status.STARTED, 5),
+        ]
         + [job("/a", "exploded", 5), job("/a", "exploded", 5, finished_at=long_ago)]
         + [without(job("/a", "running", 5), Job.FINISHED_AT)]
-        + [job("/a", None, 5), without(job("/a", Status.SUCCESS, 5), Job.STATUS), job("/a", 3, 5), job("/a", {"name": "x"}, 5)]
+        + [
+            job("/a", None, 5),
+            without(job("/a", Status.SUCCESS, 5), Job.STATUS),
+            job("/a", 3, 5),
+            job("/a", {"name": "x"}, 5),
+        ]
         + [job("/a", ["exploded", "running"], 5)]  # one job, though it holds two odd statuses
         + [job("/a", Status.SKIPPED, None), job("/a", Status.SKIPPED, None, finished_at=long_ago)]
     )
@@ -273,7 +318,9 @@ def one_by_one(documents: list[dict]) -> tuple[dict, Counter]:
 
 def batched(documents: list[dict], batch_size: int) -> tuple[dict, Counter]:
     period = tally_jobs(Period(start=DAY, end=NEXT_DAY), documents, batch_size=batch_size)
-    assert all(tally.success.dtype == np.float32 and tally.error.dtype == np.float32 for tally in period.tallies.values())
+    assert all(
+        tally.success.dtype == np.float32 and tally.error.dtype == np.float32 for tally in period.tallies.values()
+    )
     return {
         job_type: (dict(tally.statuses), tally.started, tally.success.tolist(), tally.error.tolist())
         for job_type, tally in period.tallies.items()
@@ -287,7 +334,12 @@ def test_a_batch_of_every_kind_of_job_is_tallied_as_each_job_alone(batch_size):
     tallies, bad_data = batched(documents, batch_size)
 
     assert (tallies, bad_data) == one_by_one(documents)
-    not_of_jobs = {BadData.INCOMPLETE_AUDIT_EVENT, BadData.MISSING_DURATION, BadData.INVALID_DURATION, BadData.INVALID_HTTP_STATUS}
+    not_of_jobs = {
+        BadData.INCOMPLETE_AUDIT_EVENT,
+        BadData.MISSING_DURATION,
+        BadData.INVALID_DURATION,
+        BadData.INVALID_HTTP_STATUS,
+    }
     assert set(bad_data) == {kind for name, kind in vars(BadData).items() if name.isupper()} - not_of_jobs
     assert tallies["/a"][0] == {Status.SUCCESS: 4, Status.ERROR: 1, Status.CANCELLED: 2}
 
@@ -304,7 +356,9 @@ def test_durations_are_utc_whatever_the_zone_of_the_dates():
         pair("/utc", start, end),
         pair("/naive", start.replace(tzinfo=None), end.replace(tzinfo=None)),  # read as UTC
         pair("/offsets", start.astimezone(dt.timezone(dt.timedelta(hours=-5))), end.astimezone(bson_utc)),
-        pair("/naive-and-aware", start.replace(tzinfo=None), end),  # each alone is fine; the pair is not subtractable in Python
+        pair(
+            "/naive-and-aware", start.replace(tzinfo=None), end
+        ),  # each alone is fine; the pair is not subtractable in Python
         pair("/timestamp", pd.Timestamp(start), end),
         pair("/paris", (summer_time - dt.timedelta(hours=1)).astimezone(paris), summer_time.astimezone(paris)),
     ]
@@ -313,7 +367,9 @@ def test_durations_are_utc_whatever_the_zone_of_the_dates():
         tallies, bad_data = batched(documents, batch_size)
         assert (tallies, bad_data) == one_by_one(documents)
     assert tallies["/paris"][2] == [3600.0]  # one hour of UTC, two on the wall clock
-    assert all(tallies[job_type][2] == [90.0] for job_type in ("/utc", "/naive", "/offsets", "/naive-and-aware", "/timestamp"))
+    assert all(
+        tallies[job_type][2] == [90.0] for job_type in ("/utc", "/naive", "/offsets", "/naive-and-aware", "/timestamp")
+    )
 
 
 def test_an_audited_job_in_a_batch_counts_once_and_a_bad_one_counts_as_gone():
@@ -339,7 +395,10 @@ def test_a_crash_audited_long_past_its_t2_is_not_a_run_stopped_at_t2(store):
     crashed = [job("/a", Status.ERROR, 5_000) for _ in range(10)]  # dead for over an hour before the cleanup saw them
     overrun = job("/a", Status.ERROR, 1_300)
     store.jobs.insert_many(successes + crashed + [overrun])
-    store.events.insert_many([event(document, Reason.MISSING_HEARTBEAT) for document in crashed] + [event(overrun, Reason.EXCEEDED_MAX_DURATION)])
+    store.events.insert_many(
+        [event(document, Reason.MISSING_HEARTBEAT) for document in crashed]
+        + [event(overrun, Reason.EXCEEDED_MAX_DURATION)]
+    )
 
     report = analyze(read_period(store.jobs, store.events, DAY, NEXT_DAY), ZombiePolicy(max_duration_seconds=1_200))
 
@@ -351,10 +410,7 @@ def test_a_crash_audited_long_past_its_t2_is_not_a_run_stopped_at_t2(store):
 
 
 def test_combining_many_periods_joins_each_type_in_order():
-    days = [
-        Period(start=DAY + dt.timedelta(days=day), end=DAY + dt.timedelta(days=day + 1))
-        for day in range(30)
-    ]
+    days = [Period(start=DAY + dt.timedelta(days=day), end=DAY + dt.timedelta(days=day + 1)) for day in range(30)]
     for day, period in enumerate(days):
         period.tallies["/a"] = tally([float(day)], stopped=[day + 0.5])
 
@@ -376,7 +432,11 @@ def test_a_clean_status_is_read_into_columns_and_one_holding_a_string_date_falls
 
     assert len(period.tallies["/a"].success) == 10 and period.tallies["/a"].statuses[Status.ERROR] == 1
     assert period.bad_data == {BadData.STARTED_AT_AS_STRING: 1}
-    finds = {command["filter"][Job.STATUS]: command for command in log.named("find") if command["find"] == store.jobs.name}
+    finds = {
+        command["filter"][Job.STATUS]: command for command in log.named("find") if command["find"] == store.jobs.name
+    }
     assert Job.STATUS not in finds[Status.SUCCESS]["projection"]  # decoded into columns: the status is the query's
-    error_finds = [command for command in log.named("find") if command.get("filter", {}).get(Job.STATUS) == Status.ERROR]
+    error_finds = [
+        command for command in log.named("find") if command.get("filter", {}).get(Job.STATUS) == Status.ERROR
+    ]
     assert len(error_finds) == 2 and Job.STATUS in error_finds[1]["projection"]  # then read again as documents

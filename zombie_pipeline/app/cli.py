@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from zombie_pipeline import config
 from zombie_pipeline.config import SettingError
@@ -45,8 +45,16 @@ def _store_and_resources():
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    counts = {name: getattr(args, name) for name in ("finished", "crashed", "never_heartbeated", "terminated", "overdue", "running", "waiting")}
-    options = {"seed": args.seed, "days": args.days, "generation": args.generation, "cache_generation": args.cache_generation}
+    counts = {
+        name: getattr(args, name)
+        for name in ("finished", "crashed", "never_heartbeated", "terminated", "overdue", "running", "waiting")
+    }
+    options = {
+        "seed": args.seed,
+        "days": args.days,
+        "generation": args.generation,
+        "cache_generation": args.cache_generation,
+    }
     if args.jobs is not None:
         workload = Workload.from_fractions(args.jobs, crashed_fraction=args.crashed_fraction, **options)
     else:
@@ -55,7 +63,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     check_ours(store, args.overwrite_database)  # before the first write, an index included
     if args.drop:
         drop_simulation(store, args.overwrite_database)
-    elif simulated_generation(store) is not None:  # a second queue over the first would share its datasets' locks and keys
+    elif (
+        simulated_generation(store) is not None
+    ):  # a second queue over the first would share its datasets' locks and keys
         raise NotOurs("these databases already hold a simulated queue; --drop replaces it (nothing was written)")
     store.ensure_indexes()
     result = simulate(store, workload, overwrite=args.overwrite_database)
@@ -66,7 +76,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
     for status, count in sorted(result.jobs_by_status.items()):
         print(f"  {status:<10} {count:>8}")
-    zombies = ", ".join(f"{len(result.ids[kind])} {kind.replace('_', ' ')}" for kind in STARTED_KINDS if kind != "running")
+    zombies = ", ".join(
+        f"{len(result.ids[kind])} {kind.replace('_', ' ')}" for kind in STARTED_KINDS if kind != "running"
+    )
     print(f"  zombies: {zombies}; {len(result.running_ids)} healthy running")
     return 0
 
@@ -76,7 +88,10 @@ def cmd_workers(args: argparse.Namespace) -> int:
     from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 
     rates = WorkerRates(
-        workers=args.workers, crash_rate=args.crash_rate, overrun_rate=args.overrun_rate, speed=args.speed,
+        workers=args.workers,
+        crash_rate=args.crash_rate,
+        overrun_rate=args.overrun_rate,
+        speed=args.speed,
         heartbeat_seconds=args.heartbeat_seconds,
     )
     store, resources = _store_and_resources()
@@ -88,7 +103,9 @@ def cmd_workers(args: argparse.Namespace) -> int:
     policy = resources["zombie_policy"].policy()
     generation = decide(store, policy).required_queue()
     pool = WorkerPool(store, generation, policy, rates, seed=args.seed)
-    print(f"{rates.workers} simulated workers on a {generation.name} queue ({pool.adopt_running()} running jobs adopted); Ctrl-C stops them")
+    print(
+        f"{rates.workers} simulated workers on a {generation.name} queue ({pool.adopt_running()} running jobs adopted); Ctrl-C stops them"
+    )
     try:
         pool.run(args.duration if args.duration is not None else float("inf"))
     except KeyboardInterrupt:
@@ -130,25 +147,52 @@ def build_parser() -> argparse.ArgumentParser:
         "configured databases, exactly as a deployment of the chosen generation stores it. A database holding "
         "documents zombie-pipeline did not write is refused.",
     )
-    sim.add_argument("--generation", choices=list(QUEUE_GENERATIONS), default=NEWEST_QUEUE_GENERATION,
-                     help="queue generation of the simulated deployment (default: %(default)s, today's)")
-    sim.add_argument("--cache-generation", choices=list(CACHE_GENERATIONS), default=None,
-                     help="cache generation (default: the one that queue generation's deployment writes)")
+    sim.add_argument(
+        "--generation",
+        choices=list(QUEUE_GENERATIONS),
+        default=NEWEST_QUEUE_GENERATION,
+        help="queue generation of the simulated deployment (default: %(default)s, today's)",
+    )
+    sim.add_argument(
+        "--cache-generation",
+        choices=list(CACHE_GENERATIONS),
+        default=None,
+        help="cache generation (default: the one that queue generation's deployment writes)",
+    )
     sim.add_argument("--jobs", type=int, help="total jobs; with --crashed-fraction, instead of the counts below")
-    sim.add_argument("--crashed-fraction", type=float, default=0.01, help="share of --jobs that crashed (default: %(default)s)")
+    sim.add_argument(
+        "--crashed-fraction", type=float, default=0.01, help="share of --jobs that crashed (default: %(default)s)"
+    )
     sim.add_argument("--finished", type=int, default=2_000, help="finished jobs of the history (default: %(default)s)")
-    sim.add_argument("--crashed", type=int, default=20, help="started jobs whose heartbeat stopped long ago (default: %(default)s)")
-    sim.add_argument("--never-heartbeated", type=int, default=5, help="started jobs that never heartbeated (default: %(default)s)")
-    sim.add_argument("--terminated", type=int, default=3,
-                     help="started jobs that got SIGTERM long ago, where jobs record it (default: %(default)s)")
-    sim.add_argument("--overdue", type=int, default=5, help="started jobs past their maximum duration (default: %(default)s)")
+    sim.add_argument(
+        "--crashed", type=int, default=20, help="started jobs whose heartbeat stopped long ago (default: %(default)s)"
+    )
+    sim.add_argument(
+        "--never-heartbeated", type=int, default=5, help="started jobs that never heartbeated (default: %(default)s)"
+    )
+    sim.add_argument(
+        "--terminated",
+        type=int,
+        default=3,
+        help="started jobs that got SIGTERM long ago, where jobs record it (default: %(default)s)",
+    )
+    sim.add_argument(
+        "--overdue", type=int, default=5, help="started jobs past their maximum duration (default: %(default)s)"
+    )
     sim.add_argument("--running", type=int, default=50, help="healthy started jobs (default: %(default)s)")
     sim.add_argument("--waiting", type=int, default=50, help="waiting jobs (default: %(default)s)")
     sim.add_argument("--days", type=float, default=7.0, help="days the history spans (default: %(default)s)")
-    sim.add_argument("--seed", type=int, default=0, help="random seed: the same seed writes the same queue (default: %(default)s)")
-    sim.add_argument("--drop", action="store_true", help="drop the simulated databases first (never a database we did not write)")
-    sim.add_argument("--overwrite-database", metavar="NAME",
-                     help="the one database holding documents of its own that you deliberately give up to the simulator")
+    sim.add_argument(
+        "--seed", type=int, default=0, help="random seed: the same seed writes the same queue (default: %(default)s)"
+    )
+    sim.add_argument(
+        "--drop", action="store_true", help="drop the simulated databases first (never a database we did not write)"
+    )
+    sim.add_argument(
+        "--overwrite-database",
+        metavar="NAME",
+        help="the one database holding documents of its own that you deliberately give up to the simulator",
+    )
     sim.set_defaults(handler=cmd_simulate)
 
     workers = commands.add_parser(
@@ -160,11 +204,21 @@ def build_parser() -> argparse.ArgumentParser:
         "zombie-pipeline simulated: any other database is refused.",
     )
     workers.add_argument("--workers", type=int, default=4, help="how many workers (default: %(default)s)")
-    workers.add_argument("--crash-rate", type=float, default=0.05, help="share of jobs whose worker dies silently (default: %(default)s)")
-    workers.add_argument("--overrun-rate", type=float, default=0.02, help="share of jobs that run past T2 (default: %(default)s)")
-    workers.add_argument("--speed", type=float, default=0.05, help="job durations are their type's times this (default: %(default)s)")
-    workers.add_argument("--heartbeat-seconds", type=float, default=60.0, help="heartbeat interval (default: %(default)s)")
-    workers.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)")
+    workers.add_argument(
+        "--crash-rate", type=float, default=0.05, help="share of jobs whose worker dies silently (default: %(default)s)"
+    )
+    workers.add_argument(
+        "--overrun-rate", type=float, default=0.02, help="share of jobs that run past T2 (default: %(default)s)"
+    )
+    workers.add_argument(
+        "--speed", type=float, default=0.05, help="job durations are their type's times this (default: %(default)s)"
+    )
+    workers.add_argument(
+        "--heartbeat-seconds", type=float, default=60.0, help="heartbeat interval (default: %(default)s)"
+    )
+    workers.add_argument(
+        "--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)"
+    )
     workers.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     workers.set_defaults(handler=cmd_workers)
 
@@ -173,9 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     db.set_defaults(handler=cmd_db)
 
     demo = commands.add_parser("demo", help="simulate a queue if empty, run the pipeline, print a summary")
-    demo.add_argument("--generation", choices=list(QUEUE_GENERATIONS), default=NEWEST_QUEUE_GENERATION,
-                      help="queue generation of the simulated deployment (default: %(default)s, today's)")
-    demo.add_argument("--finished", type=int, default=3_000, help="finished jobs of the simulated history (default: %(default)s)")
+    demo.add_argument(
+        "--generation",
+        choices=list(QUEUE_GENERATIONS),
+        default=NEWEST_QUEUE_GENERATION,
+        help="queue generation of the simulated deployment (default: %(default)s, today's)",
+    )
+    demo.add_argument(
+        "--finished", type=int, default=3_000, help="finished jobs of the simulated history (default: %(default)s)"
+    )
     demo.add_argument("--seed", type=int, default=0, help="random seed of the simulation (default: %(default)s)")
     demo.add_argument("--fresh", action="store_true", help="drop the simulated queue and start again")
     demo.set_defaults(handler=cmd_demo)
@@ -186,11 +246,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (embedded.EmbeddedServerError, DatabaseUnavailable, NotOurs, WorkloadError, GenerationUnknown, SettingError) as error:
+    except (
+        embedded.EmbeddedServerError,
+        DatabaseUnavailable,
+        NotOurs,
+        WorkloadError,
+        GenerationUnknown,
+        SettingError,
+    ) as error:
         print(f"zombie-pipeline: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # keep credentials out of whatever reaches the terminal
-        print(f"zombie-pipeline: {type(error).__name__}: {redact(str(error), config.configured_urls())}", file=sys.stderr)
+        print(
+            f"zombie-pipeline: {type(error).__name__}: {redact(str(error), config.configured_urls())}", file=sys.stderr
+        )
         return 1
     finally:
         close_clients()

@@ -82,7 +82,9 @@ def run_demo(
         "ops": {"reconcile": {"config": {"dry_run": real_database}}},
         "loggers": QUIET,
     }
-    with _living_queue(store, generation, policy, seed, rates or WorkerRates(crash_rate=0.0), enabled=not real_database):
+    with _living_queue(
+        store, generation, policy, seed, rates or WorkerRates(crash_rate=0.0), enabled=not real_database
+    ):
         return _run_pipeline(store, resources, run_config, policy, real_database)
 
 
@@ -116,7 +118,9 @@ def _run_pipeline(store, resources, run_config, policy, real_database: bool) -> 
             run_config=run_config, resources=resources, instance=instance, raise_on_error=False
         )
     seconds = time.monotonic() - started
-    print(f"\nkill_zombies_job: {'succeeded' if result.success else 'FAILED'} in {seconds:.1f} s (run {result.run_id[:8]})")
+    print(
+        f"\nkill_zombies_job: {'succeeded' if result.success else 'FAILED'} in {seconds:.1f} s (run {result.run_id[:8]})"
+    )
     if not result.success:
         print("  " + _failure_line(result))
         if not real_database:
@@ -124,7 +128,9 @@ def _run_pipeline(store, resources, run_config, policy, real_database: bool) -> 
         return 1
     if real_database:
         found = _output_metadata(result, "find_zombies").get("candidates")
-        print(f"  dry run: {found.value if found else 0} zombies found and left alone (their evidence: the find_zombies step)")
+        print(
+            f"  dry run: {found.value if found else 0} zombies found and left alone (their evidence: the find_zombies step)"
+        )
     summary = summarize(store, result.run_id, result.output_for_node("summarize"))
     print("  " + summary.one_line())
     for row in summary.rows[:8]:
@@ -140,7 +146,9 @@ def _run_pipeline(store, resources, run_config, policy, real_database: bool) -> 
         print(f"\nduration_statistics: not computed: {error}")
         return 0
     print(f"\nduration_statistics for the {DEFAULT_WINDOW_DAYS} days to {window_end:%Y-%m-%d %H:%M} UTC:")
-    report = analyze_window(store, decide(store, policy).required_queue(), policy, end=window_end)  # the asset's figures, for the terminal
+    report = analyze_window(
+        store, decide(store, policy).required_queue(), policy, end=window_end
+    )  # the asset's figures, for the terminal
     print(summary_text(report, files))
     return 0
 
@@ -174,13 +182,20 @@ def _materialize_statistics(resources, instance_factory, save_suggestions: bool)
     Daily partitions are whole UTC days, so the window ends at midnight, with yesterday.
     """
     run_config: dict = {"loggers": QUIET}  # the window's unused days (its mapping spans 28) would each log a warning
-    statistics_config = {**run_config, "ops": {job_duration_statistics.op.name: {"config": {"save_suggestions": save_suggestions}}}}
-    window_end = dt.datetime.combine(utc_now().date(), dt.time(), tzinfo=dt.timezone.utc)
+    statistics_config = {
+        **run_config,
+        "ops": {job_duration_statistics.op.name: {"config": {"save_suggestions": save_suggestions}}},
+    }
+    window_end = dt.datetime.combine(utc_now().date(), dt.time(), tzinfo=dt.UTC)
     days = [(window_end - dt.timedelta(days=n)).date().isoformat() for n in range(DEFAULT_WINDOW_DAYS, 0, -1)]
     with instance_factory() as instance:
         for day in days:
             daily = dg.materialize(
-                [job_duration_tallies], partition_key=day, resources=resources, instance=instance, run_config=run_config,
+                [job_duration_tallies],
+                partition_key=day,
+                resources=resources,
+                instance=instance,
+                run_config=run_config,
                 raise_on_error=False,
             )
             if not daily.success:
@@ -205,11 +220,12 @@ def _fill(store, finished: int, seed: int, policy, generation: str) -> None:
     """Simulate a deployment into an empty queue; top up with new zombies once they are all cleaned."""
     if simulated_generation(store) is None:
         workload = Workload(finished=finished, seed=seed, generation=generation, policy=policy)
-        print(f"empty queue: simulating a {generation} deployment, {workload.total} jobs over {workload.days:.0f} days ...")
+        print(
+            f"empty queue: simulating a {generation} deployment, {workload.total} jobs over {workload.days:.0f} days ..."
+        )
     elif count_stale(store.jobs, policy, utc_now()) == 0:
         workload = Workload(finished=0, waiting=20, running=40, seed=seed, generation=generation, policy=policy)
         print("no zombies left from earlier demos: simulating workers that crashed since ...")
     else:
         return
     simulate(store, workload)
-

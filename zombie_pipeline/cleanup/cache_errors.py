@@ -16,7 +16,8 @@ written for it by an earlier attempt, and is recognized rather than rewritten.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from bson import ObjectId
 from pymongo import InsertOne, ReplaceOne, UpdateOne
@@ -157,11 +158,16 @@ def write_batch(
             previous = entry.get(Cache.DETAILS, {}).get(DETAIL_PREVIOUS)
             outcomes[event[ID]] = _outcome(CacheOutcome.WRITTEN, stored_failed_runs(entry), previous)
         elif entry is not None and is_fresher(entry, job):
-            outcomes[event[ID]] = _outcome(CacheOutcome.SKIPPED_FRESHER, stored_failed_runs(entry), _jsonable(summary_of(entry)))
+            outcomes[event[ID]] = _outcome(
+                CacheOutcome.SKIPPED_FRESHER, stored_failed_runs(entry), _jsonable(summary_of(entry))
+            )
         else:
             failed_runs = failed_runs_after_crash(entry, job)
             if key not in planned:  # two zombies of one key (a broken queue) share one entry
-                document = {ID: entry[ID] if entry is not None else ObjectId(), **error_entry(event, entry, generation, policy, failed_runs)}
+                document = {
+                    ID: entry[ID] if entry is not None else ObjectId(),
+                    **error_entry(event, entry, generation, policy, failed_runs),
+                }
                 operations.append(_write_operation(entry, document))
                 planned[key] = document
                 replaced[key] = entry
@@ -172,11 +178,17 @@ def write_batch(
         ours = set(planned)
     else:  # which ones: read the entries back
         entry_ids = [document[ID] for document in planned.values()]
-        stored = {entry[ID]: entry for entry in store.cache.find({ID: {"$in": entry_ids}}, {Cache.UPDATED_AT: 1}, session=session).batch_size(READ_BATCH)}
+        stored = {
+            entry[ID]: entry
+            for entry in store.cache.find({ID: {"$in": entry_ids}}, {Cache.UPDATED_AT: 1}, session=session).batch_size(
+                READ_BATCH
+            )
+        }
         ours = {
             key
             for key, document in planned.items()
-            if document[ID] in stored and as_utc(stored[document[ID]].get(Cache.UPDATED_AT)) == document[Cache.UPDATED_AT]
+            if document[ID] in stored
+            and as_utc(stored[document[ID]].get(Cache.UPDATED_AT)) == document[Cache.UPDATED_AT]
         }
     for event_id, (key, failed_runs, previous) in expected.items():
         if key in ours:
@@ -216,7 +228,9 @@ def _write(store: Store, operations: list, session: ClientSession | None) -> int
     return result.matched_count + result.inserted_count
 
 
-def _count_in_cache_metrics(store: Store, changes: list[tuple[Mapping[str, Any] | None, Mapping[str, Any]]], session: ClientSession | None) -> None:
+def _count_in_cache_metrics(
+    store: Store, changes: list[tuple[Mapping[str, Any] | None, Mapping[str, Any]]], session: ClientSession | None
+) -> None:
     """``cacheTotalMetric``: the old entry's (kind, http_status, error_code) -1, the new one's +1, as the deployment counts."""
     totals: Counter = Counter()
     for old, new in changes:

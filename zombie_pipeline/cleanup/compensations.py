@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import entry_points
-from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from zombie_pipeline import webhooks
 from zombie_pipeline.cleanup.counts import Count, StepResult
@@ -66,11 +67,13 @@ class CompensationContext:
     reason: str
     error_code: str
     cache_outcome: str | None  # written, or kept because a fresher result was there
-    previous_entry: Mapping[str, Any] | None  # what the cache held before our error entry (revision, runner version ...)
+    previous_entry: (
+        Mapping[str, Any] | None
+    )  # what the cache held before our error entry (revision, runner version ...)
     attempt: int  # 1 for the first
 
     def as_json(self) -> dict[str, Any]:
-        return json.loads(json.dumps({name: value for name, value in vars(self).items()}, default=str))
+        return json.loads(json.dumps(dict(vars(self)), default=str))
 
 
 @runtime_checkable
@@ -102,7 +105,9 @@ class WebhookCompensation:
         if url is None:
             raise CompensationError(f"${self.variable} is not set: no URL to POST to")
         try:
-            webhooks.post_json(url, context.as_json(), self.timeout_seconds, headers={"Idempotency-Key": str(context.job_id)})
+            webhooks.post_json(
+                url, context.as_json(), self.timeout_seconds, headers={"Idempotency-Key": str(context.job_id)}
+            )
         except webhooks.WebhookError as error:
             raise CompensationError(str(error)) from None
 
@@ -119,7 +124,9 @@ def installed() -> tuple[Compensation, ...]:
             loaded = entry_point.load()
             action = loaded() if isinstance(loaded, type) else loaded
         except Exception as error:  # a broken plugin is refused with its name, before anything is written
-            raise CompensationError(f"the compensation entry point {entry_point.name!r} ({entry_point.value}) cannot be loaded: {error}") from error
+            raise CompensationError(
+                f"the compensation entry point {entry_point.name!r} ({entry_point.value}) cannot be loaded: {error}"
+            ) from error
         if not isinstance(action, Compensation) or not isinstance(getattr(action, "name", None), str):
             raise CompensationError(
                 f"the compensation entry point {entry_point.name!r} ({entry_point.value}) is not an action: "
@@ -150,14 +157,23 @@ def pending_for(actions: Iterable[Compensation], job_type: str) -> dict[str, Any
         return {}
     return {
         Event.COMPENSATION_STATE: CompensationState.PENDING,
-        Event.COMPENSATIONS: [{CompensationEntry.NAME: name, CompensationEntry.STATE: CompensationState.PENDING, CompensationEntry.ATTEMPTS: 0} for name in names],
+        Event.COMPENSATIONS: [
+            {
+                CompensationEntry.NAME: name,
+                CompensationEntry.STATE: CompensationState.PENDING,
+                CompensationEntry.ATTEMPTS: 0,
+            }
+            for name in names
+        ],
     }
 
 
 # --- running them --------------------------------------------------------------------------------
 
 
-def compensate(store: Store, policy: ZombiePolicy, run_id: str, actions: Iterable[Compensation], now: dt.datetime | None = None) -> StepResult:
+def compensate(
+    store: Store, policy: ZombiePolicy, run_id: str, actions: Iterable[Compensation], now: dt.datetime | None = None
+) -> StepResult:
     """Run the pending actions of every finalized zombie once, and record each outcome on its event."""
     by_name = {action.name: action for action in actions}
     result = StepResult()
@@ -178,7 +194,9 @@ def compensate(store: Store, policy: ZombiePolicy, run_id: str, actions: Iterabl
 
 def _lease(store: Store, event_id: Any, run_id: str, now: dt.datetime) -> Mapping[str, Any] | None:
     """The event, held for this run; None when another run holds it or it is no longer pending."""
-    free = {"$or": [{Event.COMPENSATION_LEASE_UNTIL: {"$exists": False}}, {Event.COMPENSATION_LEASE_UNTIL: {"$lt": now}}]}
+    free = {
+        "$or": [{Event.COMPENSATION_LEASE_UNTIL: {"$exists": False}}, {Event.COMPENSATION_LEASE_UNTIL: {"$lt": now}}]
+    }
     return store.events.find_one_and_update(
         {ID: event_id, Event.COMPENSATION_STATE: CompensationState.PENDING, **free},
         {"$set": {Event.COMPENSATION_LEASE_UNTIL: now + LEASE, Event.COMPENSATION_LEASE_OWNER: run_id}},
@@ -212,7 +230,8 @@ def _compensate_one(
             outcomes.append(Count.COMPENSATION_DONE)
     states = {entry.get(CompensationEntry.STATE) for entry in entries}
     overall = next(
-        (state for state in (CompensationState.PENDING, CompensationState.FAILED) if state in states), CompensationState.DONE
+        (state for state in (CompensationState.PENDING, CompensationState.FAILED) if state in states),
+        CompensationState.DONE,
     )
     store.events.update_one(
         {ID: event[ID], Event.COMPENSATION_LEASE_OWNER: run_id},
@@ -256,7 +275,9 @@ class CompensationAudit:
 def audit(store: Store, sample_size: int = 20) -> CompensationAudit:
     failing = {Event.COMPENSATION_STATE: {"$in": [CompensationState.FAILED, CompensationState.PENDING]}}
     sample, failed, retrying, pending = [], 0, 0, 0
-    for event in store.events.find(failing, {Event.JOB: 1, Event.COMPENSATIONS: 1, Event.FINALIZED_AT: 1}).sort(Event.FINALIZED_AT, 1):
+    for event in store.events.find(failing, {Event.JOB: 1, Event.COMPENSATIONS: 1, Event.FINALIZED_AT: 1}).sort(
+        Event.FINALIZED_AT, 1
+    ):
         for entry in event.get(Event.COMPENSATIONS) or []:
             state, error = entry.get(CompensationEntry.STATE), entry.get(CompensationEntry.LAST_ERROR)
             failed += state == CompensationState.FAILED

@@ -40,7 +40,9 @@ def recount(store: Store, generation: QueueGeneration) -> dict[str, Counter]:
     counts: dict[str, Counter] = {}
     if generation.keeps(JOB_METRICS_COLLECTION):
         counts[JOB_METRICS_COLLECTION] = _count(
-            store.jobs.aggregate([{"$group": {ID: {"type": f"${Job.TYPE}", "status": f"${Job.STATUS}"}, "n": {"$sum": 1}}}]),
+            store.jobs.aggregate(
+                [{"$group": {ID: {"type": f"${Job.TYPE}", "status": f"${Job.STATUS}"}, "n": {"$sum": 1}}}]
+            ),
             lambda key: (key["type"], key["status"]),
         )
     if generation.keeps(WORKER_SIZE_METRICS_COLLECTION):
@@ -52,7 +54,18 @@ def recount(store: Store, generation: QueueGeneration) -> dict[str, Counter]:
     if generation.cache_metrics:
         counts[CACHE_METRICS_COLLECTION] = _count(
             store.cache.aggregate(
-                [{"$group": {ID: {"kind": f"${Cache.KIND}", "http": f"${Cache.HTTP_STATUS}", "code": f"${Cache.ERROR_CODE}"}, "n": {"$sum": 1}}}]
+                [
+                    {
+                        "$group": {
+                            ID: {
+                                "kind": f"${Cache.KIND}",
+                                "http": f"${Cache.HTTP_STATUS}",
+                                "code": f"${Cache.ERROR_CODE}",
+                            },
+                            "n": {"$sum": 1},
+                        }
+                    }
+                ]
             ),
             lambda key: (key["kind"], key["http"], key.get("code")),
         )
@@ -68,12 +81,17 @@ def stored(store: Store, generation: QueueGeneration) -> dict[str, Counter]:
         )
     if generation.keeps(WORKER_SIZE_METRICS_COLLECTION):
         counts[WORKER_SIZE_METRICS_COLLECTION] = +Counter(
-            {row[WorkerSizeMetric.WORKER_SIZE]: row[WorkerSizeMetric.JOBS_COUNT] for row in store.worker_size_metrics.find()}
+            {
+                row[WorkerSizeMetric.WORKER_SIZE]: row[WorkerSizeMetric.JOBS_COUNT]
+                for row in store.worker_size_metrics.find()
+            }
         )
     if generation.cache_metrics:
         counts[CACHE_METRICS_COLLECTION] = +Counter(
             {
-                (row[CacheMetric.KIND], row[CacheMetric.HTTP_STATUS], row.get(CacheMetric.ERROR_CODE)): row[CacheMetric.TOTAL]
+                (row[CacheMetric.KIND], row[CacheMetric.HTTP_STATUS], row.get(CacheMetric.ERROR_CODE)): row[
+                    CacheMetric.TOTAL
+                ]
                 for row in store.cache_metrics.find()
             }
         )
@@ -91,7 +109,11 @@ def write_recount(store: Store, generation: QueueGeneration) -> None:
                     {
                         JobMetric.JOB_TYPE: job_type,
                         JobMetric.STATUS: status,
-                        **({JobMetric.DATASET_STATUS: DATASET_STATUS_NORMAL} if generation.job_metrics_by_dataset_status else {}),
+                        **(
+                            {JobMetric.DATASET_STATUS: DATASET_STATUS_NORMAL}
+                            if generation.job_metrics_by_dataset_status
+                            else {}
+                        ),
                     },
                     {JobMetric.TOTAL: total},
                 )
@@ -101,13 +123,19 @@ def write_recount(store: Store, generation: QueueGeneration) -> None:
     if WORKER_SIZE_METRICS_COLLECTION in counts:
         _set(
             store.worker_size_metrics,
-            [({WorkerSizeMetric.WORKER_SIZE: size}, {WorkerSizeMetric.JOBS_COUNT: total}) for size, total in counts[WORKER_SIZE_METRICS_COLLECTION].items()],
+            [
+                ({WorkerSizeMetric.WORKER_SIZE: size}, {WorkerSizeMetric.JOBS_COUNT: total})
+                for size, total in counts[WORKER_SIZE_METRICS_COLLECTION].items()
+            ],
         )
     if CACHE_METRICS_COLLECTION in counts:
         _set(
             store.cache_metrics,
             [
-                ({CacheMetric.KIND: kind, CacheMetric.HTTP_STATUS: http_status, CacheMetric.ERROR_CODE: code}, {CacheMetric.TOTAL: total})
+                (
+                    {CacheMetric.KIND: kind, CacheMetric.HTTP_STATUS: http_status, CacheMetric.ERROR_CODE: code},
+                    {CacheMetric.TOTAL: total},
+                )
                 for (kind, http_status, code), total in counts[CACHE_METRICS_COLLECTION].items()
             ],
         )

@@ -17,8 +17,9 @@ when it started longer ago than T2 (the event says it was past T2 too), and
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from bson import ObjectId
 from pymongo.collection import Collection
@@ -119,7 +120,9 @@ class Detection:
         return counts
 
 
-def stale_stages(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def stale_stages(
+    policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The stale query in two parts: the ``(status, started_at)`` index range, then which rule broke.
 
     Every zombie started before the heartbeat cutoff (a job is terminated after
@@ -161,7 +164,9 @@ def stale_filter(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str
     return {**index_range, **rules}
 
 
-def stale_pipeline(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> list[dict[str, Any]]:
+def stale_pipeline(
+    policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None
+) -> list[dict[str, Any]]:
     return on_index(*stale_stages(policy, now, job_types))
 
 
@@ -249,7 +254,9 @@ def detect(
     return detection
 
 
-def count_stale(jobs: Collection, policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> int:
+def count_stale(
+    jobs: Collection, policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None
+) -> int:
     """How many zombies there are, counted by the server without fetching them (for sensors)."""
     counted = jobs.aggregate(stale_pipeline(policy, now, job_types) + [{"$count": "stale"}])
     return next(counted, {}).get("stale", 0)
@@ -273,7 +280,9 @@ def query_plan_of(explained: Mapping[str, Any]) -> dict[str, Any]:
     return dict(first.get("$cursor", first))
 
 
-def find_malformed_started(jobs: Collection, job_types: Iterable[str] | None = None, limit: int = 1_000) -> list[Malformed]:
+def find_malformed_started(
+    jobs: Collection, job_types: Iterable[str] | None = None, limit: int = 1_000
+) -> list[Malformed]:
     """Started jobs whose fields the stale query cannot read (dates as strings, ...).
 
     They are never finalized: they are reported for an operator to look at.
@@ -291,14 +300,25 @@ def find_malformed_started(jobs: Collection, job_types: Iterable[str] | None = N
         ],
         **_of_types(job_types),
     }
-    checked = (Job.TYPE, Job.DATASET, Job.UNICITY_ID, Job.CONFIG, Job.SPLIT, Job.STARTED_AT, Job.LAST_HEARTBEAT, Job.TERMINATED_AT)
-    projection = {"$project": {name: 1 for name in checked}}
+    checked = (
+        Job.TYPE,
+        Job.DATASET,
+        Job.UNICITY_ID,
+        Job.CONFIG,
+        Job.SPLIT,
+        Job.STARTED_AT,
+        Job.LAST_HEARTBEAT,
+        Job.TERMINATED_AT,
+    )
+    projection = {"$project": dict.fromkeys(checked, 1)}
     odd = jobs.aggregate(on_index(started_filter(), odd_fields, projection, {"$limit": limit}))
     found = [Malformed(job.get(ID), problem_of(job) or "a field has an unexpected type") for job in odd]
     return found + find_unknown_statuses(jobs, job_types, limit)
 
 
-def find_unknown_statuses(jobs: Collection, job_types: Iterable[str] | None = None, limit: int = 1_000) -> list[Malformed]:
+def find_unknown_statuses(
+    jobs: Collection, job_types: Iterable[str] | None = None, limit: int = 1_000
+) -> list[Malformed]:
     """Jobs whose status is none of the queue's (or missing): no rule applies, an operator should look.
 
     ``distinct`` on the status, which MongoDB answers from an index with ``status``
@@ -355,7 +375,9 @@ class Brake:
         }
 
 
-def brake_for(jobs: Collection, detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None) -> Brake:
+def brake_for(
+    jobs: Collection, detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None
+) -> Brake:
     counted = jobs.aggregate(on_index(started_filter(), _of_types(job_types), {"$count": "started"}))
     started = next(counted, {}).get("started", 0)
     return Brake(
@@ -366,7 +388,9 @@ def brake_for(jobs: Collection, detection: Detection, policy: ZombiePolicy, job_
     )
 
 
-def engaged_brake(jobs: Collection, detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None) -> Brake | None:
+def engaged_brake(
+    jobs: Collection, detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None
+) -> Brake | None:
     """The brake when it stops this detection's cleanup (too many of the started jobs look dead), else None."""
     if not detection.candidates:
         return None

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from pymongo import UpdateMany, UpdateOne
 from pymongo.client_session import ClientSession
@@ -76,7 +77,7 @@ class SideCollections:
     by_dataset_status: bool
 
     @classmethod
-    def of(cls, store: Store, generation: QueueGeneration, only_existing: bool) -> "SideCollections":
+    def of(cls, store: Store, generation: QueueGeneration, only_existing: bool) -> SideCollections:
         """The generation's collections; with ``only_existing``, those of them that exist.
 
         From 2023-12 the deployment writes its counters at its first job, creating them: so do we. Before,
@@ -85,7 +86,9 @@ class SideCollections:
         """
         kept = generation.side_collections
         if only_existing and kept:
-            existing = store.queue_collection_names() | ({CACHE_METRICS_COLLECTION} if store.has_cache_metrics() else set())
+            existing = store.queue_collection_names() | (
+                {CACHE_METRICS_COLLECTION} if store.has_cache_metrics() else set()
+            )
             kept &= existing
         row = store.job_metrics.find_one({}, {JobMetric.DATASET_STATUS: 1}) if JOB_METRICS_COLLECTION in kept else None
         by_dataset_status = JobMetric.DATASET_STATUS in row if row else generation.job_metrics_by_dataset_status
@@ -193,11 +196,18 @@ def _add_to_worker_sizes(store: Store, changes: Counter, session: ClientSession 
 def _blocked(store: Store, side: SideCollections, datasets: Iterable[str], session: ClientSession | None) -> set[str]:
     if BLOCKAGES_COLLECTION not in side:
         return set()
-    return set(store.blockages.distinct(Blockage.DATASET, {Blockage.DATASET: {"$in": sorted(datasets)}}, session=session))
+    return set(
+        store.blockages.distinct(Blockage.DATASET, {Blockage.DATASET: {"$in": sorted(datasets)}}, session=session)
+    )
 
 
 def _record_past_jobs(
-    store: Store, side: SideCollections, finished: list[Finished], now: dt.datetime, session: ClientSession | None, count: bool
+    store: Store,
+    side: SideCollections,
+    finished: list[Finished],
+    now: dt.datetime,
+    session: ClientSession | None,
+    count: bool,
 ) -> dict[Any, str]:
     """A ``pastJobs`` record per run of at least 30 s (``_id`` = the job's, so never twice); block the datasets over the limit."""
     records = {}
@@ -207,15 +217,22 @@ def _record_past_jobs(
             records[item.id] = (item, seconds)
     if not records:
         return {}
-    present = {document[ID] for document in store.past_jobs.find({ID: {"$in": list(records)}}, {ID: 1}, session=session)}
+    present = {
+        document[ID] for document in store.past_jobs.find({ID: {"$in": list(records)}}, {ID: 1}, session=session)
+    }
     new = [
-        {ID: job_id, PastJob.DATASET: item.job[Job.DATASET], PastJob.DURATION: seconds, PastJob.FINISHED_AT: item.finished_at}
+        {
+            ID: job_id,
+            PastJob.DATASET: item.job[Job.DATASET],
+            PastJob.DURATION: seconds,
+            PastJob.FINISHED_AT: item.finished_at,
+        }
         for job_id, (item, seconds) in records.items()
         if job_id not in present
     ]
     if new:
         store.past_jobs.insert_many(new, ordered=True, session=session)
-    effects = {event_id: Effect.PAST_JOB for event_id in records}
+    effects = dict.fromkeys(records, Effect.PAST_JOB)
     effects.update(_block_datasets(store, side, [records[document[ID]] for document in new], now, session, count))
     return effects
 
@@ -255,21 +272,36 @@ def _block_datasets(
     to_block = {
         dataset: event_id
         for dataset, event_id in triggering.items()
-        if dataset not in already and totals.get(dataset, 0) > BLOCKAGE_THRESHOLD_SECONDS * COMPUTE_MULTIPLIER_BY_DATASET.get(dataset, 1)
+        if dataset not in already
+        and totals.get(dataset, 0) > BLOCKAGE_THRESHOLD_SECONDS * COMPUTE_MULTIPLIER_BY_DATASET.get(dataset, 1)
     }
     if not to_block:
         return {}
     store.blockages.insert_many(
-        [{ID: event_id, Blockage.DATASET: dataset, Blockage.BLOCKED_AT: now} for dataset, event_id in sorted(to_block.items())],
+        [
+            {ID: event_id, Blockage.DATASET: dataset, Blockage.BLOCKED_AT: now}
+            for dataset, event_id in sorted(to_block.items())
+        ],
         session=session,
     )
     if WORKER_SIZE_METRICS_COLLECTION in side and count:
         pending = store.jobs.find({Job.DATASET: {"$in": sorted(to_block)}}, {Job.DIFFICULTY: 1}, session=session)
-        _add_to_worker_sizes(store, Counter({size: -count for size, count in Counter(worker_size(job.get(Job.DIFFICULTY)) for job in pending).items()}), session)
-    return {event_id: Effect.BLOCKED_DATASET for event_id in to_block.values()}
+        _add_to_worker_sizes(
+            store,
+            Counter(
+                {
+                    size: -count
+                    for size, count in Counter(worker_size(job.get(Job.DIFFICULTY)) for job in pending).items()
+                }
+            ),
+            session,
+        )
+    return dict.fromkeys(to_block.values(), Effect.BLOCKED_DATASET)
 
 
-def _release_locks(store: Store, jobs: list[Mapping[str, Any]], now: dt.datetime, session: ClientSession | None) -> None:
+def _release_locks(
+    store: Store, jobs: list[Mapping[str, Any]], now: dt.datetime, session: ClientSession | None
+) -> None:
     """Free the lock keyed by each job's ``unicity_id``, as the deployment's finish does, so its re-run can start.
 
     Locks the job took for itself (a git branch) are left to their TTL, as the
@@ -281,7 +313,10 @@ def _release_locks(store: Store, jobs: list[Mapping[str, Any]], now: dt.datetime
     store.locks.bulk_write(
         [
             UpdateMany({ID: {"$in": keys}, Lock.OWNER: {"$exists": True}}, {"$set": {Lock.OWNER: None, **released}}),
-            UpdateMany({ID: {"$in": keys}, Lock.JOB_ID: {"$ne": None}, Lock.OWNER: {"$exists": False}}, {"$set": {Lock.JOB_ID: None, **released}}),
+            UpdateMany(
+                {ID: {"$in": keys}, Lock.JOB_ID: {"$ne": None}, Lock.OWNER: {"$exists": False}},
+                {"$set": {Lock.JOB_ID: None, **released}},
+            ),
         ],
         ordered=False,
         session=session,

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from bson import ObjectId
 from pymongo import UpdateMany, UpdateOne
@@ -34,7 +35,12 @@ READ_BATCH = 10_000  # the documents of a batch come back in one reply, not one 
 
 
 def claim(
-    store: Store, candidates: list[Candidate], policy: ZombiePolicy, run_id: str, now: dt.datetime, generation: QueueGeneration
+    store: Store,
+    candidates: list[Candidate],
+    policy: ZombiePolicy,
+    run_id: str,
+    now: dt.datetime,
+    generation: QueueGeneration,
 ) -> StepResult:
     """Record the intent to finalize each candidate; a job claimed by another cleanup is skipped."""
     result = StepResult()
@@ -163,7 +169,10 @@ def set_on_events(
             ids_by_change.setdefault(key, []).append(event_id)
         except TypeError:  # a list or a document in the outcome: this event's own update
             operations.append(UpdateOne({ID: event_id, Event.LEASE_OWNER: run_id}, {"$set": dict(change)}))
-    operations += [UpdateMany({ID: {"$in": ids}, Event.LEASE_OWNER: run_id}, {"$set": dict(key)}) for key, ids in ids_by_change.items()]
+    operations += [
+        UpdateMany({ID: {"$in": ids}, Event.LEASE_OWNER: run_id}, {"$set": dict(key)})
+        for key, ids in ids_by_change.items()
+    ]
     if operations:
         store.events.bulk_write(operations, ordered=False, session=session)
 

@@ -22,7 +22,8 @@ done (the strategy's proof of its finish, our entry in the cache, the retry's
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pymongo.client_session import ClientSession
 
@@ -85,7 +86,12 @@ def finalize_zombies(
 
 
 def finalize(
-    store: Store, run_id: str, policy: ZombiePolicy, strategy: FinishStrategy, cache: CacheGeneration, recovering: bool = False
+    store: Store,
+    run_id: str,
+    policy: ZombiePolicy,
+    strategy: FinishStrategy,
+    cache: CacheGeneration,
+    recovering: bool = False,
 ) -> StepResult:
     """Drive this run's claimed events of ``strategy``'s generation to done, a batch at a time.
 
@@ -99,7 +105,9 @@ def finalize(
     return result
 
 
-def reconcile(store: Store, run_id: str, policy: ZombiePolicy, cache: CacheGeneration, now: dt.datetime | None = None) -> StepResult:
+def reconcile(
+    store: Store, run_id: str, policy: ZombiePolicy, cache: CacheGeneration, now: dt.datetime | None = None
+) -> StepResult:
     """Complete what crashed runs left half done; runs first in every cleanup. Delayed retries that are due too.
 
     Each taken-over event is finished as the generation it records (its claim's), whatever the queue is now.
@@ -107,9 +115,13 @@ def reconcile(store: Store, run_id: str, policy: ZombiePolicy, cache: CacheGener
     taken = take_over_expired(store, run_id, now or utc_now(), policy)
     result = StepResult()
     if taken:
-        recorded = store.events.distinct(Event.QUEUE_GENERATION, {Event.LEASE_OWNER: run_id, Event.STATE: EventState.CLAIMED})
+        recorded = store.events.distinct(
+            Event.QUEUE_GENERATION, {Event.LEASE_OWNER: run_id, Event.STATE: EventState.CLAIMED}
+        )
         for name in sorted(recorded):
-            result.merge(finalize(store, run_id, policy, strategy_for(store, QUEUE_GENERATIONS[name]), cache, recovering=True))
+            result.merge(
+                finalize(store, run_id, policy, strategy_for(store, QUEUE_GENERATIONS[name]), cache, recovering=True)
+            )
     result.counts[Count.TAKEN_OVER] += taken
     result.counts.update(enqueue_due_retries(store, policy, now))
     return result
@@ -158,7 +170,9 @@ def _finalize_batch(
         set_on_events(store, run_id, done, session)
         if outcome.lost:  # the worker was alive after all: forget the claim, the job may be judged again later
             lost = [event[ID] for event in outcome.lost]
-            store.events.delete_many({ID: {"$in": lost}, Event.LEASE_OWNER: run_id, Event.STATE: EventState.CLAIMED}, session=session)
+            store.events.delete_many(
+                {ID: {"$in": lost}, Event.LEASE_OWNER: run_id, Event.STATE: EventState.CLAIMED}, session=session
+            )
         return {event_id: decision[0] for event_id, decision in retried.items()}
 
     retried = atomically(queue_client, complete, policy.transactions)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections import Counter
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from bson import ObjectId
 from pymongo import UpdateOne
@@ -88,7 +89,12 @@ def enqueue_retries(
         store.jobs.insert_many(new_jobs, ordered=False, session=session)
         after_insert(store, strategy.side, new_jobs, session)
     if scheduled:
-        present = {document[ID] for document in store.retries.find({ID: {"$in": [item[ID] for item in scheduled]}}, {ID: 1}, session=session)}
+        present = {
+            document[ID]
+            for document in store.retries.find(
+                {ID: {"$in": [item[ID] for item in scheduled]}}, {ID: 1}, session=session
+            )
+        }
         fresh = [item for item in scheduled if item[ID] not in present]
         if fresh:
             store.retries.insert_many(fresh, ordered=False, session=session)
@@ -100,7 +106,9 @@ def _spread(event_id: Any) -> float:
     return random.Random(str(event_id)).uniform(-1.0, 1.0)
 
 
-def _scheduled(event: Mapping[str, Any], generation: QueueGeneration, now: dt.datetime, due_at: dt.datetime) -> dict[str, Any]:
+def _scheduled(
+    event: Mapping[str, Any], generation: QueueGeneration, now: dt.datetime, due_at: dt.datetime
+) -> dict[str, Any]:
     return {
         ID: event[Event.RETRY_JOB_ID],
         ScheduledRetry.JOB: retry_job(event, generation, now),
@@ -136,12 +144,17 @@ def enqueue_due_retries(store: Store, policy: ZombiePolicy, now: dt.datetime | N
             counts[Count.DUE_RETRY_ENQUEUED] += inserted
         store.retries.bulk_write(
             [
-                UpdateOne({ID: item_id, ScheduledRetry.STATE: ScheduledState.PENDING}, {"$set": {ScheduledRetry.STATE: state, ScheduledRetry.DECIDED_AT: now}})
+                UpdateOne(
+                    {ID: item_id, ScheduledRetry.STATE: ScheduledState.PENDING},
+                    {"$set": {ScheduledRetry.STATE: state, ScheduledRetry.DECIDED_AT: now}},
+                )
                 for item_id, state in decided.items()
             ],
             ordered=False,
         )
-        counts[Count.DUE_RETRY_ALREADY_QUEUED] += sum(state == ScheduledState.ALREADY_QUEUED for state in decided.values())
+        counts[Count.DUE_RETRY_ALREADY_QUEUED] += sum(
+            state == ScheduledState.ALREADY_QUEUED for state in decided.values()
+        )
 
 
 def pending_retries(store: Store) -> int:
@@ -153,7 +166,9 @@ def _enqueue_due(
     store: Store, due: list[Mapping[str, Any]], side: SideCollections, now: dt.datetime
 ) -> tuple[dict[Any, ScheduledState], int]:
     """Each due retry's decision, and how many jobs this call inserted (a retry inserted before is decided, not counted)."""
-    jobs = [{**item[ScheduledRetry.JOB], Job.CREATED_AT: now} for item in due]  # it joins the queue now, not when it was scheduled
+    jobs = [
+        {**item[ScheduledRetry.JOB], Job.CREATED_AT: now} for item in due
+    ]  # it joins the queue now, not when it was scheduled
     holders = _queued_unicity_ids(store, [{Event.JOB: job} for job in jobs], None)
     decided, to_insert = {}, []
     for item, job in zip(due, jobs):
@@ -187,7 +202,9 @@ def retry_decision(event: Mapping[str, Any], policy: ZombiePolicy, strategy: Fin
     return RetryOutcome.ENQUEUED
 
 
-def _queued_unicity_ids(store: Store, events: list[Mapping[str, Any]], session: ClientSession | None) -> dict[str, ObjectId]:
+def _queued_unicity_ids(
+    store: Store, events: list[Mapping[str, Any]], session: ClientSession | None
+) -> dict[str, ObjectId]:
     """unicity_id -> _id of a waiting or started job that already holds it (our own retry included)."""
     if not events:
         return {}
@@ -203,5 +220,7 @@ def _queued_unicity_ids(store: Store, events: list[Mapping[str, Any]], session: 
 
 def retry_job(event: Mapping[str, Any], generation: QueueGeneration, now: dt.datetime) -> dict[str, Any]:
     """A new waiting job with the declared fields of the one it retries, nothing of its run."""
-    job = {name: value for name, value in event[Event.JOB].items() if name not in RUN_FIELDS and generation.declares(name)}
+    job = {
+        name: value for name, value in event[Event.JOB].items() if name not in RUN_FIELDS and generation.declares(name)
+    }
     return without_none({ID: event[Event.RETRY_JOB_ID], **job, Job.STATUS: Status.WAITING, Job.CREATED_AT: now})

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.cleanup import finalize as finalizing
@@ -133,7 +134,9 @@ def find(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -> Det
     return detection
 
 
-def finalize(store: Store, plan: CleanupPlan, candidates: list[Candidate], now: dt.datetime | None = None) -> StepResult:
+def finalize(
+    store: Store, plan: CleanupPlan, candidates: list[Candidate], now: dt.datetime | None = None
+) -> StepResult:
     """Claim and finalize the candidates (``GenerationUnknown`` when there are some and the queue is undecided)."""
     if plan.options.dry_run or not candidates:
         return StepResult()
@@ -264,4 +267,3 @@ def summarize(store: Store, run_id: str, step_counts: Mapping[str, int] | None =
         row["effects"] = ", ".join(event.get(Event.EFFECTS) or [])
         rows.append(row)
     return RunSummary(counts=counts, rows=rows)
-

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import datetime as dt
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from pymongo import DeleteOne, UpdateOne
 from pymongo.client_session import ClientSession
@@ -161,7 +162,9 @@ class FinishStrategy(ABC):
         self, finished: list[Finished], now: dt.datetime, session: ClientSession | None = None, count: bool = True
     ) -> dict[Any, list[str]]:
         """Counters, rate limiter and locks around these finishes, as the deployment of the generation keeps them."""
-        return after_finish(self.store, self.side, finished, now, session, count, count_final_status=self.keeps_finished_jobs)
+        return after_finish(
+            self.store, self.side, finished, now, session, count, count_final_status=self.keeps_finished_jobs
+        )
 
     # --- a worker's finish -----------------------------------------------------------------------------
 
@@ -180,7 +183,9 @@ class FinishStrategy(ABC):
     @abstractmethod
     def _finished_by_us(self, job: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool: ...
 
-    def _won(self, events: list[ZombieEvent], written: BulkWriteResult, session: ClientSession | None) -> list[ZombieEvent]:
+    def _won(
+        self, events: list[ZombieEvent], written: BulkWriteResult, session: ClientSession | None
+    ) -> list[ZombieEvent]:
         """Which compare-and-sets took, read back from the jobs."""
         after = _jobs_of(self.store, events, session)
         return [event for event in events if self._finished_by_us(after.get(event[ID]), event)]
@@ -262,7 +267,9 @@ class Deleted(FinishStrategy):
     def _finished_by_us(self, job: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool:
         return job is None
 
-    def _won(self, events: list[ZombieEvent], written: BulkWriteResult, session: ClientSession | None) -> list[ZombieEvent]:
+    def _won(
+        self, events: list[ZombieEvent], written: BulkWriteResult, session: ClientSession | None
+    ) -> list[ZombieEvent]:
         won = super()._won(events, written, session)
         if written.deleted_count < len(won):  # a worker deleted some itself: theirs no longer hold our entry
             ours = _still_our_entries(self.store, won)
@@ -284,7 +291,9 @@ def _finished(events: list[ZombieEvent]) -> list[Finished]:
 
 def _jobs_of(store: Store, events: list[Mapping[str, Any]], session: ClientSession | None) -> dict[Any, dict[str, Any]]:
     ids = [event[ID] for event in events]
-    return {job[ID]: job for job in store.jobs.find({ID: {"$in": ids}}, _JOB_STATE, session=session).batch_size(READ_BATCH)}
+    return {
+        job[ID]: job for job in store.jobs.find({ID: {"$in": ids}}, _JOB_STATE, session=session).batch_size(READ_BATCH)
+    }
 
 
 def _still_our_entries(store: Store, events: list[Mapping[str, Any]]) -> set[Any]:
@@ -294,5 +303,9 @@ def _still_our_entries(store: Store, events: list[Mapping[str, Any]]) -> set[Any
     """
     if not events:
         return set()
-    entries = entries_of_jobs(store.cache, [event[Event.JOB] for event in events], {Cache.DETAILS: 1, Cache.ERROR_CODE: 1})
-    return {event[ID] for event in events if written_for(entries.get(key_of(cache_key_of_job(event[Event.JOB]))), event)}
+    entries = entries_of_jobs(
+        store.cache, [event[Event.JOB] for event in events], {Cache.DETAILS: 1, Cache.ERROR_CODE: 1}
+    )
+    return {
+        event[ID] for event in events if written_for(entries.get(key_of(cache_key_of_job(event[Event.JOB]))), event)
+    }

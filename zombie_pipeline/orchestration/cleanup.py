@@ -5,12 +5,11 @@ The ops pass the run's :class:`~zombie_pipeline.cleanup.run.CleanupPlan` along
 collection, which is the cleanup's state: nothing else is shared between them.
 """
 
-
 import datetime as dt
 from collections import Counter
 from dataclasses import replace
 from functools import partial
-from typing import Any, Optional
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -54,13 +53,13 @@ class CleanupConfig(dg.Config):
     override_brake: bool = Field(
         default=False, description="Proceed even when the brake says too many started jobs look dead."
     )
-    job_types: Optional[list[str]] = Field(
+    job_types: list[str] | None = Field(
         default=None, description="Only these job types (a partitioned run takes its partition's type)."
     )
 
     def options(self, context: dg.OpExecutionContext) -> CleanupOptions:
         if context.has_partition_key:
-            job_types: Optional[tuple[str, ...]] = tuple(context.partition_keys)
+            job_types: tuple[str, ...] | None = tuple(context.partition_keys)
         else:
             job_types = tuple(self.job_types) if self.job_types is not None else None
         return CleanupOptions(dry_run=self.dry_run, override_brake=self.override_brake, job_types=job_types)
@@ -154,7 +153,11 @@ def find_zombies(
     "write the error users see; re-enqueue within the retry limits where the generation wants it."
 )
 def finalize_zombies(
-    context: dg.OpExecutionContext, plan: CleanupPlan, candidates: list[Candidate], queue_db: QueueDatabase, cache_db: CacheDatabase
+    context: dg.OpExecutionContext,
+    plan: CleanupPlan,
+    candidates: list[Candidate],
+    queue_db: QueueDatabase,
+    cache_db: CacheDatabase,
 ) -> CleanupPlan:
     store = store_of(queue_db, cache_db, check=True)
     try:
@@ -170,14 +173,18 @@ def finalize_zombies(
         ) from None
     context.add_output_metadata({**counts_metadata(result.counts), "finalized_jobs": table_metadata(result.rows)})
     found = Counter((candidate.job_type, str(candidate.reason)) for candidate in candidates)
-    return replace(plan.add(result), found=tuple((job_type, reason, count) for (job_type, reason), count in sorted(found.items())))
+    return replace(
+        plan.add(result), found=tuple((job_type, reason, count) for (job_type, reason), count in sorted(found.items()))
+    )
 
 
 @dg.op(
     description="Run each finalized zombie's compensations (actions that undo a job's partial side effects), the ones "
     "failing in earlier runs too; record every outcome on its event. A failure never stops the others."
 )
-def compensate_zombies(context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase) -> CleanupPlan:
+def compensate_zombies(
+    context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
+) -> CleanupPlan:
     store = store_of(queue_db, cache_db, check=True)
     result = run.compensate(store, plan)
     context.add_output_metadata(counts_metadata(result.counts))
@@ -269,7 +276,7 @@ IN_FLIGHT_STATUSES = [
 ]
 
 
-def cleanup_in_flight(instance: dg.DagsterInstance, queue_database: Optional[str] = None) -> Optional[dg.RunRecord]:
+def cleanup_in_flight(instance: dg.DagsterInstance, queue_database: str | None = None) -> dg.RunRecord | None:
     """The newest cleanup of ``queue_database`` (default: this location's) that is queued, starting or running.
 
     The schedule and the sensor ask for no cleanup while there is one: it would only wait behind it in the run
@@ -287,7 +294,7 @@ def cleanup_in_flight(instance: dg.DagsterInstance, queue_database: Optional[str
 def in_flight_reason(record: dg.RunRecord) -> str:
     """Why a tick asks for nothing, naming the run, its queue database, its state and since when."""
     run = record.dagster_run
-    since = dt.datetime.fromtimestamp(record.start_time or record.create_timestamp.timestamp(), dt.timezone.utc)
+    since = dt.datetime.fromtimestamp(record.start_time or record.create_timestamp.timestamp(), dt.UTC)
     return (
         f"cleanup run {run.run_id} of queue database {run.tags.get(QUEUE_DATABASE_TAG)!r} is "
         f"{run.status.value.lower()} since {since:%Y-%m-%d %H:%M:%S} UTC; a run stuck longer than its "

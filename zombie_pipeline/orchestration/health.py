@@ -23,10 +23,9 @@ own scope (its start time and job types). Launched by hand, the checks judge
 the queue as it is now, over every type.
 """
 
-
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -63,28 +62,28 @@ class CleanupScope:
     """What one cleanup run was asked to do, read back from the Dagster instance."""
 
     run_id: str
-    started_at: Optional[dt.datetime]
-    job_types: Optional[tuple[str, ...]]  # None: every type
+    started_at: dt.datetime | None
+    job_types: tuple[str, ...] | None  # None: every type
     dry_run: bool
 
 
-def cleanup_scope(instance: dg.DagsterInstance, run_id: str) -> Optional[CleanupScope]:
+def cleanup_scope(instance: dg.DagsterInstance, run_id: str) -> CleanupScope | None:
     record = instance.get_run_record_by_id(run_id)
     if record is None:
         return None
     run = record.dagster_run
     config = ((run.run_config or {}).get("ops", {}).get(reconcile.name) or {}).get("config") or {}
     if PARTITION_TAG in run.tags:
-        job_types: Optional[tuple[str, ...]] = (run.tags[PARTITION_TAG],)
+        job_types: tuple[str, ...] | None = (run.tags[PARTITION_TAG],)
     elif config.get("job_types") is not None:
         job_types = tuple(config["job_types"])
     else:
         job_types = None
-    started_at = dt.datetime.fromtimestamp(record.start_time, dt.timezone.utc) if record.start_time else None
+    started_at = dt.datetime.fromtimestamp(record.start_time, dt.UTC) if record.start_time else None
     return CleanupScope(run_id=run_id, started_at=started_at, job_types=job_types, dry_run=bool(config.get("dry_run")))
 
 
-def _checked_cleanup(context: dg.AssetCheckExecutionContext) -> Optional[CleanupScope]:
+def _checked_cleanup(context: dg.AssetCheckExecutionContext) -> CleanupScope | None:
     run_id = context.run.tags.get(CLEANUP_RUN_TAG)
     return cleanup_scope(context.instance, run_id) if run_id else None
 
@@ -141,7 +140,10 @@ def queue_health(
     ),
 )
 def no_zombies_left(
-    context: dg.AssetCheckExecutionContext, queue_db: QueueDatabase, cache_db: CacheDatabase, zombie_policy: ZombiePolicyResource
+    context: dg.AssetCheckExecutionContext,
+    queue_db: QueueDatabase,
+    cache_db: CacheDatabase,
+    zombie_policy: ZombiePolicyResource,
 ) -> dg.AssetCheckResult:
     store = store_of(queue_db, cache_db, check=True)
     policy = zombie_policy.in_force(store)
@@ -186,7 +188,10 @@ class CacheErrorsCheckConfig(dg.Config):
     ),
 )
 def zombies_have_cache_errors(
-    context: dg.AssetCheckExecutionContext, config: CacheErrorsCheckConfig, queue_db: QueueDatabase, cache_db: CacheDatabase
+    context: dg.AssetCheckExecutionContext,
+    config: CacheErrorsCheckConfig,
+    queue_db: QueueDatabase,
+    cache_db: CacheDatabase,
 ) -> dg.AssetCheckResult:
     store = store_of(queue_db, cache_db, check=True)
     since = utc_now() - dt.timedelta(days=config.days)
@@ -209,7 +214,6 @@ def zombies_have_cache_errors(
     )
 
 
-
 @dg.asset_check(
     asset=queue_health,
     name="compensations_succeed",
@@ -221,7 +225,11 @@ def zombies_have_cache_errors(
 )
 def compensations_succeed(queue_db: QueueDatabase, cache_db: CacheDatabase) -> dg.AssetCheckResult:
     audit = compensations.audit(store_of(queue_db, cache_db, check=True), SAMPLE_ROWS)
-    metadata: dict[str, Any] = {"given_up": audit.failed, "failing_to_retry": audit.retrying, "not_run_yet": audit.pending}
+    metadata: dict[str, Any] = {
+        "given_up": audit.failed,
+        "failing_to_retry": audit.retrying,
+        "not_run_yet": audit.pending,
+    }
     if audit.sample:
         metadata["failing"] = table_metadata(audit.sample)
     return dg.AssetCheckResult(

@@ -1,7 +1,8 @@
 """Metadata values shared by the ops, assets and checks."""
 
+from collections.abc import Iterable, Mapping
 from enum import Enum
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import dagster as dg
 

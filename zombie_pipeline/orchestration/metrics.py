@@ -18,8 +18,9 @@ gateway that is down or slow never fails a run: the step logs a warning and its 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from http.client import HTTPException
-from typing import Any, Callable
+from typing import Any
 
 import dagster as dg
 from dagster_prometheus import PrometheusResource
@@ -44,7 +45,10 @@ class MetricsGateway(PrometheusResource):
         "the deployment; empty: nothing is pushed.",
     )
     timeout: int = Field(
-        default=5, ge=1, le=60, description="Seconds a push may take: a gateway that is down or slow never holds a run longer."
+        default=5,
+        ge=1,
+        le=60,
+        description="Seconds a push may take: a gateway that is down or slow never holds a run longer.",
     )
 
     def __init__(self, **fields: Any) -> None:
@@ -58,7 +62,10 @@ class MetricsGateway(PrometheusResource):
         return bool(self.gateway)
 
     def push(
-        self, context: dg.OpExecutionContext | dg.AssetExecutionContext, figures_of: Callable[[], Figures], queue_database: str
+        self,
+        context: dg.OpExecutionContext | dg.AssetExecutionContext,
+        figures_of: Callable[[], Figures],
+        queue_database: str,
     ) -> dict[str, Any]:
         """Push the figures (computed only when there is a gateway) to the group of this step and queue database,
         replacing what it held; returns the step's metadata about it.

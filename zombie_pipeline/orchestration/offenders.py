@@ -44,7 +44,10 @@ NAMED_IN_CHECK = 10
 
 class RepeatOffendersConfig(dg.Config):
     window_days: int = Field(
-        default=DEFAULT_WINDOW_DAYS, ge=1, le=MAX_WINDOW_DAYS, description="Days in the window, ending with the partition's day."
+        default=DEFAULT_WINDOW_DAYS,
+        ge=1,
+        le=MAX_WINDOW_DAYS,
+        description="Days in the window, ending with the partition's day.",
     )
     threshold: int = Field(
         default=DEFAULT_THRESHOLD,
@@ -53,7 +56,10 @@ class RepeatOffendersConfig(dg.Config):
         description="Finalizations of one dataset in the window that make it a repeat offender (and fail the check).",
     )
     max_datasets: int = Field(
-        default=100, ge=1, le=DEFAULT_LIMIT, description="Offenders listed in the table, the most finalized first; the rest are counted."
+        default=100,
+        ge=1,
+        le=DEFAULT_LIMIT,
+        description="Offenders listed in the table, the most finalized first; the rest are counted.",
     )
 
 
@@ -134,4 +140,3 @@ def offenders_check(found: RepeatOffenders) -> dg.AssetCheckResult:
         + ", ".join(names)
         + (f" and {more} more" if more else ""),
     )
-

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import dagster as dg
 
@@ -29,17 +29,17 @@ class CleanupRecency:
     queue_database: str
     limit_minutes: int
     now: dt.datetime
-    last_success_run_id: Optional[str]
-    last_success_at: Optional[dt.datetime]  # when that run ended
-    watching_since: Optional[dt.datetime]  # the sensor's first tick: a queue never cleaned is overdue only after the limit
+    last_success_run_id: str | None
+    last_success_at: dt.datetime | None  # when that run ended
+    watching_since: dt.datetime | None  # the sensor's first tick: a queue never cleaned is overdue only after the limit
 
     @property
-    def reference(self) -> Optional[dt.datetime]:
+    def reference(self) -> dt.datetime | None:
         """What the age is counted from: the last successful cleanup, else when watching started."""
         return self.last_success_at or self.watching_since
 
     @property
-    def minutes_since(self) -> Optional[float]:
+    def minutes_since(self) -> float | None:
         return None if self.reference is None else (self.now - self.reference).total_seconds() / 60
 
     @property
@@ -84,20 +84,22 @@ def cleanup_recency(
     instance: dg.DagsterInstance,
     now: dt.datetime,
     limit_minutes: int,
-    watching_since: Optional[dt.datetime] = None,
-    queue_database: Optional[str] = None,
+    watching_since: dt.datetime | None = None,
+    queue_database: str | None = None,
 ) -> CleanupRecency:
     """The newest successful cleanup of ``queue_database`` (default: this location's) judged against the limit."""
     database = queue_database or kill_zombies_job.tags[QUEUE_DATABASE_TAG]
     records = instance.get_run_records(
-        dg.RunsFilter(job_name=kill_zombies_job.name, statuses=[dg.DagsterRunStatus.SUCCESS], tags={QUEUE_DATABASE_TAG: database}),
+        dg.RunsFilter(
+            job_name=kill_zombies_job.name, statuses=[dg.DagsterRunStatus.SUCCESS], tags={QUEUE_DATABASE_TAG: database}
+        ),
         limit=1,
     )
     ended = None
     if records:
         record = records[0]
         timestamp = record.end_time or record.update_timestamp.timestamp()
-        ended = dt.datetime.fromtimestamp(timestamp, dt.timezone.utc)
+        ended = dt.datetime.fromtimestamp(timestamp, dt.UTC)
     return CleanupRecency(
         queue_database=database,
         limit_minutes=limit_minutes,

@@ -8,8 +8,6 @@ password. With no URL set, the embedded server is started (or reused).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import dagster as dg
 from pydantic import Field
 from pymongo.database import Database
@@ -48,7 +46,7 @@ class _MongoDatabaseResource(dg.ConfigurableResource):
         gt=0,
     )
 
-    def url(self) -> Optional[str]:
+    def url(self) -> str | None:
         """The configured URL, or None for the embedded default."""
         return config.setting(self.url_env_var)
 
@@ -131,10 +129,12 @@ class ZombiePolicyResource(dg.ConfigurableResource, ZombiePolicy):
 class FailureWebhook(dg.ConfigurableResource):
     """Where run failures are POSTed as JSON. The URL stays in the environment: it often carries a token."""
 
-    url_env_var: str = Field(default=config.WEBHOOK_URL_ENV, description="Environment variable holding the webhook URL; unset: no POST.")
+    url_env_var: str = Field(
+        default=config.WEBHOOK_URL_ENV, description="Environment variable holding the webhook URL; unset: no POST."
+    )
     timeout_seconds: float = Field(default=5.0, gt=0, le=30, description="A slow webhook must not hold the sensor.")
 
-    def url(self) -> Optional[str]:
+    def url(self) -> str | None:
         return config.setting(self.url_env_var)
 
 

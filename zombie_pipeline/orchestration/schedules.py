@@ -11,7 +11,7 @@ a backlog that later runs as a burst.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import dagster as dg
 
@@ -29,12 +29,12 @@ class ScheduleConfigError(ValueError):
     """A schedule setting from the environment is invalid; the message names the variable."""
 
 
-def kill_zombies_cron(environ: Optional[Mapping[str, str]] = None) -> str:
+def kill_zombies_cron(environ: Mapping[str, str] | None = None) -> str:
     """The cleanup's cron: ``$ZOMBIE_KILL_CRON`` when set and not blank, else every 10 minutes."""
     return config.kill_cron(environ) or DEFAULT_KILL_CRON
 
 
-def build_kill_zombies_schedule(cron: Optional[str] = None) -> dg.ScheduleDefinition:
+def build_kill_zombies_schedule(cron: str | None = None) -> dg.ScheduleDefinition:
     cron = cron if cron is not None else kill_zombies_cron()
     try:
 

@@ -17,10 +17,8 @@
   so on ``queue_health``'s check ``cleanups_are_recent`` and to the webhook.
 """
 
-
 import datetime as dt
 import json
-from typing import Optional
 
 import dagster as dg
 from pymongo.errors import PyMongoError
@@ -62,7 +60,10 @@ from zombie_pipeline.queue.secrets import scrub
     ),
 )
 def stale_jobs_sensor(
-    context: dg.SensorEvaluationContext, queue_db: QueueDatabase, cache_db: CacheDatabase, zombie_policy: ZombiePolicyResource
+    context: dg.SensorEvaluationContext,
+    queue_db: QueueDatabase,
+    cache_db: CacheDatabase,
+    zombie_policy: ZombiePolicyResource,
 ):
     store = store_of(queue_db, cache_db)
     check_reachable(store.jobs.database, queue_db.url())
@@ -71,7 +72,9 @@ def stale_jobs_sensor(
         return dg.SkipReason("no started job is past its thresholds")
     in_flight = cleanup_in_flight(context.instance)
     if in_flight is not None:
-        return dg.SkipReason(f"{state.count} stale jobs, left to the cleanup in flight or the next tick: {in_flight_reason(in_flight)}")
+        return dg.SkipReason(
+            f"{state.count} stale jobs, left to the cleanup in flight or the next tick: {in_flight_reason(in_flight)}"
+        )
     context.log.info(f"{state.count} started jobs are past their thresholds: requesting a cleanup ({state.run_key})")
     return dg.RunRequest(
         run_key=state.run_key,
@@ -93,7 +96,9 @@ def job_types_sensor(context: dg.SensorEvaluationContext, queue_db: QueueDatabas
     check_reachable(database, queue_db.url())
     found = monitoring.job_types_in_queue(database[queue_db.jobs_collection])
     if found.refused:
-        context.log.warning(f"{len(found.refused)} job types cannot be partitions and were skipped: {found.refused[:10]!r}")
+        context.log.warning(
+            f"{len(found.refused)} job types cannot be partitions and were skipped: {found.refused[:10]!r}"
+        )
     known = set(context.instance.get_dynamic_partitions(JOB_TYPE_PARTITIONS.name))
     new = sorted(set(found.valid) - known)
     if not new:
@@ -118,7 +123,9 @@ def cleanup_checks_sensor(context: dg.RunStatusSensorContext):
     scope = cleanup_scope(context.instance, run_id)
     if scope is not None and scope.dry_run:
         return dg.SkipReason(f"cleanup run {run_id} was a dry run: nothing to check")
-    return dg.RunRequest(run_key=f"checks-after-{run_id}", tags={CLEANUP_RUN_TAG: run_id, TRIGGER_TAG: "cleanup_checks_sensor"})
+    return dg.RunRequest(
+        run_key=f"checks-after-{run_id}", tags={CLEANUP_RUN_TAG: run_id, TRIGGER_TAG: "cleanup_checks_sensor"}
+    )
 
 
 @dg.run_failure_sensor(
@@ -130,7 +137,9 @@ def cleanup_checks_sensor(context: dg.RunStatusSensorContext):
         f"${WEBHOOK_URL_ENV}, if set. Database URLs and credentials are scrubbed from every message."
     ),
 )
-def pipeline_failure_sensor(context: dg.RunFailureSensorContext, queue_db: QueueDatabase, failure_webhook: FailureWebhook):
+def pipeline_failure_sensor(
+    context: dg.RunFailureSensorContext, queue_db: QueueDatabase, failure_webhook: FailureWebhook
+):
     record = failure_record(context, [queue_db.url(), failure_webhook.url()])
     context.log.error(record.log_line())
     outcome = alerts.post_json(failure_webhook.url(), record.payload(), failure_webhook.timeout_seconds)
@@ -143,7 +152,7 @@ def pipeline_failure_sensor(context: dg.RunFailureSensorContext, queue_db: Queue
         context.log.error(f"could not record the failure: {scrub(str(error), [queue_db.url()])}")
 
 
-def failure_record(context: dg.RunFailureSensorContext, secrets: list[Optional[str]]) -> alerts.FailureRecord:
+def failure_record(context: dg.RunFailureSensorContext, secrets: list[str | None]) -> alerts.FailureRecord:
     """The failure as one message: the run's failure, then each failed step's error, scrubbed."""
     run = context.dagster_run
     steps = context.get_step_failure_events()

@@ -15,11 +15,9 @@ The window asset depends on the last :data:`MAX_WINDOW_DAYS` daily partitions
 how many of them to use. Days not computed yet are skipped and listed.
 """
 
-
 import datetime as dt
 import warnings
 from functools import partial
-from typing import Optional
 
 import dagster as dg
 from pydantic import Field
@@ -76,7 +74,10 @@ with warnings.catch_warnings():  # beta flag: windows that begin before the firs
 
 class DailyTalliesConfig(dg.Config):
     batch_size: int = Field(
-        default=READ_BATCH_SIZE, ge=100, le=100_000, description="Documents per cursor batch: bounds the memory of a read."
+        default=READ_BATCH_SIZE,
+        ge=100,
+        le=100_000,
+        description="Documents per cursor batch: bounds the memory of a read.",
     )
     create_cache_index: bool = Field(
         default=False,
@@ -89,10 +90,14 @@ class DurationStatisticsConfig(dg.Config, SuggestionRules):
     """The suggestion rules (``policy.SuggestionRules``), the window, and where the report goes."""
 
     window_days: int = Field(
-        default=DEFAULT_WINDOW_DAYS, ge=1, le=MAX_WINDOW_DAYS, description="Days in the window, ending with the partition's day."
+        default=DEFAULT_WINDOW_DAYS,
+        ge=1,
+        le=MAX_WINDOW_DAYS,
+        description="Days in the window, ending with the partition's day.",
     )
-    reports_dir: Optional[str] = Field(
-        default=None, description="Where the CSV, JSON, Markdown and PNG go; unset: reports/ (or $ZOMBIE_PIPELINE_HOME/reports)."
+    reports_dir: str | None = Field(
+        default=None,
+        description="Where the CSV, JSON, Markdown and PNG go; unset: reports/ (or $ZOMBIE_PIPELINE_HOME/reports).",
     )
     save_suggestions: bool = Field(
         default=True, description="Record the suggestions in zombieT2Suggestions, where the cleanup can opt in to them."
@@ -134,7 +139,9 @@ def job_duration_tallies(
         ) from None
     rows = ["| type | jobs | successful | zombies |", "|---|---|---|---|"]
     for job_type, tally in sorted(period.tallies.items()):
-        rows.append(f"| `{job_type}` | {sum(tally.statuses.values())} | {len(tally.success)} | {sum(tally.zombies.values())} |")
+        rows.append(
+            f"| `{job_type}` | {sum(tally.statuses.values())} | {len(tally.success)} | {sum(tally.zombies.values())} |"
+        )
     return dg.Output(
         period,
         metadata={
@@ -229,7 +236,9 @@ def job_duration_statistics(
         missing_days=missing,
     )
     # the report's section on repeat offenders: the window's datasets finalized at least DEFAULT_THRESHOLD times
-    offenders = offenders_markdown(find_offenders(store, window_start, window_end, DEFAULT_THRESHOLD, limit=REPORT_OFFENDERS))
+    offenders = offenders_markdown(
+        find_offenders(store, window_start, window_end, DEFAULT_THRESHOLD, limit=REPORT_OFFENDERS)
+    )
     files = write_reports(report, config.reports_dir, sections=[offenders])
     saved = save_suggestions(store.suggestions, report) if config.save_suggestions else False
     if missing:
@@ -240,11 +249,16 @@ def job_duration_statistics(
     if config.save_suggestions and not saved:
         context.log.info("the suggestions recorded for this window cover more of its days: kept")
     suggested = {
-        SUGGESTED_T2_METADATA_PREFIX + entry.job_type.lstrip("/"): dg.MetadataValue.float(float(entry.suggested_t2_seconds))
+        SUGGESTED_T2_METADATA_PREFIX + entry.job_type.lstrip("/"): dg.MetadataValue.float(
+            float(entry.suggested_t2_seconds)
+        )
         for entry in report.types
         if entry.enough_data
     }
-    charts = {metadata_key("chart", job_type): dg.MetadataValue.md(chart) for job_type, chart in duration_charts(report).items()}
+    charts = {
+        metadata_key("chart", job_type): dg.MetadataValue.md(chart)
+        for job_type, chart in duration_charts(report).items()
+    }
     if window_end >= utc_now() - CURRENT_WINDOW:
         pushed = metrics_gateway.push(context, partial(metrics.statistics_figures, report), queue_db.database)
     else:

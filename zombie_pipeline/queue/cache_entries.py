@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
@@ -32,13 +33,15 @@ def entries_of_jobs(
     Type names are only ever values.
     """
     if any(projection.values()):  # fields named to be returned: the key must come back too
-        projection = {**projection, **{name: 1 for name in CACHE_KEY}}
+        projection = {**projection, **dict.fromkeys(CACHE_KEY, 1)}
     keys = {key_of(cache_key_of_job(job)) for job in jobs}
     if not keys:
         return {}
     datasets = sorted({dataset for _, dataset, _, _ in keys})
     kinds = sorted({kind for kind, _, _, _ in keys})
-    pipeline = on_index({Cache.DATASET: {"$in": datasets}}, {Cache.KIND: {"$in": kinds}}, {"$project": dict(projection)})
+    pipeline = on_index(
+        {Cache.DATASET: {"$in": datasets}}, {Cache.KIND: {"$in": kinds}}, {"$project": dict(projection)}
+    )
     found: dict[tuple, dict[str, Any]] = {}
     for entry in cache.aggregate(pipeline, session=session, batchSize=_READ_BATCH):
         if key_of(entry) in keys:

@@ -29,7 +29,7 @@ def client_for(url: str, server_selection_timeout_ms: int = DEFAULT_SERVER_SELEC
             client = MongoClient(
                 url,
                 tz_aware=True,
-                tzinfo=dt.timezone.utc,
+                tzinfo=dt.UTC,
                 serverSelectionTimeoutMS=server_selection_timeout_ms,
                 connect=False,
             )
@@ -46,7 +46,7 @@ def close_clients() -> None:
 
 
 def utc_codec_options() -> CodecOptions:
-    return CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc)
+    return CodecOptions(tz_aware=True, tzinfo=dt.UTC)
 
 
 class DatabaseUnavailable(RuntimeError):

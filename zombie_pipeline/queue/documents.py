@@ -9,8 +9,9 @@ deployment declares lives beside, in :mod:`zombie_pipeline.queue.generations`.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, Mapping, TypedDict
+from typing import Any, TypedDict
 
 # --- names -----------------------------------------------------------------
 
@@ -61,7 +62,9 @@ class Job:
 
 
 #: Fields of one run of a job: a re-enqueued job never inherits them.
-RUN_FIELDS = frozenset({Job.STATUS, Job.CREATED_AT, Job.STARTED_AT, Job.FINISHED_AT, Job.LAST_HEARTBEAT, Job.TERMINATED_AT})
+RUN_FIELDS = frozenset(
+    {Job.STATUS, Job.CREATED_AT, Job.STARTED_AT, Job.FINISHED_AT, Job.LAST_HEARTBEAT, Job.TERMINATED_AT}
+)
 
 
 class Status(StrEnum):
@@ -188,9 +191,7 @@ ERROR_CODE_OF_REASON = {
     Reason.TERMINATED: ErrorCode.CRASHED,
     Reason.EXCEEDED_MAX_DURATION: ErrorCode.EXCEEDED_MAX_DURATION,
 }
-_CRASHED_MESSAGE = (
-    "The worker running this job stopped sending heartbeats and is presumed dead; the job was stopped by the zombie cleanup."
-)
+_CRASHED_MESSAGE = "The worker running this job stopped sending heartbeats and is presumed dead; the job was stopped by the zombie cleanup."
 #: The message users read in the cache entry, in our own words.
 ERROR_MESSAGE_OF_REASON = {
     Reason.MISSING_HEARTBEAT: _CRASHED_MESSAGE,
@@ -391,7 +392,7 @@ class T2Suggestion:
 
 def utc_now() -> dt.datetime:
     """Now at BSON's millisecond precision: a stamp written and read back compares equal."""
-    return truncate_ms(dt.datetime.now(dt.timezone.utc))
+    return truncate_ms(dt.datetime.now(dt.UTC))
 
 
 def truncate_ms(moment: dt.datetime) -> dt.datetime:
@@ -403,8 +404,8 @@ def as_utc(value: Any) -> dt.datetime | None:
     if not isinstance(value, dt.datetime):
         return None
     if value.tzinfo is None:
-        return value.replace(tzinfo=dt.timezone.utc)
-    return value.astimezone(dt.timezone.utc)
+        return value.replace(tzinfo=dt.UTC)
+    return value.astimezone(dt.UTC)
 
 
 def name_problem(field: str, value: Any) -> str | None:

@@ -18,9 +18,10 @@ a cleanup writes nothing until ``queue_generation`` is set.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import pymongo
 from pymongo.collection import Collection
@@ -108,9 +109,13 @@ class QueueGeneration:
     @property
     def durations_source(self) -> DurationsSource:
         """Finished jobs where the queue keeps them; else the cache entries, which outlive them."""
-        return DurationsSource.FINISHED_JOBS if self.finish is FinishStyle.KEPT_AS_ERROR else DurationsSource.CACHE_ENTRIES
+        return (
+            DurationsSource.FINISHED_JOBS if self.finish is FinishStyle.KEPT_AS_ERROR else DurationsSource.CACHE_ENTRIES
+        )
 
-    def unicity_id(self, job_type: str, dataset: str, revision: str | None, config: str | None, split: str | None) -> str:
+    def unicity_id(
+        self, job_type: str, dataset: str, revision: str | None, config: str | None, split: str | None
+    ) -> str:
         if self.unicity_format is UnicityFormat.BRACKETS:
             return f"Job[{job_type}][{dataset}][{config}][{split}]"
         parts = [job_type, dataset]
@@ -167,7 +172,13 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
         QueueGeneration("2023-01", _JOB_2023_01, _ALL_STATUSES, frozenset(), UnicityFormat.BRACKETS, "2023-01"),
         QueueGeneration("2023-05", _JOB_2023_05, _NO_SKIPPED, frozenset(), UnicityFormat.COMMAS, "2023-04"),
         QueueGeneration(
-            "2023-06", _JOB_2023_05, _NO_SKIPPED, frozenset({LOCKS_COLLECTION}), UnicityFormat.COMMAS, "2023-04", lock_fields=_LOCK_2023_06
+            "2023-06",
+            _JOB_2023_05,
+            _NO_SKIPPED,
+            frozenset({LOCKS_COLLECTION}),
+            UnicityFormat.COMMAS,
+            "2023-04",
+            lock_fields=_LOCK_2023_06,
         ),
         QueueGeneration(
             "2023-07",
@@ -182,7 +193,9 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             "2023-12",
             _JOB_2023_12,
             _LIVE_STATUSES,
-            frozenset({LOCKS_COLLECTION, JOB_METRICS_COLLECTION, WORKER_SIZE_METRICS_COLLECTION, CACHE_METRICS_COLLECTION}),
+            frozenset(
+                {LOCKS_COLLECTION, JOB_METRICS_COLLECTION, WORKER_SIZE_METRICS_COLLECTION, CACHE_METRICS_COLLECTION}
+            ),
             UnicityFormat.COMMAS_WITH_REVISION,
             "2024-01",
             finish=FinishStyle.DELETED,
@@ -229,7 +242,9 @@ def _until(name: str) -> frozenset[str]:
     return frozenset(QUEUE_GENERATION_NAMES[: QUEUE_GENERATION_NAMES.index(name) + 1])
 
 
-_KEPT = frozenset(name for name, generation in QUEUE_GENERATIONS.items() if generation.finish is FinishStyle.KEPT_AS_ERROR)
+_KEPT = frozenset(
+    name for name, generation in QUEUE_GENERATIONS.items() if generation.finish is FinishStyle.KEPT_AS_ERROR
+)
 
 
 @dataclass(frozen=True)
@@ -355,7 +370,9 @@ def judge(clues: list[Clue], configured: str | None = None) -> QueueVerdict:
     hint = f"set the policy's queue_generation to one of {', '.join(QUEUE_GENERATION_NAMES)}"
     if not ordered:
         seen = "; ".join(f"{clue.seen} (allows {_span(clue.allows)})" for clue in clues)
-        problem = f"the queue's evidence contradicts itself: {seen}. Nothing was written; check the database, or {hint}."
+        problem = (
+            f"the queue's evidence contradicts itself: {seen}. Nothing was written; check the database, or {hint}."
+        )
         return QueueVerdict(None, (), tuple(clues), problem=problem)
     if len({QUEUE_GENERATIONS[name].finish for name in ordered}) > 1:
         problem = (
@@ -415,7 +432,9 @@ class CacheGeneration:
 
     def keep_declared(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         """``entry`` without the fields this generation does not declare, nor None values."""
-        return {name: value for name, value in entry.items() if value is not None and (name == ID or name in self.fields)}
+        return {
+            name: value for name, value in entry.items() if value is not None and (name == ID or name in self.fields)
+        }
 
 
 CACHE_GENERATIONS: dict[str, CacheGeneration] = {
@@ -450,7 +469,11 @@ class CacheVerdict:
     fields_seen: tuple[str, ...] = ()  # in the newest entries; none: an empty cache, its queue's own assumed
 
     def evidence(self) -> dict[str, Any]:
-        return {"generation": self.generation.name, "configured": self.configured, "fields_seen": list(self.fields_seen)}
+        return {
+            "generation": self.generation.name,
+            "configured": self.configured,
+            "fields_seen": list(self.fields_seen),
+        }
 
 
 def detect_cache_generation(cache: Collection, configured: str | None, queue: QueueGeneration | None) -> CacheVerdict:

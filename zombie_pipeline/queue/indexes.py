@@ -8,8 +8,9 @@ created exactly as its models create them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import pymongo
 from pymongo.collection import Collection
@@ -19,7 +20,9 @@ from zombie_pipeline.queue.documents import Cache, Event, Job, ScheduledRetry
 INDEX_PREFIX = "zombie_pipeline_"
 
 
-def on_index(index_part: Mapping[str, Any], rest: Mapping[str, Any], *stages: Mapping[str, Any]) -> list[dict[str, Any]]:
+def on_index(
+    index_part: Mapping[str, Any], rest: Mapping[str, Any], *stages: Mapping[str, Any]
+) -> list[dict[str, Any]]:
     """An aggregation matching ``index_part`` first, then ``rest``.
 
     MongoDB merges the two ``$match`` stages and plans them as one query; a server
@@ -169,4 +172,7 @@ def ensure_indexes(collection: Collection, specs: Iterable[IndexSpec]) -> list[s
 
 
 def _normalized(keys) -> tuple:
-    return tuple((field, str(int(direction)) if isinstance(direction, (int, float)) else str(direction)) for field, direction in keys)
+    return tuple(
+        (field, str(int(direction)) if isinstance(direction, (int, float)) else str(direction))
+        for field, direction in keys
+    )

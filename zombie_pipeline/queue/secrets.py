@@ -7,7 +7,7 @@ for any text that may quote one (an error message, a log line).
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 from urllib.parse import unquote, unquote_plus, urlsplit
 
 

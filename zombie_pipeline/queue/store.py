@@ -63,7 +63,7 @@ class Store:
         events_collection: str = DEFAULT_EVENTS_COLLECTION,
         failures_collection: str = DEFAULT_FAILURES_COLLECTION,
         suggestions_collection: str = DEFAULT_SUGGESTIONS_COLLECTION,
-    ) -> "Store":
+    ) -> Store:
         return cls(
             jobs=queue_db[jobs_collection],
             events=queue_db[events_collection],

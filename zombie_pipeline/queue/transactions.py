@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import pymongo
 from pymongo import MongoClient
@@ -26,7 +27,9 @@ class Conflict(Exception):
     """Raised by a transaction's work when a concurrent writer got there first: the work is done again."""
 
 
-def atomically(client: MongoClient, work: Callable[[ClientSession | None], T], enabled: bool = True, attempts: int = 5) -> T:
+def atomically(
+    client: MongoClient, work: Callable[[ClientSession | None], T], enabled: bool = True, attempts: int = 5
+) -> T:
     """``work(session)`` in one transaction where asked and the server has them, else ``work(None)``.
 
     A write conflict with a worker (or a :class:`Conflict` the work raises) starts the transaction

@@ -20,9 +20,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from zombie_pipeline.config import home
 
@@ -84,9 +84,7 @@ def _answers(port: int, timeout: float = 1.0) -> bool:
     """True when a MongoDB-wire server answers ``ping`` on the port."""
     import pymongo
 
-    client = pymongo.MongoClient(
-        "127.0.0.1", port, directConnection=True, serverSelectionTimeoutMS=int(timeout * 1000)
-    )
+    client = pymongo.MongoClient("127.0.0.1", port, directConnection=True, serverSelectionTimeoutMS=int(timeout * 1000))
     try:
         client.admin.command("ping")
         return True
@@ -135,11 +133,15 @@ def start_server(
     log_path = log_path or storage_path.parent / "server.log"
     command = [
         executable,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--storage-path", str(storage_path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--storage-path",
+        str(storage_path),
         "--sync-on-commit",
-        "--log-level", "WARNING",
+        "--log-level",
+        "WARNING",
     ]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(

@@ -17,8 +17,9 @@ import datetime as dt
 import math
 import random
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from bson import ObjectId
 
@@ -111,7 +112,16 @@ class Workload:
     def __post_init__(self) -> None:
         problems = [
             f"{name} must be a non-negative integer, got {getattr(self, name)!r}"
-            for name in ("finished", "crashed", "never_heartbeated", "terminated", "overdue", "running", "waiting", "seed")
+            for name in (
+                "finished",
+                "crashed",
+                "never_heartbeated",
+                "terminated",
+                "overdue",
+                "running",
+                "waiting",
+                "seed",
+            )
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0
         ]
         if not isinstance(self.days, (int, float)) or not self.days > 0:
@@ -119,7 +129,9 @@ class Workload:
         if self.generation not in QUEUE_GENERATIONS:
             problems.append(f"generation must be one of {', '.join(QUEUE_GENERATIONS)}, got {self.generation!r}")
         if self.cache_generation is not None and self.cache_generation not in CACHE_GENERATIONS:
-            problems.append(f"cache_generation must be one of {', '.join(CACHE_GENERATIONS)}, got {self.cache_generation!r}")
+            problems.append(
+                f"cache_generation must be one of {', '.join(CACHE_GENERATIONS)}, got {self.cache_generation!r}"
+            )
         if problems:
             raise WorkloadError("invalid workload: " + "; ".join(problems))
 
@@ -133,7 +145,7 @@ class Workload:
         running_fraction: float = 0.02,
         waiting_fraction: float = 0.02,
         **options: Any,
-    ) -> "Workload":
+    ) -> Workload:
         """``jobs`` in all; the fractions say which share of them is in which state."""
         if not isinstance(jobs, int) or jobs < 0:
             raise WorkloadError(f"invalid workload: jobs must be a non-negative integer, got {jobs!r}")
@@ -144,7 +156,11 @@ class Workload:
             "running": running_fraction,
             "waiting": waiting_fraction,
         }
-        bad = [f"{name}_fraction must be in [0, 1], got {value!r}" for name, value in fractions.items() if not 0 <= value <= 1]
+        bad = [
+            f"{name}_fraction must be in [0, 1], got {value!r}"
+            for name, value in fractions.items()
+            if not 0 <= value <= 1
+        ]
         if bad:
             raise WorkloadError("invalid workload: " + "; ".join(bad))
         counts = {name: round(jobs * fraction) for name, fraction in fractions.items()}
@@ -299,7 +315,9 @@ class _Generator:
             error_code = ErrorCode.EXCEEDED_MAX_DURATION if killed else ("UnexpectedError" if failed else None)
             yield job, self.cache_entry(job, finished_at, duration, error_code)
 
-    def cache_entry(self, job: dict[str, Any], updated_at: dt.datetime, duration: float, error_code: str | None) -> dict[str, Any]:
+    def cache_entry(
+        self, job: dict[str, Any], updated_at: dt.datetime, duration: float, error_code: str | None
+    ) -> dict[str, Any]:
         failed = error_code is not None
         return cache_document(
             job,
@@ -418,7 +436,9 @@ def drop_simulation(store: Store, overwrite: str | None = None) -> None:
         database.client.drop_database(database.name)
 
 
-def simulate(store: Store, workload: Workload = Workload(), now: dt.datetime | None = None, overwrite: str | None = None) -> Simulation:
+def simulate(
+    store: Store, workload: Workload = Workload(), now: dt.datetime | None = None, overwrite: str | None = None
+) -> Simulation:
     """Write ``workload`` into the store's collections, as its generation's deployment would, and say what was written.
 
     A database holding documents the simulator did not write is refused (:func:`check_ours`).
@@ -426,7 +446,9 @@ def simulate(store: Store, workload: Workload = Workload(), now: dt.datetime | N
     check_ours(store, overwrite)
     present = simulated_generation(store)
     if present is not None and present != workload.generation:
-        raise NotOurs(f"these databases hold a simulated {present} queue; drop it first to simulate a {workload.generation} one (--drop)")
+        raise NotOurs(
+            f"these databases hold a simulated {present} queue; drop it first to simulate a {workload.generation} one (--drop)"
+        )
     now = truncate_ms(now or utc_now())
     markers = store.jobs.database[SIMULATIONS_COLLECTION]
     run = markers.count_documents({})
@@ -496,10 +518,14 @@ def _past_job(job: dict[str, Any], finished_at: dt.datetime, now: dt.datetime) -
     seconds = int((finished_at - job[Job.STARTED_AT]).total_seconds())
     if (now - finished_at).total_seconds() > PAST_JOBS_WINDOW_SECONDS or seconds < PAST_JOB_MIN_SECONDS:
         return []
-    return [{ID: ObjectId(), PastJob.DATASET: job[Job.DATASET], PastJob.DURATION: seconds, PastJob.FINISHED_AT: finished_at}]
+    return [
+        {ID: ObjectId(), PastJob.DATASET: job[Job.DATASET], PastJob.DURATION: seconds, PastJob.FINISHED_AT: finished_at}
+    ]
 
 
-def _write_side(store: Store, generation: QueueGeneration, locks: list[dict[str, Any]], past_jobs: list[dict[str, Any]]) -> int:
+def _write_side(
+    store: Store, generation: QueueGeneration, locks: list[dict[str, Any]], past_jobs: list[dict[str, Any]]
+) -> int:
     """The deployment's collections around the queue: locks, rate limiter, counters, and the indexes it declares.
 
     Returns the insert commands sent."""

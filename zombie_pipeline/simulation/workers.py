@@ -25,8 +25,9 @@ import random
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from pymongo import ReturnDocument
 
@@ -131,7 +132,10 @@ class WorkerPool:
             {
                 Job.STATUS: Status.STARTED,
                 Job.TERMINATED_AT: None,
-                "$or": [{Job.LAST_HEARTBEAT: {"$gte": cutoff}}, {Job.LAST_HEARTBEAT: None, Job.STARTED_AT: {"$gte": cutoff}}],
+                "$or": [
+                    {Job.LAST_HEARTBEAT: {"$gte": cutoff}},
+                    {Job.LAST_HEARTBEAT: None, Job.STARTED_AT: {"$gte": cutoff}},
+                ],
             }
         )
         now = self.clock()
@@ -199,7 +203,9 @@ class WorkerPool:
         self.counts["crashed" if crashed else "started"] += 1
         # a crashed pod is replaced after the heartbeat timeout, as the deployment's would be
         finish_at = now + (2 * self.policy.heartbeat_timeout_seconds if crashed else seconds)
-        return _Run(job, finish_at, now + self.rates.heartbeat_seconds, crashed, self.rng.random() < job_type.error_rate)
+        return _Run(
+            job, finish_at, now + self.rates.heartbeat_seconds, crashed, self.rng.random() < job_type.error_rate
+        )
 
     def _take_waiting(self) -> dict[str, Any] | None:
         """The oldest waiting job whose user runs nothing and whose unicity id is not started, started; None if none."""
@@ -235,7 +241,10 @@ class WorkerPool:
             return_document=ReturnDocument.AFTER,
         )
         if lock:
-            self.store.locks.update_one({ID: candidate[Job.UNICITY_ID], Lock.OWNER: owner}, {"$set": {Lock.OWNER: None, Lock.UPDATED_AT: self.now()}})
+            self.store.locks.update_one(
+                {ID: candidate[Job.UNICITY_ID], Lock.OWNER: owner},
+                {"$set": {Lock.OWNER: None, Lock.UPDATED_AT: self.now()}},
+            )
         if started is not None:
             self._count_job(started, Status.WAITING, -1)
             self._count_job(started, Status.STARTED, +1)
@@ -251,7 +260,9 @@ class WorkerPool:
         """The heartbeat of each of ``runs`` (one command for all: each worker's own write, sent together)."""
         if runs:
             ids = [run.job[ID] for run in runs]
-            self.store.jobs.update_many({ID: {"$in": ids}, Job.STATUS: Status.STARTED}, {"$set": {Job.LAST_HEARTBEAT: self.now()}})
+            self.store.jobs.update_many(
+                {ID: {"$in": ids}, Job.STATUS: Status.STARTED}, {"$set": {Job.LAST_HEARTBEAT: self.now()}}
+            )
         for run in runs:
             run.next_beat = now + self.rates.heartbeat_seconds
 
@@ -292,8 +303,11 @@ class WorkerPool:
             for old_or_new, change in ((previous, -1), (document, +1)):
                 if old_or_new is not None:
                     self.store.cache_metrics.update_one(
-                        {CacheMetric.KIND: old_or_new[Cache.KIND], CacheMetric.HTTP_STATUS: old_or_new[Cache.HTTP_STATUS],
-                         CacheMetric.ERROR_CODE: old_or_new.get(Cache.ERROR_CODE)},
+                        {
+                            CacheMetric.KIND: old_or_new[Cache.KIND],
+                            CacheMetric.HTTP_STATUS: old_or_new[Cache.HTTP_STATUS],
+                            CacheMetric.ERROR_CODE: old_or_new.get(Cache.ERROR_CODE),
+                        },
                         {"$inc": {CacheMetric.TOTAL: change}},
                         upsert=True,
                     )
@@ -310,8 +324,14 @@ class WorkerPool:
             split = None if job_type.level != "split" else self.rng.choice(["train", "test"])
             new_jobs.append(
                 job_document(
-                    job_type.name, dataset, config, split, status=Status.WAITING, generation=self.generation,
-                    difficulty=job_type.difficulty, created_at=self.now(),
+                    job_type.name,
+                    dataset,
+                    config,
+                    split,
+                    status=Status.WAITING,
+                    generation=self.generation,
+                    difficulty=job_type.difficulty,
+                    created_at=self.now(),
                 )
             )
         self.store.jobs.insert_many(new_jobs)

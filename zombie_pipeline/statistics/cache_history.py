@@ -80,7 +80,8 @@ _ROW = {
     _KIND_TYPE: _type_of(Cache.KIND),  # "string", or "array" for an entry holding several kinds
     _DURATION_TYPE: _type_of(Cache.DURATION),
     _SECONDS: _where(
-        {"$isNumber": f"${Cache.DURATION}"}, {"$convert": {"input": f"${Cache.DURATION}", "to": "double", "onError": None}}
+        {"$isNumber": f"${Cache.DURATION}"},
+        {"$convert": {"input": f"${Cache.DURATION}", "to": "double", "onError": None}},
     ),
     Cache.HTTP_STATUS: _where({"$in": [_type_of(Cache.HTTP_STATUS), ["int", "long"]]}, f"${Cache.HTTP_STATUS}"),
     Cache.ERROR_CODE: _where({"$eq": [_type_of(Cache.ERROR_CODE), "string"]}, f"${Cache.ERROR_CODE}"),
@@ -96,6 +97,7 @@ _SCHEMA = Schema(
         _OURS: pa.bool_(),
     }
 )
+
 
 class CacheIndexMissing(RuntimeError):
     """The cache has no index to read a day by kind; the message says how to create it."""
@@ -139,7 +141,9 @@ def read_cache_period(
     index = ensure_updated_index(cache, create_index)
     period = Period(start=start, end=end, source="cache")
     tally_events(period, events.find(events_filter(start, end), EVENT_PROJECTION, batch_size=batch_size))
-    values = cache.distinct(Cache.KIND)  # each value once, by the server's equality (MongoDB: 1 and 1.0 are one, true another)
+    values = cache.distinct(
+        Cache.KIND
+    )  # each value once, by the server's equality (MongoDB: 1 and 1.0 are one, true another)
     for kind in sorted(value for value in values if is_job_type(value)):
         query = entries_filter(kind, start, end)
         table = find_arrow_all(cache, query, schema=_SCHEMA, projection=_ROW, hint=index, batch_size=batch_size)
@@ -204,7 +208,12 @@ def _fold_table(period: Period, kind: str, table: pa.Table) -> None:
     exceeded = _flags(pc.equal(codes, ErrorCode.EXCEEDED_MAX_DURATION.value)) & counted
     tally = period.tally(kind)
     tally.statuses.update(
-        +Counter({Status.SUCCESS: int(np.count_nonzero(succeeded)), Status.ERROR: int(np.count_nonzero(counted & ~succeeded))})
+        +Counter(
+            {
+                Status.SUCCESS: int(np.count_nonzero(succeeded)),
+                Status.ERROR: int(np.count_nonzero(counted & ~succeeded)),
+            }
+        )
     )
     tally.started += int(np.count_nonzero(counted))
     tally.zombies.update(
@@ -216,7 +225,11 @@ def _fold_table(period: Period, kind: str, table: pa.Table) -> None:
         )
     )
     killed = crashed | exceeded  # the deployment's own killer finished these runs
-    for name, chosen in (("success", succeeded & ~killed), ("error", counted & ~succeeded & ~killed), ("stopped", exceeded)):
+    for name, chosen in (
+        ("success", succeeded & ~killed),
+        ("error", counted & ~succeeded & ~killed),
+        ("stopped", exceeded),
+    ):
         if chosen.any():
             setattr(tally, name, np.concatenate([getattr(tally, name), durations_array(seconds[chosen])]))
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from zombie_pipeline.queue.documents import (
     CACHE_CONTENT_ERROR,
@@ -178,7 +179,8 @@ class RepeatOffenders:
         for offender in self.offenders:
             for offense in offender.offenses:
                 entry = types.setdefault(
-                    offense.job_type, {"datasets": 0, "finalizations": 0, "reasons": Counter(), "retry_limit_reached": 0}
+                    offense.job_type,
+                    {"datasets": 0, "finalizations": 0, "reasons": Counter(), "retry_limit_reached": 0},
                 )
                 entry["datasets"] += 1
                 entry["finalizations"] += offense.finalizations
@@ -316,7 +318,9 @@ def _offender_of(group: Mapping[str, Any], malformed: Counter) -> Offender | Non
             malformed[Problem.INVALID_JOB_TYPE] += item[_EVENTS]
             continue
         offense = offenses.setdefault(job_type, Offense(dataset=dataset, job_type=job_type))
-        offense.add(item[_REASON], item[_EVENTS], as_utc(item[_FIRST]), as_utc(item[_LAST]), bool(item[_LIMIT]), item[_CODE])
+        offense.add(
+            item[_REASON], item[_EVENTS], as_utc(item[_FIRST]), as_utc(item[_LAST]), bool(item[_LIMIT]), item[_CODE]
+        )
     if not offenses:
         return None
     ordered = sorted(offenses.values(), key=lambda offense: (-offense.finalizations, offense.job_type))
@@ -340,7 +344,7 @@ def _attach_cache_errors(store: Store, offenders: Iterable[Offender]) -> None:
     by_key = {(offense.dataset, offense.job_type): offense for offender in offenders for offense in offender.offenses}
     datasets = sorted({dataset for dataset, _ in by_key})
     latest: dict[tuple[str, str], Mapping[str, Any]] = {}
-    oldest = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+    oldest = dt.datetime.min.replace(tzinfo=dt.UTC)
     for chunk in _chunks(datasets, CACHE_CHUNK):
         members = set(chunk)
         kinds = sorted({kind for dataset, kind in by_key if dataset in members})
@@ -363,7 +367,9 @@ def _attach_cache_errors(store: Store, offenders: Iterable[Offender]) -> None:
             if key not in by_key:
                 continue
             known = latest.get(key)
-            if known is None or (as_utc(entry.get(Cache.UPDATED_AT)) or oldest) > (as_utc(known.get(Cache.UPDATED_AT)) or oldest):
+            if known is None or (as_utc(entry.get(Cache.UPDATED_AT)) or oldest) > (
+                as_utc(known.get(Cache.UPDATED_AT)) or oldest
+            ):
                 latest[key] = entry
     for key, entry in latest.items():
         offense = by_key[key]

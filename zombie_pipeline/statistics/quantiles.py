@@ -29,7 +29,7 @@ def success_statistics(durations: np.ndarray) -> dict[str, float | int | None]:
     values = pd.Series(durations, dtype="float64")
     names = [percentile_name(q) for q in PERCENTILES]
     if values.empty:
-        return {"count": 0, "mean": None, **{name: None for name in names}, "max": None}
+        return {"count": 0, "mean": None, **dict.fromkeys(names), "max": None}
     quantiles = values.quantile(list(PERCENTILES))
     return {
         "count": int(values.size),
@@ -111,4 +111,3 @@ def readable_round_up(seconds: float) -> int:
         if seconds <= upper:
             return int(math.ceil(seconds / step - 1e-9) * step)
     raise AssertionError("unreachable: the last step has no upper bound")
-

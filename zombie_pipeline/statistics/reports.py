@@ -10,9 +10,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,14 @@ from zombie_pipeline.statistics.tallies import SOURCES
 
 CHART_COLUMNS = 3
 _TIME_TICKS = {
-    0.1: "0.1 s", 1: "1 s", 10: "10 s", 60: "1 min", 600: "10 min", 3_600: "1 h", 36_000: "10 h", 86_400: "1 d"
+    0.1: "0.1 s",
+    1: "1 s",
+    10: "10 s",
+    60: "1 min",
+    600: "10 min",
+    3_600: "1 h",
+    36_000: "10 h",
+    86_400: "1 d",
 }
 
 
@@ -68,8 +76,14 @@ def window_text(report: DurationReport) -> str:
 def _interval(entry: TypeReport) -> str:
     if entry.quantile_seconds is None:
         return "–"
-    low = format_duration(entry.quantile_low_seconds) if entry.quantile_low_seconds is not None else "no lower bound yet"
-    high = format_duration(entry.quantile_high_seconds) if entry.quantile_high_seconds is not None else "no upper bound yet: too few runs"
+    low = (
+        format_duration(entry.quantile_low_seconds) if entry.quantile_low_seconds is not None else "no lower bound yet"
+    )
+    high = (
+        format_duration(entry.quantile_high_seconds)
+        if entry.quantile_high_seconds is not None
+        else "no upper bound yet: too few runs"
+    )
     return f"{format_duration(entry.quantile_seconds)} [{low}, {high}]"
 
 
@@ -94,10 +108,30 @@ def _cell(text: str) -> str:
 def markdown_table(report: DurationReport) -> str:
     """Two tables of a row per job type, narrow enough for a dialog: the runs, then the maximum duration (T2)."""
     q = percentile_name(report.rules.quantile)
-    statuses = [status for status in (Status.SUCCESS, Status.ERROR, Status.CANCELLED, Status.SKIPPED)
-                if status in (Status.SUCCESS, Status.ERROR) or any(entry.statuses.get(status) for entry in report.types)]
-    runs_header = ["type", *statuses, "zombies (crashed / never beat / SIGTERM / too long)", "zombie rate", "p50", "p90", "p99", "max"]
-    t2_header = ["type", "current T2", "suggested T2", f"{q} [{report.rules.confidence:.0%} CI]", "stopped at T2", "backtest", "flags"]
+    statuses = [
+        status
+        for status in (Status.SUCCESS, Status.ERROR, Status.CANCELLED, Status.SKIPPED)
+        if status in (Status.SUCCESS, Status.ERROR) or any(entry.statuses.get(status) for entry in report.types)
+    ]
+    runs_header = [
+        "type",
+        *statuses,
+        "zombies (crashed / never beat / SIGTERM / too long)",
+        "zombie rate",
+        "p50",
+        "p90",
+        "p99",
+        "max",
+    ]
+    t2_header = [
+        "type",
+        "current T2",
+        "suggested T2",
+        f"{q} [{report.rules.confidence:.0%} CI]",
+        "stopped at T2",
+        "backtest",
+        "flags",
+    ]
     runs_rows, t2_rows = [], []
     for entry in report.types:
         stats = entry.statistics
@@ -188,7 +222,9 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
         "finalized in the window (the ones of the day running count in tomorrow's)"
     ]
     for entry in report.types:
-        counts = ", ".join(f"{count} {status}" for status, count in sorted(entry.statuses.items()) if count) or "no jobs"
+        counts = (
+            ", ".join(f"{count} {status}" for status, count in sorted(entry.statuses.items()) if count) or "no jobs"
+        )
         lines.append(f"{entry.job_type}: {counts}; zombie rate {_share(entry.zombie_rate)}")
         if entry.successes:
             stats = entry.statistics
@@ -234,8 +270,15 @@ def offenders_markdown(found: RepeatOffenders, max_rows: int = 20) -> str:
     ]
     rows = found.rows()
     if rows:
-        header = ["dataset", "type", "zombies (crashed / never beat / SIGTERM / too long)", "first seen", "last seen",
-                  "retry limit reached", "last error"]
+        header = [
+            "dataset",
+            "type",
+            "zombies (crashed / never beat / SIGTERM / too long)",
+            "first seen",
+            "last seen",
+            "retry limit reached",
+            "last error",
+        ]
         table_rows = [
             [
                 f"`{row['dataset']}`",
@@ -251,11 +294,17 @@ def offenders_markdown(found: RepeatOffenders, max_rows: int = 20) -> str:
         lines += _table(header, table_rows)
         hidden = len(rows) - len(table_rows)
         if hidden or found.truncated:
-            lines += ["", f"Not listed: {hidden} more rows" + (
-                f", {found.offenders_total - len(found.offenders)} more datasets" if found.truncated else ""
-            ) + "."]
+            lines += [
+                "",
+                f"Not listed: {hidden} more rows"
+                + (f", {found.offenders_total - len(found.offenders)} more datasets" if found.truncated else "")
+                + ".",
+            ]
     if found.malformed:
-        lines += ["", "Skipped events: " + ", ".join(f"{name} {count}" for name, count in sorted(found.malformed.items())) + "."]
+        lines += [
+            "",
+            "Skipped events: " + ", ".join(f"{name} {count}" for name, count in sorted(found.malformed.items())) + ".",
+        ]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -263,8 +312,30 @@ def offenders_markdown(found: RepeatOffenders, max_rows: int = 20) -> str:
 
 #: Bin edges of the text chart, in seconds: about twice apart (a log scale), each a duration read at a glance.
 CHART_EDGES = (
-    0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1_200, 1_800, 3_600, 7_200, 14_400, 28_800, 43_200,
-    86_400, 172_800, 345_600, 604_800,
+    0.1,
+    0.2,
+    0.5,
+    1,
+    2,
+    5,
+    10,
+    20,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1_200,
+    1_800,
+    3_600,
+    7_200,
+    14_400,
+    28_800,
+    43_200,
+    86_400,
+    172_800,
+    345_600,
+    604_800,
 )
 CHART_BAR_WIDTH = 20
 #: The Dagster UI shows a Markdown value shorter than this inline, longer ones behind a link.
@@ -312,7 +383,10 @@ def duration_chart(entry: TypeReport, width: int = CHART_BAR_WIDTH) -> str:
     first, last = min(shown), max(shown)
     largest = max(int(counts.max()), 1)
     lows = [format_duration(CHART_EDGES[index]) for index in range(first, last + 1)]
-    highs = [format_duration(CHART_EDGES[index + 1]) if index + 1 < len(CHART_EDGES) else "more" for index in range(first, last + 1)]
+    highs = [
+        format_duration(CHART_EDGES[index + 1]) if index + 1 < len(CHART_EDGES) else "more"
+        for index in range(first, last + 1)
+    ]
     low_width, high_width = max(map(len, lows)), max(map(len, highs))
     count_width = len(str(largest))
     for index, low, high in zip(range(first, last + 1), lows, highs):
@@ -390,7 +464,9 @@ def report_stem(report: DurationReport) -> str:
     return stem
 
 
-def write_reports(report: DurationReport, directory: Path | str | None = None, sections: Sequence[str] = ()) -> ReportFiles:
+def write_reports(
+    report: DurationReport, directory: Path | str | None = None, sections: Sequence[str] = ()
+) -> ReportFiles:
     """Write Markdown, CSV, JSON and the chart, named after the window and its completeness; return their paths.
 
     ``sections`` (Markdown, such as :func:`offenders_markdown`) follow the tables in the Markdown file.
@@ -407,7 +483,11 @@ def write_reports(report: DurationReport, directory: Path | str | None = None, s
     report.statistics_frame().to_csv(files.csv, index=False)
     files.json.write_text(json.dumps(report_json(report), indent=2) + "\n")
     files.markdown.write_text(
-        markdown_table(report) + "\n```yaml\n" + policy_snippet(report) + "```\n" + "".join("\n" + section for section in sections)
+        markdown_table(report)
+        + "\n```yaml\n"
+        + policy_snippet(report)
+        + "```\n"
+        + "".join("\n" + section for section in sections)
     )
     plot_durations(report, files.chart)
     return files
@@ -439,19 +519,44 @@ def plot_durations(report: DurationReport, path: Path | str) -> Path:
         high = max([durations.max() if durations.size else 1.0, *marks]) * 1.5
         bins = np.geomspace(low, high, 50)
         if durations.size:
-            ax.hist(durations, bins=bins, histtype="stepfilled", color="#4c72b0", alpha=0.85, label=f"{durations.size} successful")
+            ax.hist(
+                durations,
+                bins=bins,
+                histtype="stepfilled",
+                color="#4c72b0",
+                alpha=0.85,
+                label=f"{durations.size} successful",
+            )
         if entry.stopped_durations.size:
             ax.hist(
                 np.clip(entry.stopped_durations.astype(np.float64), low, None),
-                bins=bins, histtype="stepfilled", color="#c44e52", alpha=0.7, label=f"{entry.stopped_durations.size} stopped at T2",
+                bins=bins,
+                histtype="stepfilled",
+                color="#c44e52",
+                alpha=0.7,
+                label=f"{entry.stopped_durations.size} stopped at T2",
             )
-        ax.axvline(entry.current_t2_seconds, color="#c44e52", linestyle="--", linewidth=1.6,
-                   label=f"current T2 {format_duration(entry.current_t2_seconds)}")
+        ax.axvline(
+            entry.current_t2_seconds,
+            color="#c44e52",
+            linestyle="--",
+            linewidth=1.6,
+            label=f"current T2 {format_duration(entry.current_t2_seconds)}",
+        )
         if entry.enough_data:
-            ax.axvline(entry.suggested_t2_seconds, color="#2ca02c", linewidth=2.0,
-                       label=f"suggested T2 {format_duration(entry.suggested_t2_seconds)}")
-            ax.axvline(entry.quantile_seconds, color="0.35", linestyle=":", linewidth=1.2,
-                       label=f"{q} {format_duration(entry.quantile_seconds)}")
+            ax.axvline(
+                entry.suggested_t2_seconds,
+                color="#2ca02c",
+                linewidth=2.0,
+                label=f"suggested T2 {format_duration(entry.suggested_t2_seconds)}",
+            )
+            ax.axvline(
+                entry.quantile_seconds,
+                color="0.35",
+                linestyle=":",
+                linewidth=1.2,
+                label=f"{q} {format_duration(entry.quantile_seconds)}",
+            )
         title = entry.job_type + ("  (censored)" if entry.censored else "")
         if not entry.enough_data:
             title += "  (not enough data)"
@@ -465,7 +570,7 @@ def plot_durations(report: DurationReport, path: Path | str) -> Path:
         ax.set_xlabel("duration (log scale)")
         ax.set_ylabel("jobs")
         ax.legend(fontsize=7, loc="upper left")
-    for ax in axes[len(report.types):]:
+    for ax in axes[len(report.types) :]:
         ax.set_visible(False)
     figure.suptitle(f"Successful job durations per type, {window_text(report)}", fontsize=12)
     path.parent.mkdir(parents=True, exist_ok=True)

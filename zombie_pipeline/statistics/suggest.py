@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -287,7 +288,7 @@ def analyze(
     return DurationReport(
         window_start=period.start,
         window_end=period.end,
-        computed_at=computed_at or dt.datetime.now(dt.timezone.utc),
+        computed_at=computed_at or dt.datetime.now(dt.UTC),
         rules=rules,
         heartbeat_timeout_seconds=policy.heartbeat_timeout_seconds,
         default_t2_seconds=policy.max_duration_seconds,
@@ -322,5 +323,9 @@ def analyze_window(
     """One pass over the ``window_days`` before ``end``: the report without Dagster (the CLI demo)."""
     end = as_utc(end)
     period = read_history(store, generation, end - dt.timedelta(days=window_days), end, batch_size)
-    undated = count_undated_jobs(store.jobs, generation) if generation.durations_source is DurationsSource.FINISHED_JOBS else None
+    undated = (
+        count_undated_jobs(store.jobs, generation)
+        if generation.durations_source is DurationsSource.FINISHED_JOBS
+        else None
+    )
     return analyze(period, policy, rules, undated=undated)

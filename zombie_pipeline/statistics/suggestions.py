@@ -23,7 +23,10 @@ def save_suggestions(collection: Collection, report: DurationReport) -> bool:
         T2Suggestion.DAYS_PRESENT: report.days_present,
         T2Suggestion.DAYS_EXPECTED: report.days_expected,
         T2Suggestion.COMPUTED_AT: report.computed_at,
-        T2Suggestion.SETTINGS: {**report.rules.as_dict(), "heartbeat_timeout_seconds": report.heartbeat_timeout_seconds},
+        T2Suggestion.SETTINGS: {
+            **report.rules.as_dict(),
+            "heartbeat_timeout_seconds": report.heartbeat_timeout_seconds,
+        },
         T2Suggestion.BY_TYPE: [
             {
                 T2Suggestion.TYPE: entry.job_type,
@@ -36,7 +39,12 @@ def save_suggestions(collection: Collection, report: DurationReport) -> bool:
             for entry in report.types
         ],
     }
-    no_fuller = {"$or": [{T2Suggestion.DAYS_PRESENT: {"$lte": report.days_present}}, {T2Suggestion.DAYS_PRESENT: {"$exists": False}}]}
+    no_fuller = {
+        "$or": [
+            {T2Suggestion.DAYS_PRESENT: {"$lte": report.days_present}},
+            {T2Suggestion.DAYS_PRESENT: {"$exists": False}},
+        ]
+    }
     try:
         collection.replace_one({ID: report.window_end, **no_fuller}, document, upsert=True)
     except DuplicateKeyError:  # the window's record exists and covers more days: the upsert's insert collides
@@ -57,9 +65,9 @@ def latest_suggested_max_durations(collection: Collection, minimum_seconds: int 
     suggestions = {}
     for entry in latest.get(T2Suggestion.BY_TYPE) or []:
         job_type, seconds = entry.get(T2Suggestion.TYPE), entry.get(T2Suggestion.SUGGESTED_T2_SECONDS)
-        if entry.get(T2Suggestion.ENOUGH_DATA) is True and isinstance(job_type, str) and job_type:
-            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0:
-                suggestions[job_type] = max(int(seconds), minimum_seconds)
+        usable = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0
+        if entry.get(T2Suggestion.ENOUGH_DATA) is True and isinstance(job_type, str) and job_type and usable:
+            suggestions[job_type] = max(int(seconds), minimum_seconds)
     return suggestions
 
 

@@ -31,8 +31,9 @@ import datetime as dt
 import itertools
 import operator
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -74,7 +75,9 @@ class BadData:
     """Why a document was left out of the statistics; each is counted in the report."""
 
     # Counted over the whole collection (see count_undated_jobs): no daily read holds these jobs.
-    UNKNOWN_STATUS = "unknown_status"  # missing, null, not a string, or a status the queue's generation does not declare
+    UNKNOWN_STATUS = (
+        "unknown_status"  # missing, null, not a string, or a status the queue's generation does not declare
+    )
     INVALID_TYPE = "invalid_type"  # missing, not a string, or not a name (see documents.job_type_problem)
     MISSING_STARTED_AT = "missing_started_at"
     STARTED_AT_AS_STRING = "started_at_stored_as_string"
@@ -105,14 +108,16 @@ class Tally:
     started: int = 0  # jobs that ran: a valid start, or an audited zombie whose job is gone
     success: np.ndarray = field(default_factory=lambda: EMPTY_DURATIONS)  # seconds, float32
     error: np.ndarray = field(default_factory=lambda: EMPTY_DURATIONS)  # errors not audited as exceeded
-    stopped: np.ndarray = field(default_factory=lambda: EMPTY_DURATIONS)  # audited as stopped at T2: ran at least this long
+    stopped: np.ndarray = field(
+        default_factory=lambda: EMPTY_DURATIONS
+    )  # audited as stopped at T2: ran at least this long
     zombies: Counter = field(default_factory=Counter)  # reason -> audited zombies
 
-    def __add__(self, other: "Tally") -> "Tally":
+    def __add__(self, other: Tally) -> Tally:
         return Tally.total([self, other])
 
     @classmethod
-    def total(cls, tallies: Sequence["Tally"]) -> "Tally":
+    def total(cls, tallies: Sequence[Tally]) -> Tally:
         """The tallies as one, each array joined once: adding them in turn would copy the running total every time."""
         return cls(
             statuses=sum((Counter(tally.statuses) for tally in tallies), Counter()),
@@ -239,7 +244,9 @@ def classify_job(job: Mapping[str, Any]) -> tuple[str, str, float | None] | str:
         return problem
     finished_at = as_utc(job.get(Job.FINISHED_AT))
     if finished_at is None:  # the date-range query only returns dates; guard for other callers
-        return BadData.FINISHED_AT_AS_STRING if isinstance(job.get(Job.FINISHED_AT), str) else BadData.MISSING_FINISHED_AT
+        return (
+            BadData.FINISHED_AT_AS_STRING if isinstance(job.get(Job.FINISHED_AT), str) else BadData.MISSING_FINISHED_AT
+        )
     seconds = (finished_at - as_utc(started_at)).total_seconds()
     if seconds < 0:
         return BadData.FINISHED_BEFORE_STARTED
@@ -293,7 +300,7 @@ class _Batch:
     finished: list[Any]
 
     @classmethod
-    def of(cls, documents: Sequence[Mapping[str, Any]]) -> "_Batch":
+    def of(cls, documents: Sequence[Mapping[str, Any]]) -> _Batch:
         types, type_names = _codes(documents, Job.TYPE)
         statuses, status_names = _codes(documents, Job.STATUS)
         started = [document.get(Job.STARTED_AT) for document in documents]
@@ -426,7 +433,11 @@ def _fold(period: Period, pieces: _Pieces, batch: _Batch, audited: _Audited, fou
     valid, seconds, bad_data = _classify(batch)
     period.bad_data.update(bad_data)
     zombies = _audited_rows(batch, valid, audited, found)
-    _count(period, pieces, _Columns(batch.types, batch.type_names, batch.statuses, batch.status_names, valid, seconds, zombies))
+    _count(
+        period,
+        pieces,
+        _Columns(batch.types, batch.type_names, batch.statuses, batch.status_names, valid, seconds, zombies),
+    )
 
 
 def _count(period: Period, pieces: _Pieces, columns: _Columns) -> None:
@@ -439,7 +450,9 @@ def _count(period: Period, pieces: _Pieces, columns: _Columns) -> None:
     valid, seconds, audited = columns.valid, columns.seconds, columns.audited
     ran = ~np.isnan(seconds)
     width = len(columns.status_names)
-    pairs = np.bincount(columns.types[valid] * width + columns.statuses[valid], minlength=len(columns.type_names) * width)
+    pairs = np.bincount(
+        columns.types[valid] * width + columns.statuses[valid], minlength=len(columns.type_names) * width
+    )
     pairs = pairs.reshape(len(columns.type_names), width)
     started = np.bincount(columns.types[valid & (ran | audited)], minlength=len(columns.type_names))
     for code in np.flatnonzero(pairs.sum(axis=1)):
@@ -458,7 +471,9 @@ def _count(period: Period, pieces: _Pieces, columns: _Columns) -> None:
 
 # --- reading straight into columns (Arrow) ---------------------------------------------
 
-_JOB_SCHEMA = Schema({ID: ObjectIdType(), Job.TYPE: pa.string(), Job.STARTED_AT: pa.timestamp("ms"), Job.FINISHED_AT: pa.timestamp("ms")})
+_JOB_SCHEMA = Schema(
+    {ID: ObjectIdType(), Job.TYPE: pa.string(), Job.STARTED_AT: pa.timestamp("ms"), Job.FINISHED_AT: pa.timestamp("ms")}
+)
 
 
 def _arrow_table(jobs: Collection, query: Mapping[str, Any], batch_size: int) -> pa.Table | None:
@@ -586,7 +601,9 @@ def tally_events(period: Period, events: Iterable[Mapping[str, Any]]) -> _Audite
                 period.bad_data[BadData.INCOMPLETE_AUDIT_EVENT] += 1
                 continue
             tally = period.tally(job_type)
-            tally.stopped = np.concatenate([tally.stopped, durations_array([(finalized_at - started_at).total_seconds()])])
+            tally.stopped = np.concatenate(
+                [tally.stopped, durations_array([(finalized_at - started_at).total_seconds()])]
+            )
         period.tally(job_type).zombies[reason] += 1
         audited[event[ID]] = (job_type, reason)
     return audited
@@ -640,9 +657,10 @@ def count_undated_jobs(jobs: Collection, generation: QueueGeneration | None = No
         )
     declared = _declared(generation)
     odd = [
-        value for value in jobs.distinct(Job.STATUS) if value is not None and not (isinstance(value, str) and value in declared)
+        value
+        for value in jobs.distinct(Job.STATUS)
+        if value is not None and not (isinstance(value, str) and value in declared)
     ]
     # None: no status, or a null one. One query, so that a job whose status is an array of odd values counts once.
     counts[BadData.UNKNOWN_STATUS] += jobs.count_documents({Job.STATUS: {"$in": [None, *odd]}})
     return +counts  # drop the zeros
-

@@ -50,7 +50,7 @@ class Writes(monitoring.CommandListener):
 
 def main(args: dict) -> dict:
     writes = Writes()
-    client = MongoClient(args["url"], tz_aware=True, tzinfo=dt.timezone.utc, event_listeners=[writes])
+    client = MongoClient(args["url"], tz_aware=True, tzinfo=dt.UTC, event_listeners=[writes])
     store = Store.of(client[args["queue"]], client[args["cache"]])
     policy = ZombiePolicy(**args["policy"])
     now = dt.datetime.fromisoformat(args["now"]) if args.get("now") else None

@@ -22,7 +22,7 @@ from pymongo import MongoClient, ReplaceOne, UpdateOne
 
 
 def now() -> dt.datetime:
-    moment = dt.datetime.now(dt.timezone.utc)
+    moment = dt.datetime.now(dt.UTC)
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
@@ -31,7 +31,7 @@ def key_of(job: dict) -> dict:
 
 
 def main(args: dict) -> dict:
-    client = MongoClient(args["url"], tz_aware=True, tzinfo=dt.timezone.utc)
+    client = MongoClient(args["url"], tz_aware=True, tzinfo=dt.UTC)
     jobs = client[args["queue"]]["jobsBlue"]
     cache = client[args["cache"]]["cachedResponsesBlue"]
     rng = random.Random(args["seed"])
@@ -76,7 +76,9 @@ def main(args: dict) -> dict:
         cache.bulk_write(operations, ordered=False)
         jobs.bulk_write(
             [
-                UpdateOne({"_id": job["_id"], "status": "started"}, {"$set": {"status": "success", "finished_at": stamp}})
+                UpdateOne(
+                    {"_id": job["_id"], "status": "started"}, {"$set": {"status": "success", "finished_at": stamp}}
+                )
                 for job in batch
             ],
             ordered=False,
@@ -94,7 +96,9 @@ def main(args: dict) -> dict:
     print("ready", flush=True)
     while not os.path.exists(args["stop_file"]):
         if unfinished:
-            beat = jobs.update_many({"_id": {"$in": list(unfinished)}, "status": "started"}, {"$set": {"last_heartbeat": now()}})
+            beat = jobs.update_many(
+                {"_id": {"$in": list(unfinished)}, "status": "started"}, {"$set": {"last_heartbeat": now()}}
+            )
             report["beat_rounds"] += 1
             report["beats"] += beat.modified_count
             if time.time() >= go:
