@@ -4,7 +4,7 @@ On the embedded server, reading a million jobs takes minutes and is the
 server's speed, not ours; the issue's targets are about what the client does
 with the replies. So the documents the daily queries would return (the
 simulator's job types and duration laws, one query per UTC day and status, as
-``tallies.read_period`` sends them) are encoded to BSON once, in batches of
+``jobs_source.read_period`` sends them) are encoded to BSON once, in batches of
 ``tallies.READ_BATCH_SIZE`` like cursor replies, and each path decodes them
 batch by batch as its client would:
 
@@ -38,8 +38,8 @@ from benchmarks.harness import measure, median, spread
 from benchmarks.history_bench import Clock, days_of
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Job
-from zombie_pipeline.statistics import tallies
-from zombie_pipeline.statistics.suggest import analyze
+from zombie_pipeline.statistics import jobs_source, tallies
+from zombie_pipeline.statistics.analysis import analyze
 
 #: what ``zombie_pipeline.queue.connections.client_for`` decodes with
 CODEC_OPTIONS = CodecOptions(tz_aware=True, tzinfo=dt.UTC)
@@ -59,7 +59,7 @@ def encoded_days(size: int, now: dt.datetime, seed: int = 7) -> tuple[Encoded, E
     days = days_of(history)
     documents: dict[Day, dict[str, list[list[bytes]]]] = {day: {} for day in days}
     arrow: dict[Day, dict[str, list[list[bytes]]]] = {day: {} for day in days}
-    arrow_fields = tuple(tallies._JOB_SCHEMA.to_arrow().names)
+    arrow_fields = tuple(jobs_source._JOB_SCHEMA.to_arrow().names)
     for job in _finished_jobs(size, history, seed, ZombiePolicy().max_duration_seconds):
         day = days[(job[Job.FINISHED_AT] - history.first_day).days]
         status = job[Job.STATUS]
@@ -90,7 +90,7 @@ def _decoded(by_status: dict[str, list[bytes]], clock: Clock) -> Iterator[dict[s
 def statistics_documents(days: Encoded, policy: ZombiePolicy, clock: Clock) -> tallies.Period:
     """The window as the assets computed it before Arrow: dicts, ``tally_jobs`` per day."""
     periods = [
-        tallies.tally_jobs(tallies.Period(start=start, end=end), _decoded(by_status, clock))
+        jobs_source.tally_jobs(tallies.Period(start=start, end=end), _decoded(by_status, clock))
         for (start, end), by_status in days.items()
     ]
     period = tallies.combine(periods)
@@ -101,21 +101,21 @@ def statistics_documents(days: Encoded, policy: ZombiePolicy, clock: Clock) -> t
 def _arrow_period(
     start: dt.datetime, end: dt.datetime, by_status: dict[str, list[bytes]], clock: Clock
 ) -> tallies.Period:
-    """``tallies.read_period`` without the server (and without audit events: the simulator's history has none)."""
+    """``jobs_source.read_period`` without the server (and without audit events: the simulator's history has none)."""
     period = tallies.Period(start=start, end=end)
-    pieces, found = tallies._Pieces(), set()
+    pieces, found = jobs_source._Pieces(), set()
     for status, batches in by_status.items():
         started = time.perf_counter()
-        context = PyMongoArrowContext(tallies._JOB_SCHEMA, codec_options=CODEC_OPTIONS)
+        context = PyMongoArrowContext(jobs_source._JOB_SCHEMA, codec_options=CODEC_OPTIONS)
         for batch in batches:
             context.process_bson_stream(batch)
         table = context.finish()
         clock.seconds += time.perf_counter() - started
         period.jobs_read += table.num_rows
-        columns = tallies._table_columns(period, table, status, {}, found)
+        columns = jobs_source._table_columns(period, table, status, {}, found)
         if columns is not None:
-            tallies._count(period, pieces, columns)
-    return tallies._close(period, pieces, {}, found)
+            jobs_source._count(period, pieces, columns)
+    return jobs_source._close(period, pieces, {}, found)
 
 
 def statistics_arrow(days: Encoded, policy: ZombiePolicy, clock: Clock) -> tallies.Period:

@@ -62,9 +62,9 @@ from zombie_pipeline.queue.generations import NEWEST_CACHE_GENERATION, QUEUE_GEN
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import Workload, simulate
-from zombie_pipeline.statistics import tallies
+from zombie_pipeline.statistics import jobs_source, tallies
+from zombie_pipeline.statistics.analysis import analyze
 from zombie_pipeline.statistics.quantiles import PERCENTILES
-from zombie_pipeline.statistics.suggest import analyze
 
 QUEUE_DB = "bench_history_queue"
 CACHE_DB = "bench_history_cache"
@@ -149,7 +149,7 @@ class TimedCollection:
 
 def day_filters(start: dt.datetime, end: dt.datetime) -> list[dict[str, Any]]:
     """The queries ``read_period`` sends for the jobs of ``[start, end)``: one per finished status of the generation."""
-    return [tallies.finished_jobs_filter(status, start, end) for status in tallies.statuses_to_read(GENERATION)]
+    return [jobs_source.finished_jobs_filter(status, start, end) for status in jobs_source.statuses_to_read(GENERATION)]
 
 
 # --- statistics: ours and the naive version ------------------------------------------------
@@ -166,11 +166,11 @@ def statistics_ours(jobs: Any, events: Any, history: History, policy: ZombiePoli
     """The window as the assets compute it: a ``read_period`` per day, then ``combine`` and ``analyze``."""
     timed_jobs, timed_events = TimedCollection(jobs, clock), TimedCollection(events, clock)
     periods = [
-        tallies.read_period(timed_jobs, timed_events, start, end, generation=GENERATION)
+        jobs_source.read_period(timed_jobs, timed_events, start, end, generation=GENERATION)
         for start, end in days_of(history)
     ]
     period = tallies.combine(periods)
-    report = analyze(period, policy, undated=tallies.count_undated_jobs(timed_jobs, GENERATION))
+    report = analyze(period, policy, undated=jobs_source.count_undated_jobs(timed_jobs, GENERATION))
     return {"jobs_read": period.jobs_read, "types": len(report.types)}
 
 
@@ -190,7 +190,7 @@ def statistics_naive(jobs: Any, history: History, clock: Clock) -> dict[str, Any
 
 
 def statistics_day(jobs: Any, events: Any, start: dt.datetime, end: dt.datetime, clock: Clock) -> dict[str, Any]:
-    period = tallies.read_period(
+    period = jobs_source.read_period(
         TimedCollection(jobs, clock), TimedCollection(events, clock), start, end, generation=GENERATION
     )
     return {"jobs_read": period.jobs_read}
@@ -463,7 +463,7 @@ class HistoryBench:
         self.counter.measure_bytes = True
         day = measure(lambda: statistics_day(jobs, events, day_start, day_end, clock), self.counter)
         explains = [
-            explain_find(self.setup_store.jobs, query, projection=tallies._JOB_PROJECTION)
+            explain_find(self.setup_store.jobs, query, projection=jobs_source._JOB_PROJECTION)
             for query in day_filters(day_start, day_end)
         ]
         plan = f"{len(explains)} finds, first: {explains[0]['plan']}"

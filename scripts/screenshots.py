@@ -62,10 +62,7 @@ from zombie_pipeline.policy import ZombiePolicy  # noqa: E402
 from zombie_pipeline.queue import documents  # noqa: E402
 from zombie_pipeline.queue.connections import client_for, close_clients  # noqa: E402
 from zombie_pipeline.queue.documents import ID, Job, Status, truncate_ms  # noqa: E402
-from zombie_pipeline.queue.generations import (  # noqa: E402
-    NEWEST_CACHE_GENERATION,
-    OLDEST_QUEUE_GENERATION,
-)
+from zombie_pipeline.queue.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION  # noqa: E402
 from zombie_pipeline.queue.store import Store  # noqa: E402
 from zombie_pipeline.simulation.embedded import free_port  # noqa: E402
 from zombie_pipeline.simulation.simulator import Workload, job_document, simulate  # noqa: E402

@@ -27,16 +27,16 @@ from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase
 from zombie_pipeline.orchestration.tags import JOB_TYPE_PARTITIONS, QUEUE_DATABASE_TAG
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, utc_now
+from zombie_pipeline.queue.evidence import detect_cache_generation
 from zombie_pipeline.queue.generations import (
     NEWEST_CACHE_GENERATION,
     OLDEST_QUEUE_GENERATION,
     QUEUE_GENERATIONS,
     CacheGeneration,
-    detect_cache_generation,
 )
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation import simulator
-from zombie_pipeline.statistics.suggest import DurationReport, analyze
+from zombie_pipeline.statistics.analysis import DurationReport, analyze
 from zombie_pipeline.statistics.tallies import Period, Tally
 
 #: Dagster's console logger at ERROR: a run's debug lines would drown the test output.

@@ -23,7 +23,7 @@ from zombie_pipeline.cleanup import run
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.statistics.cache_history import read_cache_period
+from zombie_pipeline.statistics.cache_source import read_cache_period
 
 ONLY_2023 = pytest.mark.parametrize("deployment_session", ["2023"], indirect=True)
 ONLY_CURRENT = pytest.mark.parametrize("deployment_session", ["current"], indirect=True)

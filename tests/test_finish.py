@@ -23,6 +23,7 @@ from zombie_pipeline.cleanup.effects import PAST_JOB_MIN_SECONDS
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.cleanup.strategies import STRATEGIES, strategy_for
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.cache_entries import stored_failed_runs
 from zombie_pipeline.queue.documents import (
     ID,
     PAST_JOBS_COLLECTION,
@@ -42,12 +43,7 @@ from zombie_pipeline.queue.documents import (
     WorkerSizeMetric,
     utc_now,
 )
-from zombie_pipeline.queue.generations import (
-    CACHE_GENERATIONS,
-    QUEUE_GENERATIONS,
-    FinishStyle,
-    stored_failed_runs,
-)
+from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, FinishStyle
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import (
     Simulation,

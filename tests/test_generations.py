@@ -11,6 +11,7 @@ import datetime as dt
 
 import pytest
 
+from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, runner_version_of, stored_failed_runs
 from zombie_pipeline.queue.documents import ID, STATUSES, Cache, Job
 from zombie_pipeline.queue.generations import (
     CACHE_GENERATIONS,
@@ -20,9 +21,6 @@ from zombie_pipeline.queue.generations import (
     QUEUE_GENERATIONS,
     FinishStyle,
     cache_generation_of,
-    failed_runs_after_crash,
-    runner_version_of,
-    stored_failed_runs,
 )
 
 UTC = dt.UTC

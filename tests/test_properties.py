@@ -30,6 +30,7 @@ from tests.figures import report_figures
 from tests.helpers import Crash, crashing, job_document
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, stored_failed_runs
 from zombie_pipeline.queue.documents import (
     CACHE_KEY,
     HTTP_OK,
@@ -42,10 +43,6 @@ from zombie_pipeline.queue.documents import (
     Status,
     cache_key_of_job,
     utc_now,
-)
-from zombie_pipeline.queue.generations import (
-    failed_runs_after_crash,
-    stored_failed_runs,
 )
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import cache_document

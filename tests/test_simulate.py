@@ -14,11 +14,7 @@ from tests.servers import fresh_databases, on_real_mongodb
 from zombie_pipeline.cleanup.detection import detect
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Cache, Job, Reason, Status
-from zombie_pipeline.queue.generations import (
-    CACHE_GENERATIONS,
-    QUEUE_GENERATIONS,
-    cache_generation_of,
-)
+from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, cache_generation_of
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import (
     HEARTBEAT_INTERVAL_SECONDS,

@@ -44,8 +44,8 @@ from zombie_pipeline.queue.documents import (
     job_type_problem,
 )
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.statistics.analysis import DurationReport
 from zombie_pipeline.statistics.quantiles import PERCENTILES, percentile_name
-from zombie_pipeline.statistics.suggest import DurationReport
 
 PREFIX = "zombie_pipeline_"
 

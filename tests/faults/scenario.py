@@ -29,6 +29,7 @@ from zombie_pipeline.orchestration.resources import (
     QueueDatabase,
     ZombiePolicyResource,
 )
+from zombie_pipeline.queue.cache_entries import failed_runs_after_crash
 from zombie_pipeline.queue.documents import (
     CACHE_KEY,
     ID,
@@ -41,7 +42,6 @@ from zombie_pipeline.queue.documents import (
     Status,
     cache_key_of_job,
 )
-from zombie_pipeline.queue.generations import failed_runs_after_crash
 from zombie_pipeline.queue.store import Store
 
 FULL = os.environ.get("ZOMBIE_FAULTS_FULL") == "1"

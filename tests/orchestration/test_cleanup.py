@@ -21,7 +21,7 @@ from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status, 
 from zombie_pipeline.queue.secrets import redact_url
 from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.simulator import simulate
-from zombie_pipeline.statistics.suggestions import save_suggestions
+from zombie_pipeline.statistics.suggestion_log import save_suggestions
 
 WORKLOAD = workload(finished=150, crashed=8, never_heartbeated=3, overdue=3, running=20, waiting=5, seed=11)
 URL_ENV = "ZOMBIE_TEST_JOBS_URL"

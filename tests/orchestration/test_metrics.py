@@ -28,7 +28,7 @@ from zombie_pipeline.queue.documents import ID, CompensationState, Event, EventS
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.simulator import cache_document, simulate
-from zombie_pipeline.statistics.suggestions import latest_suggested_max_durations
+from zombie_pipeline.statistics.suggestion_log import latest_suggested_max_durations
 
 URL_ENV = "ZOMBIE_METRICS_TEST_MONGO_URL"
 HOOK_ENV = "ZOMBIE_METRICS_TEST_HOOK"

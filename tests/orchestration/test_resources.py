@@ -30,7 +30,7 @@ from zombie_pipeline.queue.connections import (
     client_for,
 )
 from zombie_pipeline.simulation.embedded import free_port
-from zombie_pipeline.statistics.suggestions import save_suggestions
+from zombie_pipeline.statistics.suggestion_log import save_suggestions
 
 PASSWORD = "p@ss/w:rd %"
 SECRET_URL = f"mongodb://zombie:{quote_plus(PASSWORD)}@db.example.com:27017/admin?authSource=admin"

@@ -29,9 +29,9 @@ from zombie_pipeline.queue.documents import ID, Job, Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import simulate
-from zombie_pipeline.statistics.reports import INLINE_MARKDOWN_LIMIT
-from zombie_pipeline.statistics.suggest import analyze_window
-from zombie_pipeline.statistics.suggestions import latest_suggested_max_durations
+from zombie_pipeline.statistics.analysis import analyze_window
+from zombie_pipeline.statistics.charts import INLINE_MARKDOWN_LIMIT
+from zombie_pipeline.statistics.suggestion_log import latest_suggested_max_durations
 from zombie_pipeline.statistics.tallies import BadData
 
 URL_ENV = "ZOMBIE_STATS_TEST_MONGO_URL"

@@ -15,11 +15,8 @@ from zombie_pipeline.cleanup.detection import query_plan_of
 from zombie_pipeline.queue.documents import HTTP_OK, Cache, ErrorCode, Reason, Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
-from zombie_pipeline.statistics.cache_history import (
-    CacheIndexMissing,
-    read_cache_period,
-)
-from zombie_pipeline.statistics.history import read_history
+from zombie_pipeline.statistics.cache_source import CacheIndexMissing, read_cache_period
+from zombie_pipeline.statistics.sources import read_history
 from zombie_pipeline.statistics.tallies import BadData
 
 INDEX_NAME = CACHE_UPDATED_INDEX.full_name

@@ -14,18 +14,10 @@ import yaml
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import Reason, Status
-from zombie_pipeline.statistics.reports import (
-    CHART_EDGES,
-    INLINE_MARKDOWN_LIMIT,
-    duration_chart,
-    duration_charts,
-    format_duration,
-    markdown_table,
-    policy_snippet,
-    summary_text,
-    write_reports,
-)
-from zombie_pipeline.statistics.suggest import analyze
+from zombie_pipeline.statistics.analysis import analyze
+from zombie_pipeline.statistics.charts import CHART_EDGES, INLINE_MARKDOWN_LIMIT, duration_chart, duration_charts
+from zombie_pipeline.statistics.formatting import format_duration
+from zombie_pipeline.statistics.reports import markdown_table, policy_snippet, summary_text, write_reports
 from zombie_pipeline.statistics.tallies import BadData, Period, Tally
 
 UTC = dt.UTC

@@ -11,7 +11,7 @@ from tests.statistics.builders import NEXT_DAY, NOON, job, tally, week
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
 from zombie_pipeline.queue.documents import Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
-from zombie_pipeline.statistics.suggest import analyze, analyze_window, suggest
+from zombie_pipeline.statistics.analysis import analyze, analyze_window, suggest
 
 # --- suggestion rules ---------------------------------------------------------------------
 

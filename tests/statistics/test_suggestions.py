@@ -5,12 +5,8 @@ from __future__ import annotations
 from tests.statistics.builders import DAY, NEXT_DAY, tally, week
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, T2Suggestion
-from zombie_pipeline.statistics.suggest import analyze
-from zombie_pipeline.statistics.suggestions import (
-    effective_policy,
-    latest_suggested_max_durations,
-    save_suggestions,
-)
+from zombie_pipeline.statistics.analysis import analyze
+from zombie_pipeline.statistics.suggestion_log import effective_policy, latest_suggested_max_durations, save_suggestions
 
 
 def test_latest_suggested_max_durations_come_from_the_newest_window_and_only_with_enough_data(store):

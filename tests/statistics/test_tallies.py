@@ -20,17 +20,9 @@ from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Reason, Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.simulation.simulator import simulate
-from zombie_pipeline.statistics.suggest import analyze
-from zombie_pipeline.statistics.tallies import (
-    BadData,
-    Period,
-    classify_job,
-    combine,
-    count_undated_jobs,
-    read_period,
-    tally_events,
-    tally_jobs,
-)
+from zombie_pipeline.statistics.analysis import analyze
+from zombie_pipeline.statistics.jobs_source import classify_job, count_undated_jobs, read_period, tally_jobs
+from zombie_pipeline.statistics.tallies import BadData, Period, combine, tally_events
 
 # --- reading and statistics --------------------------------------------------------------
 

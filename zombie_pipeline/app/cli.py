@@ -9,12 +9,8 @@ from collections.abc import Sequence
 from zombie_pipeline import config
 from zombie_pipeline.config import SettingError
 from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients
-from zombie_pipeline.queue.generations import (
-    CACHE_GENERATIONS,
-    NEWEST_QUEUE_GENERATION,
-    QUEUE_GENERATIONS,
-    GenerationUnknown,
-)
+from zombie_pipeline.queue.evidence import GenerationUnknown
+from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.secrets import redact
 from zombie_pipeline.simulation import embedded
 from zombie_pipeline.simulation.simulator import (
@@ -84,7 +80,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
-    from zombie_pipeline.queue.generations import decide
+    from zombie_pipeline.queue.evidence import decide
     from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 
     rates = WorkerRates(

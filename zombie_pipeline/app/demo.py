@@ -25,11 +25,8 @@ from zombie_pipeline.orchestration.statistics import (
     job_duration_tallies,
 )
 from zombie_pipeline.queue.documents import utc_now
-from zombie_pipeline.queue.generations import (
-    NEWEST_QUEUE_GENERATION,
-    QUEUE_GENERATIONS,
-    decide,
-)
+from zombie_pipeline.queue.evidence import decide
+from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.simulation.simulator import (
     Workload,
     check_ours,
@@ -38,8 +35,8 @@ from zombie_pipeline.simulation.simulator import (
     simulated_generation,
 )
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS, analyze_window
 from zombie_pipeline.statistics.reports import ReportFiles, summary_text
-from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze_window
 
 #: Dagster's console logger silenced: the demo prints its own summary, and a failure as its one line, never a stack trace.
 QUIET = {"console": {"config": {"log_level": "CRITICAL"}}}

@@ -26,7 +26,13 @@ from pymongo.errors import BulkWriteError
 
 from zombie_pipeline.cleanup.events import READ_BATCH, duplicate_indexes
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
+from zombie_pipeline.queue.cache_entries import (
+    entries_of_jobs,
+    failed_runs_after_crash,
+    key_of,
+    runner_version_of,
+    stored_failed_runs,
+)
 from zombie_pipeline.queue.documents import (
     CACHE_CONTENT_ERROR,
     ERROR_MESSAGE_OF_REASON,
@@ -39,12 +45,7 @@ from zombie_pipeline.queue.documents import (
     as_utc,
     cache_key_of_job,
 )
-from zombie_pipeline.queue.generations import (
-    CacheGeneration,
-    failed_runs_after_crash,
-    runner_version_of,
-    stored_failed_runs,
-)
+from zombie_pipeline.queue.generations import CacheGeneration
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.transactions import Conflict
 

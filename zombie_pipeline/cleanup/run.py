@@ -57,7 +57,7 @@ from zombie_pipeline.queue.documents import (
     RetryOutcome,
     utc_now,
 )
-from zombie_pipeline.queue.generations import Generations, decide
+from zombie_pipeline.queue.evidence import Generations, decide
 from zombie_pipeline.queue.store import Store
 
 

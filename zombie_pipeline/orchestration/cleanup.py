@@ -43,7 +43,7 @@ from zombie_pipeline.orchestration.tags import (
     RETRY_STRATEGY_TAG,
 )
 from zombie_pipeline.queue.documents import REASONS, utc_now
-from zombie_pipeline.queue.generations import GenerationUnknown
+from zombie_pipeline.queue.evidence import GenerationUnknown
 
 
 class CleanupConfig(dg.Config):

@@ -50,8 +50,8 @@ from zombie_pipeline.orchestration.tags import (
 )
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ErrorCode, utc_now
+from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS
 from zombie_pipeline.statistics.offenders import DEFAULT_THRESHOLD, find_offenders
-from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS
 
 SAMPLE_ROWS = 20
 _DEFAULT_POLICY = ZombiePolicy()

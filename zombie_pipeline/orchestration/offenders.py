@@ -25,6 +25,7 @@ from zombie_pipeline.orchestration.resources import (
     store_of,
 )
 from zombie_pipeline.orchestration.statistics import DAILY_PARTITIONS, GROUP
+from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS
 from zombie_pipeline.statistics.offenders import (
     DEFAULT_LIMIT,
     DEFAULT_THRESHOLD,
@@ -32,7 +33,6 @@ from zombie_pipeline.statistics.offenders import (
     find_offenders,
 )
 from zombie_pipeline.statistics.reports import offenders_markdown
-from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS
 
 ASSET_NAME = "repeat_offenders"
 CHECK_NAME = "no_repeat_offenders"

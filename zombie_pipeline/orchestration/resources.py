@@ -33,7 +33,7 @@ from zombie_pipeline.queue.documents import (
 from zombie_pipeline.queue.secrets import redact_url
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation import embedded
-from zombie_pipeline.statistics.suggestions import effective_policy
+from zombie_pipeline.statistics.suggestion_log import effective_policy
 
 
 class _MongoDatabaseResource(dg.ConfigurableResource):

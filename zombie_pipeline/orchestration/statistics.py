@@ -31,29 +31,21 @@ from zombie_pipeline.orchestration.resources import (
     store_of,
 )
 from zombie_pipeline.orchestration.tags import PIPELINE_TAG, STATISTICS_GROUP
-from zombie_pipeline.policy import SuggestionRules
+from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
 from zombie_pipeline.queue.documents import utc_now
-from zombie_pipeline.queue.generations import GenerationUnknown, decide
-from zombie_pipeline.statistics.cache_history import CacheIndexMissing
-from zombie_pipeline.statistics.history import read_history
+from zombie_pipeline.queue.evidence import GenerationUnknown, decide
+from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS, window_report
+from zombie_pipeline.statistics.cache_source import CacheIndexMissing
+from zombie_pipeline.statistics.charts import duration_charts
+from zombie_pipeline.statistics.formatting import window_text
 from zombie_pipeline.statistics.offenders import DEFAULT_THRESHOLD, find_offenders
 from zombie_pipeline.statistics.quantiles import success_statistics
-from zombie_pipeline.statistics.reports import (
-    duration_charts,
-    markdown_table,
-    offenders_markdown,
-    policy_snippet,
-    window_text,
-    write_reports,
-)
-from zombie_pipeline.statistics.suggest import DEFAULT_WINDOW_DAYS, analyze
-from zombie_pipeline.statistics.suggestions import save_suggestions
-from zombie_pipeline.statistics.tallies import (
-    READ_BATCH_SIZE,
-    Period,
-    combine,
-    count_undated_jobs,
-)
+from zombie_pipeline.statistics.reports import markdown_table, offenders_markdown, policy_snippet, write_reports
+from zombie_pipeline.statistics.sources import read_history
+from zombie_pipeline.statistics.suggestion_log import save_suggestions
+from zombie_pipeline.statistics.tallies import READ_BATCH_SIZE, Period
 
 GROUP = STATISTICS_GROUP
 PARTITIONS_START = config.statistics_start().isoformat()
@@ -124,15 +116,9 @@ def job_duration_tallies(
     """
     window = context.partition_time_window
     store = store_of(queue_db, cache_db, check=True)
-    generations = decide(store, zombie_policy.policy())
+    generation = _queue_generation(store, zombie_policy.policy())
     try:
-        generation = generations.required_queue()
         period = read_history(store, generation, window.start, window.end, config.batch_size, config.create_cache_index)
-    except GenerationUnknown as error:
-        raise dg.Failure(
-            description=str(error),
-            metadata={"queue_generation_candidates": dg.MetadataValue.json(list(generations.queue_verdict.candidates))},
-        ) from None
     except CacheIndexMissing as error:
         raise dg.Failure(
             description=str(error), metadata={"to_create_it": "create_cache_index: true in this asset's config"}
@@ -156,6 +142,16 @@ def job_duration_tallies(
             **daily_metadata(period),
         },
     )
+
+
+def _queue_generation(store: Store, policy: ZombiePolicy) -> QueueGeneration:
+    """The queue's generation, which says where durations live; a run fails, with the evidence, where it is undecided."""
+    generations = decide(store, policy)
+    try:
+        return generations.required_queue()
+    except GenerationUnknown as error:
+        candidates = dg.MetadataValue.json(list(generations.queue_verdict.candidates))
+        raise dg.Failure(description=str(error), metadata={"queue_generation_candidates": candidates}) from None
 
 
 def metadata_key(prefix: str, job_type: str) -> str:
@@ -216,25 +212,15 @@ def job_duration_statistics(
     section of the report. Suggestions are recorded for the cleanup's opt-in
     ``use_suggested_max_durations``. The window ending with the last day is pushed to the Pushgateway.
     """
-    rules = config.rules()
     store = store_of(queue_db, cache_db, check=True)
     policy = zombie_policy.in_force(store)  # "current T2" is the one the cleanup applies
-    window = context.partition_time_window
+    generation = _queue_generation(store, policy)
     wanted = window_days_of(context.partition_key, config.window_days)
     loaded = [tallies[day] for day in wanted if day in (tallies or {})]
     missing = [day for day in wanted if day not in (tallies or {})]
-    window_end = window.end
+    window_end = context.partition_time_window.end
     window_start = window_end - dt.timedelta(days=config.window_days)
-    period = combine(loaded) if loaded else Period(start=window_start, end=window_end)
-    period.start, period.end = window_start, window_end
-    report = analyze(
-        period,
-        policy,
-        rules,
-        # jobs the daily reads leave out: undated, or of a status the queue's generation does not declare
-        undated=count_undated_jobs(store.jobs, decide(store, policy).queue) if period.source == "jobs" else None,
-        missing_days=missing,
-    )
+    report = window_report(store, generation, policy, loaded, window_start, window_end, config.rules(), missing)
     # the report's section on repeat offenders: the window's datasets finalized at least DEFAULT_THRESHOLD times
     offenders = offenders_markdown(
         find_offenders(store, window_start, window_end, DEFAULT_THRESHOLD, limit=REPORT_OFFENDERS)

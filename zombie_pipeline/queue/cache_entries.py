@@ -1,4 +1,4 @@
-"""Finding the cache entries of a batch of jobs, in one indexed read."""
+"""Reading cache entries of any generation: the entries of a batch of jobs in one indexed read, and their fields."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 
-from zombie_pipeline.queue.documents import CACHE_KEY, Cache, cache_key_of_job
+from zombie_pipeline.queue.documents import CACHE_KEY, HTTP_OK, Cache, Job, cache_key_of_job
 from zombie_pipeline.queue.indexes import on_index
 
 _READ_BATCH = 10_000  # the entries of a batch come back in one reply
@@ -47,3 +47,38 @@ def entries_of_jobs(
         if key_of(entry) in keys:
             found[key_of(entry)] = entry
     return found
+
+
+def runner_version_of(entry: Mapping[str, Any]) -> Any:
+    """The runner version of a cache entry, whichever generation wrote it."""
+    if Cache.JOB_RUNNER_VERSION in entry:
+        return entry[Cache.JOB_RUNNER_VERSION]
+    return entry.get(Cache.WORKER_VERSION)
+
+
+def stored_failed_runs(entry: Mapping[str, Any] | None) -> int:
+    """The failed runs an entry records: its field where the generation has one, else in ``details``."""
+    if not entry:
+        return 0
+    value = entry.get(Cache.FAILED_RUNS)
+    if value is None:
+        details = entry.get(Cache.DETAILS)
+        value = details.get(Cache.FAILED_RUNS) if isinstance(details, Mapping) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def failed_runs_after_crash(previous: Mapping[str, Any] | None, job: Mapping[str, Any]) -> int:
+    """``failed_runs`` of the error entry of a crashed ``job``, as the deployment counts it.
+
+    The previous entry's count carries over when it is about the same revision
+    of the dataset (or the job carries no revision); a success does not reset it.
+    """
+    if not previous:
+        return 1
+    revision = job.get(Job.REVISION)
+    same_revision = revision is None or previous.get(Cache.DATASET_GIT_REVISION) == revision
+    return (stored_failed_runs(previous) if same_revision else 0) + 1
+
+
+def is_success(entry: Mapping[str, Any] | None) -> bool:
+    return bool(entry) and entry.get(Cache.HTTP_STATUS) == HTTP_OK

@@ -34,6 +34,7 @@ from pymongo import ReturnDocument
 from zombie_pipeline.cleanup.effects import Finished, after_insert, worker_size
 from zombie_pipeline.cleanup.strategies import strategy_for
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, stored_failed_runs
 from zombie_pipeline.queue.documents import (
     DEFAULT_ZOMBIE_HTTP_STATUS,
     HTTP_OK,
@@ -51,12 +52,7 @@ from zombie_pipeline.queue.documents import (
     cache_key_of_job,
     utc_now,
 )
-from zombie_pipeline.queue.generations import (
-    CACHE_GENERATIONS,
-    QueueGeneration,
-    failed_runs_after_crash,
-    stored_failed_runs,
-)
+from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QueueGeneration
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import (
     JOB_TYPES,

@@ -1,13 +1,14 @@
-"""How long each job type runs, and which maximum duration (T2) the data supports.
+"""How long each job type runs, which maximum duration (T2) the data supports, and which datasets keep crashing.
 
-- :mod:`.tallies`: a period's finished jobs and audited zombies, read on indexes
-  and folded into per-type tallies of exact durations;
-- :mod:`.quantiles`: percentiles, their distribution-free confidence interval, and
-  the rounding of a suggestion to a value an operator reads at a glance;
-- :mod:`.suggest`: the suggested T2 of each type with its evidence (backtest,
-  censoring) over a window, as a :class:`~.suggest.DurationReport`;
-- :mod:`.suggestions`: the record of suggestions the cleanup can opt in to;
-- :mod:`.reports`: the report as people read it (Markdown, CSV, JSON, chart).
+- :mod:`.tallies`: what a period comes to, per type (exact durations, counts, bad data), and the audited zombies;
+- :mod:`.sources`: where a period is read, as the queue's generation says: :mod:`.jobs_source` (finished jobs)
+  or :mod:`.cache_source` (cache entries), both on indexes, decoded into columns;
+- :mod:`.quantiles`: percentiles, their distribution-free confidence interval, readable rounding;
+- :mod:`.analysis`: the suggested T2 of each type with its evidence over a window (``window_report``: the one
+  entry for the asset and a direct read);
+- :mod:`.suggestion_log`: the record of suggestions (``zombieT2Suggestions``) the cleanup can opt in to;
+- :mod:`.offenders`: the datasets and job types finalized again and again;
+- :mod:`.reports`, :mod:`.charts`, :mod:`.formatting`: the report as people read it.
 
 The rules, the sources and every column are described in docs/statistics.md.
 No Dagster here: ``orchestration/statistics.py`` wires these into assets.

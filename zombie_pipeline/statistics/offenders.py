@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from zombie_pipeline.cleanup.events import finalized_between
 from zombie_pipeline.queue.documents import (
     CACHE_CONTENT_ERROR,
     ERROR_CODE_OF_REASON,
@@ -38,7 +39,6 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.statistics.tallies import events_filter
 
 #: Finalizations of one dataset in the window that make it an offender, unless told otherwise.
 DEFAULT_THRESHOLD = 3
@@ -242,7 +242,7 @@ def offenders_pipeline(start: dt.datetime, end: dt.datetime) -> list[dict[str, A
         ({"$in": [reason, [str(value) for value in REASONS]]}, Problem.UNKNOWN_REASON),
     )
     valid = {"$eq": [f"${_PROBLEM}", None]}
-    finalized = events_filter(start, end)  # the statistics' rule: a claim lost to a live worker is no finalization
+    finalized = finalized_between(start, end)  # the statistics' rule: a claim lost to a live worker is no finalization
     in_window = {Event.FINALIZED_AT: finalized.pop(Event.FINALIZED_AT)}
     return on_index(
         in_window,

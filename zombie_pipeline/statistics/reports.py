@@ -19,22 +19,12 @@ import numpy as np
 
 from zombie_pipeline import config
 from zombie_pipeline.queue.documents import REASONS, Status
+from zombie_pipeline.statistics.analysis import DurationReport, TypeReport
+from zombie_pipeline.statistics.charts import plot_durations
+from zombie_pipeline.statistics.formatting import format_duration, format_share, window_text
 from zombie_pipeline.statistics.offenders import RepeatOffenders
 from zombie_pipeline.statistics.quantiles import percentile_name
-from zombie_pipeline.statistics.suggest import DurationReport, TypeReport
 from zombie_pipeline.statistics.tallies import SOURCES
-
-CHART_COLUMNS = 3
-_TIME_TICKS = {
-    0.1: "0.1 s",
-    1: "1 s",
-    10: "10 s",
-    60: "1 min",
-    600: "10 min",
-    3_600: "1 h",
-    36_000: "10 h",
-    86_400: "1 d",
-}
 
 
 @dataclass(frozen=True)
@@ -43,34 +33,6 @@ class ReportFiles:
     json: Path
     chart: Path
     markdown: Path
-
-
-# --- formatting --------------------------------------------------------------------
-
-
-def format_duration(seconds: float | None) -> str:
-    """``42.1 s``, ``20 min``, ``1 h 15 min``: the units an operator thinks a timeout in."""
-    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
-        return "–"
-    if seconds < 60:
-        return f"{seconds:.3g} s" if seconds < 10 else f"{seconds:.0f} s"
-    if seconds < 3_600:
-        minutes, rest = divmod(round(seconds), 60)
-        return f"{minutes} min" if rest == 0 else f"{minutes} min {rest} s"
-    hours, rest = divmod(round(seconds / 60), 60)
-    return f"{hours} h" if rest == 0 else f"{hours} h {rest} min"
-
-
-def _share(value: float | None) -> str:
-    return "–" if value is None else f"{value:.1%}"
-
-
-def window_text(report: DurationReport) -> str:
-    """The window, and how much of it the figures cover when days are missing."""
-    window = f"{report.window_start:%Y-%m-%d %H:%M} – {report.window_end:%Y-%m-%d %H:%M} UTC"
-    if not report.complete:
-        window += f" (only {report.days_present} of its {report.days_expected} days computed)"
-    return window
 
 
 def _interval(entry: TypeReport) -> str:
@@ -144,7 +106,7 @@ def markdown_table(report: DurationReport) -> str:
                 name,
                 *(str(entry.statuses.get(status, 0)) for status in statuses),
                 " / ".join(str(entry.zombies.get(reason, 0)) for reason in REASONS),
-                _share(entry.zombie_rate),
+                format_share(entry.zombie_rate),
                 *(format_duration(stats[name]) for name in ("p50", "p90", "p99", "max")),
             ]
         )
@@ -154,7 +116,7 @@ def markdown_table(report: DurationReport) -> str:
                 format_duration(entry.current_t2_seconds),
                 suggested,
                 _interval(entry),
-                f"{entry.stopped} ({_share(entry.stopped_share)})" if entry.stopped else "0",
+                f"{entry.stopped} ({format_share(entry.stopped_share)})" if entry.stopped else "0",
                 _backtest(entry),
                 "; ".join(entry.flags) or "–",
             ]
@@ -225,7 +187,7 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
         counts = (
             ", ".join(f"{count} {status}" for status, count in sorted(entry.statuses.items()) if count) or "no jobs"
         )
-        lines.append(f"{entry.job_type}: {counts}; zombie rate {_share(entry.zombie_rate)}")
+        lines.append(f"{entry.job_type}: {counts}; zombie rate {format_share(entry.zombie_rate)}")
         if entry.successes:
             stats = entry.statistics
             lines.append(
@@ -253,9 +215,6 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
     lines.append("Suggested configuration:")
     lines.extend("  " + line for line in policy_snippet(report).splitlines())
     return "\n".join(lines) + "\n"
-
-
-# --- repeat offenders ---------------------------------------------------------------------
 
 
 def offenders_markdown(found: RepeatOffenders, max_rows: int = 20) -> str:
@@ -306,113 +265,6 @@ def offenders_markdown(found: RepeatOffenders, max_rows: int = 20) -> str:
             "Skipped events: " + ", ".join(f"{name} {count}" for name, count in sorted(found.malformed.items())) + ".",
         ]
     return "\n".join(lines).rstrip() + "\n"
-
-
-# --- a chart in text, for the UI's metadata ---------------------------------------------
-
-#: Bin edges of the text chart, in seconds: about twice apart (a log scale), each a duration read at a glance.
-CHART_EDGES = (
-    0.1,
-    0.2,
-    0.5,
-    1,
-    2,
-    5,
-    10,
-    20,
-    30,
-    60,
-    120,
-    300,
-    600,
-    1_200,
-    1_800,
-    3_600,
-    7_200,
-    14_400,
-    28_800,
-    43_200,
-    86_400,
-    172_800,
-    345_600,
-    604_800,
-)
-CHART_BAR_WIDTH = 20
-#: The Dagster UI shows a Markdown value shorter than this inline, longer ones behind a link.
-INLINE_MARKDOWN_LIMIT = 1_000
-_EIGHTHS = " ▏▎▍▌▋▊▉"
-
-
-def _bar(count: int, largest: int, width: int) -> str:
-    """``count`` as a bar of block characters, ``width`` full blocks for ``largest``; any run at least a sliver."""
-    if count <= 0:
-        return ""
-    eighths = max(round(count / largest * width * 8), 1)
-    full, rest = divmod(eighths, 8)
-    return "█" * full + (_EIGHTHS[rest] if rest else "")
-
-
-def _bin_of(seconds: float) -> int:
-    """The index of the chart bin holding ``seconds`` (below the first edge: the first bin)."""
-    return max(int(np.searchsorted(CHART_EDGES, seconds, side="right")) - 1, 0)
-
-
-def duration_chart(entry: TypeReport, width: int = CHART_BAR_WIDTH) -> str:
-    """One type's successful durations as a Markdown histogram in text, log-scale bins, the bins of the T2s marked.
-
-    Short enough (under :data:`INLINE_MARKDOWN_LIMIT`) for the Dagster UI to show it in the metadata
-    table itself; the bars come after the counts, so a font that draws blocks wider misaligns nothing.
-    """
-    stats = entry.statistics
-    lines = [f"{entry.job_type}: {entry.successes} successful runs"]
-    if entry.successes:
-        lines[0] += f", p50 {format_duration(stats['p50'])}, p99 {format_duration(stats['p99'])}"
-    if entry.stopped:
-        lines.append(f"{entry.stopped} more stopped at T2, their true durations unknown")
-    marks = {_bin_of(entry.current_t2_seconds): [f"current T2 {format_duration(entry.current_t2_seconds)}"]}
-    if entry.enough_data:
-        suggested = f"suggested T2 {format_duration(entry.suggested_t2_seconds)}" + (
-            f" ({entry.change})" if entry.change != "keep" else ""
-        )
-        marks.setdefault(_bin_of(entry.suggested_t2_seconds), []).append(suggested)
-    else:
-        lines.append("not enough data for a suggestion: the current T2 stays")
-    bins = [_bin_of(float(value)) for value in entry.success_durations]
-    counts = np.bincount(np.asarray(bins, dtype=np.int64), minlength=len(CHART_EDGES))
-    shown = [*bins, *marks]
-    first, last = min(shown), max(shown)
-    largest = max(int(counts.max()), 1)
-    lows = [format_duration(CHART_EDGES[index]) for index in range(first, last + 1)]
-    highs = [
-        format_duration(CHART_EDGES[index + 1]) if index + 1 < len(CHART_EDGES) else "more"
-        for index in range(first, last + 1)
-    ]
-    low_width, high_width = max(map(len, lows)), max(map(len, highs))
-    count_width = len(str(largest))
-    for index, low, high in zip(range(first, last + 1), lows, highs):
-        count = int(counts[index])
-        label = f"{low:>{low_width}} – {high:<{high_width}}"
-        row = f"{label} {count:>{count_width}} {_bar(count, largest, width)}"
-        if index in marks:
-            row += ("  " if count else "") + "◀ " + ", ".join(marks[index])
-        lines.append(row.rstrip())
-    return "```text\n" + "\n".join(lines) + "\n```"
-
-
-def duration_charts(report: DurationReport) -> dict[str, str]:
-    """:func:`duration_chart` per type, keyed by type; each short enough to be shown inline."""
-    charts = {}
-    for entry in report.types:
-        chart = duration_chart(entry)
-        width = CHART_BAR_WIDTH
-        while len(chart) >= INLINE_MARKDOWN_LIMIT and width > 4:
-            width //= 2
-            chart = duration_chart(entry, width)
-        charts[entry.job_type] = chart
-    return charts
-
-
-# --- files -------------------------------------------------------------------------
 
 
 def _jsonable(value: Any) -> Any:
@@ -495,84 +347,3 @@ def write_reports(
 
 def _stamp(moment) -> str:
     return f"{moment:%Y-%m-%d}" if (moment.hour, moment.minute) == (0, 0) else f"{moment:%Y-%m-%dT%H%M}"
-
-
-def plot_durations(report: DurationReport, path: Path | str) -> Path:
-    """One panel per type: successful durations on a log axis, current T2 red, suggested T2 green."""
-    from matplotlib.figure import (
-        Figure,  # Agg canvas, no pyplot state: safe in any process or thread
-    )
-
-    path = Path(path)
-    count = max(len(report.types), 1)
-    rows = math.ceil(count / CHART_COLUMNS)
-    columns = min(count, CHART_COLUMNS)
-    height = 3.4 * rows + 0.8
-    figure = Figure(figsize=(5.2 * columns, height))
-    figure.subplots_adjust(left=0.07, right=0.98, bottom=0.6 / height, top=1 - 0.9 / height, hspace=0.6, wspace=0.25)
-    axes = np.atleast_1d(figure.subplots(rows, columns, squeeze=False)).ravel()
-    q = percentile_name(report.rules.quantile)
-    for ax, entry in zip(axes, report.types):
-        durations = np.clip(entry.success_durations.astype(np.float64), 0.01, None)
-        marks = [entry.current_t2_seconds, entry.suggested_t2_seconds]
-        low = max(min(durations.min() if durations.size else 1.0, 1.0), 0.01)
-        high = max([durations.max() if durations.size else 1.0, *marks]) * 1.5
-        bins = np.geomspace(low, high, 50)
-        if durations.size:
-            ax.hist(
-                durations,
-                bins=bins,
-                histtype="stepfilled",
-                color="#4c72b0",
-                alpha=0.85,
-                label=f"{durations.size} successful",
-            )
-        if entry.stopped_durations.size:
-            ax.hist(
-                np.clip(entry.stopped_durations.astype(np.float64), low, None),
-                bins=bins,
-                histtype="stepfilled",
-                color="#c44e52",
-                alpha=0.7,
-                label=f"{entry.stopped_durations.size} stopped at T2",
-            )
-        ax.axvline(
-            entry.current_t2_seconds,
-            color="#c44e52",
-            linestyle="--",
-            linewidth=1.6,
-            label=f"current T2 {format_duration(entry.current_t2_seconds)}",
-        )
-        if entry.enough_data:
-            ax.axvline(
-                entry.suggested_t2_seconds,
-                color="#2ca02c",
-                linewidth=2.0,
-                label=f"suggested T2 {format_duration(entry.suggested_t2_seconds)}",
-            )
-            ax.axvline(
-                entry.quantile_seconds,
-                color="0.35",
-                linestyle=":",
-                linewidth=1.2,
-                label=f"{q} {format_duration(entry.quantile_seconds)}",
-            )
-        title = entry.job_type + ("  (censored)" if entry.censored else "")
-        if not entry.enough_data:
-            title += "  (not enough data)"
-        ax.set_title(title, fontsize=10)
-        ax.set_xscale("log")
-        ax.set_xlim(low, high)
-        ax.set_ylim(0, max(ax.get_ylim()[1], 1) * 1.6)  # headroom: the legend sits above the bars
-        ax.minorticks_off()  # each minor tick is an artist to draw, and time ticks say more
-        ticks = [tick for tick in _TIME_TICKS if low <= tick <= high]
-        ax.set_xticks(ticks, [_TIME_TICKS[tick] for tick in ticks])
-        ax.set_xlabel("duration (log scale)")
-        ax.set_ylabel("jobs")
-        ax.legend(fontsize=7, loc="upper left")
-    for ax in axes[len(report.types) :]:
-        ax.set_visible(False)
-    figure.suptitle(f"Successful job durations per type, {window_text(report)}", fontsize=12)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=90)
-    return path

@@ -36,9 +36,8 @@ import pandas as pd
 
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
 from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, as_utc
-from zombie_pipeline.queue.generations import DurationsSource, QueueGeneration
+from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.statistics.history import read_history
 from zombie_pipeline.statistics.quantiles import (
     percentile_name,
     quantile_interval,
@@ -46,13 +45,8 @@ from zombie_pipeline.statistics.quantiles import (
     runs_for_upper_bound,
     success_statistics,
 )
-from zombie_pipeline.statistics.tallies import (
-    EMPTY_DURATIONS,
-    READ_BATCH_SIZE,
-    Period,
-    Tally,
-    count_undated_jobs,
-)
+from zombie_pipeline.statistics.sources import left_out_of_every_day, read_history
+from zombie_pipeline.statistics.tallies import EMPTY_DURATIONS, READ_BATCH_SIZE, Period, Tally, combine
 
 DEFAULT_WINDOW_DAYS = 7
 
@@ -311,6 +305,23 @@ def analyze(
     )
 
 
+def window_report(
+    store: Store,
+    generation: QueueGeneration,
+    policy: ZombiePolicy,
+    periods: Sequence[Period],
+    start: dt.datetime,
+    end: dt.datetime,
+    rules: SuggestionRules = SuggestionRules(),
+    missing_days: Sequence[str] = (),
+) -> DurationReport:
+    """The report of ``[start, end)`` from the periods of its days: the one rule, for the asset and a direct read."""
+    period = combine(periods) if periods else Period(start=start, end=end)
+    period.start, period.end = start, end
+    undated = left_out_of_every_day(store, generation)
+    return analyze(period, policy, rules, undated=undated, missing_days=missing_days)
+
+
 def analyze_window(
     store: Store,
     generation: QueueGeneration,
@@ -320,12 +331,9 @@ def analyze_window(
     rules: SuggestionRules = SuggestionRules(),
     batch_size: int = READ_BATCH_SIZE,
 ) -> DurationReport:
-    """One pass over the ``window_days`` before ``end``: the report without Dagster (the CLI demo)."""
+    """The ``window_days`` before ``end`` read in one pass, without Dagster: the same report as the asset's."""
     end = as_utc(end)
-    period = read_history(store, generation, end - dt.timedelta(days=window_days), end, batch_size)
-    undated = (
-        count_undated_jobs(store.jobs, generation)
-        if generation.durations_source is DurationsSource.FINISHED_JOBS
-        else None
+    start = end - dt.timedelta(days=window_days)
+    return window_report(
+        store, generation, policy, [read_history(store, generation, start, end, batch_size)], start, end, rules
     )
-    return analyze(period, policy, rules, undated=undated)

@@ -7,7 +7,7 @@ from pymongo.errors import DuplicateKeyError
 
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, T2Suggestion
-from zombie_pipeline.statistics.suggest import DurationReport
+from zombie_pipeline.statistics.analysis import DurationReport
 
 
 def save_suggestions(collection: Collection, report: DurationReport) -> bool:

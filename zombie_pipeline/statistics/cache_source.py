@@ -33,6 +33,7 @@ from pymongo.collection import Collection
 from pymongoarrow.api import Schema, find_arrow_all
 
 from zombie_pipeline.cleanup.cache_errors import DETAIL_JOB_ID
+from zombie_pipeline.cleanup.events import finalized_between
 from zombie_pipeline.queue.documents import (
     HTTP_OK,
     Cache,
@@ -48,7 +49,6 @@ from zombie_pipeline.statistics.tallies import (
     BadData,
     Period,
     durations_array,
-    events_filter,
     is_job_type,
     tally_events,
 )
@@ -140,7 +140,7 @@ def read_cache_period(
         raise ValueError("read_cache_period needs two dates, start before end")
     index = ensure_updated_index(cache, create_index)
     period = Period(start=start, end=end, source="cache")
-    tally_events(period, events.find(events_filter(start, end), EVENT_PROJECTION, batch_size=batch_size))
+    tally_events(period, events.find(finalized_between(start, end), EVENT_PROJECTION, batch_size=batch_size))
     values = cache.distinct(
         Cache.KIND
     )  # each value once, by the server's equality (MongoDB: 1 and 1.0 are one, true another)
