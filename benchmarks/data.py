@@ -39,7 +39,6 @@ from zombie_pipeline.queue.documents import (
     cache_key_of_job,
     namespace_of,
     truncate_ms,
-    unicity_id,
     without_none,
 )
 from zombie_pipeline.queue.generations import (
@@ -210,7 +209,9 @@ def _finished_jobs(
                 Job.DATASET: dataset,
                 Job.CONFIG: config,
                 Job.SPLIT: split,
-                Job.UNICITY_ID: unicity_id(job_type.name, dataset, config, split),
+                Job.UNICITY_ID: QUEUE_GENERATIONS[OLDEST_QUEUE_GENERATION].unicity_id(
+                    job_type.name, dataset, None, config, split
+                ),
                 Job.NAMESPACE: namespace_of(dataset),
                 Job.FORCE: rng.random() < 0.1,
                 Job.PRIORITY: Priority.LOW if rng.random() < 0.2 else Priority.NORMAL,

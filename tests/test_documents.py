@@ -26,7 +26,6 @@ from zombie_pipeline.queue.documents import (
     job_type_problem,
     name_problem,
     truncate_ms,
-    unicity_id,
     utc_now,
 )
 from zombie_pipeline.queue.generations import OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
@@ -43,7 +42,9 @@ def job_document(dataset: str, config=None, split=None, **extra) -> dict:
     document = {
         Job.TYPE: "/first-rows",
         Job.DATASET: dataset,
-        Job.UNICITY_ID: unicity_id("/first-rows", dataset, config, split),
+        Job.UNICITY_ID: QUEUE_GENERATIONS[OLDEST_QUEUE_GENERATION].unicity_id(
+            "/first-rows", dataset, None, config, split
+        ),
         Job.NAMESPACE: dataset.split("/")[0],
         Job.FORCE: False,
         Job.PRIORITY: "normal",

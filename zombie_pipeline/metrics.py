@@ -30,6 +30,7 @@ from prometheus_client.core import Metric as MetricFamily
 from prometheus_client.registry import Collector
 from pymongo.collection import Collection
 
+from zombie_pipeline.cleanup.counts import Count
 from zombie_pipeline.cleanup.detection import started_filter
 from zombie_pipeline.monitoring import QueueSnapshot
 from zombie_pipeline.queue.documents import (
@@ -297,13 +298,21 @@ def cleanup_figures(
         figures.set(RETRIES, count, job_type=job_type, outcome=outcome)
     for (job_type, reason), count in found.items():
         figures.set(ZOMBIES_FOUND, count, job_type=job_type, reason=reason)
-    figures.set(RACES_LOST, run_counts.get("lost_to_live_worker", 0))
-    figures.set(DELAYED_RETRIES_ENQUEUED, run_counts.get("due_retry_enqueued", 0))
-    for outcome in ("done", "to_retry", "failed"):
-        figures.set(COMPENSATION_RUNS, run_counts.get(f"compensation_{outcome}", 0), outcome=outcome)
+    figures.set(RACES_LOST, run_counts.get(Count.LOST_TO_LIVE_WORKER, 0))
+    figures.set(DELAYED_RETRIES_ENQUEUED, run_counts.get(Count.DUE_RETRY_ENQUEUED, 0))
+    for outcome, count in _COMPENSATION_OUTCOMES.items():
+        figures.set(COMPENSATION_RUNS, run_counts.get(count, 0), outcome=outcome)
     figures.set(CLEANUP_DURATION, max((ended_at - started_at).total_seconds(), 0.0))
     figures.set(LAST_SUCCESS, ended_at.timestamp())
     return figures
+
+
+#: The ``outcome`` label of each compensation count of a run.
+_COMPENSATION_OUTCOMES = {
+    "done": Count.COMPENSATION_DONE,
+    "to_retry": Count.COMPENSATION_TO_RETRY,
+    "failed": Count.COMPENSATION_FAILED,
+}
 
 
 def brake_figures(engaged: bool, stale: int, started: int | None, max_stale_fraction: float) -> Figures:

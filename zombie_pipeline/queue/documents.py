@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, TypedDict
+from typing import Any
 
 # --- names -----------------------------------------------------------------
 
@@ -108,6 +108,8 @@ class Cache:
 
 #: The unique key of a cache entry, in the order of the deployment's index.
 CACHE_KEY = (Cache.KIND, Cache.DATASET, Cache.CONFIG, Cache.SPLIT)
+#: The key of a cache entry's ``content`` (and ``details``) that holds the error message users read.
+CACHE_CONTENT_ERROR = "error"
 
 
 class Lock:
@@ -303,55 +305,10 @@ class CompensationEntry:
     DONE_AT = "done_at"
 
 
-class JobSnapshot(TypedDict, total=False):
-    """A job document as detection read it (only the fields its generation has are present)."""
-
-    _id: Any
-    type: str
-    dataset: str
-    revision: str
-    config: str | None
-    split: str | None
-    unicity_id: str
-    namespace: str
-    force: bool
-    priority: str
-    status: str
-    difficulty: int
-    created_at: dt.datetime
-    started_at: dt.datetime
-    finished_at: dt.datetime | None
-    last_heartbeat: dt.datetime | None
-    terminated_at: dt.datetime | None
-
-
-class ZombieEvent(TypedDict, total=False):
-    """One document of ``zombieEvents`` (the keys are the :class:`Event` names)."""
-
-    _id: Any
-    job: JobSnapshot
-    reason: Reason
-    error_code: ErrorCode
-    threshold_seconds: int
-    past_max_duration: bool
-    policy: dict[str, Any]
-    detected_at: dt.datetime
-    finalized_at: dt.datetime
-    run_id: str
-    state: EventState
-    lease_owner: str
-    lease_until: dt.datetime
-    cache_outcome: CacheOutcome
-    failed_runs: int
-    retry_job_id: Any
-    retry_outcome: RetryOutcome
-    completed_at: dt.datetime
-    queue_generation: str
-    previous_entry: dict[str, Any] | None
-    effects: list[str]
-    retry_due_at: dt.datetime
-    compensation_state: str
-    compensations: list[dict[str, Any]]
+#: A job document as detection read it: only the fields its generation has are present (the :class:`Job` names).
+JobSnapshot = dict[str, Any]
+#: One document of ``zombieEvents``: its keys are the :class:`Event` names, declared there once.
+ZombieEvent = dict[str, Any]
 
 
 class Failure:
@@ -460,11 +417,6 @@ def job_row(job_id: Any, job: Mapping[str, Any], **extra: Any) -> dict[str, Any]
     }
 
 
-def unicity_id(job_type: str, dataset: str, config: str | None, split: str | None) -> str:
-    """The unicity id format of early-2023 datasets-server."""
-    return f"Job[{job_type}][{dataset}][{config}][{split}]"
-
-
 def namespace_of(dataset: str) -> str:
     return dataset.split("/", 1)[0]
 
@@ -472,9 +424,3 @@ def namespace_of(dataset: str) -> str:
 def without_none(document: Mapping[str, Any]) -> dict[str, Any]:
     """Drop None values, as mongoengine does when it saves a document."""
     return {key: value for key, value in document.items() if value is not None}
-
-
-# --- repeat offenders ------------------------------------------------------------
-
-#: The key of a cache entry's ``content`` that holds the error message users read.
-CACHE_CONTENT_ERROR = "error"
