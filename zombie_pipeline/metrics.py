@@ -60,7 +60,7 @@ class Metric:
     help: str
     labels: tuple[str, ...] = ()
 
-    def family(self) -> MetricFamily:
+    def family(self) -> CounterMetricFamily | GaugeMetricFamily:
         if self.kind == "counter":
             return CounterMetricFamily(self.name, self.help, labels=self.labels)
         return GaugeMetricFamily(self.name, self.help, labels=self.labels)
@@ -300,8 +300,8 @@ def cleanup_figures(
         figures.set(ZOMBIES_FOUND, count, job_type=job_type, reason=reason)
     figures.set(RACES_LOST, run_counts.get(Count.LOST_TO_LIVE_WORKER, 0))
     figures.set(DELAYED_RETRIES_ENQUEUED, run_counts.get(Count.DUE_RETRY_ENQUEUED, 0))
-    for outcome, count in _COMPENSATION_OUTCOMES.items():
-        figures.set(COMPENSATION_RUNS, run_counts.get(count, 0), outcome=outcome)
+    for outcome, name in _COMPENSATION_OUTCOMES.items():
+        figures.set(COMPENSATION_RUNS, run_counts.get(name, 0), outcome=outcome)
     figures.set(CLEANUP_DURATION, max((ended_at - started_at).total_seconds(), 0.0))
     figures.set(LAST_SUCCESS, ended_at.timestamp())
     return figures

@@ -40,6 +40,7 @@ from zombie_pipeline.queue.documents import (
     cache_key_of_job,
     job_row,
     job_type_problem,
+    utc,
 )
 from zombie_pipeline.queue.store import Store
 
@@ -88,7 +89,8 @@ def job_types_in_queue(jobs: Collection) -> JobTypes:
 
     A type is refused when detection would call a job of it malformed.
     """
-    valid, refused = [], []
+    valid: list[str] = []
+    refused: list[Any] = []
     for value in jobs.distinct(Job.TYPE):
         (refused if job_type_problem(value) else valid).append(value)
     return JobTypes(tuple(sorted(valid)), tuple(refused))
@@ -209,7 +211,7 @@ def _audit_batch(
 
 def _newer(entry: Mapping[str, Any], event: Mapping[str, Any]) -> bool:
     updated_at = as_utc(entry.get(Cache.UPDATED_AT))
-    return updated_at is not None and updated_at > as_utc(event[Event.FINALIZED_AT])
+    return updated_at is not None and updated_at > utc(event[Event.FINALIZED_AT])
 
 
 def _audit_row(event: Mapping[str, Any], entry: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -219,6 +221,6 @@ def _audit_row(event: Mapping[str, Any], entry: Mapping[str, Any] | None) -> dic
         event[Event.JOB],
         expected_error_code=event[Event.ERROR_CODE],
         found_error_code=entry.get(Cache.ERROR_CODE) if entry else None,
-        finalized_at=as_utc(event[Event.FINALIZED_AT]).isoformat(),
+        finalized_at=utc(event[Event.FINALIZED_AT]).isoformat(),
         entry_updated_at=updated_at.isoformat() if updated_at else None,
     )

@@ -16,7 +16,7 @@ written for it by an earlier attempt, and is recognized rather than rewritten.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bson import ObjectId
@@ -44,6 +44,7 @@ from zombie_pipeline.queue.documents import (
     Job,
     as_utc,
     cache_key_of_job,
+    utc,
 )
 from zombie_pipeline.queue.generations import CacheGeneration
 from zombie_pipeline.queue.store import Store
@@ -70,7 +71,9 @@ def summary_of(entry: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 def written_for(entry: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool:
     """Whether ``entry`` is the error entry written for this event's job (by this or an earlier attempt)."""
-    details = entry.get(Cache.DETAILS) if entry else None
+    if entry is None:
+        return False
+    details = entry.get(Cache.DETAILS)
     return (
         isinstance(details, Mapping)
         and details.get(DETAIL_JOB_ID) == str(event[ID])
@@ -81,7 +84,7 @@ def written_for(entry: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bo
 def is_fresher(entry: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
     """An entry updated after the zombie started holds a newer result than the zombie could give."""
     updated_at = as_utc(entry.get(Cache.UPDATED_AT))
-    return updated_at is not None and updated_at > as_utc(job[Job.STARTED_AT])
+    return updated_at is not None and updated_at > utc(job[Job.STARTED_AT])
 
 
 def error_entry(
@@ -118,7 +121,7 @@ def error_entry(
     }
     if existing is not None:  # keep what the worker knew; never invent a version
         entry[generation.version_field] = runner_version_of(existing)
-    duration = round((finalized_at - as_utc(job[Job.STARTED_AT])).total_seconds(), 3)
+    duration = round((finalized_at - utc(job[Job.STARTED_AT])).total_seconds(), 3)
     for name, value in ((Cache.DURATION, duration), (Cache.FAILED_RUNS, failed_runs)):
         if generation.declares(name):
             entry[name] = value
@@ -136,7 +139,7 @@ def _jsonable(summary: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def write_batch(
     store: Store,
-    events: list[Mapping[str, Any]],
+    events: Sequence[Mapping[str, Any]],
     generation: CacheGeneration,
     policy: ZombiePolicy,
     cache_metrics: bool,
@@ -155,7 +158,7 @@ def write_batch(
         job = event[Event.JOB]
         key = key_of(cache_key_of_job(job))
         entry = existing.get(key)
-        if written_for(entry, event):  # an earlier attempt wrote it
+        if entry is not None and written_for(entry, event):  # an earlier attempt wrote it
             previous = entry.get(Cache.DETAILS, {}).get(DETAIL_PREVIOUS)
             outcomes[event[ID]] = _outcome(CacheOutcome.WRITTEN, stored_failed_runs(entry), previous)
         elif entry is not None and is_fresher(entry, job):

@@ -78,7 +78,8 @@ class CompensationContext:
 
 @runtime_checkable
 class Compensation(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def applies_to(self, job_type: str) -> bool: ...
 
@@ -142,7 +143,7 @@ def registry(policy: ZombiePolicy) -> tuple[Compensation, ...]:
         WebhookCompensation(job_type, variable, policy.compensation_timeout_seconds)
         for job_type, variable in sorted(policy.compensation_webhooks.items())
     ]
-    actions = (*installed(), *webhooks)
+    actions: tuple[Compensation, ...] = (*installed(), *webhooks)
     names = [action.name for action in actions]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
@@ -212,7 +213,7 @@ def _compensate_one(
     for entry in entries:
         if entry.get(CompensationEntry.STATE) != CompensationState.PENDING:
             continue
-        action = by_name.get(entry.get(CompensationEntry.NAME))
+        action = by_name.get(str(entry.get(CompensationEntry.NAME)))
         entry[CompensationEntry.ATTEMPTS] = int(entry.get(CompensationEntry.ATTEMPTS) or 0) + 1
         try:
             if action is None:
@@ -247,8 +248,8 @@ def _context_of(event: Mapping[str, Any], attempt: int) -> CompensationContext:
     return CompensationContext(
         job_id=event[ID],
         job=event.get(Event.JOB) or {},
-        reason=event.get(Event.REASON),
-        error_code=event.get(Event.ERROR_CODE),
+        reason=event[Event.REASON],
+        error_code=event[Event.ERROR_CODE],
         cache_outcome=event.get(Event.CACHE_OUTCOME),
         previous_entry=event.get(Event.PREVIOUS_ENTRY),
         attempt=attempt,
@@ -274,7 +275,8 @@ class CompensationAudit:
 
 def audit(store: Store, sample_size: int = 20) -> CompensationAudit:
     failing = {Event.COMPENSATION_STATE: {"$in": [CompensationState.FAILED, CompensationState.PENDING]}}
-    sample, failed, retrying, pending = [], 0, 0, 0
+    sample: list[dict[str, Any]] = []
+    failed = retrying = pending = 0
     for event in store.events.find(failing, {Event.JOB: 1, Event.COMPENSATIONS: 1, Event.FINALIZED_AT: 1}).sort(
         Event.FINALIZED_AT, 1
     ):

@@ -37,6 +37,7 @@ from zombie_pipeline.queue.documents import (
     job_row,
     job_type_problem,
     name_problem,
+    utc,
 )
 from zombie_pipeline.queue.indexes import on_index
 
@@ -46,7 +47,7 @@ class Candidate:
     """A zombie as detection saw it: the evidence finalization must find unchanged."""
 
     job: JobSnapshot  # the job's own fields, as read
-    reason: str
+    reason: Reason
     threshold_seconds: int
     detected_at: dt.datetime
     past_max_duration: bool = False  # also started longer ago than its type's T2 (a dead job stays a crash)
@@ -134,7 +135,7 @@ def stale_stages(
     overrides = policy.max_duration_seconds_by_type
     # A job SIGTERMed recently is left to its termination, whatever its age: it becomes a zombie (terminated)
     # once the timeout has passed since the signal, as the deployment decides. Hence TERMINATED_AT: None below.
-    exceeded = [
+    exceeded: list[dict[str, Any]] = [
         {Job.TYPE: job_type, Job.TERMINATED_AT: None, Job.STARTED_AT: {"$lt": now - dt.timedelta(seconds=limit)}}
         for job_type, limit in sorted(overrides.items())
     ]
@@ -199,7 +200,7 @@ def problem_of(job: Mapping[str, Any]) -> str | None:
     return None
 
 
-def reason_of(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.datetime) -> tuple[str, int] | None:
+def reason_of(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.datetime) -> tuple[Reason, int] | None:
     """The reason a well-formed started job is a zombie, with the threshold it broke; None if it is not one.
 
     The deployment's precedence: terminated (SIGTERM older than the timeout), then
@@ -212,7 +213,7 @@ def reason_of(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.datetime) ->
     terminated_at = as_utc(job.get(Job.TERMINATED_AT))
     if terminated_at is not None:
         return (Reason.TERMINATED, timeout) if terminated_at < cutoff else None
-    started_at = as_utc(job[Job.STARTED_AT])
+    started_at = utc(job[Job.STARTED_AT])
     last_heartbeat = as_utc(job.get(Job.LAST_HEARTBEAT))
     if last_heartbeat is None and started_at < cutoff:
         return Reason.NEVER_HEARTBEATED, timeout
@@ -225,7 +226,7 @@ def reason_of(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.datetime) ->
 
 def is_past_max_duration(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.datetime) -> bool:
     """Whether the job started longer ago than its type's maximum duration (T2)."""
-    return as_utc(job[Job.STARTED_AT]) < now - dt.timedelta(seconds=policy.max_duration_of(job[Job.TYPE]))
+    return utc(job[Job.STARTED_AT]) < now - dt.timedelta(seconds=policy.max_duration_of(job[Job.TYPE]))
 
 
 def detect(
@@ -259,7 +260,8 @@ def count_stale(
 ) -> int:
     """How many zombies there are, counted by the server without fetching them (for sensors)."""
     counted = jobs.aggregate(stale_pipeline(policy, now, job_types) + [{"$count": "stale"}])
-    return next(counted, {}).get("stale", 0)
+    found = next(counted, None)
+    return found["stale"] if found else 0
 
 
 def explain_stale(jobs: Collection, policy: ZombiePolicy, now: dt.datetime) -> dict[str, Any]:
@@ -379,7 +381,8 @@ def brake_for(
     jobs: Collection, detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None
 ) -> Brake:
     counted = jobs.aggregate(on_index(started_filter(), _of_types(job_types), {"$count": "started"}))
-    started = next(counted, {}).get("started", 0)
+    found = next(counted, None)
+    started = found["started"] if found else 0
     return Brake(
         stale=len(detection.candidates),
         started=started,
@@ -419,7 +422,7 @@ def as_seen_expression(job: Mapping[str, Any]) -> dict[str, Any]:
     ``$ifNull`` makes a missing field equal to None, as the filter's equality does; ``$literal`` keeps a
     value read from the job a value (a string starting with ``$`` would otherwise be a field path).
     """
-    seen = [{"$eq": [f"${Job.STATUS}", Status.STARTED]}]
+    seen: list[dict[str, Any]] = [{"$eq": [f"${Job.STATUS}", Status.STARTED]}]
     seen += [{"$eq": [{"$ifNull": [f"${name}", None]}, {"$literal": job.get(name)}]} for name in _AS_SEEN]
     return {"$and": seen}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ from zombie_pipeline.queue.documents import (
     PastJob,
     Status,
     WorkerSizeMetric,
-    as_utc,
+    utc,
 )
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.store import Store
@@ -64,7 +64,7 @@ def worker_size(difficulty: Any) -> str:
 
 def run_seconds(job: Mapping[str, Any], finished_at: dt.datetime) -> int:
     """The whole seconds a run lasted, as ``pastJobs`` records them."""
-    return int((finished_at - as_utc(job[Job.STARTED_AT])).total_seconds())
+    return int((finished_at - utc(job[Job.STARTED_AT])).total_seconds())
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def after_finish(
 
 
 def after_insert(
-    store: Store, side: SideCollections, jobs: list[Mapping[str, Any]], session: ClientSession | None = None
+    store: Store, side: SideCollections, jobs: Sequence[Mapping[str, Any]], session: ClientSession | None = None
 ) -> None:
     """The counters the deployment increments when it inserts waiting jobs (our retries)."""
     if not jobs:
@@ -232,7 +232,7 @@ def _record_past_jobs(
     ]
     if new:
         store.past_jobs.insert_many(new, ordered=True, session=session)
-    effects = dict.fromkeys(records, Effect.PAST_JOB)
+    effects: dict[Any, str] = dict.fromkeys(records, Effect.PAST_JOB)
     effects.update(_block_datasets(store, side, [records[document[ID]] for document in new], now, session, count))
     return effects
 
@@ -252,7 +252,7 @@ def _block_datasets(
     """
     if BLOCKAGES_COLLECTION not in side:
         return {}
-    triggering = {}
+    triggering: dict[str, Any] = {}  # dataset -> the job whose run blocks it
     for item, seconds in recorded:
         if seconds > PAST_JOB_MIN_SECONDS:
             triggering.setdefault(item.job[Job.DATASET], item.id)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bson import ObjectId
@@ -54,7 +54,7 @@ from zombie_pipeline.queue.store import Store
 
 def enqueue_retries(
     store: Store,
-    events: list[Mapping[str, Any]],
+    events: Sequence[Mapping[str, Any]],
     policy: ZombiePolicy,
     strategy: FinishStrategy,
     now: dt.datetime,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -203,7 +203,12 @@ class KeptAsError(FinishStrategy):
             return SortedClaims(to_finish=list(events))
         return super().sort_claims(events, recovering)
 
-    def finish_in_order(self, claims, finish, write_errors):  # type: ignore[no-untyped-def]  # see the base class
+    def finish_in_order(
+        self,
+        claims: SortedClaims,
+        finish: Callable[[SortedClaims], FinishOutcome],
+        write_errors: Callable[[list[ZombieEvent]], CacheOutcomes],
+    ) -> tuple[FinishOutcome, CacheOutcomes]:
         outcome = finish(claims)
         return outcome, write_errors(outcome.finished)
 
@@ -251,7 +256,12 @@ class Deleted(FinishStrategy):
         """A job gone while recovering was deleted by the pass that died if our entry is still beside it."""
         return _still_our_entries(self.store, finished)
 
-    def finish_in_order(self, claims, finish, write_errors):  # type: ignore[no-untyped-def]  # see the base class
+    def finish_in_order(
+        self,
+        claims: SortedClaims,
+        finish: Callable[[SortedClaims], FinishOutcome],
+        write_errors: Callable[[list[ZombieEvent]], CacheOutcomes],
+    ) -> tuple[FinishOutcome, CacheOutcomes]:
         cached = write_errors(claims.to_finish + claims.done_before)
         return finish(claims), cached
 
@@ -289,14 +299,16 @@ def _finished(events: list[ZombieEvent]) -> list[Finished]:
     return [Finished(event[Event.JOB], event[Event.FINALIZED_AT]) for event in events]
 
 
-def _jobs_of(store: Store, events: list[Mapping[str, Any]], session: ClientSession | None) -> dict[Any, dict[str, Any]]:
+def _jobs_of(
+    store: Store, events: Sequence[Mapping[str, Any]], session: ClientSession | None
+) -> dict[Any, dict[str, Any]]:
     ids = [event[ID] for event in events]
     return {
         job[ID]: job for job in store.jobs.find({ID: {"$in": ids}}, _JOB_STATE, session=session).batch_size(READ_BATCH)
     }
 
 
-def _still_our_entries(store: Store, events: list[Mapping[str, Any]]) -> set[Any]:
+def _still_our_entries(store: Store, events: Sequence[Mapping[str, Any]]) -> set[Any]:
     """The events whose job's cache entry is still the error we wrote for it: nobody finished the job after us.
 
     A worker writes its result before it deletes its job, so a job gone beside our entry was deleted by us.

@@ -8,7 +8,7 @@ from typing import Any
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 
-from zombie_pipeline.queue.documents import CACHE_KEY, HTTP_OK, Cache, Job, cache_key_of_job
+from zombie_pipeline.queue.documents import CACHE_KEY, Cache, Job, cache_key_of_job
 from zombie_pipeline.queue.indexes import on_index
 
 _READ_BATCH = 10_000  # the entries of a batch come back in one reply
@@ -78,7 +78,3 @@ def failed_runs_after_crash(previous: Mapping[str, Any] | None, job: Mapping[str
     revision = job.get(Job.REVISION)
     same_revision = revision is None or previous.get(Cache.DATASET_GIT_REVISION) == revision
     return (stored_failed_runs(previous) if same_revision else 0) + 1
-
-
-def is_success(entry: Mapping[str, Any] | None) -> bool:
-    return bool(entry) and entry.get(Cache.HTTP_STATUS) == HTTP_OK

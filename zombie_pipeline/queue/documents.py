@@ -365,6 +365,14 @@ def as_utc(value: Any) -> dt.datetime | None:
     return value.astimezone(dt.UTC)
 
 
+def utc(value: Any) -> dt.datetime:
+    """:func:`as_utc` of a value already checked to be a date (a well-formed job's ``started_at``)."""
+    moment = as_utc(value)
+    if moment is None:
+        raise TypeError(f"expected a date, got {type(value).__name__}")
+    return moment
+
+
 def name_problem(field: str, value: Any) -> str | None:
     """Why ``value`` cannot be used as a type, dataset or unicity id, or None.
 

@@ -68,7 +68,7 @@ class IndexSpec:
         ``background: false`` to every index), so that its startup finds the index identical: a server
         that compares options would otherwise refuse the deployment's own creation (``IndexKeySpecsConflict``).
         """
-        options: dict[str, bool] = {"background": False} if self.as_deployment else {}
+        options: dict[str, Any] = {"background": False} if self.as_deployment else {}
         if self.unique:  # in the deployment's order: some servers compare the options as written
             options["unique"] = True
         return collection.create_index(list(self.keys), name=self.full_name, **options)

@@ -84,7 +84,9 @@ def _answers(port: int, timeout: float = 1.0) -> bool:
     """True when a MongoDB-wire server answers ``ping`` on the port."""
     import pymongo
 
-    client = pymongo.MongoClient("127.0.0.1", port, directConnection=True, serverSelectionTimeoutMS=int(timeout * 1000))
+    client: pymongo.MongoClient = pymongo.MongoClient(
+        "127.0.0.1", port, directConnection=True, serverSelectionTimeoutMS=int(timeout * 1000)
+    )
     try:
         client.admin.command("ping")
         return True

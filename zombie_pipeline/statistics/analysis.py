@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
-from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, as_utc
+from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, utc
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.statistics.quantiles import (
@@ -146,10 +146,10 @@ def suggest(
     q_value = float(pd.Series(success, dtype="float64").quantile(rules.quantile)) if n else None
     low, high = quantile_interval(success, rules.quantile, rules.confidence)
     stopped_share = len(stopped) / (n + len(stopped)) if n + len(stopped) else None
-    censored = bool(len(stopped)) and stopped_share >= rules.censoring_threshold
+    censored = stopped_share is not None and bool(len(stopped)) and stopped_share >= rules.censoring_threshold
     flags = []
     lowering_withheld = False
-    if enough_data:
+    if enough_data and q_value is not None:  # enough data: at least one success
         suggested = max(readable_round_up(q_value * rules.margin), heartbeat_timeout_seconds)
         if suggested == heartbeat_timeout_seconds:
             flags.append("at the heartbeat-timeout floor")
@@ -332,7 +332,7 @@ def analyze_window(
     batch_size: int = READ_BATCH_SIZE,
 ) -> DurationReport:
     """The ``window_days`` before ``end`` read in one pass, without Dagster: the same report as the asset's."""
-    end = as_utc(end)
+    end = utc(end)
     start = end - dt.timedelta(days=window_days)
     return window_report(
         store, generation, policy, [read_history(store, generation, start, end, batch_size)], start, end, rules

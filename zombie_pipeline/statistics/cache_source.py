@@ -135,9 +135,10 @@ def read_cache_period(
     create_index: bool = False,
 ) -> Period:
     """Tallies of the runs whose cache entry was last updated in ``[start, end)``, and of the zombies finalized then."""
-    start, end = as_utc(start), as_utc(end)
-    if start is None or end is None or not start < end:
+    period_start, period_end = as_utc(start), as_utc(end)
+    if period_start is None or period_end is None or not period_start < period_end:
         raise ValueError("read_cache_period needs two dates, start before end")
+    start, end = period_start, period_end
     index = ensure_updated_index(cache, create_index)
     period = Period(start=start, end=end, source="cache")
     tally_events(period, events.find(finalized_between(start, end), EVENT_PROJECTION, batch_size=batch_size))

@@ -29,7 +29,7 @@ from pymongoarrow.api import Schema, find_arrow_all
 from pymongoarrow.types import ObjectIdType
 
 from zombie_pipeline.cleanup.events import finalized_between
-from zombie_pipeline.queue.documents import FINISHED_STATUSES, ID, STATUSES, Job, Status, as_utc
+from zombie_pipeline.queue.documents import FINISHED_STATUSES, ID, STATUSES, Job, Status, as_utc, utc
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.statistics.tallies import (
     EVENT_PROJECTION,
@@ -109,7 +109,7 @@ def classify_job(job: Mapping[str, Any]) -> tuple[str, str, float | None] | str:
         return (
             BadData.FINISHED_AT_AS_STRING if isinstance(job.get(Job.FINISHED_AT), str) else BadData.MISSING_FINISHED_AT
         )
-    seconds = (finished_at - as_utc(started_at)).total_seconds()
+    seconds = (finished_at - utc(started_at)).total_seconds()
     if seconds < 0:
         return BadData.FINISHED_BEFORE_STARTED
     return job_type, status, seconds
@@ -235,7 +235,7 @@ def _classify(batch: _Batch) -> tuple[np.ndarray, np.ndarray, Counter]:
     valid = (timed & ~backwards) | never_started
     bad_data = Counter({BadData.FINISHED_BEFORE_STARTED: int(np.count_nonzero(backwards))})
     for index in np.flatnonzero(~(timed | never_started)):
-        outcome = classify_job(batch.documents[index])
+        outcome = classify_job(batch.documents[int(index)])
         if isinstance(outcome, str):
             bad_data[outcome] += 1
         else:
@@ -252,7 +252,7 @@ def _audited_rows(batch: _Batch, valid: np.ndarray, audited: Audited, found: set
         return marked
     ids = map(_ID, itertools.compress(batch.documents, valid.tolist()))
     marked[rows[np.fromiter(map(audited.__contains__, ids), dtype=bool, count=len(rows))]] = True
-    found.update(batch.documents[row][ID] for row in np.flatnonzero(marked))
+    found.update(batch.documents[int(row)][ID] for row in np.flatnonzero(marked))
     return marked
 
 
@@ -329,8 +329,8 @@ def _count(period: Period, pieces: _Pieces, columns: _Columns) -> None:
         if kind is None:
             continue
         chosen = timed & (columns.statuses == status_code)
-        for code, values in _groups(columns.types[chosen], seconds[chosen]):
-            pieces.add(columns.type_names[code], kind, values)
+        for type_code, values in _groups(columns.types[chosen], seconds[chosen]):
+            pieces.add(columns.type_names[type_code], kind, values)
 
 
 _JOB_SCHEMA = Schema(
@@ -388,7 +388,7 @@ def _table_columns(period: Period, table: pa.Table, status: Any, audited: Audite
 def tally_table(period: Period, table: pa.Table, status: Any, audited: Audited | None = None) -> Period:
     """Fold a table of jobs of one ``status`` (columns ``_id``, ``type``, ``started_at``, ``finished_at``) into the tallies."""
     audited = audited or {}
-    pieces, found = _Pieces(), set()
+    pieces, found = _Pieces(), set[Any]()
     period.jobs_read += table.num_rows
     columns = _table_columns(period, table, status, audited, found)
     if columns is not None:
@@ -421,12 +421,13 @@ def read_period(
     documents instead, and each one judged by :func:`classify_job`: bad data is
     counted by its reason, never a crash.
     """
-    start, end = as_utc(start), as_utc(end)
-    if start is None or end is None or not start < end:
+    period_start, period_end = as_utc(start), as_utc(end)
+    if period_start is None or period_end is None or not period_start < period_end:
         raise ValueError("read_period needs two dates, start before end")
+    start, end = period_start, period_end
     period = Period(start=start, end=end)
     audited = tally_events(period, events.find(finalized_between(start, end), EVENT_PROJECTION, batch_size=batch_size))
-    pieces, found = _Pieces(), set()
+    pieces, found = _Pieces(), set[Any]()
     for status in statuses_to_read(generation):
         query = finished_jobs_filter(status, start, end)
         table = _arrow_table(jobs, query, batch_size)
@@ -457,7 +458,7 @@ def tally_jobs(
     document is gone (TTL) counts as started and ended in error.
     """
     audited = audited or {}
-    pieces, found = _Pieces(), set()
+    pieces, found = _Pieces(), set[Any]()
     for batch in _batches(documents, batch_size):
         period.jobs_read += len(batch)
         _fold(period, pieces, _Batch.of(batch), audited, found)

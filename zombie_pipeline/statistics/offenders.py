@@ -32,10 +32,12 @@ from zombie_pipeline.queue.documents import (
     Cache,
     Event,
     Job,
+    Reason,
     RetryOutcome,
     as_utc,
     job_type_problem,
     name_problem,
+    utc,
 )
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import Store
@@ -94,7 +96,7 @@ class Offense:
             self.first_seen = first
         if self.last_seen is None or last >= self.last_seen:
             self.last_seen = last
-            self.last_error_code = code if isinstance(code, str) else ERROR_CODE_OF_REASON[reason]
+            self.last_error_code = code if isinstance(code, str) else ERROR_CODE_OF_REASON[Reason(reason)]
 
 
 @dataclass
@@ -114,11 +116,11 @@ class Offender:
 
     @property
     def first_seen(self) -> dt.datetime:
-        return min(offense.first_seen for offense in self.offenses)
+        return min(offense.first_seen for offense in self.offenses if offense.first_seen is not None)
 
     @property
     def last_seen(self) -> dt.datetime:
-        return max(offense.last_seen for offense in self.offenses)
+        return max(offense.last_seen for offense in self.offenses if offense.last_seen is not None)
 
     @property
     def retry_limit_reached(self) -> bool:
@@ -127,7 +129,7 @@ class Offender:
     @property
     def latest(self) -> Offense:
         """The job type finalized last: its error is the dataset's last error."""
-        return max(self.offenses, key=lambda offense: offense.last_seen)
+        return max(self.offenses, key=lambda offense: offense.last_seen or dt.datetime.min.replace(tzinfo=dt.UTC))
 
 
 @dataclass
@@ -202,9 +204,10 @@ def find_offenders(
     finalized offenders; ``offenders_total`` counts them all. ``limit=0`` only
     counts, without reading the cache.
     """
-    start, end = as_utc(start), as_utc(end)
-    if start is None or end is None or not start < end:
+    window_start, window_end = as_utc(start), as_utc(end)
+    if window_start is None or window_end is None or not window_start < window_end:
         raise ValueError("find_offenders needs two dates, start before end")
+    start, end = window_start, window_end
     if threshold < 1:
         raise ValueError("threshold must be at least 1 finalization")
     if limit < 0:
@@ -308,19 +311,17 @@ def _offender_of(group: Mapping[str, Any], malformed: Counter) -> Offender | Non
     if problem is not None:
         malformed[problem] += group.get(_TOTAL, 0)
         return None
-    if name_problem(Job.DATASET, dataset):
+    if not isinstance(dataset, str) or name_problem(Job.DATASET, dataset):
         malformed[Problem.INVALID_DATASET] += group.get(_TOTAL, 0)
         return None
     offenses: dict[str, Offense] = {}
     for item in group.get(_ITEMS, []):
         job_type = item.get(_TYPE)
-        if job_type_problem(job_type):
+        if not isinstance(job_type, str) or job_type_problem(job_type):
             malformed[Problem.INVALID_JOB_TYPE] += item[_EVENTS]
             continue
         offense = offenses.setdefault(job_type, Offense(dataset=dataset, job_type=job_type))
-        offense.add(
-            item[_REASON], item[_EVENTS], as_utc(item[_FIRST]), as_utc(item[_LAST]), bool(item[_LIMIT]), item[_CODE]
-        )
+        offense.add(item[_REASON], item[_EVENTS], utc(item[_FIRST]), utc(item[_LAST]), bool(item[_LIMIT]), item[_CODE])
     if not offenses:
         return None
     ordered = sorted(offenses.values(), key=lambda offense: (-offense.finalizations, offense.job_type))

@@ -29,7 +29,7 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -158,7 +158,7 @@ EVENT_PROJECTION = {
 Audited = Mapping[Any, tuple[str, str]]
 
 
-def is_job_type(value: Any) -> bool:
+def is_job_type(value: Any) -> TypeGuard[str]:
     return job_type_problem(value) is None
 
 
@@ -171,9 +171,12 @@ def tally_events(period: Period, events: Iterable[Mapping[str, Any]]) -> Audited
     audited: dict[Any, tuple[str, str]] = {}  # zombies are few
     for event in events:
         period.events_read += 1
-        snapshot = event.get(Event.JOB) if isinstance(event.get(Event.JOB), Mapping) else {}
-        job_type, reason = snapshot.get(Job.TYPE), event.get(Event.REASON)
-        if not is_job_type(job_type) or reason not in REASONS:
+        snapshot = event.get(Event.JOB)
+        if not isinstance(snapshot, Mapping):
+            snapshot = {}
+        job_type = snapshot.get(Job.TYPE)
+        reason = event.get(Event.REASON)
+        if not is_job_type(job_type) or not isinstance(reason, str) or reason not in REASONS:
             period.bad_data[BadData.INCOMPLETE_AUDIT_EVENT] += 1
             continue
         if reason == Reason.EXCEEDED_MAX_DURATION:
