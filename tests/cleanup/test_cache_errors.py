@@ -1,0 +1,148 @@
+"""The error users see (``cleanup/cache_errors.py``): the deployment's entry, in the cache's generation, never over a fresher one."""
+
+from __future__ import annotations
+
+import pytest
+from bson import ObjectId
+
+from tests.helpers import ago
+from tests.helpers import crashed_job as crashed_2023_job
+from zombie_pipeline.cleanup.cache_errors import DETAIL_JOB_ID, error_entry, write_batch, written_for
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.cache_entries import stored_failed_runs
+from zombie_pipeline.queue.documents import (
+    CACHE_CONTENT_ERROR,
+    ID,
+    Cache,
+    CacheMetric,
+    CacheOutcome,
+    ErrorCode,
+    Event,
+    Reason,
+    cache_key_of_job,
+    utc_now,
+)
+from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION
+from zombie_pipeline.simulation.simulator import cache_document
+
+POLICY = ZombiePolicy()
+
+
+def crashed_job(dataset: str = "user/crashed", **fields) -> dict:
+    """A zombie of today's queue, whose jobs carry their dataset's revision."""
+    return crashed_2023_job(dataset, generation=NEWEST_QUEUE_GENERATION, **fields)
+
+
+NEWEST = CACHE_GENERATIONS["2024-07"]
+
+
+def event_of(job: dict, reason: str = Reason.MISSING_HEARTBEAT, code: str = ErrorCode.CRASHED) -> dict:
+    """A claimed zombie's event, as the write-ahead log holds it."""
+    return {
+        ID: job[ID],
+        Event.JOB: job,
+        Event.REASON: reason,
+        Event.ERROR_CODE: code,
+        Event.THRESHOLD_SECONDS: 300,
+        Event.FINALIZED_AT: utc_now(),
+        Event.RUN_ID: "run",
+    }
+
+
+@pytest.mark.parametrize("generation", list(CACHE_GENERATIONS))
+def test_the_error_entry_has_only_the_fields_its_generation_declares(generation):
+    cache = CACHE_GENERATIONS[generation]
+    job = crashed_job(revision="r2")
+    previous = cache_document(job, ago(3_600), http_status=500, error_code="UnexpectedError", generation=generation)
+
+    entry = error_entry(event_of(job), previous, cache, POLICY, failed_runs=2)
+
+    assert set(entry) <= cache.fields
+    assert (entry[Cache.HTTP_STATUS], entry[Cache.ERROR_CODE]) == (501, ErrorCode.CRASHED)
+    assert entry[Cache.CONTENT] == {CACHE_CONTENT_ERROR: entry[Cache.DETAILS][CACHE_CONTENT_ERROR]}
+    assert stored_failed_runs(entry) == 2  # its field where declared, else in details, the deployment's free dict
+    for name in (Cache.DURATION, Cache.FAILED_RUNS):
+        assert (name in entry) == cache.declares(name)
+
+
+def test_the_entry_carries_the_jobs_revision_and_keeps_the_version_the_worker_left():
+    job = crashed_job(revision="rev-9")
+    previous = cache_document(job, ago(3_600), generation=NEWEST.name) | {Cache.JOB_RUNNER_VERSION: 7}
+
+    entry = error_entry(event_of(job), previous, NEWEST, POLICY, failed_runs=1)
+
+    assert entry[Cache.DATASET_GIT_REVISION] == "rev-9"
+    assert entry[Cache.JOB_RUNNER_VERSION] == 7
+    assert Cache.JOB_RUNNER_VERSION not in error_entry(event_of(job), None, NEWEST, POLICY, 1)  # never invented
+
+
+def metrics(store) -> dict[tuple, int]:
+    return {
+        (row[CacheMetric.KIND], row[CacheMetric.HTTP_STATUS], row[CacheMetric.ERROR_CODE]): row[CacheMetric.TOTAL]
+        for row in store.cache_metrics.find()
+    }
+
+
+def test_a_batch_writes_each_error_once_counting_failed_runs_as_the_deployment_does(store):
+    failed_before, first_time = (
+        crashed_job("user/failed-before", revision="r1"),
+        crashed_job("user/first-time", revision="r1"),
+    )
+    store.cache.insert_one(
+        cache_document(failed_before, ago(86_400), http_status=500, error_code="UnexpectedError", failed_runs=1)
+    )
+    batch = [event_of(failed_before), event_of(first_time)]
+
+    outcomes = write_batch(store, batch, NEWEST, POLICY, cache_metrics=True)
+
+    assert {
+        event_id: (outcome[Event.CACHE_OUTCOME], outcome[Event.FAILED_RUNS]) for event_id, outcome in outcomes.items()
+    } == {
+        failed_before[ID]: (CacheOutcome.WRITTEN, 2),
+        first_time[ID]: (CacheOutcome.WRITTEN, 1),
+    }
+    for job in (failed_before, first_time):
+        entry = store.cache.find_one(cache_key_of_job(job))
+        assert entry[Cache.ERROR_CODE] == ErrorCode.CRASHED and entry[Cache.DETAILS][DETAIL_JOB_ID] == str(job[ID])
+    assert metrics(store) == {("/splits", 500, "UnexpectedError"): -1, ("/splits", 501, ErrorCode.CRASHED): 2}
+    previous = outcomes[failed_before[ID]][Event.PREVIOUS_ENTRY]
+    assert (previous[Cache.HTTP_STATUS], previous[Cache.ERROR_CODE], previous[Cache.FAILED_RUNS]) == (
+        500,
+        "UnexpectedError",
+        1,
+    )
+
+
+def test_a_batch_written_again_recognizes_its_entries_and_writes_nothing(store):
+    job = crashed_job(revision="r1")
+    batch = [event_of(job)]
+    first = write_batch(store, batch, NEWEST, POLICY, cache_metrics=True)
+    entry, counted = store.cache.find_one(), metrics(store)
+
+    again = write_batch(store, batch, NEWEST, POLICY, cache_metrics=True)  # a pass redone after a crash
+
+    assert again == first
+    assert store.cache.find_one() == entry and metrics(store) == counted
+
+
+def test_an_entry_updated_after_the_zombie_started_is_fresher_and_kept(store):
+    job = crashed_job(revision="r1")  # started 900 s ago
+    newer = cache_document(job, ago(60), http_status=200)  # a result written since: a newer run's
+    store.cache.insert_one(newer)
+
+    outcomes = write_batch(store, [event_of(job)], NEWEST, POLICY, cache_metrics=True)
+
+    assert outcomes[job[ID]][Event.CACHE_OUTCOME] == CacheOutcome.SKIPPED_FRESHER
+    assert store.cache.find_one() == newer and metrics(store) == {}
+
+
+def test_our_entry_is_recognized_by_its_job_and_its_error_code_only():
+    job = crashed_job()
+    event = event_of(job)
+    ours = {Cache.DETAILS: {DETAIL_JOB_ID: str(job[ID])}, Cache.ERROR_CODE: ErrorCode.CRASHED}
+
+    assert written_for(ours, event)
+    assert not written_for(None, event)
+    assert not written_for({**ours, Cache.ERROR_CODE: ErrorCode.EXCEEDED_MAX_DURATION}, event)
+    assert not written_for({**ours, Cache.DETAILS: {DETAIL_JOB_ID: str(ObjectId())}}, event)
+    assert not written_for({**ours, Cache.DETAILS: "not a document"}, event)

@@ -1,0 +1,151 @@
+"""What the deployment does around a finish (``cleanup/effects.py``): counters, the rate limiter, the locks."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from zombie_pipeline.cleanup.effects import (
+    BLOCKAGE_THRESHOLD_SECONDS,
+    PAST_JOB_MIN_SECONDS,
+    Finished,
+    SideCollections,
+    after_finish,
+    after_insert,
+    worker_size,
+)
+from zombie_pipeline.queue.documents import (
+    BLOCKAGES_COLLECTION,
+    ID,
+    JOB_METRICS_COLLECTION,
+    LOCKS_COLLECTION,
+    Blockage,
+    Effect,
+    Job,
+    JobMetric,
+    Lock,
+    PastJob,
+    Status,
+    WorkerSizeMetric,
+    utc_now,
+)
+from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.simulation.simulator import job_document
+
+NOW = utc_now()
+TODAY = QUEUE_GENERATIONS[NEWEST_QUEUE_GENERATION]
+
+
+def started(dataset: str, ran_seconds: float, difficulty: int = 50) -> dict:
+    return job_document(
+        "/splits", dataset, generation=TODAY, difficulty=difficulty, started_at=NOW - dt.timedelta(seconds=ran_seconds)
+    )
+
+
+def side_of(store, only_existing: bool = False) -> SideCollections:
+    return SideCollections.of(store, TODAY, only_existing=only_existing)
+
+
+@pytest.mark.parametrize(
+    ("difficulty", "size"),
+    [(0, "light"), (40, "light"), (41, "medium"), (70, "medium"), (71, "heavy"), (None, "heavy")],
+)
+def test_a_jobs_difficulty_names_the_size_of_the_worker_it_needs(difficulty, size):
+    assert worker_size(difficulty) == size
+
+
+def test_a_finish_moves_the_started_counter_records_a_past_job_and_frees_the_lock(store):
+    job = started("alice/a", ran_seconds=45)
+    store.locks.insert_one({ID: job[Job.UNICITY_ID], Lock.OWNER: "a-worker", Lock.UPDATED_AT: NOW})
+
+    effects = after_finish(store, side_of(store), [Finished(job, NOW)], NOW)
+
+    assert effects == {job[ID]: [Effect.JOB_METRICS, Effect.PAST_JOB, Effect.LOCKS_RELEASED]}
+    [metric] = store.job_metrics.find()
+    assert (metric[JobMetric.JOB_TYPE], metric[JobMetric.STATUS], metric[JobMetric.TOTAL]) == (
+        "/splits",
+        Status.STARTED,
+        -1,
+    )
+    [past] = store.past_jobs.find()
+    assert (past[ID], past[PastJob.DATASET], past[PastJob.DURATION]) == (job[ID], "alice/a", 45)
+    assert store.locks.find_one()[Lock.OWNER] is None
+
+
+def test_a_run_shorter_than_30_seconds_leaves_no_past_job(store):
+    job = started("alice/a", ran_seconds=PAST_JOB_MIN_SECONDS - 1)
+
+    effects = after_finish(store, side_of(store), [Finished(job, NOW)], NOW)
+
+    assert Effect.PAST_JOB not in effects[job[ID]] and store.past_jobs.count_documents({}) == 0
+
+
+def test_a_dataset_past_its_hourly_limit_is_blocked_once_and_its_pending_jobs_leave_the_worker_counters(store):
+    waiting = job_document("/splits", "alice/a", generation=TODAY, status=Status.WAITING, difficulty=20)
+    store.jobs.insert_one(waiting)
+    store.past_jobs.insert_one(
+        {PastJob.DATASET: "alice/a", PastJob.DURATION: BLOCKAGE_THRESHOLD_SECONDS, PastJob.FINISHED_AT: NOW}
+    )
+    first, second = started("alice/a", 60), started("alice/a", 90)
+
+    effects = after_finish(store, side_of(store), [Finished(first, NOW), Finished(second, NOW)], NOW)
+
+    assert store.blockages.distinct(Blockage.DATASET) == ["alice/a"]
+    assert sum(Effect.BLOCKED_DATASET in done for done in effects.values()) == 1
+    [light] = store.worker_size_metrics.find()
+    assert (light[WorkerSizeMetric.WORKER_SIZE], light[WorkerSizeMetric.JOBS_COUNT]) == ("light", -1)
+
+
+def test_a_finish_found_done_by_a_pass_that_died_never_moves_a_counter_twice(store):
+    job = started("alice/a", 45)
+    side = side_of(store)
+    after_finish(store, side, [Finished(job, NOW)], NOW)
+
+    redone = after_finish(store, side, [Finished(job, NOW)], NOW, count=False)
+
+    assert Effect.JOB_METRICS not in redone[job[ID]]
+    assert store.job_metrics.find_one()[JobMetric.TOTAL] == -1
+    assert store.past_jobs.count_documents({}) == 1  # keyed by the job: recorded once
+
+
+def test_where_finished_jobs_are_kept_the_final_status_is_counted_too(store):
+    job = started("alice/a", 45)
+
+    after_finish(store, side_of(store), [Finished(job, NOW, Status.ERROR)], NOW, count_final_status=True)
+
+    totals = {row[JobMetric.STATUS]: row[JobMetric.TOTAL] for row in store.job_metrics.find()}
+    assert totals == {Status.STARTED: -1, Status.ERROR: 1}
+
+
+def test_a_lock_named_by_its_old_owner_field_is_freed_by_that_field(store):
+    job = started("alice/a", 45)
+    store.locks.insert_one({ID: job[Job.UNICITY_ID], Lock.JOB_ID: "a-worker", Lock.UPDATED_AT: NOW})
+
+    after_finish(store, side_of(store), [Finished(job, NOW)], NOW)
+
+    lock = store.locks.find_one()
+    assert lock[Lock.JOB_ID] is None and Lock.OWNER not in lock  # only the field the document already has
+
+
+def test_an_insert_counts_the_waiting_jobs_and_their_worker_sizes_unless_their_dataset_is_blocked(store):
+    store.blockages.insert_one({Blockage.DATASET: "blocked/b", Blockage.BLOCKED_AT: NOW})
+    jobs = [
+        job_document("/splits", dataset, generation=TODAY, status=Status.WAITING, difficulty=80)
+        for dataset in ("alice/a", "blocked/b")
+    ]
+
+    after_insert(store, side_of(store), jobs)
+
+    assert store.job_metrics.find_one({JobMetric.STATUS: Status.WAITING})[JobMetric.TOTAL] == 2
+    assert {
+        row[WorkerSizeMetric.WORKER_SIZE]: row[WorkerSizeMetric.JOBS_COUNT] for row in store.worker_size_metrics.find()
+    } == {"heavy": 1}
+
+
+def test_only_the_collections_that_exist_are_kept_where_the_strategy_says_so(store):
+    store.jobs.database.create_collection(LOCKS_COLLECTION)
+
+    assert side_of(store).kept == TODAY.side_collections
+    assert side_of(store, only_existing=True).kept == {LOCKS_COLLECTION}
+    assert JOB_METRICS_COLLECTION not in side_of(store, only_existing=True) and BLOCKAGES_COLLECTION in side_of(store)
