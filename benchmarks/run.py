@@ -257,11 +257,13 @@ def code_state() -> dict[str, Any]:
             return "?"
 
     modules = [
-        "zombie_pipeline/cleanup.py",
-        "zombie_pipeline/detection.py",
-        "zombie_pipeline/statistics/tallies.py",
-        "zombie_pipeline/statistics/suggest.py",
-        "zombie_pipeline/simulate.py",
+        "zombie_pipeline/cleanup/run.py",
+        "zombie_pipeline/cleanup/finalize.py",
+        "zombie_pipeline/cleanup/strategies.py",
+        "zombie_pipeline/cleanup/detection.py",
+        "zombie_pipeline/statistics/jobs_source.py",
+        "zombie_pipeline/statistics/analysis.py",
+        "zombie_pipeline/simulation/simulator.py",
     ]
     return {
         "commit": git("rev-parse", "--short", "HEAD"),
