@@ -459,5 +459,3 @@ def test_a_cleanup_killed_between_any_two_writes_is_completed_by_the_next_run_wi
         else:
             break  # enough writes for the whole run: no crash point left
     assert crashes >= 5
-
-
