@@ -25,6 +25,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote_plus
 
@@ -32,6 +33,7 @@ import pymongo
 import pytest
 from pymongo import MongoClient
 
+from tests.faults import repair_race
 from tests.faults.proxy import HOUSEKEEPING, REPLY, REQUEST, WRITES, FaultProxy, Trigger
 from tests.faults.scenario import (
     FULL,
@@ -96,6 +98,8 @@ POLICY = ZombiePolicy(batch_size=5, claim_lease_seconds=0, enqueue_retries=True,
 TIMEOUT_MS = 1_500
 #: Faults at random points of the traffic, one per run, before the clean run.
 RANDOM_FAULTS = 12 if FULL else 6
+#: Repairs measured amid live workers, each way.
+RACE_REPAIRS = 100 if FULL else 30
 #: A random fault strikes at one of a run's writes (a read is retried by pymongo, and the run goes on), within its
 #: claims (one write per batch of 5, and the take-over) and its next two batches (11 writes each): with 47 zombies,
 #: every run still has work when it is struck.
@@ -479,3 +483,21 @@ def test_counters_and_events_are_exact_after_faults_at_random_points_of_the_traf
     )
     assert failed >= RANDOM_FAULTS // 2, [fault.describe() for fault in fired]
     assert all(seconds <= TIMEOUT_MS / 1000 + 1.5 for seconds in stalls), stalls
+
+
+# --- 4. a repair amid the deployment's live workers ------------------------------------------------------------
+
+
+def test_a_repair_amid_live_workers_leaves_counters_off_no_more_often_than_the_deployments_own_recount(
+    tmp_path: Path,
+):
+    """The repair's race with workers moving the same counters, measured (``tests/faults/repair_race.py``): one
+    repair at a random moment, then the workers paused and every counter compared with its recount; against the
+    same with the recount written as it is, as the deployment's periodic recount writes it."""
+    with running_server(tmp_path / "race") as server:
+        client = connect(server.url)
+        ours = repair_race.measure(Store.of(client["q_cas"], client["c_cas"]), RACE_REPAIRS, recount_set=False)
+        theirs = repair_race.measure(Store.of(client["q_set"], client["c_set"]), RACE_REPAIRS, recount_set=True)
+    report_figures("repair_amid_live_workers", {"repair": ours, "deployment_recount": theirs})
+    assert ours["worker_moves"]["started"] > RACE_REPAIRS and theirs["worker_moves"]["started"] > RACE_REPAIRS
+    assert ours["repairs_that_left_a_counter_off"] <= theirs["repairs_that_left_a_counter_off"]
