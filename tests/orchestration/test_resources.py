@@ -84,6 +84,12 @@ def test_the_url_never_enters_resource_config_and_describe_redacts_it(monkeypatc
     assert SECRET_URL not in config
 
 
+def test_a_configured_url_keeps_the_drivers_retryable_writes(monkeypatch):
+    """A real MongoDB applies a write pymongo retries after a reset once (the embedded server does not: test_embedded)."""
+    monkeypatch.setenv(QUEUE_URL_ENV, f"mongodb://127.0.0.1:{free_port()}/?directConnection=true")
+    assert QueueDatabase(database="q").get_database().client.options.retry_writes is True
+
+
 def test_without_a_url_describe_says_embedded(monkeypatch):
     monkeypatch.delenv(CACHE_URL_ENV, raising=False)
     assert CacheDatabase(database="c").describe() == "(embedded default) database=c"

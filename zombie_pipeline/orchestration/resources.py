@@ -63,7 +63,12 @@ class _MongoDatabaseResource(dg.ConfigurableResource):
         return self.url() or embedded.ensure_server().url
 
     def get_database(self) -> Database:
-        return client_for(self.connection_url(), self.server_selection_timeout_ms)[self.database]
+        # The embedded server applies a retried write twice when a connection resets as it executes it: no retries
+        # there (a reset fails the run, the next run completes it); a real MongoDB applies a retried write once.
+        embedded_default = self.url() is None
+        return client_for(self.connection_url(), self.server_selection_timeout_ms, retry_writes=not embedded_default)[
+            self.database
+        ]
 
     def describe(self) -> str:
         """Where this resource points, without credentials."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import pymongo
 from bson.codec_options import CodecOptions
@@ -31,7 +32,7 @@ DEFAULT_TIMEOUT_MS = 5_000
 #: The name this default had when it bounded only the choice of a server.
 DEFAULT_SERVER_SELECTION_TIMEOUT_MS = DEFAULT_TIMEOUT_MS
 
-_clients: dict[tuple[str, int], MongoClient] = {}
+_clients: dict[tuple[str, int, bool], MongoClient] = {}
 _clients_lock = threading.Lock()
 
 
@@ -50,13 +51,20 @@ def timeouts(timeout_ms: int) -> dict[str, int]:
     }
 
 
-def client_for(url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> MongoClient:
-    """The process-wide client for ``url``, every wait bounded by ``timeout_ms``: pymongo pools connections, so reuse it."""
-    key = (url, timeout_ms)
+def client_for(url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, retry_writes: bool = True) -> MongoClient:
+    """The process-wide client for ``url``, every wait bounded by ``timeout_ms``: pymongo pools connections, so reuse it.
+
+    ``retry_writes=False`` for a server that applies a retried write twice (the embedded SecantusDB, when the
+    connection resets while it executes the write): a reset then fails the run, and the next run completes it.
+    """
+    key = (url, timeout_ms, retry_writes)
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = MongoClient(url, tz_aware=True, tzinfo=dt.UTC, connect=False, **timeouts(timeout_ms))
+            options: dict[str, Any] = timeouts(timeout_ms)
+            if not retry_writes:
+                options["retryWrites"] = False
+            client = MongoClient(url, tz_aware=True, tzinfo=dt.UTC, connect=False, **options)
             _clients[key] = client
         return client
 
