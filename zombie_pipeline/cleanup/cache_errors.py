@@ -171,7 +171,7 @@ def write_batch(
         job = event[Event.JOB]
         key = key_of(cache_key_of_job(job))
         entry = existing.get(key)
-        if written_for(entry, event):  # an earlier attempt wrote it
+        if entry is not None and written_for(entry, event):  # an earlier attempt wrote it
             previous = entry.get(Cache.DETAILS, {}).get(DETAIL_PREVIOUS)
             outcomes[event[ID]] = _outcome(CacheOutcome.WRITTEN, stored_failed_runs(entry), previous)
             if cache_metrics:  # that attempt may have died before moving cacheTotalMetric

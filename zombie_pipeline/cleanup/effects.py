@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,7 +215,7 @@ def after_insert(
         _add_to_worker_sizes(store, sizes, session)
 
 
-def inserted_before(side: SideCollections, jobs: list[Mapping[str, Any]]) -> CountersInDoubt:
+def inserted_before(side: SideCollections, jobs: Sequence[Mapping[str, Any]]) -> CountersInDoubt:
     """The counters :func:`after_insert` moves for ``jobs``, found inserted by a pass that died: in doubt."""
     doubt = CountersInDoubt()
     if jobs and JOB_METRICS_COLLECTION in side:

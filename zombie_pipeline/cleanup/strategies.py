@@ -141,10 +141,10 @@ class FinishStrategy(ABC):
             outcome.won = won
             outcome.lost += [event for event in claims.to_finish if event[ID] not in winners]
         now = utc_now()
-        won = self.after_finish(_finished(outcome.won), now, session)
-        done_before = self.after_finish(_finished(outcome.done_before), now, session, count=False)
-        outcome.effects = {**won.by_job, **done_before.by_job}
-        outcome.in_doubt = won.in_doubt.merge(done_before.in_doubt)
+        finished_now = self.after_finish(_finished(outcome.won), now, session)
+        finished_before = self.after_finish(_finished(outcome.done_before), now, session, count=False)
+        outcome.effects = {**finished_now.by_job, **finished_before.by_job}
+        outcome.in_doubt = finished_now.in_doubt.merge(finished_before.in_doubt)
         return outcome
 
     @abstractmethod
