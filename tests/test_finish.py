@@ -30,6 +30,7 @@ from zombie_pipeline.queue.documents import (
     Blockage,
     Cache,
     CacheMetric,
+    Effect,
     ErrorCode,
     Event,
     Job,
@@ -459,3 +460,60 @@ def test_a_cleanup_killed_between_any_two_writes_is_completed_by_the_next_run_wi
         else:
             break  # enough writes for the whole run: no crash point left
     assert crashes >= 5
+
+
+def test_a_cleanup_killed_around_a_blockage_is_completed_with_its_worker_size_counters_and_its_event_exact(
+    fresh_database,
+):
+    """A zombie's run tips its dataset over the hourly limit: the blockage, the worker sizes its pending jobs leave,
+    and the event that records ``blocked_dataset`` end as an uninterrupted run's, wherever the first run died."""
+    generation = "2026-05"
+    now = utc_now()
+    policy = policy_for(generation, False, claim_lease_seconds=0, batch_size=2)
+
+    def queue() -> Store:
+        fresh = Store.of(fresh_database("queue"), fresh_database("cache"))
+        workload = Workload(
+            finished=0,
+            crashed=3,
+            never_heartbeated=0,
+            terminated=0,
+            overdue=0,
+            running=1,
+            waiting=1,
+            generation=generation,
+        )
+        simulation = simulate(fresh, workload, now=now)
+        crashed = fresh.jobs.find_one({ID: simulation.crashed_ids[0]})
+        fresh.past_jobs.insert_one(
+            {
+                ID: "earlier-run",
+                PastJob.DATASET: crashed[Job.DATASET],
+                PastJob.DURATION: 7_100,
+                PastJob.FINISHED_AT: now,
+            }
+        )
+        pending = job_document("/sizes", crashed[Job.DATASET], status=Status.WAITING, generation=generation)
+        fresh.jobs.insert_one({**pending, ID: "pending-job"})
+        counters.write_recount(fresh, QUEUE_GENERATIONS[generation])
+        return fresh
+
+    reference = queue()
+    run_cleanup(reference, policy, run_id="uninterrupted")
+    expected = outcome(reference)
+    assert expected["blockages"] and any(Effect.BLOCKED_DATASET in effects for _, effects in expected["effects"])
+    crashes = 0
+    for writes in range(0, 1_000):
+        attempt = queue()
+        try:
+            run_cleanup(crashing(attempt, writes), policy, run_id="killed")
+        except Crash:
+            crashes += 1
+            run_cleanup(attempt, policy, run_id="next")
+            assert outcome(attempt) == expected, f"killed after {writes} writes"
+            assert counters.stored(attempt, QUEUE_GENERATIONS[generation]) == counters.recount(
+                attempt, QUEUE_GENERATIONS[generation]
+            ), f"killed after {writes} writes"
+        else:
+            break
+    assert crashes >= 15

@@ -305,8 +305,9 @@ def _block_datasets(
     Only a run longer than the minimum can block; its dataset's pending jobs then
     leave the worker-size counters, as the deployment does. The blockage's ``_id``
     is the smallest job id of the batch's runs that trigger it, so a pass redone
-    writes the same one; a blockage found with one of these ids was written by a
-    pass that died, which may or may not have lowered the counters: in doubt.
+    writes the same one; a blockage found with the id of one of the batch's jobs
+    was written by a pass that died, which may or may not have lowered the
+    counters: in doubt.
     """
     if BLOCKAGES_COLLECTION not in side:
         return Effects({})
@@ -318,9 +319,8 @@ def _block_datasets(
     if not triggering:
         return Effects({})
     already = _blockages(store, side, triggering, session)
-    effects = Effects(
-        {job_id: [Effect.BLOCKED_DATASET] for dataset, job_id in triggering.items() if already.get(dataset) == job_id}
-    )
+    batch = {item.id for item, _ in recorded}
+    effects = Effects({blockage: [Effect.BLOCKED_DATASET] for blockage in already.values() if blockage in batch})
     effects.in_doubt.worker_sizes = bool(effects.by_job) and WORKER_SIZE_METRICS_COLLECTION in side
     totals = {
         row[ID]: row["seconds"]
