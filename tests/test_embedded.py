@@ -212,3 +212,15 @@ def test_a_taken_port_fails_with_a_message_naming_the_log(tmp_path):
     assert str(log) in message
     assert f"127.0.0.1:{port}" in message
     assert "Address already in use" in message
+
+
+def test_the_pipeline_writes_to_the_embedded_server_without_retries(shared_server, monkeypatch):
+    """It applies a retried write twice when a connection resets as it executes it (the team's reference notes):
+    a reset must fail the run, for the next one to complete, rather than count a counter's move twice."""
+    from zombie_pipeline.config import QUEUE_URL_ENV
+    from zombie_pipeline.orchestration.resources import QueueDatabase
+
+    monkeypatch.delenv(QUEUE_URL_ENV, raising=False)
+    database = QueueDatabase(database="q").get_database()
+    assert database.client.options.retry_writes is False
+    assert database.client.address == ("127.0.0.1", shared_server.port)

@@ -7,14 +7,17 @@ import threading
 import time
 from urllib.parse import quote, quote_plus, urlsplit
 
+import pymongo
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from zombie_pipeline.config import MONGO_TIMEOUT_ENV
 from zombie_pipeline.queue.connections import (
     DatabaseUnavailable,
     check_reachable,
     client_for,
+    database_error,
 )
 from zombie_pipeline.queue.indexes import (
     CACHE_INDEXES,
@@ -112,7 +115,7 @@ def test_scrub_masks_known_credentials_and_any_userinfo():
 def test_an_unreachable_server_raises_database_unavailable_quickly_without_the_password():
     password = "s3cr%2Ft pw"  # percent-encoded '/'
     url = f"mongodb://{USER}:{quote_plus(password)}@127.0.0.1:{free_port()}/?directConnection=true"
-    database = client_for(url, server_selection_timeout_ms=300)["queue"]
+    database = client_for(url, timeout_ms=300)["queue"]
 
     started = time.monotonic()
     with pytest.raises(DatabaseUnavailable) as raised:
@@ -129,6 +132,66 @@ def test_an_unreachable_server_raises_database_unavailable_quickly_without_the_p
 
 def test_a_reachable_server_passes_the_check(client, mongo_url):
     check_reachable(client["anything"], mongo_url)
+
+
+# --- every wait bounded, and said in one line -------------------------------------------------------
+
+
+def test_every_wait_of_a_client_is_bounded_by_its_one_timeout():
+    """Connecting, choosing a server, a reply, a whole operation with its retry: pymongo's defaults bound none of
+    them but the choice of a server (a stalled server held a run until its monitor gave up, some 30 s)."""
+    client = client_for(f"mongodb://127.0.0.1:{free_port()}/?directConnection=true", timeout_ms=1_234)
+    options = client.options
+    assert options.timeout == 1.234  # timeoutMS: the operation as a whole
+    assert options.server_selection_timeout == 1.234
+    assert options.pool_options.connect_timeout == 1.234
+    assert options.pool_options.socket_timeout == 1.234
+
+
+def test_a_database_error_in_the_middle_of_a_step_is_one_line_naming_the_masked_url_the_step_and_the_setting():
+    password = "s3cr%2Ft pw"
+    url = f"mongodb://{USER}:{quote_plus(password)}@127.0.0.1:{free_port()}/?directConnection=true"
+    with pytest.raises(pymongo.errors.PyMongoError) as raised:
+        client_for(url, timeout_ms=300)["queue"]["jobs"].find_one()
+
+    error = database_error(raised.value, "finalize_zombies: claiming and finalizing zombies", [url, url], 300)
+
+    message = str(error)
+    assert "\n" not in message
+    assert message.startswith(
+        "finalize_zombies: claiming and finalizing zombies: MongoDB at mongodb://***:***@127.0.0.1:"
+    )
+    assert "did not answer within 0.3 s (ServerSelectionTimeoutError: " in message
+    assert f"${MONGO_TIMEOUT_ENV} bounds every wait on the database (300 ms)" in message
+    for secret in (password, quote_plus(password), "s3cr/t pw", USER + ":"):
+        assert secret not in message
+    assert error.facts == {
+        "url": "mongodb://***:***@127.0.0.1:" + url.rsplit(":", 1)[1].split("/")[0] + "/",
+        "doing": "finalize_zombies: claiming and finalizing zombies",
+        "error": "ServerSelectionTimeoutError",
+        "variable": MONGO_TIMEOUT_ENV,
+        "timeout_ms": 300,
+    }
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (pymongo.errors.AutoReconnect("cache.example:27017: connection closed"), "lost the connection to MongoDB at "),
+        (pymongo.errors.NetworkTimeout("cache.example:27017: timed out"), "did not answer within 4 s"),
+        (pymongo.errors.OperationFailure("not authorized on cache", code=13), "refused a command"),
+    ],
+    ids=["reset", "stall", "refused"],
+)
+def test_each_kind_of_database_error_is_said_in_its_own_words_naming_the_url_it_came_from(error, said):
+    queue_url = f"mongodb://{USER}:pw@queue.example:27017/"
+    cache_url = f"mongodb://{USER}:pw@cache.example:27017/"
+    message = str(database_error(error, "summarize: reading the run back", [queue_url, cache_url], 4_000))
+    assert said in message
+    if isinstance(error, pymongo.errors.ConnectionFailure):  # it names its host: that URL alone
+        assert "mongodb://***:***@cache.example:27017/" in message and "queue.example" not in message
+    else:  # it names none: both
+        assert "queue.example" in message and "cache.example" in message
 
 
 # --- one client per URL --------------------------------------------------------------

@@ -33,8 +33,11 @@ DAGSTER_HOME_ENV = "DAGSTER_HOME"
 #: The first day of the statistics' daily partitions (YYYY-MM-DD); unset: eight weeks back.
 STATISTICS_START_ENV = "ZOMBIE_STATISTICS_START"
 STATISTICS_DAYS_BACK = 56
-#: How long to wait for a MongoDB server before giving up, in milliseconds (the resources' default, the CLI's).
-SERVER_SELECTION_TIMEOUT_ENV = "ZOMBIE_MONGO_TIMEOUT_MS"
+#: How long any wait on a MongoDB server may last before the run fails, in milliseconds: connecting, choosing a
+#: server, each reply, each operation with its retry (``queue.connections.client_for``; the resources' default, the CLI's).
+MONGO_TIMEOUT_ENV = "ZOMBIE_MONGO_TIMEOUT_MS"
+#: Its name from when it bounded only the choice of a server.
+SERVER_SELECTION_TIMEOUT_ENV = MONGO_TIMEOUT_ENV
 #: Minutes without a successful cleanup after which the queue is reported overdue (cleanup_overdue_sensor).
 CLEANUP_OVERDUE_MINUTES_ENV = "ZOMBIE_CLEANUP_OVERDUE_MINUTES"
 DEFAULT_CLEANUP_OVERDUE_MINUTES = 30
@@ -133,9 +136,9 @@ def pushgateway_url(environ: Mapping[str, str] | None = None) -> str | None:
     return configured
 
 
-def server_selection_timeout_ms(default: int) -> int:
+def mongo_timeout_ms(default: int) -> int:
     """``$ZOMBIE_MONGO_TIMEOUT_MS`` when set (a positive integer), else ``default``."""
-    configured = setting(SERVER_SELECTION_TIMEOUT_ENV)
+    configured = setting(MONGO_TIMEOUT_ENV)
     if configured is None:
         return default
     try:
@@ -143,8 +146,12 @@ def server_selection_timeout_ms(default: int) -> int:
     except ValueError:
         value = 0
     if value <= 0:
-        raise SettingError(f"{SERVER_SELECTION_TIMEOUT_ENV}={configured!r} is not a positive number of milliseconds")
+        raise SettingError(f"{MONGO_TIMEOUT_ENV}={configured!r} is not a positive number of milliseconds")
     return value
+
+
+#: Its name from when the variable bounded only the choice of a server.
+server_selection_timeout_ms = mongo_timeout_ms
 
 
 def dagster_home_is_set() -> bool:

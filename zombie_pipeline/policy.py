@@ -68,10 +68,11 @@ class ZombiePolicy(BaseModel):
     )
     transactions: bool = Field(
         default=False,
-        description="Finish a batch and move the deployment's counters in one transaction, where the server has them "
-        "(a replica set): exact counters even across a crash, at the price of holding the counters' documents until "
-        "the commit (up to the server's transaction lifetime if the cleanup is killed meanwhile). Off: one write "
-        "after the other; a crash may leave a counter one off until the deployment's own recount.",
+        description="Write a batch in three transactions (its cache entries, its finish with the deployment's "
+        "counters, its retries with the events' completion), where the server has them (a replica set). Off (the "
+        "default): one write after the other, and a run that takes over a dead one sets the counters it may have "
+        "moved from a recount; exact either way. On, a cleanup killed in a transaction holds the counters' documents, "
+        "and every worker's start and finish with them, until the server's transaction lifetime (60 s) runs out.",
     )
     use_suggested_max_durations: bool = Field(
         default=False, description="Take per-type T2 from the latest statistics suggestions (opt-in)."

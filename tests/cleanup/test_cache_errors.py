@@ -93,7 +93,7 @@ def test_a_batch_writes_each_error_once_counting_failed_runs_as_the_deployment_d
     )
     batch = [event_of(failed_before), event_of(first_time)]
 
-    outcomes = write_batch(store, batch, NEWEST, POLICY, cache_metrics=True)
+    outcomes = write_batch(store, batch, NEWEST, POLICY, cache_metrics=True).outcomes
 
     assert {
         event_id: (outcome[Event.CACHE_OUTCOME], outcome[Event.FAILED_RUNS]) for event_id, outcome in outcomes.items()
@@ -121,8 +121,10 @@ def test_a_batch_written_again_recognizes_its_entries_and_writes_nothing(store):
 
     again = write_batch(store, batch, NEWEST, POLICY, cache_metrics=True)  # a pass redone after a crash
 
-    assert again == first
+    assert again.outcomes == first.outcomes
     assert store.cache.find_one() == entry and metrics(store) == counted
+    # whether the pass that died moved cacheTotalMetric nobody knows: its keys are left to a recount, never moved
+    assert again.in_doubt.cache_metrics == {("/splits", 501, ErrorCode.CRASHED)} and not first.in_doubt
 
 
 def test_an_entry_updated_after_the_zombie_started_is_fresher_and_kept(store):
@@ -130,7 +132,7 @@ def test_an_entry_updated_after_the_zombie_started_is_fresher_and_kept(store):
     newer = cache_document(job, ago(60), http_status=200)  # a result written since: a newer run's
     store.cache.insert_one(newer)
 
-    outcomes = write_batch(store, [event_of(job)], NEWEST, POLICY, cache_metrics=True)
+    outcomes = write_batch(store, [event_of(job)], NEWEST, POLICY, cache_metrics=True).outcomes
 
     assert outcomes[job[ID]][Event.CACHE_OUTCOME] == CacheOutcome.SKIPPED_FRESHER
     assert store.cache.find_one() == newer and metrics(store) == {}

@@ -24,6 +24,7 @@ from bson import ObjectId
 from pymongo import MongoClient
 
 from tests.servers import REPO_ROOT
+from zombie_pipeline.cleanup import counters
 from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
     QueueDatabase,
@@ -33,15 +34,19 @@ from zombie_pipeline.queue.cache_entries import failed_runs_after_crash
 from zombie_pipeline.queue.documents import (
     CACHE_KEY,
     ID,
+    Blockage,
     Cache,
     CacheOutcome,
     Event,
     EventState,
     Job,
+    Lock,
+    PastJob,
     RetryOutcome,
     Status,
     cache_key_of_job,
 )
+from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.store import Store
 
 FULL = os.environ.get("ZOMBIE_FAULTS_FULL") == "1"
@@ -122,6 +127,68 @@ def last_report(output: str) -> dict[str, Any]:
 
 
 # --- checks of a final state ----------------------------------------------------------------------
+
+
+def comparable_state(store: Store, original_ids: set) -> dict[str, Any]:
+    """The state an operator cares about, without timestamps, run ids and ids chosen at random."""
+    jobs, retries = {}, []
+    for job in store.jobs.find():
+        if job[ID] in original_ids:
+            jobs[job[ID]] = {
+                **{k: v for k, v in job.items() if k != Job.FINISHED_AT},
+                "finished": Job.FINISHED_AT in job,
+            }
+        else:
+            retries.append(sorted((k, repr(v)) for k, v in job.items() if k not in (ID, Job.CREATED_AT)))
+    entries = {}
+    for entry in store.cache.find():
+        details = {k: v for k, v in (entry.get(Cache.DETAILS) or {}).items() if k not in ("run_id", Cache.DURATION)}
+        entries[tuple(entry.get(n) for n in CACHE_KEY)] = {
+            **{k: v for k, v in entry.items() if k not in (ID, Cache.UPDATED_AT, Cache.DURATION, Cache.DETAILS)},
+            Cache.DETAILS: details,
+        }
+    events = {}
+    for event in store.events.find():
+        events[event[ID]] = {
+            k: v
+            for k, v in event.items()
+            if k
+            not in (
+                Event.FINALIZED_AT,
+                Event.RUN_ID,
+                Event.LEASE_OWNER,
+                Event.LEASE_UNTIL,
+                Event.DETECTED_AT,
+                Event.COMPLETED_AT,
+                Event.RETRY_JOB_ID,
+            )
+        }
+    return {"jobs": jobs, "retries": sorted(retries), "cache": entries, "events": events}
+
+
+def deployment_state(store: Store, generation: QueueGeneration) -> dict[str, Any]:
+    """The deployment's collections beside the queue as a cleanup leaves them, without stamps that differ by run.
+
+    ``pastJobs`` by job id and dataset (a run's duration counts to its finalization, a stamp of its own run),
+    locks by key and owner, blockages by dataset, every counter the generation keeps as stored.
+    """
+    return {
+        "counters": {
+            name: sorted(values.items(), key=repr) for name, values in counters.stored(store, generation).items()
+        },
+        "past_jobs": sorted((str(past[ID]), past[PastJob.DATASET]) for past in store.past_jobs.find()),
+        "locks": sorted((str(lock[ID]), lock.get(Lock.OWNER), lock.get(Lock.JOB_ID)) for lock in store.locks.find()),
+        "blockages": sorted(blockage[Blockage.DATASET] for blockage in store.blockages.find()),
+    }
+
+
+def counters_off(store: Store, generation: QueueGeneration) -> dict[str, int]:
+    """Per counter collection, the sum over its keys of how far each stored counter is from its recount."""
+    stored, recounted = counters.stored(store, generation), counters.recount(store, generation)
+    return {
+        name: sum(abs(stored[name][key] - recounted[name][key]) for key in set(stored[name]) | set(recounted[name]))
+        for name in recounted
+    }
 
 
 def audit(store: Store, zombie_ids: list[ObjectId], prior_failed_runs: dict[ObjectId, int]) -> dict[str, int]:

@@ -23,6 +23,7 @@ from bson import ObjectId
 from tests.faults.scenario import (
     FULL,
     audit,
+    comparable_state,
     connect,
     prior_failed_runs,
     start_actor,
@@ -37,7 +38,6 @@ from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     CACHE_KEY,
     ID,
-    Cache,
     Event,
     EventState,
     Job,
@@ -61,43 +61,6 @@ def _add_fresher_entries(store: Store, job_ids: list[ObjectId]) -> None:
     for job in store.jobs.find({ID: {"$in": job_ids}}):
         entry = cache_document(job, job[Job.STARTED_AT] + dt.timedelta(seconds=45))
         store.cache.replace_one({name: entry.get(name) for name in CACHE_KEY}, entry, upsert=True)
-
-
-def _comparable_state(store: Store, original_ids: set) -> dict[str, Any]:
-    """The state an operator cares about, without timestamps, run ids and ids chosen at random."""
-    jobs, retries = {}, []
-    for job in store.jobs.find():
-        if job[ID] in original_ids:
-            jobs[job[ID]] = {
-                **{k: v for k, v in job.items() if k != Job.FINISHED_AT},
-                "finished": Job.FINISHED_AT in job,
-            }
-        else:
-            retries.append(sorted((k, repr(v)) for k, v in job.items() if k not in (ID, Job.CREATED_AT)))
-    entries = {}
-    for entry in store.cache.find():
-        details = {k: v for k, v in (entry.get(Cache.DETAILS) or {}).items() if k not in ("run_id", Cache.DURATION)}
-        entries[tuple(entry.get(n) for n in CACHE_KEY)] = {
-            **{k: v for k, v in entry.items() if k not in (ID, Cache.UPDATED_AT, Cache.DURATION, Cache.DETAILS)},
-            Cache.DETAILS: details,
-        }
-    events = {}
-    for event in store.events.find():
-        events[event[ID]] = {
-            k: v
-            for k, v in event.items()
-            if k
-            not in (
-                Event.FINALIZED_AT,
-                Event.RUN_ID,
-                Event.LEASE_OWNER,
-                Event.LEASE_UNTIL,
-                Event.DETECTED_AT,
-                Event.COMPLETED_AT,
-                Event.RETRY_JOB_ID,
-            )
-        }
-    return {"jobs": jobs, "retries": sorted(retries), "cache": entries, "events": events}
 
 
 def test_sigkilled_cleanups_then_a_clean_run_end_in_the_state_of_an_uninterrupted_run(
@@ -169,7 +132,7 @@ def test_sigkilled_cleanups_then_a_clean_run_end_in_the_state_of_an_uninterrupte
 
     clean = run_cleanup(killed, policy, "clean", now=clean_now, override_brake=True)
 
-    expected, actual = _comparable_state(reference, original_ids), _comparable_state(killed, original_ids)
+    expected, actual = comparable_state(reference, original_ids), comparable_state(killed, original_ids)
     differences = {part: _diff_count(expected[part], actual[part]) for part in expected}
     refinalized = sum(
         1

@@ -20,6 +20,7 @@ from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
     QueueDatabase,
     ZombiePolicyResource,
+    failing_in_one_line,
     resources_from_env,
     store_of,
 )
@@ -83,6 +84,12 @@ def test_the_url_never_enters_resource_config_and_describe_redacts_it(monkeypatc
     assert SECRET_URL not in config
 
 
+def test_a_configured_url_keeps_the_drivers_retryable_writes(monkeypatch):
+    """A real MongoDB applies a write pymongo retries after a reset once (the embedded server does not: test_embedded)."""
+    monkeypatch.setenv(QUEUE_URL_ENV, f"mongodb://127.0.0.1:{free_port()}/?directConnection=true")
+    assert QueueDatabase(database="q").get_database().client.options.retry_writes is True
+
+
 def test_without_a_url_describe_says_embedded(monkeypatch):
     monkeypatch.delenv(CACHE_URL_ENV, raising=False)
     assert CacheDatabase(database="c").describe() == "(embedded default) database=c"
@@ -137,6 +144,45 @@ def test_an_op_uses_the_resources_inside_a_dagster_run(monkeypatch, mongo_url, q
 
     assert result.success
     assert result.output_for_node("count_jobs") == 1
+
+
+def test_a_database_error_in_the_middle_of_an_op_fails_it_in_one_line_naming_the_url_the_step_and_the_setting(
+    monkeypatch, mongo_url, queue_db
+):
+    """The op reaches the database, then loses it (here: the port closes under it): its failure is one line and the
+    facts as metadata, never pymongo's traceback, and carries no password."""
+    closed = f"mongodb://zombie:{quote_plus(PASSWORD)}@127.0.0.1:{free_port()}/?directConnection=true"
+    monkeypatch.setenv(QUEUE_URL_ENV, mongo_url)
+    monkeypatch.setenv(CACHE_URL_ENV, closed)
+
+    @dg.op
+    @failing_in_one_line("count_jobs: counting jobs")
+    def count_jobs(queue_db: QueueDatabase, cache_db: CacheDatabase) -> int:
+        queue_db.get_database()["jobs"].insert_one({"status": "waiting"})  # the first database answers
+        return cache_db.get_database()["cache"].count_documents({})  # the second does not
+
+    @dg.job
+    def counting():
+        count_jobs()
+
+    resources = {
+        "queue_db": QueueDatabase(database=queue_db.name, server_selection_timeout_ms=400),
+        "cache_db": CacheDatabase(database="unreachable", server_selection_timeout_ms=400),
+    }
+    result = counting.execute_in_process(resources=resources, raise_on_error=False)
+
+    assert not result.success
+    [failure] = [event for event in result.all_events if event.is_step_failure]
+    message = failure.step_failure_data.error.message.strip()
+    line = message.removeprefix("dagster._core.definitions.events.Failure: ")
+    assert "\n" not in line and "Traceback" not in message
+    assert line.startswith("count_jobs: counting jobs: MongoDB at mongodb://***:***@127.0.0.1:")
+    assert "$ZOMBIE_MONGO_TIMEOUT_MS bounds every wait on the database (400 ms)" in line
+    assert "database=" not in line and mongo_url not in line  # the queue answered: only the cache's URL is named
+    metadata = {key: value.value for key, value in failure.step_failure_data.user_failure_data.metadata.items()}
+    assert metadata["doing"] == "count_jobs: counting jobs" and metadata["variable"] == "ZOMBIE_MONGO_TIMEOUT_MS"
+    for text in (message, repr(metadata)):
+        assert PASSWORD not in text and quote_plus(PASSWORD) not in text
 
 
 # --- the policy ------------------------------------------------------------------------------

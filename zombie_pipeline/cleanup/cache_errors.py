@@ -10,13 +10,17 @@ the worker left (we never invent one), the run's ``duration``, and
 is kept in step where the cache has it.
 
 Idempotent: an entry that already carries this job's id in its ``details`` was
-written for it by an earlier attempt, and is recognized rather than rewritten.
+written for it by an earlier attempt, and is recognized rather than rewritten;
+that attempt may have died before its ``cacheTotalMetric`` move, so the keys the
+move touches (the entry's, and the one it replaced) are returned in doubt, to be
+set from a recount (``counters.repair``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from bson import ObjectId
@@ -24,6 +28,7 @@ from pymongo import InsertOne, ReplaceOne, UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
+from zombie_pipeline.cleanup.effects import CountersInDoubt
 from zombie_pipeline.cleanup.events import READ_BATCH, duplicate_indexes
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import (
@@ -53,6 +58,17 @@ from zombie_pipeline.queue.transactions import Conflict
 #: Our own keys in an entry's ``details`` (a free dictionary in every generation).
 DETAIL_JOB_ID = "job_id"
 DETAIL_PREVIOUS = "previous_entry"
+
+
+@dataclass
+class CacheWrite:
+    """The cache errors of a batch: each event's outcome (by event id), and the ``cacheTotalMetric`` keys in doubt."""
+
+    outcomes: dict[Any, dict[str, Any]] = field(default_factory=dict)
+    in_doubt: CountersInDoubt = field(default_factory=CountersInDoubt)
+
+    def __getitem__(self, event_id: Any) -> dict[str, Any]:
+        return self.outcomes[event_id]
 
 
 def summary_of(entry: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -144,7 +160,7 @@ def write_batch(
     policy: ZombiePolicy,
     cache_metrics: bool,
     session: ClientSession | None = None,
-) -> dict[ObjectId, dict[str, Any]]:
+) -> CacheWrite:
     """Write the error entries of a batch of events; each event's outcome, failed runs and previous entry.
 
     In a transaction (``session``) the entries and ``cacheTotalMetric`` change
@@ -152,7 +168,8 @@ def write_batch(
     transaction start again, and its entry is then fresher.
     """
     existing = entries_of_jobs(store.cache, [event[Event.JOB] for event in events], {Cache.CONTENT: 0}, session)
-    outcomes: dict[ObjectId, dict[str, Any]] = {}
+    written = CacheWrite()
+    outcomes = written.outcomes
     operations, planned, expected, replaced = [], {}, {}, {}
     for event in events:
         job = event[Event.JOB]
@@ -161,6 +178,8 @@ def write_batch(
         if entry is not None and written_for(entry, event):  # an earlier attempt wrote it
             previous = entry.get(Cache.DETAILS, {}).get(DETAIL_PREVIOUS)
             outcomes[event[ID]] = _outcome(CacheOutcome.WRITTEN, stored_failed_runs(entry), previous)
+            if cache_metrics:  # that attempt may have died before moving cacheTotalMetric
+                written.in_doubt.cache_metrics |= _metric_keys(entry, previous)
         elif entry is not None and is_fresher(entry, job):
             outcomes[event[ID]] = _outcome(
                 CacheOutcome.SKIPPED_FRESHER, stored_failed_runs(entry), _jsonable(summary_of(entry))
@@ -177,7 +196,7 @@ def write_batch(
                 replaced[key] = entry
             expected[event[ID]] = (key, failed_runs, _jsonable(summary_of(entry)))
     if not operations:
-        return outcomes
+        return written
     if _write(store, operations, session) == len(operations):  # every write took (one entry each): all ours
         ours = set(planned)
     else:  # which ones: read the entries back
@@ -201,7 +220,15 @@ def write_batch(
             outcomes[event_id] = _outcome(CacheOutcome.SKIPPED_FRESHER, failed_runs - 1, previous)
     if cache_metrics:
         _count_in_cache_metrics(store, [(replaced[key], planned[key]) for key in ours], session)
-    return outcomes
+    return written
+
+
+def _metric_keys(entry: Mapping[str, Any], previous: Mapping[str, Any] | None) -> set[tuple[Any, Any, Any]]:
+    """The ``cacheTotalMetric`` keys writing ``entry`` moved: its own, and the one of the entry it replaced."""
+    keys = {(entry[Cache.KIND], entry.get(Cache.HTTP_STATUS), entry.get(Cache.ERROR_CODE))}
+    if previous is not None:
+        keys.add((entry[Cache.KIND], previous.get(Cache.HTTP_STATUS), previous.get(Cache.ERROR_CODE)))
+    return keys
 
 
 def _outcome(outcome: CacheOutcome, failed_runs: int, previous: dict[str, Any] | None) -> dict[str, Any]:

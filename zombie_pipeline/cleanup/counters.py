@@ -1,4 +1,4 @@
-"""The deployment's counters as a recount of the documents they count.
+"""The deployment's counters as a recount of the documents they count, and their repair after a fault.
 
 ``jobTotalMetric`` counts jobs per (type, status), ``workerTypeJobCounts`` the
 waiting jobs of datasets not blocked per worker size, ``cacheTotalMetric`` cache
@@ -6,16 +6,38 @@ entries per (kind, http_status, error_code); the deployment moves them by one
 at every insert, start, finish and cache write. The simulator writes them from
 this recount, and a cleanup is checked against it: after a cleanup every
 counter must equal its recount.
+
+:func:`repair` sets the counters a pass that died may or may not have moved
+(``effects.CountersInDoubt``) to a recount of their keys only, on the indexes.
+It races the deployment's live workers, each of which moves a counter in two
+writes (its job, then the ``$inc``). So a repair reads the counters, counts,
+and writes each counter that differs by compare-and-set on the value it read:
+a worker's ``$inc`` landing in between makes the write miss, never lost. What
+a compare-and-set cannot see is a worker whose job was written before the count
+and whose ``$inc`` lands after the write: that counter ends one off. So the
+repair samples again, and again corrects, until a sample finds every counter
+equal to its count, a moment after its last write (at most :data:`REPAIR_ROUNDS`). Measured amid busy simulated
+workers against a plain recount written as it is (the deployment's periodic
+recount): ``tests/faults/repair_race.py``, docs/reliability.md. Only passes that
+take over a dead one repair: an uninterrupted cleanup sends no command more.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from typing import Any
+from typing import Any, Protocol
 
 from pymongo import UpdateOne
+from pymongo.collection import Collection
 
-from zombie_pipeline.cleanup.effects import worker_size
+from zombie_pipeline.cleanup.effects import (
+    HEAVY,
+    WORKER_SIZE_LIMITS,
+    CountersInDoubt,
+    SideCollections,
+    worker_size,
+)
 from zombie_pipeline.queue.documents import (
     BLOCKAGES_COLLECTION,
     CACHE_METRICS_COLLECTION,
@@ -32,7 +54,14 @@ from zombie_pipeline.queue.documents import (
     WorkerSizeMetric,
 )
 from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import Store
+
+#: Read, count, compare-and-set, until a round finds every counter equal to its count; at most this many rounds.
+REPAIR_ROUNDS = 5
+#: Between two rounds: longer than a worker takes from its job's write to its ``$inc`` (a few round trips), so that
+#: the ``$inc`` of a worker caught between the two by the last count has landed when the next round reads.
+SETTLE_SECONDS = 0.1
 
 
 def recount(store: Store, generation: QueueGeneration) -> dict[str, Counter]:
@@ -148,3 +177,160 @@ def _count(rows: Any, key_of: Any) -> Counter:
 def _set(collection: Any, rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
     if rows:
         collection.bulk_write([UpdateOne(key, {"$set": values}, upsert=True) for key, values in rows], ordered=False)
+
+
+# --- the repair of the counters a pass that died may or may not have moved ---------------------------------
+
+
+def repair(store: Store, side: SideCollections, doubt: CountersInDoubt, rounds: int = REPAIR_ROUNDS) -> int:
+    """Set each counter in ``doubt`` to the recount of its key; how many were written. Nothing in doubt: no command.
+
+    Per counter collection and round, two reads (the counters, the count; three for the worker sizes, which leave
+    the blocked datasets out) and a write if one differs; the last round is a read that finds nothing to write.
+    """
+    written = 0
+    if doubt.job_metrics and JOB_METRICS_COLLECTION in side:
+        written += _repair(store.job_metrics, _JobMetrics(store, side, doubt.job_metrics), rounds)
+    if doubt.worker_sizes and WORKER_SIZE_METRICS_COLLECTION in side:
+        written += _repair(store.worker_size_metrics, _WorkerSizes(store, side), rounds)
+    if doubt.cache_metrics and side.cache_metrics:
+        written += _repair(store.cache_metrics, _CacheMetrics(store, doubt.cache_metrics), rounds)
+    return written
+
+
+class _Keys(Protocol):
+    """One counter collection's keys in doubt: how to read them, count them, and select one key's document."""
+
+    keys: set[Any]
+    total: str
+
+    def stored(self) -> dict[Any, int]: ...
+
+    def counted(self) -> Counter: ...
+
+    def selector(self, key: Any) -> dict[str, Any]: ...
+
+
+def _repair(collection: Collection, keys: _Keys, rounds: int) -> int:
+    """Read, count, compare-and-set each counter that differs; again until a round finds none (or ``rounds`` ran)."""
+    written = 0
+    for _ in range(rounds):
+        stored, counted = keys.stored(), keys.counted()  # the counters first: a worker's $inc after it misses the write
+        operations = []
+        for key in sorted(keys.keys, key=repr):
+            value, total = stored.get(key), counted[key]
+            if value == total or (value is None and total == 0):
+                continue
+            if value is None:  # no document yet: counted from zero, as the deployment's upsert does
+                operations.append(UpdateOne(keys.selector(key), {"$inc": {keys.total: total}}, upsert=True))
+            else:
+                operations.append(UpdateOne({**keys.selector(key), keys.total: value}, {"$set": {keys.total: total}}))
+        if not operations:
+            break
+        result = collection.bulk_write(operations, ordered=False)
+        written += result.modified_count + result.upserted_count
+        time.sleep(SETTLE_SECONDS)
+    return written
+
+
+class _JobMetrics(_Keys):
+    total = JobMetric.TOTAL
+
+    def __init__(self, store: Store, side: SideCollections, keys: set[tuple[str, str]]) -> None:
+        self.store, self.side, self.keys = store, side, keys
+        self.types = sorted({job_type for job_type, _ in keys})
+        self.statuses = sorted({status for _, status in keys})
+
+    def stored(self) -> dict[Any, int]:
+        query = {JobMetric.JOB_TYPE: {"$in": self.types}, JobMetric.STATUS: {"$in": self.statuses}}
+        rows = self.store.job_metrics.find(query)
+        return {
+            (row[JobMetric.JOB_TYPE], row[JobMetric.STATUS]): row.get(JobMetric.TOTAL, 0)
+            for row in rows
+            if not self.side.by_dataset_status or row.get(JobMetric.DATASET_STATUS) == DATASET_STATUS_NORMAL
+        }
+
+    def counted(self) -> Counter:
+        pipeline = on_index(
+            {Job.STATUS: {"$in": self.statuses}},
+            {Job.TYPE: {"$in": self.types}},
+            {"$group": {ID: {"type": f"${Job.TYPE}", "status": f"${Job.STATUS}"}, "n": {"$sum": 1}}},
+        )
+        return _count(self.store.jobs.aggregate(pipeline), lambda key: (key["type"], key["status"]))
+
+    def selector(self, key: Any) -> dict[str, Any]:
+        job_type, status = key
+        return self.side.job_metric_key(job_type, status)
+
+
+class _WorkerSizes(_Keys):
+    total = WorkerSizeMetric.JOBS_COUNT
+
+    def __init__(self, store: Store, side: SideCollections) -> None:
+        self.store, self.side = store, side
+        self.keys = {size for _, size in WORKER_SIZE_LIMITS} | {HEAVY}
+
+    def stored(self) -> dict[Any, int]:
+        rows = self.store.worker_size_metrics.find({WorkerSizeMetric.WORKER_SIZE: {"$in": sorted(self.keys)}})
+        return {row[WorkerSizeMetric.WORKER_SIZE]: row.get(WorkerSizeMetric.JOBS_COUNT, 0) for row in rows}
+
+    def counted(self) -> Counter:
+        blocked = self.store.blockages.distinct(Blockage.DATASET) if BLOCKAGES_COLLECTION in self.side else []
+        size = {
+            "$switch": {
+                "branches": [
+                    {
+                        "case": {
+                            "$and": [{"$isNumber": f"${Job.DIFFICULTY}"}, {"$lte": [f"${Job.DIFFICULTY}", limit]}]
+                        },
+                        "then": name,
+                    }
+                    for limit, name in WORKER_SIZE_LIMITS
+                ],
+                "default": HEAVY,
+            }
+        }
+        pipeline = on_index(
+            {Job.STATUS: Status.WAITING},
+            {Job.DATASET: {"$nin": sorted(blocked)}},
+            {"$group": {ID: size, "n": {"$sum": 1}}},
+        )
+        return _count(self.store.jobs.aggregate(pipeline), lambda key: key)
+
+    def selector(self, key: Any) -> dict[str, Any]:
+        return {WorkerSizeMetric.WORKER_SIZE: key}
+
+
+class _CacheMetrics(_Keys):
+    total = CacheMetric.TOTAL
+
+    def __init__(self, store: Store, keys: set[tuple[Any, Any, Any]]) -> None:
+        self.store, self.keys = store, keys
+        self.kinds = sorted({kind for kind, _, _ in keys})
+
+    def stored(self) -> dict[Any, int]:
+        rows = self.store.cache_metrics.find({CacheMetric.KIND: {"$in": self.kinds}})
+        return {
+            (row[CacheMetric.KIND], row.get(CacheMetric.HTTP_STATUS), row.get(CacheMetric.ERROR_CODE)): row.get(
+                CacheMetric.TOTAL, 0
+            )
+            for row in rows
+        }
+
+    def counted(self) -> Counter:
+        statuses = sorted({http_status for _, http_status, _ in self.keys}, key=repr)
+        pipeline = on_index(
+            {Cache.KIND: {"$in": self.kinds}},
+            {Cache.HTTP_STATUS: {"$in": statuses}},
+            {
+                "$group": {
+                    ID: {"kind": f"${Cache.KIND}", "http": f"${Cache.HTTP_STATUS}", "code": f"${Cache.ERROR_CODE}"},
+                    "n": {"$sum": 1},
+                }
+            },
+        )
+        return _count(self.store.cache.aggregate(pipeline), lambda key: (key["kind"], key["http"], key.get("code")))
+
+    def selector(self, key: Any) -> dict[str, Any]:
+        kind, http_status, error_code = key
+        return {CacheMetric.KIND: kind, CacheMetric.HTTP_STATUS: http_status, CacheMetric.ERROR_CODE: error_code}

@@ -16,6 +16,7 @@ class Count(StrEnum):
     FINALIZED = "finalized"
     LOST_TO_LIVE_WORKER = "lost_to_live_worker"  # the worker beat, finished or got SIGTERM after detection
     TAKEN_OVER = "taken_over"  # finalizations a crashed run left, completed by this one
+    COUNTERS_REPAIRED = "counters_repaired"  # the deployment's counters a dead pass left in doubt, set from a recount
     DUE_RETRY_ENQUEUED = "due_retry_enqueued"
     DUE_RETRY_ALREADY_QUEUED = "due_retry_already_queued"
     RETRIES_PENDING = "retries_pending"  # delayed retries still waiting for their time

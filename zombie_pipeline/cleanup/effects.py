@@ -10,6 +10,13 @@ the deployment's (docs/generations.md).
 
 Every write here is one command per batch, and takes the session of the
 transaction the finish runs in, when the server has transactions.
+
+A counter is moved with ``$inc``, which no write of ours can make idempotent:
+the deployment's counter documents have no room for a mark of ours. So a move a
+pass that died may or may not have applied is never applied again, nor skipped:
+its key is returned as :class:`CountersInDoubt`, and the pass sets that counter
+to a recount of the documents it counts (``counters.repair``) before it
+completes its events.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pymongo import UpdateMany, UpdateOne
@@ -108,6 +115,32 @@ class SideCollections:
         return key
 
 
+@dataclass
+class CountersInDoubt:
+    """Counter moves a pass that died may or may not have applied: the keys to set to a recount, never to move."""
+
+    job_metrics: set[tuple[str, str]] = field(default_factory=set)  # (job type, status) of jobTotalMetric
+    worker_sizes: bool = False  # workerTypeJobCounts (its few keys are recounted together)
+    cache_metrics: set[tuple[Any, Any, Any]] = field(default_factory=set)  # (kind, http_status, error_code)
+
+    def __bool__(self) -> bool:
+        return bool(self.job_metrics or self.worker_sizes or self.cache_metrics)
+
+    def merge(self, other: CountersInDoubt) -> CountersInDoubt:
+        self.job_metrics |= other.job_metrics
+        self.worker_sizes |= other.worker_sizes
+        self.cache_metrics |= other.cache_metrics
+        return self
+
+
+@dataclass
+class Effects:
+    """What was done around a batch of finishes: per job id, the effects for its event; the counters in doubt."""
+
+    by_job: dict[Any, list[str]]
+    in_doubt: CountersInDoubt = field(default_factory=CountersInDoubt)
+
+
 @dataclass(frozen=True)
 class Finished:
     """A job just finished (by its worker, or by us for a zombie) and when: what the effects need."""
@@ -129,33 +162,42 @@ def after_finish(
     session: ClientSession | None = None,
     count: bool = True,
     count_final_status: bool = False,
-) -> dict[Any, list[str]]:
+) -> Effects:
     """Counters, rate limiter and locks around the finish of each job of ``finished``; the effects per job id.
 
-    ``count=False`` leaves the counters alone: a finish found done by an earlier
-    attempt that died before recording it may have counted already, and a
-    counter is never moved twice (the deployment recounts them periodically).
+    ``count=False``: these finishes were found done by a pass that died before
+    recording them; it may or may not have moved their counters, so they are not
+    moved again but returned in doubt (within a transaction, the finish and its
+    counters committed together: nothing is in doubt, and the caller knows it).
+    Either way the event records ``job_metrics``: the counters are in step once
+    the pass ends. A ``pastJobs`` record, a blockage and a lock are written so as
+    to be found, never doubled.
     ``count_final_status``: the queue keeps finished jobs, so ``jobTotalMetric``
     counts them under their final status too.
     """
-    effects: dict[Any, list[str]] = {item.id: [] for item in finished}
+    effects = Effects({item.id: [] for item in finished})
     if not finished:
         return effects
-    if JOB_METRICS_COLLECTION in side and count:
+    if JOB_METRICS_COLLECTION in side:
         changes: Counter = Counter()
         for item in finished:
             changes[(item.job[Job.TYPE], Status.STARTED)] -= 1
             if count_final_status:
                 changes[(item.job[Job.TYPE], item.status)] += 1
-            effects[item.id].append(Effect.JOB_METRICS)
-        _add_to_job_metrics(store, side, changes, session)
+            effects.by_job[item.id].append(Effect.JOB_METRICS)
+        if count:
+            _add_to_job_metrics(store, side, changes, session)
+        else:
+            effects.in_doubt.job_metrics |= set(changes)
     if PAST_JOBS_COLLECTION in side:
-        for job_id, effect in _record_past_jobs(store, side, finished, now, session, count).items():
-            effects[job_id].append(effect)
+        recorded = _record_past_jobs(store, side, finished, now, session)
+        for job_id, job_effects in recorded.by_job.items():
+            effects.by_job[job_id] += job_effects
+        effects.in_doubt.merge(recorded.in_doubt)
     if LOCKS_COLLECTION in side:
         _release_locks(store, [item.job for item in finished], now, session)
         for item in finished:
-            effects[item.id].append(Effect.LOCKS_RELEASED)
+            effects.by_job[item.id].append(Effect.LOCKS_RELEASED)
     return effects
 
 
@@ -168,9 +210,19 @@ def after_insert(
     if JOB_METRICS_COLLECTION in side:
         _add_to_job_metrics(store, side, Counter((job[Job.TYPE], Status.WAITING) for job in jobs), session)
     if WORKER_SIZE_METRICS_COLLECTION in side:
-        blocked = _blocked(store, side, {job[Job.DATASET] for job in jobs}, session)
+        blocked = set(_blockages(store, side, {job[Job.DATASET] for job in jobs}, session))
         sizes = Counter(worker_size(job.get(Job.DIFFICULTY)) for job in jobs if job[Job.DATASET] not in blocked)
         _add_to_worker_sizes(store, sizes, session)
+
+
+def inserted_before(side: SideCollections, jobs: Sequence[Mapping[str, Any]]) -> CountersInDoubt:
+    """The counters :func:`after_insert` moves for ``jobs``, found inserted by a pass that died: in doubt."""
+    doubt = CountersInDoubt()
+    if jobs and JOB_METRICS_COLLECTION in side:
+        doubt.job_metrics |= {(job[Job.TYPE], Status.WAITING) for job in jobs}
+    if jobs and WORKER_SIZE_METRICS_COLLECTION in side:
+        doubt.worker_sizes = True
+    return doubt
 
 
 def _add_to_job_metrics(store: Store, side: SideCollections, changes: Counter, session: ClientSession | None) -> None:
@@ -193,12 +245,14 @@ def _add_to_worker_sizes(store: Store, changes: Counter, session: ClientSession 
         store.worker_size_metrics.bulk_write(operations, ordered=False, session=session)
 
 
-def _blocked(store: Store, side: SideCollections, datasets: Iterable[str], session: ClientSession | None) -> set[str]:
+def _blockages(
+    store: Store, side: SideCollections, datasets: Iterable[str], session: ClientSession | None
+) -> dict[str, Any]:
+    """dataset -> ``_id`` of its blockage, for the blocked ones among ``datasets``."""
     if BLOCKAGES_COLLECTION not in side:
-        return set()
-    return set(
-        store.blockages.distinct(Blockage.DATASET, {Blockage.DATASET: {"$in": sorted(datasets)}}, session=session)
-    )
+        return {}
+    found = store.blockages.find({Blockage.DATASET: {"$in": sorted(datasets)}}, {Blockage.DATASET: 1}, session=session)
+    return {blockage[Blockage.DATASET]: blockage[ID] for blockage in found}
 
 
 def _record_past_jobs(
@@ -207,8 +261,7 @@ def _record_past_jobs(
     finished: list[Finished],
     now: dt.datetime,
     session: ClientSession | None,
-    count: bool,
-) -> dict[Any, str]:
+) -> Effects:
     """A ``pastJobs`` record per run of at least 30 s (``_id`` = the job's, so never twice); block the datasets over the limit."""
     records = {}
     for item in finished:
@@ -216,7 +269,7 @@ def _record_past_jobs(
         if seconds >= PAST_JOB_MIN_SECONDS:
             records[item.id] = (item, seconds)
     if not records:
-        return {}
+        return Effects({})
     present = {
         document[ID] for document in store.past_jobs.find({ID: {"$in": list(records)}}, {ID: 1}, session=session)
     }
@@ -232,8 +285,11 @@ def _record_past_jobs(
     ]
     if new:
         store.past_jobs.insert_many(new, ordered=True, session=session)
-    effects: dict[Any, str] = dict.fromkeys(records, Effect.PAST_JOB)
-    effects.update(_block_datasets(store, side, [records[document[ID]] for document in new], now, session, count))
+    effects = Effects({job_id: [Effect.PAST_JOB] for job_id in records})
+    blocked = _block_datasets(store, side, list(records.values()), now, session)
+    for job_id, job_effects in blocked.by_job.items():
+        effects.by_job[job_id] += job_effects
+    effects.in_doubt = blocked.in_doubt
     return effects
 
 
@@ -243,27 +299,34 @@ def _block_datasets(
     recorded: list[tuple[Finished, int]],
     now: dt.datetime,
     session: ClientSession | None,
-    count: bool,
-) -> dict[Any, str]:
+) -> Effects:
     """Block each dataset whose last hour of runs now exceeds the deployment's threshold, once.
 
     Only a run longer than the minimum can block; its dataset's pending jobs then
-    leave the worker-size counters, as the deployment does.
+    leave the worker-size counters, as the deployment does. The blockage's ``_id``
+    is the smallest job id of the batch's runs that trigger it, so a pass redone
+    writes the same one; a blockage found with the id of one of the batch's jobs
+    was written by a pass that died, which may or may not have lowered the
+    counters: in doubt.
     """
     if BLOCKAGES_COLLECTION not in side:
-        return {}
+        return Effects({})
     triggering: dict[str, Any] = {}  # dataset -> the job whose run blocks it
     for item, seconds in recorded:
         if seconds > PAST_JOB_MIN_SECONDS:
-            triggering.setdefault(item.job[Job.DATASET], item.id)
+            dataset = item.job[Job.DATASET]
+            triggering[dataset] = min(triggering.get(dataset, item.id), item.id)
     if not triggering:
-        return {}
-    already = _blocked(store, side, triggering, session)
+        return Effects({})
+    already = _blockages(store, side, triggering, session)
+    batch = {item.id for item, _ in recorded}
+    effects = Effects({blockage: [Effect.BLOCKED_DATASET] for blockage in already.values() if blockage in batch})
+    effects.in_doubt.worker_sizes = bool(effects.by_job) and WORKER_SIZE_METRICS_COLLECTION in side
     totals = {
         row[ID]: row["seconds"]
         for row in store.past_jobs.aggregate(
             [
-                {"$match": {PastJob.DATASET: {"$in": sorted(set(triggering) - already)}}},
+                {"$match": {PastJob.DATASET: {"$in": sorted(set(triggering) - set(already))}}},
                 {"$group": {ID: f"${PastJob.DATASET}", "seconds": {"$sum": f"${PastJob.DURATION}"}}},
             ],
             session=session,
@@ -276,7 +339,7 @@ def _block_datasets(
         and totals.get(dataset, 0) > BLOCKAGE_THRESHOLD_SECONDS * COMPUTE_MULTIPLIER_BY_DATASET.get(dataset, 1)
     }
     if not to_block:
-        return {}
+        return effects
     store.blockages.insert_many(
         [
             {ID: event_id, Blockage.DATASET: dataset, Blockage.BLOCKED_AT: now}
@@ -284,7 +347,7 @@ def _block_datasets(
         ],
         session=session,
     )
-    if WORKER_SIZE_METRICS_COLLECTION in side and count:
+    if WORKER_SIZE_METRICS_COLLECTION in side:
         pending = store.jobs.find({Job.DATASET: {"$in": sorted(to_block)}}, {Job.DIFFICULTY: 1}, session=session)
         _add_to_worker_sizes(
             store,
@@ -296,7 +359,9 @@ def _block_datasets(
             ),
             session,
         )
-    return dict.fromkeys(to_block.values(), Effect.BLOCKED_DATASET)
+    for event_id in to_block.values():
+        effects.by_job[event_id] = [Effect.BLOCKED_DATASET]
+    return effects
 
 
 def _release_locks(

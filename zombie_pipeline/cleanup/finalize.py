@@ -17,6 +17,15 @@ its retry). A pass that dies leaves its events claimed: the next run's
 :func:`reconcile` takes them over and redoes the pass, which recognizes what was
 done (the strategy's proof of its finish, our entry in the cache, the retry's
 ``_id`` chosen at claim time) and never does it twice.
+
+The deployment's counters are moved with ``$inc``, which cannot be recognized
+afterwards: of a write found done, nobody knows whether the pass that died also
+moved its counters. Within a transaction it did (they commit together).
+Without, those counters are in doubt (``effects.CountersInDoubt``), and the
+pass that takes over sets them to a recount of their keys
+(``counters.repair``) before it completes the events, so that a pass dying
+there leaves them in doubt for the next one. The events record every effect
+either way, ``job_metrics`` included: once the pass ends, the counters are in step.
 """
 
 from __future__ import annotations
@@ -27,8 +36,8 @@ from typing import Any
 
 from pymongo.client_session import ClientSession
 
-from zombie_pipeline.cleanup import compensations
-from zombie_pipeline.cleanup.cache_errors import write_batch
+from zombie_pipeline.cleanup import compensations, counters
+from zombie_pipeline.cleanup.cache_errors import CacheWrite, write_batch
 from zombie_pipeline.cleanup.counts import (
     Count,
     StepResult,
@@ -40,6 +49,7 @@ from zombie_pipeline.cleanup.counts import (
     type_count,
 )
 from zombie_pipeline.cleanup.detection import Candidate
+from zombie_pipeline.cleanup.effects import CountersInDoubt
 from zombie_pipeline.cleanup.events import (
     claim,
     drain,
@@ -48,7 +58,6 @@ from zombie_pipeline.cleanup.events import (
 )
 from zombie_pipeline.cleanup.retries import enqueue_due_retries, enqueue_retries
 from zombie_pipeline.cleanup.strategies import (
-    CacheOutcomes,
     FinishOutcome,
     FinishStrategy,
     SortedClaims,
@@ -68,7 +77,7 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS, CacheGeneration
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.queue.transactions import atomically
+from zombie_pipeline.queue.transactions import atomically, in_transactions
 
 
 def finalize_zombies(
@@ -142,26 +151,35 @@ def _finalize_batch(
     def finish(claims: SortedClaims) -> FinishOutcome:
         return atomically(queue_client, lambda session: strategy.finish(claims, session), policy.transactions)
 
-    def write_errors(finished: list[ZombieEvent]) -> CacheOutcomes:
-        def write(session: ClientSession | None) -> CacheOutcomes:
+    def write_errors(finished: list[ZombieEvent]) -> CacheWrite:
+        def write(session: ClientSession | None) -> CacheWrite:
             return write_batch(store, finished, cache, policy, strategy.side.cache_metrics, session)
 
         return atomically(cache_client, write, policy.transactions)
 
     outcome, cached = strategy.finish_in_order(strategy.sort_claims(events, recovering), finish, write_errors)
+    in_doubt = CountersInDoubt()
+    if not in_transactions(queue_client, policy.transactions):
+        in_doubt.merge(outcome.in_doubt)
+    if not in_transactions(cache_client, policy.transactions):
+        in_doubt.merge(cached.in_doubt)
+    repaired = [counters.repair(store, strategy.side, in_doubt)]
     finished = [{**event, **cached[event[ID]]} for event in outcome.finished]
     now = utc_now()
     actions = compensations.registry(policy)
 
     def complete(session: ClientSession | None) -> dict[Any, RetryOutcome]:
         retried = enqueue_retries(store, finished, policy, strategy, now, session)
+        if session is None:  # the counters of retries a pass that died inserted: set from a recount, before the events
+            repaired.append(counters.repair(store, strategy.side, retried.in_doubt))
+        decisions = retried.outcomes
         done = {
             event[ID]: {
                 Event.STATE: EventState.DONE,
                 **cached[event[ID]],
                 Event.EFFECTS: outcome.effects[event[ID]],
-                Event.RETRY_OUTCOME: retried[event[ID]][0],
-                **({Event.RETRY_DUE_AT: retried[event[ID]][1]} if retried[event[ID]][1] else {}),
+                Event.RETRY_OUTCOME: decisions[event[ID]][0],
+                **({Event.RETRY_DUE_AT: decisions[event[ID]][1]} if decisions[event[ID]][1] else {}),
                 **compensations.pending_for(actions, event[Event.JOB][Job.TYPE]),
                 Event.COMPLETED_AT: now,
             }
@@ -173,13 +191,16 @@ def _finalize_batch(
             store.events.delete_many(
                 {ID: {"$in": lost}, Event.LEASE_OWNER: run_id, Event.STATE: EventState.CLAIMED}, session=session
             )
-        return {event_id: decision[0] for event_id, decision in retried.items()}
+        return {event_id: decision[0] for event_id, decision in decisions.items()}
 
     retried = atomically(queue_client, complete, policy.transactions)
-    return _result(outcome, cached, retried)
+    result = _result(outcome, cached, retried)
+    if sum(repaired):
+        result.counts[Count.COUNTERS_REPAIRED] += sum(repaired)
+    return result
 
 
-def _result(outcome: FinishOutcome, cached: Mapping[Any, Mapping[str, Any]], retried: Mapping[Any, str]) -> StepResult:
+def _result(outcome: FinishOutcome, cached: CacheWrite, retried: Mapping[Any, str]) -> StepResult:
     result = StepResult()
     result.counts[Count.FINALIZED] += len(outcome.finished)
     result.counts[Count.LOST_TO_LIVE_WORKER] += len(outcome.lost)

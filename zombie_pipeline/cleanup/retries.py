@@ -7,7 +7,9 @@ leaves it to it unless ``enqueue_retries`` says otherwise. A retry is a new
 waiting job with the fields of the one it retries that its generation declares,
 never a run's (``started_at``, ``last_heartbeat``, ``terminated_at`` ...), with the
 ``_id`` chosen at claim time (so it is never inserted twice) and the counters the
-deployment increments on an insert.
+deployment increments on an insert. A retry found inserted by a pass that died
+is not counted again: its counters are in doubt, set from a recount before the
+decision is recorded.
 
 A job killed for its pod's size usually dies again if it runs again at once. With
 ``retry_delay_seconds``, a retry waits (base × factor^(failed runs - 1), capped,
@@ -21,6 +23,7 @@ import datetime as dt
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from bson import ObjectId
@@ -28,8 +31,9 @@ from pymongo import UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
+from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.counts import Count
-from zombie_pipeline.cleanup.effects import SideCollections, after_insert
+from zombie_pipeline.cleanup.effects import CountersInDoubt, SideCollections, after_insert, inserted_before
 from zombie_pipeline.cleanup.events import READ_BATCH, duplicate_indexes
 from zombie_pipeline.cleanup.strategies import FinishStrategy, strategy_for
 from zombie_pipeline.policy import ZombiePolicy
@@ -52,6 +56,14 @@ from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import Store
 
 
+@dataclass
+class Retried:
+    """A batch's retry decisions: per event, its outcome and when a delayed retry becomes due; the counters in doubt."""
+
+    outcomes: dict[Any, tuple[RetryOutcome, dt.datetime | None]]
+    in_doubt: CountersInDoubt = field(default_factory=CountersInDoubt)
+
+
 def enqueue_retries(
     store: Store,
     events: Sequence[Mapping[str, Any]],
@@ -59,19 +71,19 @@ def enqueue_retries(
     strategy: FinishStrategy,
     now: dt.datetime,
     session: ClientSession | None = None,
-) -> dict[Any, tuple[RetryOutcome, dt.datetime | None]]:
+) -> Retried:
     """Re-enqueue the finished jobs of ``events`` (their cache outcome known) below their retry limit, once each.
 
-    Each event's outcome, and when a delayed retry becomes due. A retry already
-    inserted (or scheduled) by a pass that died, under the ``_id`` chosen at claim
-    time, is not inserted, nor counted, again.
+    A retry already inserted (or scheduled) by a pass that died, under the
+    ``_id`` chosen at claim time, is not inserted, nor counted, again: the
+    counters its insert moves are returned in doubt.
     """
     outcomes: dict[Any, tuple[RetryOutcome, dt.datetime | None]] = {
         event[ID]: (retry_decision(event, policy, strategy), None) for event in events
     }
     wanted = [event for event in events if outcomes[event[ID]][0] == RetryOutcome.ENQUEUED]
     queued = _queued_unicity_ids(store, wanted, session)
-    new_jobs, scheduled = [], []
+    new_jobs, scheduled, inserted_by_a_dead_pass = [], [], []
     for event in wanted:
         holder = queued.get(event[Event.JOB][Job.UNICITY_ID])
         if holder is not None and holder != event[Event.RETRY_JOB_ID]:
@@ -85,6 +97,8 @@ def enqueue_retries(
             scheduled.append(_scheduled(event, strategy.generation, now, due_at))
         elif holder is None:
             new_jobs.append(retry_job(event, strategy.generation, now))
+        else:
+            inserted_by_a_dead_pass.append(event[Event.JOB])
     if new_jobs:
         store.jobs.insert_many(new_jobs, ordered=False, session=session)
         after_insert(store, strategy.side, new_jobs, session)
@@ -98,7 +112,7 @@ def enqueue_retries(
         fresh = [item for item in scheduled if item[ID] not in present]
         if fresh:
             store.retries.insert_many(fresh, ordered=False, session=session)
-    return outcomes
+    return Retried(outcomes, inserted_before(strategy.side, inserted_by_a_dead_pass))
 
 
 def _spread(event_id: Any) -> float:
@@ -139,9 +153,12 @@ def enqueue_due_retries(store: Store, policy: ZombiePolicy, now: dt.datetime | N
         decided: dict[Any, ScheduledState] = {}
         for name in sorted({item[ScheduledRetry.QUEUE_GENERATION] for item in due}):
             batch = [item for item in due if item[ScheduledRetry.QUEUE_GENERATION] == name]
-            batch_decided, inserted = _enqueue_due(store, batch, strategy_for(store, QUEUE_GENERATIONS[name]).side, now)
+            side = strategy_for(store, QUEUE_GENERATIONS[name]).side
+            batch_decided, inserted, repaired = _enqueue_due(store, batch, side, now)
             decided.update(batch_decided)
             counts[Count.DUE_RETRY_ENQUEUED] += inserted
+            if repaired:
+                counts[Count.COUNTERS_REPAIRED] += repaired
         store.retries.bulk_write(
             [
                 UpdateOne(
@@ -164,13 +181,14 @@ def pending_retries(store: Store) -> int:
 
 def _enqueue_due(
     store: Store, due: list[Mapping[str, Any]], side: SideCollections, now: dt.datetime
-) -> tuple[dict[Any, ScheduledState], int]:
-    """Each due retry's decision, and how many jobs this call inserted (a retry inserted before is decided, not counted)."""
+) -> tuple[dict[Any, ScheduledState], int, int]:
+    """Each due retry's decision, how many jobs this call inserted (a retry inserted before is decided, not counted),
+    and how many counters it set from a recount."""
     jobs = [
         {**item[ScheduledRetry.JOB], Job.CREATED_AT: now} for item in due
     ]  # it joins the queue now, not when it was scheduled
     holders = _queued_unicity_ids(store, [{Event.JOB: job} for job in jobs], None)
-    decided, to_insert = {}, []
+    decided, to_insert, inserted_by_a_dead_pass = {}, [], []
     for item, job in zip(due, jobs):
         holder = holders.get(job[Job.UNICITY_ID])
         if holder is not None and holder != item[ID]:
@@ -180,6 +198,11 @@ def _enqueue_due(
             if holder is None:
                 to_insert.append(job)
                 holders[job[Job.UNICITY_ID]] = item[ID]
+            else:
+                inserted_by_a_dead_pass.append(job)
+    # A pass that died after its insert may or may not have moved the counters: set them from a recount, before
+    # the decision is recorded (a pass that dies here leaves the retry pending, and the next one does it again).
+    repaired = counters.repair(store, side, inserted_before(side, inserted_by_a_dead_pass))
     if to_insert:
         try:
             store.jobs.insert_many(to_insert, ordered=False)
@@ -188,8 +211,8 @@ def _enqueue_due(
             refused = duplicate_indexes(error)
             inserted = [job for index, job in enumerate(to_insert) if index not in refused]
         after_insert(store, side, inserted)
-        return decided, len(inserted)
-    return decided, 0
+        return decided, len(inserted), repaired
+    return decided, 0, repaired
 
 
 def retry_decision(event: Mapping[str, Any], policy: ZombiePolicy, strategy: FinishStrategy) -> RetryOutcome:

@@ -13,8 +13,9 @@ the pipeline asks which generation a queue is:
   2023-12 on writes the entry first: the deletion then proves the claim won);
 - how a pass that died is recognized afterwards: our stamp as ``finished_at`` on
   a kept job; for a deleted one, our error entry still beside it (a worker
-  writes its result before it deletes its job). A finish found done that way had
-  its counters moved by the pass that died, and they are left alone;
+  writes its result before it deletes its job). A finish found done that way
+  may or may not have had its counters moved by the pass that died: they are
+  not moved again but reported in doubt, for the pass to set from a recount;
 - whether the cleanup re-enqueues crashed jobs by default (from 2023-12 the
   deployment's backfill re-creates them itself);
 - what the deployment does around a finish (:mod:`.effects`), in the
@@ -37,13 +38,13 @@ from pymongo import DeleteOne, UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.results import BulkWriteResult
 
-from zombie_pipeline.cleanup.cache_errors import written_for
+from zombie_pipeline.cleanup.cache_errors import CacheWrite, written_for
 from zombie_pipeline.cleanup.detection import (
     as_seen_expression,
     as_seen_filter,
     is_as_seen,
 )
-from zombie_pipeline.cleanup.effects import Finished, SideCollections, after_finish
+from zombie_pipeline.cleanup.effects import CountersInDoubt, Effects, Finished, SideCollections, after_finish
 from zombie_pipeline.cleanup.events import READ_BATCH
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
@@ -63,9 +64,6 @@ from zombie_pipeline.queue.store import Store
 
 _JOB_STATE = {Job.STATUS: 1, Job.FINISHED_AT: 1, Job.STARTED_AT: 1, Job.LAST_HEARTBEAT: 1, Job.TERMINATED_AT: 1}
 
-#: The cache errors of a batch's finished events, by event id (``cache_errors.write_batch``'s result).
-CacheOutcomes = dict[Any, dict[str, Any]]
-
 
 @dataclass
 class SortedClaims:
@@ -84,6 +82,8 @@ class FinishOutcome:
     done_before: list[ZombieEvent] = field(default_factory=list)
     lost: list[ZombieEvent] = field(default_factory=list)
     effects: dict[Any, list[str]] = field(default_factory=dict)
+    #: the counter moves of the finishes a pass that died did (``done_before``): applied or not, nobody knows
+    in_doubt: CountersInDoubt = field(default_factory=CountersInDoubt)
 
     @property
     def finished(self) -> list[ZombieEvent]:
@@ -141,8 +141,10 @@ class FinishStrategy(ABC):
             outcome.won = won
             outcome.lost += [event for event in claims.to_finish if event[ID] not in winners]
         now = utc_now()
-        outcome.effects = self.after_finish(_finished(outcome.won), now, session)
-        outcome.effects.update(self.after_finish(_finished(outcome.done_before), now, session, count=False))
+        finished_now = self.after_finish(_finished(outcome.won), now, session)
+        finished_before = self.after_finish(_finished(outcome.done_before), now, session, count=False)
+        outcome.effects = {**finished_now.by_job, **finished_before.by_job}
+        outcome.in_doubt = finished_now.in_doubt.merge(finished_before.in_doubt)
         return outcome
 
     @abstractmethod
@@ -150,8 +152,8 @@ class FinishStrategy(ABC):
         self,
         claims: SortedClaims,
         finish: Callable[[SortedClaims], FinishOutcome],
-        write_errors: Callable[[list[ZombieEvent]], CacheOutcomes],
-    ) -> tuple[FinishOutcome, CacheOutcomes]:
+        write_errors: Callable[[list[ZombieEvent]], CacheWrite],
+    ) -> tuple[FinishOutcome, CacheWrite]:
         """The job's finish and its cache error entry, in the order the deployment writes them."""
 
     def enqueues_retries(self, policy: ZombiePolicy) -> bool:
@@ -160,7 +162,7 @@ class FinishStrategy(ABC):
 
     def after_finish(
         self, finished: list[Finished], now: dt.datetime, session: ClientSession | None = None, count: bool = True
-    ) -> dict[Any, list[str]]:
+    ) -> Effects:
         """Counters, rate limiter and locks around these finishes, as the deployment of the generation keeps them."""
         return after_finish(
             self.store, self.side, finished, now, session, count, count_final_status=self.keeps_finished_jobs
@@ -207,8 +209,8 @@ class KeptAsError(FinishStrategy):
         self,
         claims: SortedClaims,
         finish: Callable[[SortedClaims], FinishOutcome],
-        write_errors: Callable[[list[ZombieEvent]], CacheOutcomes],
-    ) -> tuple[FinishOutcome, CacheOutcomes]:
+        write_errors: Callable[[list[ZombieEvent]], CacheWrite],
+    ) -> tuple[FinishOutcome, CacheWrite]:
         outcome = finish(claims)
         return outcome, write_errors(outcome.finished)
 
@@ -260,8 +262,8 @@ class Deleted(FinishStrategy):
         self,
         claims: SortedClaims,
         finish: Callable[[SortedClaims], FinishOutcome],
-        write_errors: Callable[[list[ZombieEvent]], CacheOutcomes],
-    ) -> tuple[FinishOutcome, CacheOutcomes]:
+        write_errors: Callable[[list[ZombieEvent]], CacheWrite],
+    ) -> tuple[FinishOutcome, CacheWrite]:
         cached = write_errors(claims.to_finish + claims.done_before)
         return finish(claims), cached
 

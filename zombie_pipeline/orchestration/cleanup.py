@@ -30,6 +30,7 @@ from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
     QueueDatabase,
     ZombiePolicyResource,
+    failing_in_one_line,
     store_of,
 )
 from zombie_pipeline.orchestration.tags import (
@@ -66,6 +67,7 @@ class CleanupConfig(dg.Config):
 
 
 @dg.op(description="Tell the queue's generation, and complete the finalizations that crashed runs left half done.")
+@failing_in_one_line("reconcile: telling the generation and completing what crashed runs left")
 def reconcile(
     context: dg.OpExecutionContext,
     config: CleanupConfig,
@@ -111,6 +113,7 @@ def reconcile(
 
 
 @dg.op(description="Find started jobs past their heartbeat timeout, SIGTERM or maximum duration, in one indexed query.")
+@failing_in_one_line("find_zombies: detecting zombies")
 def find_zombies(
     context: dg.OpExecutionContext,
     plan: CleanupPlan,
@@ -152,6 +155,7 @@ def find_zombies(
     "or error entry then deletion), by compare-and-set, with the deployment's counters, rate limiter and locks; "
     "write the error users see; re-enqueue within the retry limits where the generation wants it."
 )
+@failing_in_one_line("finalize_zombies: claiming and finalizing zombies")
 def finalize_zombies(
     context: dg.OpExecutionContext,
     plan: CleanupPlan,
@@ -182,6 +186,7 @@ def finalize_zombies(
     description="Run each finalized zombie's compensations (actions that undo a job's partial side effects), the ones "
     "failing in earlier runs too; record every outcome on its event. A failure never stops the others."
 )
+@failing_in_one_line("compensate_zombies: running compensations")
 def compensate_zombies(
     context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> CleanupPlan:
@@ -200,6 +205,7 @@ def compensate_zombies(
     description="Summarize the run from the audit trail: what was finalized, why, and what was skipped; push the "
     "figures to the Pushgateway, if there is one."
 )
+@failing_in_one_line("summarize: reading the run back from the audit trail")
 def summarize(
     context: dg.OpExecutionContext,
     plan: CleanupPlan,

@@ -41,6 +41,7 @@ from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
     QueueDatabase,
     ZombiePolicyResource,
+    failing_in_one_line,
     store_of,
 )
 from zombie_pipeline.orchestration.tags import (
@@ -99,6 +100,7 @@ def _checked_cleanup(context: dg.AssetCheckExecutionContext) -> CleanupScope | N
         "pushed to the Pushgateway, if there is one. Its checks are the cleanup's invariants."
     ),
 )
+@failing_in_one_line("queue_health: reading the queue")
 def queue_health(
     context: dg.AssetExecutionContext,
     queue_db: QueueDatabase,
@@ -139,6 +141,7 @@ def queue_health(
         "Launched by hand, after no cleanup: no zombie right now, in any type."
     ),
 )
+@failing_in_one_line("no_zombies_left: looking for zombies left")
 def no_zombies_left(
     context: dg.AssetCheckExecutionContext,
     queue_db: QueueDatabase,
@@ -187,6 +190,7 @@ class CacheErrorsCheckConfig(dg.Config):
         f"{ErrorCode.EXCEEDED_MAX_DURATION}), or a newer result replaced it since."
     ),
 )
+@failing_in_one_line("zombies_have_cache_errors: reading the cache entries of finalized zombies")
 def zombies_have_cache_errors(
     context: dg.AssetCheckExecutionContext,
     config: CacheErrorsCheckConfig,
@@ -223,6 +227,7 @@ def zombies_have_cache_errors(
         "next cleanups, with an error once one is given up on after compensation_max_attempts."
     ),
 )
+@failing_in_one_line("compensations_succeed: reading the compensations")
 def compensations_succeed(queue_db: QueueDatabase, cache_db: CacheDatabase) -> dg.AssetCheckResult:
     audit = compensations.audit(store_of(queue_db, cache_db, check=True), SAMPLE_ROWS)
     metadata: dict[str, Any] = {

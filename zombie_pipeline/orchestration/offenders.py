@@ -22,6 +22,7 @@ from zombie_pipeline.orchestration.metadata import table_metadata
 from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
     QueueDatabase,
+    failing_in_one_line,
     store_of,
 )
 from zombie_pipeline.orchestration.statistics import DAILY_PARTITIONS, GROUP
@@ -80,6 +81,7 @@ class RepeatOffendersConfig(dg.Config):
         )
     ],
 )
+@failing_in_one_line("repeat_offenders: reading the audit trail")
 def repeat_offenders(
     context: dg.AssetExecutionContext, config: RepeatOffendersConfig, queue_db: QueueDatabase, cache_db: CacheDatabase
 ) -> dg.MaterializeResult:

@@ -8,7 +8,12 @@ password. With no URL set, the embedded server is started (or reused).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import dagster as dg
+import pymongo
 from pydantic import Field
 from pymongo.database import Database
 
@@ -16,10 +21,11 @@ from zombie_pipeline import config
 from zombie_pipeline.orchestration.metrics import metrics_gateway_from_env
 from zombie_pipeline.policy import ZombiePolicy, policy_fields
 from zombie_pipeline.queue.connections import (
-    DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
+    DEFAULT_TIMEOUT_MS,
     DatabaseUnavailable,
     check_reachable,
     client_for,
+    database_error,
 )
 from zombie_pipeline.queue.documents import (
     DEFAULT_CACHE_COLLECTION,
@@ -39,10 +45,12 @@ from zombie_pipeline.statistics.suggestion_log import effective_policy
 class _MongoDatabaseResource(dg.ConfigurableResource):
     url_env_var: str = Field(description="Name of the environment variable holding the MongoDB URL.")
     database: str = Field(description="Database name.")
+    # The name is the one it had when it bounded only the choice of a server; run configs name it so.
     server_selection_timeout_ms: int = Field(
-        default=DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
-        description="How long to wait for the server before a run fails, in milliseconds "
-        f"(default ${config.SERVER_SELECTION_TIMEOUT_ENV}, else {DEFAULT_SERVER_SELECTION_TIMEOUT_MS}).",
+        default=DEFAULT_TIMEOUT_MS,
+        description="How long any wait on the database may last before a run fails, in milliseconds: connecting, "
+        "choosing a server, each reply, each operation with its retry "
+        f"(default ${config.MONGO_TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_MS}).",
         gt=0,
     )
 
@@ -55,7 +63,12 @@ class _MongoDatabaseResource(dg.ConfigurableResource):
         return self.url() or embedded.ensure_server().url
 
     def get_database(self) -> Database:
-        return client_for(self.connection_url(), self.server_selection_timeout_ms)[self.database]
+        # The embedded server applies a retried write twice when a connection resets as it executes it: no retries
+        # there (a reset fails the run, the next run completes it); a real MongoDB applies a retried write once.
+        embedded_default = self.url() is None
+        return client_for(self.connection_url(), self.server_selection_timeout_ms, retry_writes=not embedded_default)[
+            self.database
+        ]
 
     def describe(self) -> str:
         """Where this resource points, without credentials."""
@@ -90,6 +103,37 @@ def check_databases(*resources: _MongoDatabaseResource) -> None:
 def unavailable_failure(error: DatabaseUnavailable) -> dg.Failure:
     """A run's failure for a database it cannot reach: the one line, and where it looked and how long, as metadata."""
     return dg.Failure(description=str(error), metadata=dict(error.facts))
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def failing_in_one_line(doing: str) -> Callable[[F], F]:
+    """An op's or an asset's body whose database errors fail it in one line: the masked URL, ``doing``, the setting.
+
+    Whatever pymongo raises in the middle of the step (a connection reset, a
+    stall past ``$ZOMBIE_MONGO_TIMEOUT_MS``, a command refused) becomes a
+    :class:`dagster.Failure` whose description is that line and whose metadata
+    says where, doing what and how long it waited; the URLs are the database
+    resources the step was given.
+    """
+
+    def decorate(body: F) -> F:
+        @functools.wraps(body)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return body(*args, **kwargs)
+            except pymongo.errors.PyMongoError as error:
+                databases = [value for value in kwargs.values() if isinstance(value, _MongoDatabaseResource)]
+                urls = [database.url() for database in databases] or [None]
+                timeout_ms = max((database.server_selection_timeout_ms for database in databases), default=0)
+                raise unavailable_failure(
+                    database_error(error, doing, urls, timeout_ms or DEFAULT_TIMEOUT_MS)
+                ) from None
+
+        return run  # type: ignore[return-value]
+
+    return decorate
 
 
 def store_of(queue_db: QueueDatabase, cache_db: CacheDatabase, check: bool = False) -> Store:
@@ -140,7 +184,7 @@ class FailureWebhook(dg.ConfigurableResource):
 
 def resources_from_env() -> dict[str, dg.ConfigurableResource]:
     """The resources of the deployment, database names from the environment (URLs stay there)."""
-    timeout_ms = config.server_selection_timeout_ms(DEFAULT_SERVER_SELECTION_TIMEOUT_MS)
+    timeout_ms = config.mongo_timeout_ms(DEFAULT_TIMEOUT_MS)
     return {
         "queue_db": QueueDatabase(database=config.queue_database(), server_selection_timeout_ms=timeout_ms),
         "cache_db": CacheDatabase(database=config.cache_database(), server_selection_timeout_ms=timeout_ms),

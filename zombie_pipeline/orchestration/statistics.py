@@ -28,6 +28,7 @@ from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
     QueueDatabase,
     ZombiePolicyResource,
+    failing_in_one_line,
     store_of,
 )
 from zombie_pipeline.orchestration.tags import PIPELINE_TAG, STATISTICS_GROUP
@@ -100,6 +101,7 @@ class DurationStatisticsConfig(dg.Config, SuggestionRules):
 
 
 @dg.asset(group_name=GROUP, partitions_def=DAILY_PARTITIONS, kinds={"mongodb", "pandas"})
+@failing_in_one_line("job_duration_tallies: reading a day of job history")
 def job_duration_tallies(
     context: dg.AssetExecutionContext,
     config: DailyTalliesConfig,
@@ -194,6 +196,7 @@ def window_days_of(partition_key: str, window_days: int) -> list[str]:
         )
     },
 )
+@failing_in_one_line("job_duration_statistics: reading the window's suggestions and history")
 def job_duration_statistics(
     context: dg.AssetExecutionContext,
     config: DurationStatisticsConfig,

@@ -1,38 +1,70 @@
-"""MongoDB connections: one client per URL per process, and a failure to reach one said in one clean line."""
+"""MongoDB connections: one client per URL per process, every wait bounded by one setting, and a failure said in one line.
+
+A database that stops answering must fail a run within ``$ZOMBIE_MONGO_TIMEOUT_MS``,
+not after whatever pymongo's defaults allow (no socket timeout at all: a stalled
+server held a cleanup until the client's monitor gave up, some 30 s later). So
+:func:`client_for` bounds connecting, choosing a server, each read of a socket,
+and each whole operation with its retries (pymongo's client-side operation
+timeout, ``timeoutMS``) by that one value. An error in the middle of a step
+becomes one line (:func:`database_error`): the masked URL, what was being done,
+and the setting that bounds the wait.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 import pymongo
 from bson.codec_options import CodecOptions
 from pymongo import MongoClient
 from pymongo.database import Database
 
-from zombie_pipeline.config import SERVER_SELECTION_TIMEOUT_ENV
+from zombie_pipeline.config import MONGO_TIMEOUT_ENV
 from zombie_pipeline.queue.secrets import redact_url, scrub
 
-#: How long a command waits for a server before it fails: seconds, not the minutes a dead database would hold a run.
-DEFAULT_SERVER_SELECTION_TIMEOUT_MS = 5_000
+#: How long any wait on a database may last before the run fails: seconds, not the minutes a dead or stalled
+#: database would hold a run. The longest single command of a cleanup of 1,000 zombies in batches of 500 took
+#: 0.9 s on the embedded server under load (docs/reliability.md): five times that leaves room.
+DEFAULT_TIMEOUT_MS = 5_000
+#: The name this default had when it bounded only the choice of a server.
+DEFAULT_SERVER_SELECTION_TIMEOUT_MS = DEFAULT_TIMEOUT_MS
 
-_clients: dict[tuple[str, int], MongoClient] = {}
+_clients: dict[tuple[str, int, bool], MongoClient] = {}
 _clients_lock = threading.Lock()
 
 
-def client_for(url: str, server_selection_timeout_ms: int = DEFAULT_SERVER_SELECTION_TIMEOUT_MS) -> MongoClient:
-    """The process-wide client for ``url``: pymongo pools connections, so reuse it."""
-    key = (url, server_selection_timeout_ms)
+def timeouts(timeout_ms: int) -> dict[str, int]:
+    """pymongo's options that bound every wait on a server by ``timeout_ms``.
+
+    ``timeoutMS`` bounds each operation as a whole (its server selection, its
+    connection, its retry); the other three bound what runs outside an
+    operation's deadline (the pool's connections, the monitor's checks).
+    """
+    return {
+        "timeoutMS": timeout_ms,
+        "serverSelectionTimeoutMS": timeout_ms,
+        "connectTimeoutMS": timeout_ms,
+        "socketTimeoutMS": timeout_ms,
+    }
+
+
+def client_for(url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, retry_writes: bool = True) -> MongoClient:
+    """The process-wide client for ``url``, every wait bounded by ``timeout_ms``: pymongo pools connections, so reuse it.
+
+    ``retry_writes=False`` for a server that applies a retried write twice (the embedded SecantusDB, when the
+    connection resets while it executes the write): a reset then fails the run, and the next run completes it.
+    """
+    key = (url, timeout_ms, retry_writes)
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = MongoClient(
-                url,
-                tz_aware=True,
-                tzinfo=dt.UTC,
-                serverSelectionTimeoutMS=server_selection_timeout_ms,
-                connect=False,
-            )
+            options: dict[str, Any] = timeouts(timeout_ms)
+            if not retry_writes:
+                options["retryWrites"] = False
+            client = MongoClient(url, tz_aware=True, tzinfo=dt.UTC, connect=False, **options)
             _clients[key] = client
         return client
 
@@ -75,14 +107,64 @@ def check_reachable(database: Database, url: str | None, variable: str | None = 
     except pymongo.errors.PyMongoError as error:
         raise DatabaseUnavailable(
             f"cannot reach MongoDB at {where} within {timeout_ms / 1000:g} s: {_first_words(error, url)}. Is the server "
-            f"up, and the URL right? (${SERVER_SELECTION_TIMEOUT_ENV} waits longer)",
+            f"up, and the URL right? (${MONGO_TIMEOUT_ENV} waits longer)",
             facts,
         ) from None
 
 
-def _first_words(error: Exception, url: str | None) -> str:
-    """The cause of a pymongo error without its topology dump, credentials masked."""
+def database_error(
+    error: pymongo.errors.PyMongoError, doing: str, urls: Sequence[str | None], timeout_ms: int
+) -> DatabaseUnavailable:
+    """One line for a database error met in the middle of a step: where, doing what, and which setting bounds the wait.
+
+    ``urls``: the URLs the step works with (None: the embedded default); the one
+    the error names is shown if it names one of them, else all of them, masked.
+    A lost connection, a stall past the timeout, a command the server refused:
+    each is said in its own words, never as pymongo's traceback. The next run
+    completes what the failed one left (the audit trail is the cleanup's log).
+    """
+    cause = f"{type(error).__name__.lstrip('_')}: {_first_words(error, *urls)}"
+    where = " and ".join(redact_url(url) for url in _named_by(error, urls))
+    bound = f"${MONGO_TIMEOUT_ENV} bounds every wait on the database ({timeout_ms} ms)"
+    if isinstance(error, pymongo.errors.OperationFailure) and not error.timeout:
+        what = f"MongoDB at {where} refused a command ({cause})"
+    elif error.timeout:
+        what = f"MongoDB at {where} did not answer within {timeout_ms / 1000:g} s ({cause})"
+    elif isinstance(error, pymongo.errors.ConnectionFailure):
+        what = f"lost the connection to MongoDB at {where} ({cause})"
+    else:
+        what = f"MongoDB at {where} failed ({cause})"
+    facts: dict[str, str | int] = {
+        "url": ", ".join(redact_url(url) for url in _named_by(error, urls)),
+        "doing": doing,
+        "error": type(error).__name__,
+        "variable": MONGO_TIMEOUT_ENV,
+        "timeout_ms": timeout_ms,
+    }
+    return DatabaseUnavailable(f"{doing}: {what}; {bound}; the next run completes what this one left", facts)
+
+
+def _named_by(error: Exception, urls: Sequence[str | None]) -> list[str | None]:
+    """The URLs among ``urls`` whose hosts the error names (pymongo starts its messages with ``host:port``); else all."""
+    distinct = list(dict.fromkeys(urls))
+    text = str(error)
+    named = [url for url in distinct if any(host in text for host in _hosts(url))]
+    return named or distinct
+
+
+def _hosts(url: str | None) -> list[str]:
+    """The ``host:port`` seeds of a URL, read without resolving anything (a ``mongodb+srv`` one names no port)."""
+    if not url:
+        return []
+    netloc = url.partition("://")[2].rsplit("@", 1)[-1]
+    for end in "/?":
+        netloc = netloc.split(end, 1)[0]
+    return [host if ":" in host else f"{host}:27017" for host in netloc.split(",") if host]
+
+
+def _first_words(error: Exception, *urls: str | None) -> str:
+    """The cause of a pymongo error on one line, without its topology dump, credentials masked."""
     text = str(error)
     for cut in (" (configured timeouts", ", Timeout:", ", full error:"):
         text = text.split(cut, 1)[0]
-    return scrub(text.strip().rstrip("."), [url])
+    return scrub(" ".join(text.split()).rstrip("."), urls)

@@ -23,6 +23,11 @@ def supports_transactions(client: MongoClient) -> bool:
     return _transactions[key]
 
 
+def in_transactions(client: MongoClient, enabled: bool) -> bool:
+    """Whether :func:`atomically` runs its work in a transaction on ``client``: asked for, and the server has them."""
+    return enabled and supports_transactions(client)
+
+
 class Conflict(Exception):
     """Raised by a transaction's work when a concurrent writer got there first: the work is done again."""
 
@@ -37,7 +42,7 @@ def atomically(
     connection above all, is raised at once: the work is recognized as done or not by the next run,
     and a dead server must not hold a cleanup for minutes.
     """
-    if not (enabled and supports_transactions(client)):
+    if not in_transactions(client, enabled):
         return work(None)
     for attempt in range(attempts):
         with client.start_session() as session:
