@@ -73,7 +73,8 @@ def cleanup_scope(instance: dg.DagsterInstance, run_id: str) -> CleanupScope | N
     if record is None:
         return None
     run = record.dagster_run
-    config = ((run.run_config or {}).get("ops", {}).get(reconcile.name) or {}).get("config") or {}
+    run_config: dict[str, Any] = dict(run.run_config or {})
+    config = (run_config.get("ops", {}).get(reconcile.name) or {}).get("config") or {}
     if PARTITION_TAG in run.tags:
         job_types: tuple[str, ...] | None = (run.tags[PARTITION_TAG],)
     elif config.get("job_types") is not None:

@@ -12,8 +12,12 @@ a backlog that later runs as a burst.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import dagster as dg
+
+if TYPE_CHECKING:  # what Dagster builds from an asset job's partitions; not exported at the top level
+    from dagster._core.definitions.partitions.partitioned_schedule import UnresolvedPartitionedAssetScheduleDefinition
 
 from zombie_pipeline import config
 from zombie_pipeline.config import KILL_CRON_ENV
@@ -66,7 +70,7 @@ def build_kill_zombies_schedule(cron: str | None = None) -> dg.ScheduleDefinitio
     return kill_zombies_schedule
 
 
-def build_duration_stats_schedule() -> dg.ScheduleDefinition:
+def build_duration_stats_schedule() -> dg.ScheduleDefinition | UnresolvedPartitionedAssetScheduleDefinition:
     """Daily at 00:30 UTC, for the UTC day that just ended (the job's daily partition)."""
     return dg.build_schedule_from_partitioned_job(
         duration_statistics_job,

@@ -172,8 +172,9 @@ def daily_metadata(period: Period) -> dict[str, dg.MetadataValue]:
         metadata[metadata_key("zombies", job_type)] = dg.MetadataValue.int(sum(tally.zombies.values()))
         statistics = success_statistics(tally.success)
         for name in ("p50", "p99"):
-            if statistics[name] is not None:
-                metadata[metadata_key(f"{name}_seconds", job_type)] = dg.MetadataValue.float(round(statistics[name], 3))
+            seconds = statistics[name]
+            if seconds is not None:
+                metadata[metadata_key(f"{name}_seconds", job_type)] = dg.MetadataValue.float(round(seconds, 3))
     return metadata
 
 
