@@ -8,13 +8,17 @@ password. With no URL set, the embedded server is started (or reused).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import dagster as dg
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from pymongo.database import Database
+from pymongo.errors import ConfigurationError
 
 from zombie_pipeline import config
+from zombie_pipeline.config import SettingError
 from zombie_pipeline.orchestration.metrics import metrics_gateway_from_env
-from zombie_pipeline.policy import ZombiePolicy, policy_fields
+from zombie_pipeline.policy import InvalidPolicy, ZombiePolicy, policy_fields, validated
 from zombie_pipeline.queue.connections import (
     DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
     DatabaseUnavailable,
@@ -30,7 +34,7 @@ from zombie_pipeline.queue.documents import (
     DEFAULT_QUEUE_DATABASE,
     DEFAULT_SUGGESTIONS_COLLECTION,
 )
-from zombie_pipeline.queue.secrets import redact_url
+from zombie_pipeline.queue.secrets import redact_url, scrub
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation import embedded
 from zombie_pipeline.statistics.suggestions import effective_policy
@@ -39,11 +43,10 @@ from zombie_pipeline.statistics.suggestions import effective_policy
 class _MongoDatabaseResource(dg.ConfigurableResource):
     url_env_var: str = Field(description="Name of the environment variable holding the MongoDB URL.")
     database: str = Field(description="Database name.")
-    server_selection_timeout_ms: int = Field(
+    server_selection_timeout_ms: int = Field(  # checked by get_database, in the step: see settings_of
         default=DEFAULT_SERVER_SELECTION_TIMEOUT_MS,
-        description="How long to wait for the server before a run fails, in milliseconds "
+        description="How long to wait for the server before a run fails, in milliseconds, more than 0 "
         f"(default ${config.SERVER_SELECTION_TIMEOUT_ENV}, else {DEFAULT_SERVER_SELECTION_TIMEOUT_MS}).",
-        gt=0,
     )
 
     def url(self) -> str | None:
@@ -55,7 +58,20 @@ class _MongoDatabaseResource(dg.ConfigurableResource):
         return self.url() or embedded.ensure_server().url
 
     def get_database(self) -> Database:
-        return client_for(self.connection_url(), self.server_selection_timeout_ms)[self.database]
+        """The database; :class:`SettingError` naming the variable when its URL is not one pymongo accepts."""
+        if self.server_selection_timeout_ms <= 0:
+            raise SettingError(
+                f"server_selection_timeout_ms={self.server_selection_timeout_ms} (the {self.database} database's "
+                "resource config) must be a positive number of milliseconds"
+            )
+        url = self.connection_url()
+        try:
+            return client_for(url, self.server_selection_timeout_ms)[self.database]
+        except ConfigurationError as error:  # the value itself is not shown: a malformed URL may still hold a password
+            raise SettingError(
+                f"{self.url_env_var} is not a MongoDB URL: {scrub(str(error), [url])} (expected "
+                "mongodb://[user:password@]host[:port][/?options] or mongodb+srv://...)"
+            ) from None
 
     def describe(self) -> str:
         """Where this resource points, without credentials."""
@@ -93,33 +109,71 @@ def unavailable_failure(error: DatabaseUnavailable) -> dg.Failure:
 
 
 def store_of(queue_db: QueueDatabase, cache_db: CacheDatabase, check: bool = False) -> Store:
-    """The collections of both databases; with ``check``, a run fails at once, cleanly, if one is unreachable."""
-    store = Store.of(
-        queue_db.get_database(),
-        cache_db.get_database(),
-        jobs_collection=queue_db.jobs_collection,
-        cache_collection=cache_db.cache_collection,
-        events_collection=queue_db.events_collection,
-        failures_collection=queue_db.failures_collection,
-        suggestions_collection=queue_db.suggestions_collection,
-    )
-    if check:
-        try:
+    """The collections of both databases; with ``check`` (in a step), a database out of reach fails the step in
+    one line (a ``dg.Failure`` its retry policy may retry), and a malformed URL too (never retried)."""
+    try:
+        store = Store.of(
+            queue_db.get_database(),
+            cache_db.get_database(),
+            jobs_collection=queue_db.jobs_collection,
+            cache_collection=cache_db.cache_collection,
+            events_collection=queue_db.events_collection,
+            failures_collection=queue_db.failures_collection,
+            suggestions_collection=queue_db.suggestions_collection,
+        )
+        if check:
             check_databases(queue_db, cache_db)
-        except DatabaseUnavailable as error:
-            raise unavailable_failure(error) from None
+    except SettingError as error:
+        if not check:
+            raise
+        raise dg.Failure(description=str(error), allow_retries=False) from None
+    except DatabaseUnavailable as error:
+        raise unavailable_failure(error) from None
     return store
 
 
-class ZombiePolicyResource(dg.ConfigurableResource, ZombiePolicy):
+def settings_of(model: type[BaseModel]) -> type[BaseModel]:
+    """``model``'s fields as Dagster config: the same names, types, defaults and descriptions, without the bounds.
+
+    Dagster checks a config's types before a run is launched (the Launchpad marks them) but not pydantic's bounds
+    nor the rules across fields: built with them, a resource refuses a bad value while Dagster initializes the run's
+    resources, a failure of the run itself that run retries repeat and that reaches the failure sensor as Dagster's
+    generic "an exception was thrown". Without them, the first step builds the model and refuses it in one line.
+    """
+    fields: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        default = {"default_factory": info.default_factory} if info.default_factory else {"default": info.default}
+        fields[name] = (info.annotation, Field(description=info.description, **default))  # type: ignore[call-overload]
+    return create_model(f"{model.__name__}Settings", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+if TYPE_CHECKING:  # the same fields, as a type checker reads them
+    PolicySettings = ZombiePolicy
+else:
+    PolicySettings = settings_of(ZombiePolicy)
+
+
+class PolicyRefused(dg.Failure, InvalidPolicy):
+    """A run's failure for a policy that is refused: one line naming each field and value, never retried."""
+
+    def __init__(self, error: InvalidPolicy) -> None:
+        super().__init__(description=str(error), allow_retries=False)
+
+
+class ZombiePolicyResource(dg.ConfigurableResource, PolicySettings):
     """Thresholds and limits shared by the cleanup job, the sensors and the checks (fields: ``policy.ZombiePolicy``).
 
-    A bad value is refused when the resource is built, before any op runs.
+    Dagster checks the types before launch; :meth:`policy` checks the values (bounds, rules across fields), first
+    thing in each step that uses it, before anything is read or written: a bad value fails that step with
+    :class:`PolicyRefused`, a one-line ``dg.Failure`` that no retry repeats.
     """
 
     def policy(self) -> ZombiePolicy:
-        """The configured policy, as the core takes it."""
-        return ZombiePolicy(**policy_fields(self.model_dump()))
+        """The configured policy, as the core takes it; :class:`PolicyRefused` when a value is refused."""
+        try:
+            return validated(policy_fields(self.model_dump()))
+        except InvalidPolicy as error:
+            raise PolicyRefused(error) from None
 
     def in_force(self, store: Store) -> ZombiePolicy:
         """The policy a cleanup applies now: suggested maximum durations included when opted in."""
