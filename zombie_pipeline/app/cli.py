@@ -13,6 +13,7 @@ from zombie_pipeline.app.errors import OptionRefused
 from zombie_pipeline.config import SettingError
 from zombie_pipeline.policy import InvalidPolicy, ZombiePolicy
 from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients
+from zombie_pipeline.queue.documents import Job
 from zombie_pipeline.queue.generations import (
     CACHE_GENERATIONS,
     NEWEST_QUEUE_GENERATION,
@@ -32,7 +33,7 @@ from zombie_pipeline.simulation.simulator import (
     simulate,
     simulated_generation,
 )
-from zombie_pipeline.simulation.workers import WorkerRates as WorkerRatesDefaults
+from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 
 # Dagster is imported only by the commands that need it: `db` answers in a fraction of a second.
 
@@ -75,9 +76,6 @@ def given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from zombie_pipeline.queue.documents import Job
-    from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
-
     options = {
         "seed": args.seed,
         "days": args.days,
@@ -140,7 +138,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_workers(args: argparse.Namespace) -> int:
     from zombie_pipeline.queue.generations import decide
-    from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 
     rates = WorkerRates(
         workers=args.workers,
@@ -277,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.set_defaults(handler=cmd_simulate, command_parser=sim)
 
-    defaults = WorkerRatesDefaults()
+    defaults = WorkerRates()
     workers = commands.add_parser(
         "workers",
         help="simulated workers: keep the simulated queue alive (take, heartbeat, finish, crash)",

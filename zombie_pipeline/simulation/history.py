@@ -48,12 +48,12 @@ from zombie_pipeline.queue.store import Store
 OFFENDER = ("/first-rows", "user42/endless-audio", "default", "train")
 #: Other zombies of a day, at random in this range.
 ZOMBIES_PER_DAY = (2, 5)
-#: The run id of a past day's cleanup: the day, then ``OFFENDER``'s crash hour.
+#: The run id of a past day's cleanup: this, then the moment it ran (``20261130T1932``).
 RUN_ID_PREFIX = "simulated-cleanup-"
 #: How long ``pastJobs`` keeps a run (the deployment's TTL index).
 PAST_JOBS_TTL = dt.timedelta(hours=1)
 
-#: Makes a started job: (kind, the moment it is a zombie at, the offender's fields or None) -> a job document.
+#: Makes a started job of a kind (``crashed``, ``overdue``, ...) as it stands at a moment: a zombie then.
 JobMaker = Callable[[str, dt.datetime], dict[str, Any]]
 
 

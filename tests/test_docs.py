@@ -1,0 +1,82 @@
+"""The README says what the code does: the policy's fields and defaults, every environment variable, every
+command and option."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from zombie_pipeline import config
+from zombie_pipeline.app import cli
+from zombie_pipeline.policy import ZombiePolicy
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+#: How the table writes a field whose default is "none given": what then applies.
+UNSET = {"queue_generation": "detected", "cache_generation": "detected", "enqueue_retries": "per generation"}
+
+
+def section(title: str) -> str:
+    """The README's section under ``title``, to the next heading."""
+    start = README.index(title)
+    following = re.search(r"\n#{2,3} ", README[start + len(title) :])
+    return README[start : start + len(title) + (following.start() if following else len(README))]
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of each row of the Markdown tables in ``text`` (header and rule left out)."""
+    rows = []
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and not set(line) <= set("|-: ") and cells[0] not in ("field", "variable", "option"):
+            rows.append(cells)
+    return rows
+
+
+def written(name: str, value: object) -> str:
+    """A default as the table writes it."""
+    if value is None:
+        return UNSET[name]
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict):
+        return "`{}`" if not value else str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def test_the_policy_table_lists_every_field_of_the_policy_with_its_default():
+    documented: dict[str, str] = {}
+    for cells in table_rows(section("### Policy (`zombie_policy` resource)")):
+        names = re.findall(r"`(\w+)`", cells[0])
+        defaults = [default.strip() for default in cells[1].split(" / ")]
+        assert len(names) == len(defaults), cells
+        documented.update(zip(names, defaults, strict=True))
+
+    fields = ZombiePolicy.model_fields
+    assert set(documented) == set(fields)
+    for name, info in fields.items():
+        assert documented[name] == written(name, info.get_default(call_default_factory=True)), name
+
+
+def test_every_environment_variable_the_pipeline_reads_is_in_the_readmes_table():
+    variables = {value for name, value in vars(config).items() if name.endswith("_ENV") and isinstance(value, str)}
+    documented = {re.sub(r"`", "", cells[0]) for cells in table_rows(section("## Pointing it at a real MongoDB"))}
+
+    assert variables - documented == set()
+
+
+@pytest.mark.parametrize("command", ["demo", "simulate", "workers", "db"])
+def test_every_command_and_each_of_its_options_is_in_the_readmes_command_line(command):
+    text = section("## Command line")
+    parser = cli.build_parser().parse_args([command] + (["status"] if command == "db" else [])).command_parser
+    options = {option for action in parser._actions for option in action.option_strings if option.startswith("--")}
+    options -= {"--help"}
+
+    synopsis = next(line for line in text.splitlines() if line.startswith(f"zombie-pipeline {command}"))
+    assert {option for option in options if option not in synopsis} == set()
+    if command != "db":
+        listed = {cells[0].strip("`") for cells in table_rows(text.split(f"**`{command}`**", 1)[1].split("**`")[0])}
+        assert listed == options
