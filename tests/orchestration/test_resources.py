@@ -15,6 +15,7 @@ from zombie_pipeline.config import (
     CACHE_URL_ENV,
     QUEUE_DATABASE_ENV,
     QUEUE_URL_ENV,
+    SettingError,
 )
 from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
@@ -104,8 +105,9 @@ def test_an_unreachable_database_fails_fast_without_the_password(monkeypatch):
 
 @pytest.mark.parametrize("timeout", [0, -1])
 def test_a_non_positive_server_selection_timeout_is_refused_naming_the_field(timeout: int):
-    with pytest.raises(Exception, match="server_selection_timeout_ms"):
-        QueueDatabase(database="q", server_selection_timeout_ms=timeout)
+    """Checked where the database is taken (in a step: a refusal, not a resource that fails the run's start)."""
+    with pytest.raises(SettingError, match=f"server_selection_timeout_ms={timeout} "):
+        QueueDatabase(database="q", server_selection_timeout_ms=timeout).get_database()
 
 
 def test_resources_from_env_take_database_names_from_the_environment(monkeypatch):
