@@ -86,22 +86,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.jobs is None and args.crashed_fraction is not None:
         raise OptionRefused("--crashed-fraction applies to --jobs only: give --jobs N too, or the counts (--crashed N)")
     if args.jobs is not None:
-        counts = given(args, COUNT_OPTIONS)
-        if counts:
-            raise OptionRefused(f"--jobs sets every count from its fractions: {', '.join(counts)} would have no effect")
+        pointless = given(args, COUNT_OPTIONS)
+        if pointless:
+            raise OptionRefused(
+                f"--jobs sets every count from its fractions: {', '.join(pointless)} would have no effect"
+            )
         fraction = args.crashed_fraction if args.crashed_fraction is not None else DEFAULT_CRASHED_FRACTION
         workload = Workload.from_fractions(args.jobs, crashed_fraction=fraction, **options)
     else:
-        counts = {name: getattr(args, name) for name in COUNT_OPTIONS}
-        counts = {name: SIMULATE_DEFAULTS[name] if value is None else value for name, value in counts.items()}
+        counts: dict[str, Any] = {
+            name: SIMULATE_DEFAULTS[name] if getattr(args, name) is None else getattr(args, name)
+            for name in COUNT_OPTIONS
+        }
         if args.terminated is not None and not QUEUE_GENERATIONS[args.generation].declares(Job.TERMINATED_AT):
             raise OptionRefused(
                 f"--terminated has no effect on a {args.generation} queue: its jobs do not record a SIGTERM "
                 "(terminated_at, 2026-05 on)"
             )
         if counts["running"] is None:  # enough healthy jobs that a cleanup never sees half the started jobs dead
-            zombies = Workload(**{**counts, "running": 0}, **options).zombies
-            counts["running"] = healthy_beside(zombies, ZombiePolicy())
+            dead = Workload(**{**counts, "running": 0}, **options).zombies
+            counts["running"] = healthy_beside(dead, ZombiePolicy())
         workload = Workload(**counts, **options)
     store, resources = _store_and_resources()
     check_ours(store, args.overwrite_database)  # before the first write, an index included

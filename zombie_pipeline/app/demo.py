@@ -20,7 +20,7 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -272,7 +272,7 @@ def _statistics(resources: dict[str, Any], instance: dg.DagsterInstance, save_su
     print(offenders_text(offenders.metadata))
 
 
-def statistics_text(metadata: dict[str, Any]) -> str:
+def statistics_text(metadata: Mapping[str, Any]) -> str:
     """The statistics as their report file (JSON) says: a line per type, the files, the policy snippet."""
     report = json.loads(Path(metadata["json"].value).read_text())
     lines = [
@@ -296,7 +296,7 @@ def statistics_text(metadata: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def offenders_text(metadata: dict[str, Any]) -> str:
+def offenders_text(metadata: Mapping[str, Any]) -> str:
     """The repeat offenders as their materialization's table lists them."""
     threshold = metadata["threshold"].value
     table = metadata.get("offenders_table")

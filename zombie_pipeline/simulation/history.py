@@ -102,7 +102,7 @@ def clean_past_days(
             finalizing.finalize(store, run_id, policy, strategy, cache)
             store.events.update_many({Event.RUN_ID: run_id}, {"$set": {Event.COMPLETED_AT: finalized_at}})
         finalized += len(claims)
-        offended += sum(1 for candidate in candidates if candidate.job[Job.DATASET] == OFFENDER[1])
+        offended += sum(1 for job in jobs if job[ID] in {c.id for c in candidates} and job[Job.DATASET] == OFFENDER[1])
         run_ids.append(run_id)
     if store.past_jobs.name in store.queue_collection_names():
         store.past_jobs.delete_many({PastJob.FINISHED_AT: {"$lt": now - PAST_JOBS_TTL}})
