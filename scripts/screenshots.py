@@ -2,36 +2,33 @@
 """Regenerate docs/screenshots/*.png: the Dagster UI on simulated data, captured with headless Chromium.
 
     apt-get install -y chromium          # Debian's package; once
-    python scripts/screenshots.py        # 2.5 minutes on 2 cores
+    python scripts/screenshots.py        # about 12 minutes on 2 cores
 
 Everything runs in a temporary directory: its own SecantusDB server, a
-simulated queue (a week of history and zombies), ``dagster dev`` with a
-temporary DAGSTER_HOME on a free port.
+simulated deployment as ``zombie-pipeline simulate`` writes it (a week of
+history, the seven days before today cleaned daily, with one dataset,
+``user42/endless-audio``, crashing its ``/first-rows`` worker every day;
+today's zombies beside healthy started jobs), its simulated workers moving the
+queue all along (``zombie-pipeline workers``, here with ten times the default
+crashes), and ``dagster dev`` with a temporary DAGSTER_HOME on a free port.
 
-A repeat offender is made the way one happens: one dataset's ``/first-rows``
-job crashes its worker on each of the last three days, and each day the
-cleanup (``cleanup.run_cleanup``, in this process, its clock set to that day)
-finalizes it and enqueues its retry, which the next day's worker takes and
-crashes on again. Today's retry crashes too, and the cleanup in ``dagster dev``
-finalizes it with the simulated zombies, its retry limit reached. That cleanup
-is given a compensation webhook for every type (``compensation_webhooks``, the
-URL in an environment variable) on a local port nothing listens on, so every
-compensation fails and ``compensations_succeed`` warns.
-
-The script launches that cleanup, the daily duration tallies and repeat
-offenders of the last week and the statistics of yesterday, waits for the
-checks that follow the cleanup, then captures the pages:
-plain pages with ``chromium --headless --screenshot``, the two views the UI
-shows only in a dialog (the statistics table, the policy JSON) through
-Chromium's DevTools protocol, which clicks the link first. It stops every
-process it started. Not part of the test suite.
+The script launches a cleanup given a compensation webhook for every type
+(``compensation_webhooks``, the URL in an environment variable) on a local port
+nothing listens on, so every compensation fails and ``compensations_succeed``
+warns; then ``queue_health`` every few seconds while the workers run, and a
+second cleanup, so that its plots show the queue moving; the daily duration
+tallies and repeat offenders of the last week and the statistics of yesterday;
+and a cleanup launched with a zero heartbeat timeout, which fails in one line.
+It captures the pages: plain pages with ``chromium --headless --screenshot``,
+the two views the UI shows only in a dialog (the statistics table, the policy
+JSON) through Chromium's DevTools protocol, which clicks the link first. It
+stops every process it started. Not part of the test suite.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import datetime as dt
 import itertools
 import json
@@ -39,17 +36,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
-from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test suite's dagster dev harness and server helper
 
 from tests.e2e import harness  # noqa: E402
 from tests.servers import running_server  # noqa: E402
-from zombie_pipeline.cleanup.run import run_cleanup  # noqa: E402
 from zombie_pipeline.config import (  # noqa: E402
     CACHE_URL_ENV,
     HOME_ENV,
@@ -59,85 +55,35 @@ from zombie_pipeline.config import (  # noqa: E402
 )
 from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, PARTITION_TAG  # noqa: E402
 from zombie_pipeline.policy import ZombiePolicy  # noqa: E402
-from zombie_pipeline.queue import documents  # noqa: E402
 from zombie_pipeline.queue.connections import client_for, close_clients  # noqa: E402
-from zombie_pipeline.queue.documents import ID, Job, Status, truncate_ms  # noqa: E402
-from zombie_pipeline.queue.generations import NEWEST_CACHE_GENERATION, OLDEST_QUEUE_GENERATION  # noqa: E402
+from zombie_pipeline.queue.generations import (  # noqa: E402
+    QUEUE_GENERATIONS,  # noqa: E402
+)
 from zombie_pipeline.queue.store import Store  # noqa: E402
 from zombie_pipeline.simulation.embedded import free_port  # noqa: E402
-from zombie_pipeline.simulation.simulator import Workload, job_document, simulate  # noqa: E402
+from zombie_pipeline.simulation.simulator import Workload, healthy_beside, simulate  # noqa: E402
+from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
-#: An early-2023 queue (finished jobs kept with their status), as the screenshots in docs/ show.
+#: As ``zombie-pipeline simulate`` sizes it, with the demo's history: today's queue, the days before cleaned daily.
+ZOMBIES = Workload(finished=0)
 WORKLOAD = Workload(
-    finished=4_000,
-    crashed=24,
-    never_heartbeated=6,
-    overdue=6,
-    running=60,
-    waiting=40,
+    finished=8_000,
+    running=healthy_beside(ZOMBIES.zombies, ZombiePolicy()),
     days=8,
+    past_cleanups=7,
     seed=0,
-    generation=OLDEST_QUEUE_GENERATION,
-    cache_generation=NEWEST_CACHE_GENERATION,
 )
+#: The workers, on a bad day: forty times the default crashes, so that some die, and go stale, within the session.
+RATES = WorkerRates(crashes_per_worker_hour=2.0)
 STATS_DAYS = 7
-#: The dataset whose job crashes its worker every day: a repeat offender (3 finalizations reach the threshold).
-OFFENDER = {"job_type": "/first-rows", "dataset": "user42/endless-audio", "config": "default", "split": "train"}
-#: When its worker died on each past day: days ago, hour (UTC).
-OFFENDER_CRASHES = ((3, 9.5), (2, 14.0), (1, 21.25))
+#: queue_health materialized this many times, this many seconds apart, while the workers run; a cleanup before the
+#: snapshot SECOND_CLEANUP, once the first crashes are older than the heartbeat timeout.
+HEALTH_SNAPSHOTS, HEALTH_EVERY_SECONDS, SECOND_CLEANUP = 12, 25, 10
 #: Holds the compensation webhook's URL (a closed local port), named in the cleanup's policy.
 COMPENSATION_URL_ENV = "SCREENSHOTS_COMPENSATION_URL"
-
-
-@contextlib.contextmanager
-def clock_at(moment: dt.datetime):
-    """The pipeline's clock set to ``moment``: ``documents.utc_now``, wherever a module imported it by name."""
-    modules = [
-        module
-        for name, module in list(sys.modules.items())
-        if name.startswith("zombie_pipeline") and getattr(module, "utc_now", None) is documents.utc_now
-    ]
-    with contextlib.ExitStack() as stack:
-        for module in modules:
-            stack.enter_context(mock.patch.object(module, "utc_now", lambda: moment))
-        yield
-
-
-def crash_offender(store: Store, at: dt.datetime) -> None:
-    """A worker takes the offending job (its waiting retry, else a new job) and dies: silent for 10 minutes at ``at``."""
-    started, beat = truncate_ms(at - dt.timedelta(minutes=15)), truncate_ms(at - dt.timedelta(minutes=10))
-    query = {Job.TYPE: OFFENDER["job_type"], Job.DATASET: OFFENDER["dataset"], Job.STATUS: Status.WAITING}
-    waiting = store.jobs.find_one(query)
-    if waiting is not None:
-        store.jobs.update_one(
-            {ID: waiting[ID], Job.STATUS: Status.WAITING},
-            {"$set": {Job.STATUS: Status.STARTED, Job.STARTED_AT: started, Job.LAST_HEARTBEAT: beat}},
-        )
-    else:
-        store.jobs.insert_one(
-            job_document(
-                status=Status.STARTED,
-                generation=WORKLOAD.generation,
-                created_at=started - dt.timedelta(minutes=2),
-                started_at=started,
-                last_heartbeat=beat,
-                **OFFENDER,
-            )
-        )
-
-
-def offender_history(store: Store, today: dt.date) -> None:
-    """The past days' cleanups of the offender: the real cleanup, its clock set to each day."""
-    midnight = dt.datetime.combine(today, dt.time(), dt.UTC)
-    for days_ago, hour in OFFENDER_CRASHES:
-        at = truncate_ms(midnight - dt.timedelta(days=days_ago) + dt.timedelta(hours=hour))
-        crash_offender(store, at)
-        with clock_at(at):
-            report = run_cleanup(
-                store, ZombiePolicy(), f"screenshots-history-{at:%Y%m%d}", now=at, job_types=[OFFENDER["job_type"]]
-            )
-        print(f"  cleanup at {at:%Y-%m-%d %H:%M} UTC: {dict(report.counts)}")
+#: What a Launchpad user types by mistake: a cleanup with it fails in its first step, in one line.
+BAD_POLICY = {"heartbeat_timeout_seconds": 0}
 
 
 def chromium() -> str:
@@ -243,6 +189,20 @@ class DevTools:
         path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
         print(f"  {path}  <- {url} ({link_text})")
 
+    def clicked(self, url: str, text: str, path: Path, height: int = 1100) -> None:
+        """Open ``url``, click the element reading ``text`` (a toggle the URL does not keep), scroll it to the top of
+        a window ``height`` pixels high, capture."""
+        self.call("Emulation.setDeviceMetricsOverride", width=1600, height=height, deviceScaleFactor=1, mobile=False)
+        self.call("Page.navigate", url=url)
+        clickable = f"[...document.querySelectorAll('button, a, [role=button]')].filter(e => e.textContent.trim() === {json.dumps(text)})"
+        harness.wait_for(f"{text!r} on {url}", lambda: (self.js(f"{clickable}.length") or 0) > 0, 60, 0.5)
+        self.js(f"{clickable}[0].click()")
+        time.sleep(4.0)  # the plots load and draw
+        self.js(f"{clickable}[0].scrollIntoView({{block: 'start'}})")
+        time.sleep(1.0)
+        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
+        print(f"  {path}  <- {url} ({text})")
+
     def close(self) -> None:
         self.socket.close()
         self.process.terminate()
@@ -253,12 +213,14 @@ class DevTools:
             self.process.wait(timeout=10)
 
 
-def launch_and_wait(dev: harness.DagsterDev, job: str, run_config: dict | None = None, **options) -> str:
+def launch_and_wait(
+    dev: harness.DagsterDev, job: str, run_config: dict | None = None, expect: str = "SUCCESS", **options
+) -> str:
     run_id = harness.launch(dev, job, run_config or {}, **options)
     status = harness.wait_for_run(dev, run_id, timeout=300)
     print(f"  {job} {options.get('tags', {}).get('dagster/partition', '')} -> {status}")
-    if status != "SUCCESS":
-        raise RuntimeError(f"run {run_id} of {job} ended {status}; see {dev.log_path}")
+    if status != expect:
+        raise RuntimeError(f"run {run_id} of {job} ended {status}, not {expect}; see {dev.log_path}")
     return run_id
 
 
@@ -279,15 +241,18 @@ def main() -> int:
 def shoot(browser: str, base: Path, mongo_url: str, args: argparse.Namespace) -> None:
     """Simulate, run the pipeline in ``dagster dev`` on the server at ``mongo_url``, capture the pages."""
     dev = None
+    stopping = threading.Event()
+    workers = None
     try:
         client = client_for(mongo_url)
         store = Store.of(client["datasets_server_queue"], client["datasets_server_cache"])
         store.ensure_indexes()  # on empty collections: building them later costs ~10 s per index here
         simulation = simulate(store, WORKLOAD)
-        print(f"simulated {WORKLOAD.total} jobs, {len(simulation.zombie_ids)} zombies")
-        today = dt.datetime.now(dt.UTC).date()
-        offender_history(store, today)
-        crash_offender(store, documents.utc_now())  # today's retry dies too: the cleanup below finalizes it
+        print(f"simulated {WORKLOAD.total} jobs, {len(simulation.zombie_ids)} zombies; the past: {simulation.past}")
+        pool = WorkerPool(store, QUEUE_GENERATIONS[WORKLOAD.generation], ZombiePolicy(), RATES)
+        print(f"{pool.adopt_running()} healthy jobs adopted by the simulated workers")
+        workers = threading.Thread(target=pool.run, args=(3_600, stopping.is_set), daemon=True)
+        workers.start()
         env = {
             QUEUE_URL_ENV: mongo_url,
             CACHE_URL_ENV: mongo_url,
@@ -301,6 +266,19 @@ def shoot(browser: str, base: Path, mongo_url: str, args: argparse.Namespace) ->
 
         webhooks = {"resources": {"zombie_policy": {"config": {"compensation_webhooks": {"*": COMPENSATION_URL_ENV}}}}}
         cleanup_run = launch_and_wait(dev, "kill_zombies_job", webhooks)
+        [health] = harness.wait_for(
+            "the checks after the cleanup",
+            lambda: harness.runs(dev, "queue_health_job", {CLEANUP_RUN_TAG: cleanup_run}),
+            120,
+            2,
+        )
+        harness.wait_for_run(dev, health["runId"], timeout=180)
+        for snapshot in range(HEALTH_SNAPSHOTS):  # the queue as the workers move it
+            time.sleep(HEALTH_EVERY_SECONDS)
+            if snapshot == SECOND_CLEANUP:
+                launch_and_wait(dev, "kill_zombies_job")
+            launch_and_wait(dev, "queue_health_job")
+        today = dt.datetime.now(dt.UTC).date()
         days = [(today - dt.timedelta(days=n)).isoformat() for n in range(STATS_DAYS, 0, -1)]
         for day in days:
             launch_and_wait(
@@ -315,17 +293,13 @@ def shoot(browser: str, base: Path, mongo_url: str, args: argparse.Namespace) ->
             tags={PARTITION_TAG: days[-1]},
             asset_selection=[["job_duration_statistics"]],
         )
-        [health] = harness.wait_for(
-            "the checks after the cleanup",
-            lambda: harness.runs(dev, "queue_health_job", {CLEANUP_RUN_TAG: cleanup_run}),
-            120,
-            2,
-        )
-        harness.wait_for_run(dev, health["runId"], timeout=180)
+        bad = {"resources": {"zombie_policy": {"config": BAD_POLICY}}}
+        failed_run = launch_and_wait(dev, "kill_zombies_job", bad, expect="FAILURE")
 
         profile = base / "chromium"
         pages = {
             "cleanup-run.png": (f"{dev.url}/runs/{cleanup_run}?logs=step%3Asummarize", "1600,1100"),
+            "failed-run.png": (f"{dev.url}/runs/{failed_run}?logs=step%3Areconcile", "1600,900"),
             "duration-statistics.png": (f"{dev.url}/assets/job_duration_statistics?view=events", "1600,1300"),
             "queue-health-checks.png": (f"{dev.url}/assets/queue_health?view=checks", "2000,1000"),
             "queue-health.png": (f"{dev.url}/assets/queue_health?view=events", "1600,1300"),
@@ -345,6 +319,7 @@ def shoot(browser: str, base: Path, mongo_url: str, args: argparse.Namespace) ->
             tools.dialog(
                 f"{dev.url}/runs/{cleanup_run}?logs=step%3Areconcile", "[Show JSON]", args.out / "cleanup-policy.png"
             )
+            tools.clicked(f"{dev.url}/assets/queue_health", "Plots", args.out / "queue-health-plots.png", height=1500)
         finally:
             tools.close()
         if args.keep_open:
@@ -353,6 +328,9 @@ def shoot(browser: str, base: Path, mongo_url: str, args: argparse.Namespace) ->
             except EOFError:
                 pass
     finally:
+        stopping.set()
+        if workers is not None:
+            workers.join(timeout=120)
         if dev is not None:
             dev.stop()
         close_clients()

@@ -284,12 +284,17 @@ def step_metadata(result: dg.ExecuteInProcessResult, step: str) -> dict[str, Any
 
 
 def step_failure_messages(result: dg.ExecuteInProcessResult) -> list[str]:
-    """The error message of each failed op."""
-    return [
-        event.step_failure_data.error.message
-        for event in result.all_events
-        if event.is_step_failure and event.step_failure_data.error is not None
-    ]
+    """The error message of each failed op, followed by the messages of the errors it was caused by (a step whose
+    retries ran out fails with Dagster's "Exceeded max_retries", caused by the last attempt's error)."""
+    messages = []
+    for event in result.all_events:
+        if event.is_step_failure and event.step_failure_data.error is not None:
+            error, chain = event.step_failure_data.error, []
+            while error is not None:
+                chain.append(error.message)
+                error = error.cause or error.context
+            messages.append("".join(chain))
+    return messages
 
 
 def error_text(result: dg.ExecuteInProcessResult) -> str:

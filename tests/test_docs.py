@@ -1,4 +1,5 @@
-"""What the documentation says is what the code does: defaults, settings, and the one choice every page states."""
+"""The README says what the code does: the policy's fields and defaults, every environment variable, every
+command and option, and the one choice every page states (the transactions default)."""
 
 from __future__ import annotations
 
@@ -7,70 +8,89 @@ from pathlib import Path
 
 import pytest
 
-from zombie_pipeline.config import MONGO_TIMEOUT_ENV
+from zombie_pipeline import config
+from zombie_pipeline.app import cli
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.connections import DEFAULT_TIMEOUT_MS
 
-ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
-#: Defaults the policy table states in words: what the field's default means, not a value.
-IN_WORDS = {"per generation": None, "detected": None}
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+#: How the table writes a field whose default is "none given": what then applies.
+UNSET = {"queue_generation": "detected", "cache_generation": "detected", "enqueue_retries": "per generation"}
 
 
-def table_rows(text: str, header: str) -> list[list[str]]:
-    """The rows of the Markdown table whose header row starts with ``header``, as lists of cells."""
-    lines = text.splitlines()
-    start = next(index for index, line in enumerate(lines) if line.startswith(header))
+def section(title: str) -> str:
+    """The README's section under ``title``, to the next heading."""
+    start = README.index(title)
+    following = re.search(r"\n#{2,3} ", README[start + len(title) :])
+    return README[start : start + len(title) + (following.start() if following else len(README))]
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of each row of the Markdown tables in ``text`` (header and rule left out)."""
     rows = []
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and not set(line) <= set("|-: ") and cells[0] not in ("field", "variable", "option"):
+            rows.append(cells)
     return rows
 
 
-def value_of(cell: str) -> object:
-    """A default as the README writes it: a number, true/false, `{}`, or words."""
-    cell = cell.strip("`")
-    if cell in IN_WORDS:
-        return IN_WORDS[cell]
-    if cell in ("true", "false"):
-        return cell == "true"
-    if cell == "{}":
-        return {}
-    return float(cell) if "." in cell else int(cell)
+def written(name: str, value: object) -> str:
+    """A default as the table writes it."""
+    if value is None:
+        return UNSET[name]
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict):
+        return "`{}`" if not value else str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
-def policy_table() -> dict[str, object]:
-    """field -> default, from the README's policy table (a row may name several fields: `a` / `b` | 1 / 2)."""
-    defaults = {}
-    for name_cell, default_cell, *_ in table_rows(README, "| field | default |"):
-        names = re.findall(r"`([a-z_]+)`", name_cell)
-        values = [value_of(part.strip()) for part in default_cell.split(" / ")]
-        assert len(names) == len(values), name_cell
-        defaults.update(zip(names, values))
-    return defaults
+def test_the_policy_table_lists_every_field_of_the_policy_with_its_default():
+    documented: dict[str, str] = {}
+    for cells in table_rows(section("### Policy (`zombie_policy` resource)")):
+        names = re.findall(r"`(\w+)`", cells[0])
+        defaults = [default.strip() for default in cells[1].split(" / ")]
+        assert len(names) == len(defaults), cells
+        documented.update(zip(names, defaults, strict=True))
+
+    fields = ZombiePolicy.model_fields
+    assert set(documented) == set(fields)
+    for name, info in fields.items():
+        assert documented[name] == written(name, info.get_default(call_default_factory=True)), name
 
 
-def test_the_readme_policy_table_names_every_field_of_the_policy():
-    assert set(policy_table()) == set(ZombiePolicy.model_fields)
+def test_every_environment_variable_the_pipeline_reads_is_in_the_readmes_table():
+    variables = {value for name, value in vars(config).items() if name.endswith("_ENV") and isinstance(value, str)}
+    documented = {re.sub(r"`", "", cells[0]) for cells in table_rows(section("## Pointing it at a real MongoDB"))}
+
+    assert variables - documented == set()
 
 
-@pytest.mark.parametrize("field", sorted(ZombiePolicy.model_fields))
-def test_the_readme_policy_table_states_each_default_the_policy_has(field: str):
-    stated = policy_table()[field]
-    actual = ZombiePolicy.model_fields[field].get_default(call_default_factory=True)
-    assert stated == actual, f"README says {field} defaults to {stated!r}, policy.ZombiePolicy to {actual!r}"
+@pytest.mark.parametrize("command", ["demo", "simulate", "workers", "db"])
+def test_every_command_and_each_of_its_options_is_in_the_readmes_command_line(command):
+    text = section("## Command line")
+    parser = cli.build_parser().parse_args([command] + (["status"] if command == "db" else [])).command_parser
+    options = {option for action in parser._actions for option in action.option_strings if option.startswith("--")}
+    options -= {"--help"}
+
+    synopsis = next(line for line in text.splitlines() if line.startswith(f"zombie-pipeline {command}"))
+    assert {option for option in options if option not in synopsis} == set()
+    if command != "db":
+        listed = {cells[0].strip("`") for cells in table_rows(text.split(f"**`{command}`**", 1)[1].split("**`")[0])}
+        assert listed == options
 
 
 def test_every_page_says_transactions_are_off_by_default_as_the_policy():
+    docs = Path(__file__).resolve().parents[1] / "docs"
     assert ZombiePolicy().transactions is False
-    assert policy_table()["transactions"] is False
-    assert "By default (`transactions: false`)" in (ROOT / "docs" / "generations.md").read_text()
-    assert "### The `transactions` default: off" in (ROOT / "docs" / "reliability.md").read_text()
-    assert "Off (the default)" in ZombiePolicy.model_fields["transactions"].description
+    assert "By default (`transactions: false`)" in (docs / "generations.md").read_text()
+    assert "### The `transactions` default: off" in (docs / "reliability.md").read_text()
+    assert "Off (the default)" in (ZombiePolicy.model_fields["transactions"].description or "")
 
 
 def test_the_readme_documents_the_database_timeout_with_its_default():
-    [row] = [row for row in table_rows(README, "| variable | default |") if row[0] == f"`{MONGO_TIMEOUT_ENV}`"]
-    assert value_of(row[1]) == DEFAULT_TIMEOUT_MS
+    rows = {cells[0].strip("`"): cells[1] for cells in table_rows(section("## Pointing it at a real MongoDB"))}
+    assert rows[config.MONGO_TIMEOUT_ENV] == f"`{DEFAULT_TIMEOUT_MS}`"

@@ -11,17 +11,27 @@ from pymongo import MongoClient
 
 from tests.helpers import CommandLog, workload
 from tests.servers import fresh_databases, on_real_mongodb
+from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.detection import detect
+from zombie_pipeline.monitoring import audit_cache_errors
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Cache, Job, Reason, Status
-from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, cache_generation_of
+from zombie_pipeline.queue.documents import ID, Cache, Event, EventState, Job, PastJob, Reason, Status, utc_now
+from zombie_pipeline.queue.generations import (
+    CACHE_GENERATIONS,
+    NEWEST_QUEUE_GENERATION,
+    QUEUE_GENERATIONS,
+    cache_generation_of,
+)
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.history import OFFENDER
 from zombie_pipeline.simulation.simulator import (
     HEARTBEAT_INTERVAL_SECONDS,
     JOB_TYPES,
     Workload,
+    healthy_beside,
     simulate,
 )
+from zombie_pipeline.statistics.offenders import find_offenders
 
 NOW = dt.datetime(2024, 7, 1, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -281,3 +291,55 @@ def test_fractions_make_a_workload_of_the_requested_size():
     assert workload.never_heartbeated > 0 and workload.overdue > 0 and workload.running > 0
     with pytest.raises(ValueError):
         Workload.from_fractions(10, crashed_fraction=0.9, running_fraction=0.5, generation=BIG.generation)
+
+
+# --- the days before today, cleaned daily -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("generation", ["2023-01", "2024-06", NEWEST_QUEUE_GENERATION])
+def test_the_past_days_are_left_as_their_daily_cleanups_left_them_with_a_repeat_offender(store, generation):
+    now = utc_now()
+    result = simulate(
+        store,
+        Workload(finished=200, running=30, past_cleanups=7, generation=generation, cache_generation=None, seed=3),
+        now=now,
+    )
+    queue_generation = QUEUE_GENERATIONS[generation]
+    events = list(store.events.find())
+    midnight = dt.datetime.combine(now.date(), dt.time(), tzinfo=dt.UTC)
+
+    assert result.past is not None and result.past.finalized == len(events) >= 7 * 3
+    assert {event[Event.STATE] for event in events} == {EventState.DONE}
+    days = sorted({event[Event.FINALIZED_AT].date() for event in events})
+    assert days == [(midnight - dt.timedelta(days=n)).date() for n in range(7, 0, -1)]  # one cleanup a day, none today
+    for event in events:  # stamped at that day's moment, as its cleanup would have been
+        assert event[Event.COMPLETED_AT] == event[Event.FINALIZED_AT] < midnight
+        assert event[Event.DETECTED_AT] <= event[Event.FINALIZED_AT]
+    assert {event[Event.REASON] for event in events} >= {Reason.MISSING_HEARTBEAT, Reason.EXCEEDED_MAX_DURATION}
+    # every finalized job finished as its generation finishes one; today's queue holds none of them as started
+    assert store.jobs.count_documents({ID: {"$in": [event[ID] for event in events]}, Job.STATUS: Status.STARTED}) == 0
+    # the error users read is there, at the finalization's time, for the last finalization of each artifact
+    audit = audit_cache_errors(store, midnight - dt.timedelta(days=8))
+    assert audit.passed, audit
+    # one dataset crashed its worker every day: a repeat offender of the week
+    found = find_offenders(store, midnight - dt.timedelta(days=7), midnight, threshold=3)
+    assert [(offender.dataset, offender.finalizations) for offender in found.offenders] == [(OFFENDER[1], 7)]
+    assert result.past.offender_finalized == 7
+    # the deployment's counters in step; nothing of the past left in its rate limiter
+    assert counters.stored(store, queue_generation) == counters.recount(store, queue_generation)
+    if queue_generation.keeps(store.past_jobs.name):
+        assert store.past_jobs.count_documents({PastJob.FINISHED_AT: {"$lt": now - dt.timedelta(hours=1)}}) == 0
+    if queue_generation.keeps(store.blockages.name):
+        assert store.blockages.count_documents({}) == 0
+
+
+def test_the_healthy_jobs_beside_the_zombies_keep_them_at_half_the_brakes_threshold():
+    policy = ZombiePolicy()
+    for dead in (0, 1, 6, 33, 500):
+        healthy = healthy_beside(dead, policy)
+        assert healthy >= policy.min_started_for_brake
+        assert dead <= 0.5 * policy.max_stale_fraction * (dead + healthy)  # a quarter of the started jobs at most
+        fewer = healthy - 1  # and no more than that needs, above the brake's minimum
+        assert healthy == policy.min_started_for_brake or dead > 0.5 * policy.max_stale_fraction * (dead + fewer)
+    assert healthy_beside(33, policy) == 99
+    assert healthy_beside(33, ZombiePolicy(max_stale_fraction=0.2)) == 297

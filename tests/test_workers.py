@@ -31,16 +31,26 @@ from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 
 #: Jobs of a few seconds (their type's duration times 0.02), dead after 10 s of silence, overdue after 30 s.
 POLICY = ZombiePolicy(heartbeat_timeout_seconds=10, max_duration_seconds=30)
-RATES = WorkerRates(workers=3, crash_rate=0.2, overrun_rate=0.3, speed=0.02, heartbeat_seconds=4, waiting_target=6)
+#: Crashes and overruns every few seconds of a worker's work: the whole life of a queue within two minutes.
+RATES = WorkerRates(
+    workers=3,
+    crashes_per_worker_hour=60,
+    overruns_per_worker_hour=900,
+    max_overrunning_share=1.0,
+    restart_seconds=4,
+    speed=0.02,
+    heartbeat_seconds=4,
+    waiting_target=6,
+)
 TICK_SECONDS = 2.0
-TICKS = 40  # 80 s: crashes older than the timeout, overruns past their maximum duration
+MAX_TICKS = 300  # 10 minutes at most; both kinds of zombie usually show within two
 
 
 class VirtualClock:
     """Seconds for the pool's schedule and the dates it writes, moved by the test only."""
 
-    def __init__(self) -> None:
-        self.start = utc_now()
+    def __init__(self, start: dt.datetime | None = None) -> None:
+        self.start = start or utc_now()
         self.seconds = 0.0
 
     def monotonic(self) -> float:
@@ -54,10 +64,23 @@ class VirtualClock:
         return self.now()
 
 
-def in_flight(pool: WorkerPool) -> tuple[set, set]:
-    """The jobs the pool's workers hold: (alive, crashed)."""
-    runs = [run for run in pool.runs if run is not None]
-    return {run.job[ID] for run in runs if not run.crashed}, {run.job[ID] for run in runs if run.crashed}
+def alive(pool: WorkerPool) -> set:
+    """The jobs the pool's living workers hold (a worker that died holds nothing: its job is in ``pool.died``)."""
+    return {run.job[ID] for run in pool.runs if run is not None}
+
+
+def both_kinds_of_zombie(store: Store, pool: WorkerPool, now: dt.datetime) -> bool:
+    """A live job past its maximum duration, and a dead worker's job silent for longer than the timeout."""
+    limit, timeout = (dt.timedelta(seconds=s) for s in (POLICY.max_duration_seconds, POLICY.heartbeat_timeout_seconds))
+    started = {job[ID]: job for job in store.jobs.find({Job.STATUS: Status.STARTED})}
+    overdue = any(now - started[i][Job.STARTED_AT] > limit for i in alive(pool) if i in started)
+    dead = any(now - silent_since(started[i]) > timeout for i in pool.died if i in started)
+    return overdue and dead
+
+
+def silent_since(job: dict) -> dt.datetime:
+    """Since when a dead worker's job has said nothing: its SIGTERM, else its last heartbeat, else its start."""
+    return job.get(Job.TERMINATED_AT) or job.get(Job.LAST_HEARTBEAT) or job[Job.STARTED_AT]
 
 
 def declared_fields_only(store: Store, generation_name: str) -> None:
@@ -99,49 +122,42 @@ def test_workers_move_the_queue_as_the_generation_does_and_their_crashes_and_ove
     pool = WorkerPool(store, QUEUE_GENERATIONS[generation], POLICY, RATES, seed=3, clock=clock.monotonic, now=clock.now)
     assert pool.adopt_running() == 6  # the simulated healthy jobs are the pool's to beat and finish
 
-    crashed: set = set()
-    for _ in range(TICKS):
+    for _ in range(MAX_TICKS):  # until both kinds of zombie are there to judge (an overrun is one for a while only)
         pool.tick()
-        crashed |= in_flight(pool)[1]
         clock.advance(TICK_SECONDS)
-    alive, _ = in_flight(pool)
+        if both_kinds_of_zombie(store, pool, clock.now()):
+            break
+    generation_ = QUEUE_GENERATIONS[generation]
 
-    assert counters.stored(store, QUEUE_GENERATIONS[generation]) == counters.recount(
-        store, QUEUE_GENERATIONS[generation]
-    )
+    assert counters.stored(store, generation_) == counters.recount(store, generation_)
     declared_fields_only(store, generation)
-    assert pool.counts["finished_success"] > 5 and pool.counts["crashed"] == len(crashed) > 0
-    # Judged now: a crash silent for longer than the timeout is a zombie; a live job running past its maximum duration too;
-    # every other live job beats and is spared.
+    assert pool.counts["finished_success"] > 5 and pool.counts["died"] == len(pool.died) > 0
+    # Judged now: a dead worker's job silent for longer than the timeout is a zombie (a crash, whatever its age); a
+    # live job running past its maximum duration is one too; every other live job beats and is spared.
     now = clock.now()
     reasons = {candidate.id: candidate.reason for candidate in detect(store.jobs, POLICY, now).candidates}
-    started_at = {job[ID]: job[Job.STARTED_AT] for job in store.jobs.find({ID: {"$in": list(alive | crashed)}})}
-    overdue = {job_id for job_id in alive if (now - started_at[job_id]).total_seconds() > POLICY.max_duration_seconds}
-    dead = {
-        job_id for job_id in crashed if (now - started_at[job_id]).total_seconds() > POLICY.heartbeat_timeout_seconds
-    }
+    jobs = {job[ID]: job for job in store.jobs.find({ID: {"$in": list(alive(pool) | set(pool.died))}})}
+    overdue = {i for i in alive(pool) if (now - jobs[i][Job.STARTED_AT]).total_seconds() > POLICY.max_duration_seconds}
+    dead = {i for i in pool.died if (now - silent_since(jobs[i])).total_seconds() > POLICY.heartbeat_timeout_seconds}
     assert overdue and dead
     assert set(reasons) == overdue | dead
-    assert {reasons[job_id] for job_id in overdue} == {Reason.EXCEEDED_MAX_DURATION}
-    assert {reasons[job_id] for job_id in dead} <= {
-        Reason.NEVER_HEARTBEATED,
-        Reason.EXCEEDED_MAX_DURATION,
-    }  # it never beat
+    assert {reasons[i] for i in overdue} == {Reason.EXCEEDED_MAX_DURATION}
+    assert {reasons[i] for i in dead} <= {Reason.MISSING_HEARTBEAT, Reason.NEVER_HEARTBEATED, Reason.TERMINATED}
+    if generation_.declares(Job.TERMINATED_AT):
+        assert pool.counts["terminated"] > 0
+        assert Reason.TERMINATED in {reasons[i] for i in dead}
 
     report = run_cleanup(store, POLICY, "cleanup-amid-workers", now=now)
     assert report.counts["finalized"] == len(overdue | dead)
-    for _ in range(15):  # 30 s: the workers holding the overruns the cleanup finished find them gone
+    for _ in range(15):  # 30 s: the workers holding the overruns the cleanup finished see it at their next beat
         pool.tick()
-        crashed |= in_flight(pool)[1]
         clock.advance(TICK_SECONDS)
     pool.stop()
 
     assert pool.counts["finished_by_someone_else"] >= len(overdue)
     left = {job[ID] for job in store.jobs.find({Job.STATUS: Status.STARTED}, {ID: 1})}
-    assert left == crashed - dead  # the crashed jobs the cleanup did not take yet stay zombies; nobody else is started
-    assert counters.stored(store, QUEUE_GENERATIONS[generation]) == counters.recount(
-        store, QUEUE_GENERATIONS[generation]
-    )
+    assert left == set(pool.died) - dead  # the dead the cleanup did not judge yet stay zombies; nobody else is started
+    assert counters.stored(store, generation_) == counters.recount(store, generation_)
     declared_fields_only(store, generation)
 
 
@@ -149,10 +165,13 @@ def test_workers_move_the_queue_as_the_generation_does_and_their_crashes_and_ove
     ("rates", "named"),
     [
         ({"workers": 0}, "workers"),
-        ({"crash_rate": 1.5}, "crash_rate"),
-        ({"overrun_rate": -0.1}, "overrun_rate"),
+        ({"crashes_per_worker_hour": -1}, "crashes_per_worker_hour"),
+        ({"overruns_per_worker_hour": -0.1}, "overruns_per_worker_hour"),
+        ({"max_overrunning_share": 1.5}, "max_overrunning_share"),
+        ({"restart_seconds": -1}, "restart_seconds"),
         ({"speed": 0}, "speed"),
         ({"heartbeat_seconds": -1}, "heartbeat_seconds"),
+        ({"waiting_target": -1}, "waiting_target"),
     ],
 )
 def test_a_bad_rate_is_refused_naming_it(rates: dict, named: str):

@@ -36,8 +36,6 @@ STATISTICS_DAYS_BACK = 56
 #: How long any wait on a MongoDB server may last before the run fails, in milliseconds: connecting, choosing a
 #: server, each reply, each operation with its retry (``queue.connections.client_for``; the resources' default, the CLI's).
 MONGO_TIMEOUT_ENV = "ZOMBIE_MONGO_TIMEOUT_MS"
-#: Its name from when it bounded only the choice of a server.
-SERVER_SELECTION_TIMEOUT_ENV = MONGO_TIMEOUT_ENV
 #: Minutes without a successful cleanup after which the queue is reported overdue (cleanup_overdue_sensor).
 CLEANUP_OVERDUE_MINUTES_ENV = "ZOMBIE_CLEANUP_OVERDUE_MINUTES"
 DEFAULT_CLEANUP_OVERDUE_MINUTES = 30

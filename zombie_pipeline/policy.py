@@ -18,8 +18,18 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
 
-#: What a bad policy or bad rules raise; its message names each offending field.
+#: What a bad policy or bad rules raise when built; its message names each offending field.
 PolicyError = ValidationError
+#: How a message from :func:`validated` begins.
+INVALID_POLICY = "invalid zombie policy: "
+
+
+class InvalidPolicy(ValueError):
+    """A policy refused, in one line that names each offending field with the value it was given.
+
+    What a person reads where the policy is configured (the CLI, a run's failure, the failure webhook):
+    pydantic's own message spans several lines per field and links to its documentation.
+    """
 
 
 class ZombiePolicy(BaseModel):
@@ -180,6 +190,34 @@ class ZombiePolicy(BaseModel):
             for job_type, seconds in sorted(self.max_duration_seconds_by_type.items())
         ]
         return document
+
+
+def validated(values: dict[str, Any]) -> ZombiePolicy:
+    """The policy of ``values``, or :class:`InvalidPolicy` naming every offending field and its value in one line."""
+    try:
+        return ZombiePolicy(**values)
+    except ValidationError as error:
+        raise InvalidPolicy(INVALID_POLICY + one_line(error)) from None
+
+
+def one_line(error: ValidationError) -> str:
+    """Each problem of a validation error as ``field=value: what is wrong``, joined by ``; ``."""
+    problems = []
+    for problem in error.errors(include_url=False):
+        cause = (problem.get("ctx") or {}).get("error")
+        if not problem["loc"]:  # a rule across fields: its own message already names them
+            text = str(cause) if cause is not None else problem["msg"]
+            problems.append(text.removeprefix(INVALID_POLICY))
+            continue
+        field = problem["loc"][0]
+        path = str(field) + "".join(f"[{part!r}]" for part in problem["loc"][1:])
+        if problem["type"] == "extra_forbidden":
+            problems.append(f"{path} is not a policy field")
+            continue
+        what = str(cause) if problem["type"] == "value_error" and cause is not None else problem["msg"]
+        what = what.removeprefix("Input ").removeprefix("Value error, ")
+        problems.append(f"{path}={problem['input']!r}: {what}")
+    return "; ".join(problems)
 
 
 def policy_fields(values: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +25,9 @@ from zombie_pipeline.config import (
     CACHE_URL_ENV,
     DAGSTER_HOME_ENV,
     HOME_ENV,
+    MONGO_TIMEOUT_ENV,
     QUEUE_DATABASE_ENV,
     QUEUE_URL_ENV,
-    SERVER_SELECTION_TIMEOUT_ENV,
 )
 from zombie_pipeline.queue.documents import (
     DEFAULT_CACHE_COLLECTION,
@@ -190,7 +191,7 @@ def test_a_sentinel_in_a_foreign_database_survives_every_command_run_with_its_ur
     printed = capsys.readouterr().out
     assert "simulates nothing and writes nothing" in printed
     assert "kill_zombies_job: succeeded" in printed and "dry run: 1 zombies found and left alone" in printed
-    assert "duration_statistics for the 7 days" in printed  # read, computed, not recorded
+    assert "duration_statistics and repeat_offenders of the 7 days" in printed  # read, computed, not recorded
     assert contents(queue, cache) == before
     assert set(queue.client.list_database_names()) == databases
 
@@ -242,17 +243,21 @@ def test_error_outputs_are_one_line_naming_the_problem_with_no_traceback_nor_cre
         CACHE_DATABASE_ENV: cache.name,
     }
     cases = {  # name: (arguments, environment, what the line must say)
-        "bad option value": (["simulate", "--jobs", "-5"], {}, "jobs must be a non-negative integer, got -5"),
-        "bad worker rate": (["workers", "--crash-rate", "2"], {}, "crash_rate must be in [0, 1], got 2.0"),
+        "bad option value": (["simulate", "--jobs", "-5"], {}, "--jobs must be a non-negative integer, got -5"),
+        "bad worker rate": (
+            ["workers", "--crashes-per-worker-hour", "-2"],
+            {},
+            "--crashes-per-worker-hour must be zero or more, got -2.0",
+        ),
         "unreachable URL with a password": (
             ["simulate"],
-            {QUEUE_URL_ENV: closed, CACHE_URL_ENV: closed, SERVER_SELECTION_TIMEOUT_ENV: "500"},
+            {QUEUE_URL_ENV: closed, CACHE_URL_ENV: closed, MONGO_TIMEOUT_ENV: "500"},
             "cannot reach MongoDB at mongodb://***:***@127.0.0.1:",
         ),
         "bad timeout setting": (
             ["demo"],
-            {SERVER_SELECTION_TIMEOUT_ENV: "soon"},
-            f"{SERVER_SELECTION_TIMEOUT_ENV}='soon' is not",
+            {MONGO_TIMEOUT_ENV: "soon"},
+            f"{MONGO_TIMEOUT_ENV}='soon' is not",
         ),
         "foreign database": (["simulate", "--drop"], foreign, "holds documents zombie-pipeline did not write"),
     }
@@ -274,3 +279,100 @@ def test_error_outputs_are_one_line_naming_the_problem_with_no_traceback_nor_cre
         assert "Traceback" not in out + err and PASSWORD not in out + err, (name, out, err)
         assert err.startswith("zombie-pipeline: ") and err.count("\n") == 1 and expected in err, (name, err)
     assert "(from $QUEUE_MONGO_URL) within 0.5 s" in outputs["unreachable URL with a password"][1]
+
+
+# --- refusals name the options as typed, and hint only at what exists ------------------------------------------------
+
+#: (arguments, what the one line must say): each refused before anything is read or written.
+REFUSED_OPTIONS = [
+    (["simulate", "--crashed-fraction", "1.5"], "--crashed-fraction applies to --jobs only"),
+    (["simulate", "--jobs", "100", "--crashed-fraction", "1.5"], "--crashed-fraction must be in [0, 1], got 1.5"),
+    (["simulate", "--jobs", "100", "--finished", "10", "--running", "3"], "--finished, --running would have no effect"),
+    (["simulate", "--generation", "2023-01", "--terminated", "2"], "--terminated has no effect on a 2023-01 queue"),
+    (["simulate", "--finished", "-3"], "--finished must be a non-negative integer, got -3"),
+    (["simulate", "--never-heartbeated", "-1"], "--never-heartbeated must be a non-negative integer, got -1"),
+    (["simulate", "--past-days", "-1"], "--past-days must be a non-negative integer, got -1"),
+    (["simulate", "--days", "0"], "--days must be positive, got 0.0"),
+    (["workers", "--workers", "0"], "--workers must be a positive integer, got 0"),
+    (["workers", "--speed", "0"], "--speed must be positive, got 0.0"),
+    (["workers", "--restart-seconds", "-5"], "--restart-seconds must be zero or more, got -5.0"),
+    (["workers", "--waiting-target", "-1"], "--waiting-target must be a non-negative integer, got -1"),
+]
+
+
+def options_of(command: str) -> set[str]:
+    """The options ``zombie-pipeline COMMAND`` accepts."""
+    parser = cli.build_parser().parse_args([command] + (["status"] if command == "db" else [])).command_parser
+    return {option for action in parser._actions for option in action.option_strings}
+
+
+def assert_hints_exist(line: str, command: str) -> None:
+    """Every option the line names is one the command it goes with accepts: ``zombie-pipeline X --opt`` X's, else
+    the refused command's."""
+    for named, options in re.findall(r"zombie-pipeline (\w+)((?: --[\w-]+(?: [\w./$-]+)?)*)", line):
+        for option in re.findall(r"--[\w-]+", options):
+            assert option in options_of(named), (line, named, option)
+    bare = re.sub(r"zombie-pipeline \w+(?: --[\w-]+(?: [\w./$-]+)?)*", "", line)
+    for option in re.findall(r"(?<![\w-])--[a-z][\w-]*", bare):
+        assert option in options_of(command), (line, command, option)
+
+
+@pytest.mark.parametrize(("args", "expected"), REFUSED_OPTIONS, ids=[" ".join(args) for args, _ in REFUSED_OPTIONS])
+def test_a_refused_option_is_named_as_typed_in_one_line_before_anything_is_done(
+    args, expected, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))  # no server is started: nothing gets that far
+
+    assert cli.main(args) == 2
+
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("zombie-pipeline: ") and captured.err.count("\n") == 1
+    assert expected in captured.err, captured.err
+    fields = {action.dest for action in cli.build_parser().parse_args(args).command_parser._actions}
+    assert not [field for field in fields if "_" in field and field in captured.err]  # the option, not the field
+    assert_hints_exist(captured.err, args[0])
+    assert not (tmp_path / "home" / "server.json").exists()
+
+
+def test_a_demo_option_that_a_url_makes_pointless_is_refused_naming_it(mongo_url, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(QUEUE_URL_ENV, mongo_url)
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+
+    assert cli.main(["demo", "--finished", "10", "--fresh"]) == 2
+
+    error = capsys.readouterr().err
+    assert "a MongoDB URL is set (QUEUE_MONGO_URL or CACHE_MONGO_URL)" in error and "--finished, --fresh" in error
+    assert_hints_exist(error, "demo")
+
+
+def test_a_malformed_url_is_refused_naming_its_variable_and_not_its_value(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setenv(QUEUE_URL_ENV, "mongodb//operator:Sup3r-s3cret@db.example")
+
+    assert cli.main(["simulate"]) == 2
+
+    error = capsys.readouterr().err
+    assert error.startswith(f"zombie-pipeline: {QUEUE_URL_ENV} is not a MongoDB URL: ") and error.count("\n") == 1
+    assert "Sup3r-s3cret" not in error and "operator" not in error
+
+
+def test_the_demo_refusing_a_database_it_did_not_write_hints_only_at_what_exists(tmp_path, monkeypatch, capsys):
+    """On the embedded server, a database loaded by hand: the demo never writes to it, and says how to go on."""
+    home = tmp_path / "home"
+    for variable in (QUEUE_URL_ENV, CACHE_URL_ENV, DAGSTER_HOME_ENV):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv(HOME_ENV, str(home))
+    try:
+        client = MongoClient(embedded.ensure_server().url)
+        client["datasets_server_queue"]["sentinel"].insert_one({ID: "a document of its own"})
+        client.close()
+
+        assert cli.main(["demo"]) == 2
+
+        error = capsys.readouterr().err
+        assert "database 'datasets_server_queue' holds documents zombie-pipeline did not write: sentinel (1)" in error
+        assert "QUEUE_MONGO_DATABASE" in error
+        assert "zombie-pipeline simulate --drop --overwrite-database datasets_server_queue" in error
+        assert_hints_exist(error, "demo")
+    finally:
+        kill_recorded_server(home)

@@ -1,19 +1,22 @@
-"""The demo on the embedded default, with a living queue: it still works long after the first simulation.
+"""The demo on the embedded default: a first run that shows every part, a second that still works, a living queue.
 
-Time is shortened, not faked: a heartbeat timeout of 4 s and workers beating every second, so the
-workers run past the timeout in seconds. Without their heartbeats every healthy job would look dead by
-then, and the brake would stop the cleanup.
+The demo prints what its runs recorded (the cleanup's summarize step, the statistics' report file, the repeat
+offenders' table): the figures printed are checked against those files and tables here.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.helpers import run_kill_zombies, step_failure_messages
 from tests.servers import kill_recorded_server
+from zombie_pipeline.app import cli
 from zombie_pipeline.app.demo import run_demo
 from zombie_pipeline.config import (
     CACHE_URL_ENV,
@@ -28,11 +31,13 @@ from zombie_pipeline.orchestration.resources import (
 )
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.simulation.history import OFFENDER
 from zombie_pipeline.simulation.simulator import Workload, simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 
 TIMEOUT = 4
-RATES = WorkerRates(heartbeat_seconds=1, crash_rate=0.0, speed=1.0)  # jobs of seconds to minutes, beating every second
+#: Jobs of seconds to minutes, beating every second, never crashing: the test decides who dies.
+RATES = WorkerRates(heartbeat_seconds=1, crashes_per_worker_hour=0, overruns_per_worker_hour=0)
 
 
 @pytest.fixture
@@ -48,9 +53,54 @@ def embedded_home(tmp_path, monkeypatch):
         kill_recorded_server(home)
 
 
+def test_a_first_demo_shows_the_cleanup_the_statistics_and_a_repeat_offender_from_what_its_runs_recorded(
+    embedded_home, capsys
+):
+    assert run_demo() == 0
+    printed = capsys.readouterr().out
+
+    assert "kill_zombies_job: succeeded" in printed
+    assert "finalized 33 zombies (20 missing heartbeat, 5 never heartbeated, 3 terminated, 5 exceeded" in printed
+    assert "today 33 zombies beside 99 healthy started jobs" in printed
+    # the statistics, as the report file of the run says them
+    [report_path] = re.findall(r"report: \S+\.md, \S+\.csv, (\S+\.json),", printed)
+    report = json.loads(Path(report_path).read_text())
+    for entry in report["types"]:
+        line = next(line for line in printed.splitlines() if line.strip().startswith(entry["type"] + " "))
+        assert f"{entry['success_count']} successes" in line
+        if entry["enough_data"]:
+            assert (
+                f"T2 {entry['current_t2_seconds']} s -> {entry['suggested_t2_seconds']} s ({entry['change']})" in line
+            )
+    changes = {entry["change"] for entry in report["types"]}
+    assert {"lower", "raise"} <= changes  # history enough for a T2 to be lowered with confidence, and another raised
+    assert report["events_read"] > 0  # the past days' cleanups are in the window
+    # the repeat offender of the week, from the materialization's table
+    assert "repeat offenders (" in printed and "1 dataset finalized at least 3 times" in printed
+    assert f"- {OFFENDER[1]} {OFFENDER[0]}: 7 times" in printed
+    assert "simulated workers, while the statistics ran:" in printed
+
+
+def test_the_demo_refuses_a_size_for_a_simulation_it_would_not_make(embedded_home, capsys):
+    def store():  # the command closes the process's clients when it ends
+        return store_of(**{name: resources_from_env()[name] for name in ("queue_db", "cache_db")})
+
+    simulate(store(), Workload(finished=10, running=20, waiting=0))
+    before = store().jobs.count_documents({})
+
+    assert cli.main(["demo", "--finished", "50"]) == 2
+
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("zombie-pipeline: --finished sizes a new simulation") and "add --fresh" in error
+    assert store().jobs.count_documents({}) == before
+
+
 def test_the_demo_and_a_cleanup_from_the_ui_succeed_after_the_workers_ran_past_the_heartbeat_timeout(
     embedded_home, capsys
 ):
+    """Time is shortened, not faked: a heartbeat timeout of 4 s and workers beating every second, so the workers
+    run past the timeout in seconds. Without their heartbeats every healthy job would look dead by then, and the
+    brake would stop the cleanup."""
     resources = {**resources_from_env(), "zombie_policy": ZombiePolicyResource(heartbeat_timeout_seconds=TIMEOUT)}
     policy = resources["zombie_policy"].policy()
     store = store_of(resources["queue_db"], resources["cache_db"])  # starts the embedded server
@@ -70,7 +120,7 @@ def test_the_demo_and_a_cleanup_from_the_ui_succeed_after_the_workers_ran_past_t
     try:
         time.sleep(TIMEOUT + 1.5)
         started = store.jobs.count_documents({Job.STATUS: Status.STARTED})
-        assert started >= policy.min_started_for_brake  # the brake is in play: without heartbeats it would stop the run
+        assert started >= 40  # each healthy job kept its worker: the pool never shrinks below the jobs it adopted
 
         launched = run_kill_zombies(resources)  # as the UI launches it: no run config
     finally:
@@ -82,9 +132,8 @@ def test_the_demo_and_a_cleanup_from_the_ui_succeed_after_the_workers_ran_past_t
     assert finalized == set(simulation.zombie_ids)  # the simulated zombies, and not one of the jobs kept alive
     assert store.jobs.count_documents({Job.STATUS: Status.STARTED}) == 0  # stopped workers finish what they hold
 
-    assert run_demo(finished=100, resources=resources, rates=RATES) == 0
+    assert run_demo(rates=RATES) == 0  # the demo, again on that queue, with the default policy
     printed = capsys.readouterr().out
-    assert "kill_zombies_job: succeeded" in printed
-    assert "zombies left: 0" in printed
+    assert "no zombies left from earlier demos" in printed and "kill_zombies_job: succeeded" in printed
     assert store.jobs.count_documents({Job.STATUS: Status.STARTED}) == 0
     assert store.events.count_documents({Event.STATE: {"$ne": EventState.DONE}}) == 0

@@ -233,10 +233,8 @@ def test_a_crashed_code_location_frees_its_queue_at_the_cleanups_runtime_limit_w
                 if record.dagster_run.run_id not in runs_before and record.create_timestamp.timestamp() <= success.end_time]  # fmt: skip
     assert len(new_runs) <= 2, [(r.dagster_run.run_id, r.dagster_run.tags) for r in new_runs]
     assert_never_two_cleanups_at_once(deployment)
-    # the failure was recorded (pipeline_failure_sensor)
-    deployment.wait(
-        "the stuck run's failure to be recorded",
-        lambda: deployment.store.failures.find_one({ID: run.run_id}),
-        90,
-        interval=1,
-    )
+    # a run lost with its worker is retried by Dagster (dagster/max_retries), and pipeline_failure_sensor leaves a
+    # run that will be retried to its retry's outcome: reported once, by the retry if it fails too
+    retries = [r for r in deployment.cleanup_records() if r.dagster_run.tags.get("dagster/parent_run_id") == run.run_id]
+    assert retries, "the stuck run was not retried"
+    assert deployment.store.failures.find_one({ID: run.run_id}) is None

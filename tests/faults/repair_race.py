@@ -45,7 +45,14 @@ from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 
 GENERATION = QUEUE_GENERATIONS["2026-05"]
 #: Busy workers: jobs of a second or two, the waiting jobs topped up at once.
-RATES = WorkerRates(workers=8, crash_rate=0.0, overrun_rate=0.0, speed=0.002, heartbeat_seconds=1.0, waiting_target=30)
+RATES = WorkerRates(
+    workers=8,
+    crashes_per_worker_hour=0.0,
+    overruns_per_worker_hour=0.0,
+    speed=0.002,
+    heartbeat_seconds=1.0,
+    waiting_target=30,
+)
 
 
 class _Workers(threading.Thread):

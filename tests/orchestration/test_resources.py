@@ -9,22 +9,24 @@ import dagster as dg
 import pytest
 
 from tests.helpers import report_suggesting
-from tests.test_policy import BAD_POLICIES, assert_refused, case_id
+from tests.test_policy import BAD_POLICIES, case_id
 from zombie_pipeline.config import (
     CACHE_DATABASE_ENV,
     CACHE_URL_ENV,
     QUEUE_DATABASE_ENV,
     QUEUE_URL_ENV,
+    SettingError,
 )
 from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
+    PolicyRefused,
     QueueDatabase,
     ZombiePolicyResource,
     failing_in_one_line,
     resources_from_env,
     store_of,
 )
-from zombie_pipeline.policy import PolicyError, ZombiePolicy
+from zombie_pipeline.policy import InvalidPolicy, PolicyError, ZombiePolicy
 from zombie_pipeline.queue.connections import (
     DatabaseUnavailable,
     check_reachable,
@@ -110,8 +112,9 @@ def test_an_unreachable_database_fails_fast_without_the_password(monkeypatch):
 
 @pytest.mark.parametrize("timeout", [0, -1])
 def test_a_non_positive_server_selection_timeout_is_refused_naming_the_field(timeout: int):
-    with pytest.raises(Exception, match="server_selection_timeout_ms"):
-        QueueDatabase(database="q", server_selection_timeout_ms=timeout)
+    """Checked where the database is taken (in a step: a refusal, not a resource that fails the run's start)."""
+    with pytest.raises(SettingError, match=f"server_selection_timeout_ms={timeout} "):
+        QueueDatabase(database="q", server_selection_timeout_ms=timeout).get_database()
 
 
 def test_resources_from_env_take_database_names_from_the_environment(monkeypatch):
@@ -192,12 +195,48 @@ def test_the_default_policy_is_valid():
     assert ZombiePolicyResource().policy() == ZombiePolicy()
 
 
-@pytest.mark.parametrize("values, named, across_fields", BAD_POLICIES, ids=[case_id(case) for case in BAD_POLICIES])
-def test_the_resource_refuses_a_bad_policy_when_it_is_built(values, named, across_fields):
-    """It is the policy (it inherits the model): a bad value never reaches a run (a run's config: tests/test_bad_input.py)."""
-    with pytest.raises(PolicyError) as refused:
-        ZombiePolicyResource(**values)
-    assert_refused(refused.value, named, across_fields)
+VALUE_CASES = [case for case in BAD_POLICIES if "no_such_setting" not in case[0]]
+
+
+@pytest.mark.parametrize("values, named, across_fields", VALUE_CASES, ids=[case_id(case) for case in VALUE_CASES])
+def test_the_resource_refuses_a_bad_value_in_one_line_naming_it_and_never_to_be_retried(values, named, across_fields):
+    """Dagster checks a config's types before launch, not its bounds: the values are checked where the policy is
+    taken, first thing in a step, which fails then in one line (a run retry would be refused the same way)."""
+    resource = ZombiePolicyResource(**values)  # built as Dagster builds it from a run's config
+
+    with pytest.raises(PolicyRefused) as refused:
+        resource.policy()
+
+    failure = refused.value
+    assert isinstance(failure, dg.Failure) and isinstance(failure, InvalidPolicy)
+    assert failure.allow_retries is False
+    assert failure.description == str(failure) and "\n" not in failure.description
+    assert failure.description.startswith("invalid zombie policy: ")
+    for name in named:
+        assert name in failure.description, failure.description
+    for field, value in values.items():  # each field, and for a bound it broke, with the value it was given
+        assert field in failure.description, failure.description
+        if not across_fields:
+            assert f"{field}={value!r}" in failure.description, failure.description
+
+
+def test_a_name_that_is_no_policy_field_is_refused_when_the_resource_is_built():
+    """As Dagster's config schema refuses it in the Launchpad, before launch."""
+    with pytest.raises(PolicyError, match="no_such_setting"):
+        ZombiePolicyResource(no_such_setting=1)
+
+
+def test_the_resource_has_the_policys_fields_types_defaults_and_descriptions():
+    policy_fields = ZombiePolicy.model_fields
+    resource_fields = {name: info for name, info in ZombiePolicyResource.model_fields.items() if name in policy_fields}
+
+    assert set(resource_fields) == set(policy_fields)
+    for name, info in policy_fields.items():
+        assert resource_fields[name].annotation == info.annotation, name
+        assert resource_fields[name].description == info.description, name
+        assert resource_fields[name].get_default(call_default_factory=True) == info.get_default(
+            call_default_factory=True
+        ), name
 
 
 def test_the_policy_in_force_takes_the_suggestions_only_when_it_opts_in(store):

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from zombie_pipeline import config
+from zombie_pipeline.app.errors import OptionRefused
 from zombie_pipeline.config import SettingError
+from zombie_pipeline.policy import InvalidPolicy, ZombiePolicy
 from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients
+from zombie_pipeline.queue.documents import Job
 from zombie_pipeline.queue.evidence import GenerationUnknown
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.secrets import redact
@@ -20,9 +25,11 @@ from zombie_pipeline.simulation.simulator import (
     WorkloadError,
     check_ours,
     drop_simulation,
+    healthy_beside,
     simulate,
     simulated_generation,
 )
+from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 
 # Dagster is imported only by the commands that need it: `db` answers in a fraction of a second.
 
@@ -40,20 +47,61 @@ def _store_and_resources():
     return store_of(resources["queue_db"], resources["cache_db"]), resources
 
 
+#: What ``simulate`` writes unless told otherwise (``None``: the healthy started jobs, sized against the brake).
+SIMULATE_DEFAULTS: dict[str, Any] = {
+    "finished": 2_000,
+    "crashed": 20,
+    "never_heartbeated": 5,
+    "terminated": 3,
+    "overdue": 5,
+    "running": None,
+    "waiting": 50,
+}
+COUNT_OPTIONS = tuple(SIMULATE_DEFAULTS)
+DEFAULT_CRASHED_FRACTION = 0.01
+
+
+def option(name: str) -> str:
+    """A field's option as typed: ``crashed_fraction`` -> ``--crashed-fraction``."""
+    return "--" + name.replace("_", "-")
+
+
+def given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
+    """The options among ``names`` the command line gave (their defaults are None until then)."""
+    return [option(name) for name in names if getattr(args, name, None) is not None]
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
-    counts = {
-        name: getattr(args, name)
-        for name in ("finished", "crashed", "never_heartbeated", "terminated", "overdue", "running", "waiting")
-    }
     options = {
         "seed": args.seed,
         "days": args.days,
         "generation": args.generation,
         "cache_generation": args.cache_generation,
+        "past_cleanups": args.past_days,
     }
+    if args.jobs is None and args.crashed_fraction is not None:
+        raise OptionRefused("--crashed-fraction applies to --jobs only: give --jobs N too, or the counts (--crashed N)")
     if args.jobs is not None:
-        workload = Workload.from_fractions(args.jobs, crashed_fraction=args.crashed_fraction, **options)
+        pointless = given(args, COUNT_OPTIONS)
+        if pointless:
+            raise OptionRefused(
+                f"--jobs sets every count from its fractions: {', '.join(pointless)} would have no effect"
+            )
+        fraction = args.crashed_fraction if args.crashed_fraction is not None else DEFAULT_CRASHED_FRACTION
+        workload = Workload.from_fractions(args.jobs, crashed_fraction=fraction, **options)
     else:
+        counts: dict[str, Any] = {
+            name: SIMULATE_DEFAULTS[name] if getattr(args, name) is None else getattr(args, name)
+            for name in COUNT_OPTIONS
+        }
+        if args.terminated is not None and not QUEUE_GENERATIONS[args.generation].declares(Job.TERMINATED_AT):
+            raise OptionRefused(
+                f"--terminated has no effect on a {args.generation} queue: its jobs do not record a SIGTERM "
+                "(terminated_at, 2026-05 on)"
+            )
+        if counts["running"] is None:  # enough healthy jobs that a cleanup never sees half the started jobs dead
+            dead = Workload(**{**counts, "running": 0}, **options).zombies
+            counts["running"] = healthy_beside(dead, ZombiePolicy())
         workload = Workload(**counts, **options)
     store, resources = _store_and_resources()
     check_ours(store, args.overwrite_database)  # before the first write, an index included
@@ -76,19 +124,30 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"{len(result.ids[kind])} {kind.replace('_', ' ')}" for kind in STARTED_KINDS if kind != "running"
     )
     print(f"  zombies: {zombies}; {len(result.running_ids)} healthy running")
+    if result.past is not None:
+        print(
+            f"  the {result.past.days} days before: cleaned daily, {result.past.finalized} zombies finalized, "
+            f"{result.past.offender_finalized} of them user42/endless-audio's (a repeat offender)"
+        )
+    print(
+        "  the healthy jobs look alive for the heartbeat timeout (5 minutes by default): keep them alive with "
+        "zombie-pipeline workers"
+    )
     return 0
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
     from zombie_pipeline.queue.evidence import decide
-    from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+    from zombie_pipeline.simulation.workers import WorkerRates
 
     rates = WorkerRates(
         workers=args.workers,
-        crash_rate=args.crash_rate,
-        overrun_rate=args.overrun_rate,
+        crashes_per_worker_hour=args.crashes_per_worker_hour,
+        overruns_per_worker_hour=args.overruns_per_worker_hour,
+        restart_seconds=args.restart_seconds,
         speed=args.speed,
         heartbeat_seconds=args.heartbeat_seconds,
+        waiting_target=args.waiting_target,
     )
     store, resources = _store_and_resources()
     if simulated_generation(store) is None:  # workers write: only into a queue the simulator wrote
@@ -99,8 +158,11 @@ def cmd_workers(args: argparse.Namespace) -> int:
     policy = resources["zombie_policy"].policy()
     generation = decide(store, policy).required_queue()
     pool = WorkerPool(store, generation, policy, rates, seed=args.seed)
+    adopted = pool.adopt_running()
     print(
-        f"{rates.workers} simulated workers on a {generation.name} queue ({pool.adopt_running()} running jobs adopted); Ctrl-C stops them"
+        f"{pool.workers} simulated workers on a {generation.name} queue ({adopted} running jobs adopted); "
+        f"{rates.crashes_per_worker_hour:g} crashes and {rates.overruns_per_worker_hour:g} overruns per worker-hour; "
+        "Ctrl-C stops them"
     )
     try:
         pool.run(args.duration if args.duration is not None else float("inf"))
@@ -127,9 +189,22 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from zombie_pipeline.app.demo import run_demo
+    from zombie_pipeline.app.demo import DEFAULT_FINISHED, run_demo
 
-    return run_demo(finished=args.finished, seed=args.seed, fresh=args.fresh, generation=args.generation)
+    if config.queue_url() or config.cache_url():
+        ignored = given(args, ("generation", "finished", "seed")) + (["--fresh"] if args.fresh else [])
+        if ignored:
+            raise OptionRefused(
+                f"a MongoDB URL is set ({config.QUEUE_URL_ENV} or {config.CACHE_URL_ENV}): the demo simulates nothing "
+                f"there, so {', '.join(ignored)} would have no effect"
+            )
+    return run_demo(
+        finished=args.finished if args.finished is not None else DEFAULT_FINISHED,
+        seed=args.seed if args.seed is not None else 0,
+        fresh=args.fresh,
+        generation=args.generation or NEWEST_QUEUE_GENERATION,
+        refuse_finished=args.finished is not None,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,9 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim = commands.add_parser(
         "simulate",
         help="fill the queue and cache with a simulated deployment",
-        description="Write a simulated deployment (history, zombies of every kind, healthy and waiting jobs) into the "
-        "configured databases, exactly as a deployment of the chosen generation stores it. A database holding "
-        "documents zombie-pipeline did not write is refused.",
+        description="Write a simulated deployment into the configured databases, exactly as a deployment of the "
+        "chosen generation stores it: finished history, the days before today cleaned daily (their audit trail, "
+        "cache errors and a repeat offender), today's zombies of every kind beside healthy started jobs, waiting "
+        "jobs. A database holding documents zombie-pipeline did not write is refused.",
     )
     sim.add_argument(
         "--generation",
@@ -155,29 +231,37 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="cache generation (default: the one that queue generation's deployment writes)",
     )
-    sim.add_argument("--jobs", type=int, help="total jobs; with --crashed-fraction, instead of the counts below")
     sim.add_argument(
-        "--crashed-fraction", type=float, default=0.01, help="share of --jobs that crashed (default: %(default)s)"
-    )
-    sim.add_argument("--finished", type=int, default=2_000, help="finished jobs of the history (default: %(default)s)")
-    sim.add_argument(
-        "--crashed", type=int, default=20, help="started jobs whose heartbeat stopped long ago (default: %(default)s)"
+        "--jobs", type=int, help="total jobs, in the shares the fractions say, instead of the counts below"
     )
     sim.add_argument(
-        "--never-heartbeated", type=int, default=5, help="started jobs that never heartbeated (default: %(default)s)"
+        "--crashed-fraction",
+        type=float,
+        help=f"with --jobs: the share of them that crashed (default: {DEFAULT_CRASHED_FRACTION})",
     )
+    for name, text in (
+        ("finished", "finished jobs of the history"),
+        ("crashed", "started jobs whose heartbeat stopped long ago"),
+        ("never_heartbeated", "started jobs that never heartbeated"),
+        ("terminated", "started jobs that got SIGTERM long ago (2026-05 on: jobs record it)"),
+        ("overdue", "started jobs alive past their maximum duration"),
+        ("waiting", "waiting jobs"),
+    ):
+        sim.add_argument(option(name), type=int, help=f"{text} (default: {SIMULATE_DEFAULTS[name]})")
     sim.add_argument(
-        "--terminated",
+        "--running",
         type=int,
-        default=3,
-        help="started jobs that got SIGTERM long ago, where jobs record it (default: %(default)s)",
+        help="healthy started jobs (default: enough that the zombies are at most a quarter of the started jobs, "
+        "half the brake's threshold, and at least 20)",
     )
+    sim.add_argument("--days", type=float, default=8.0, help="days the finished history spans (default: %(default)s)")
     sim.add_argument(
-        "--overdue", type=int, default=5, help="started jobs past their maximum duration (default: %(default)s)"
+        "--past-days",
+        type=int,
+        default=7,
+        help="days before today, each cleaned by a daily cleanup whose audit trail the statistics and "
+        "repeat_offenders read; 0: none (default: %(default)s)",
     )
-    sim.add_argument("--running", type=int, default=50, help="healthy started jobs (default: %(default)s)")
-    sim.add_argument("--waiting", type=int, default=50, help="waiting jobs (default: %(default)s)")
-    sim.add_argument("--days", type=float, default=7.0, help="days the history spans (default: %(default)s)")
     sim.add_argument(
         "--seed", type=int, default=0, help="random seed: the same seed writes the same queue (default: %(default)s)"
     )
@@ -189,67 +273,136 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="the one database holding documents of its own that you deliberately give up to the simulator",
     )
-    sim.set_defaults(handler=cmd_simulate)
+    sim.set_defaults(handler=cmd_simulate, command_parser=sim)
 
+    defaults = WorkerRates()
     workers = commands.add_parser(
         "workers",
         help="simulated workers: keep the simulated queue alive (take, heartbeat, finish, crash)",
         description="Workers that take waiting jobs with the queue's own rules, heartbeat, finish with each type's "
-        "duration law and write their cache entries, crashing or running long at the given rates, as the queue's "
-        "generation does. Stopped (Ctrl-C or --duration), they finish the jobs they hold. They run only on a queue "
-        "zombie-pipeline simulated: any other database is refused.",
-    )
-    workers.add_argument("--workers", type=int, default=4, help="how many workers (default: %(default)s)")
-    workers.add_argument(
-        "--crash-rate", type=float, default=0.05, help="share of jobs whose worker dies silently (default: %(default)s)"
+        "duration law and write their cache entries, stop a job at its maximum duration as the deployment does, "
+        "crash or overrun at the given rates (per hour of a worker's work), and are replaced when they crash, as the "
+        "queue's generation does. Each healthy started job of the simulated queue is adopted by a worker of its own. "
+        "Stopped (Ctrl-C or --duration), they finish the jobs they hold. They run only on a queue zombie-pipeline "
+        "simulated: any other database is refused.",
     )
     workers.add_argument(
-        "--overrun-rate", type=float, default=0.02, help="share of jobs that run past T2 (default: %(default)s)"
+        "--workers",
+        type=int,
+        default=defaults.workers,
+        help="at least this many workers, beside one per adopted job (default: %(default)s)",
     )
     workers.add_argument(
-        "--speed", type=float, default=0.05, help="job durations are their type's times this (default: %(default)s)"
+        "--crashes-per-worker-hour",
+        type=float,
+        default=defaults.crashes_per_worker_hour,
+        help="how often a worker dies silently, leaving its job a zombie (default: %(default)s)",
     )
     workers.add_argument(
-        "--heartbeat-seconds", type=float, default=60.0, help="heartbeat interval (default: %(default)s)"
+        "--overruns-per-worker-hour",
+        type=float,
+        default=defaults.overruns_per_worker_hour,
+        help="how often a job runs past its maximum duration, its own killer failing (default: %(default)s)",
+    )
+    workers.add_argument(
+        "--restart-seconds",
+        type=float,
+        default=defaults.restart_seconds,
+        help="a crashed worker is replaced after this many seconds (default: %(default)s)",
+    )
+    workers.add_argument(
+        "--speed",
+        type=float,
+        default=defaults.speed,
+        help="job durations are their type's times this (default: %(default)s)",
+    )
+    workers.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=defaults.heartbeat_seconds,
+        help="heartbeat interval (default: %(default)s)",
+    )
+    workers.add_argument(
+        "--waiting-target",
+        type=int,
+        default=None,
+        help="waiting jobs kept in the queue (default: as many as the workers, at least 20)",
     )
     workers.add_argument(
         "--duration", type=float, default=None, help="stop after this many seconds (default: until Ctrl-C)"
     )
     workers.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    workers.set_defaults(handler=cmd_workers)
+    workers.set_defaults(handler=cmd_workers, command_parser=workers)
 
     db = commands.add_parser("db", help="the embedded MongoDB-compatible server")
     db.add_argument("action", choices=["start", "stop", "status"])
-    db.set_defaults(handler=cmd_db)
+    db.set_defaults(handler=cmd_db, command_parser=db)
 
-    demo = commands.add_parser("demo", help="simulate a queue if empty, run the pipeline, print a summary")
+    demo = commands.add_parser(
+        "demo",
+        help="simulate a queue if empty, run the pipeline, print a summary",
+        description="On the embedded server: simulate a deployment when the databases hold none (or with --fresh), "
+        "run kill_zombies_job, then the statistics and repeat_offenders of the week ending yesterday through Dagster, "
+        "with simulated workers moving the queue meanwhile, and print what the runs recorded. With a MongoDB URL set: "
+        "a dry run of the cleanup and the statistics, nothing written.",
+    )
     demo.add_argument(
         "--generation",
         choices=list(QUEUE_GENERATIONS),
-        default=NEWEST_QUEUE_GENERATION,
-        help="queue generation of the simulated deployment (default: %(default)s, today's)",
+        help=f"queue generation of the simulated deployment (default: {NEWEST_QUEUE_GENERATION}, today's); another "
+        "than the queue's replaces it",
     )
     demo.add_argument(
-        "--finished", type=int, default=3_000, help="finished jobs of the simulated history (default: %(default)s)"
+        "--finished",
+        type=int,
+        help="finished jobs of a new simulated history (default: 8000; with a new simulation only)",
     )
-    demo.add_argument("--seed", type=int, default=0, help="random seed of the simulation (default: %(default)s)")
+    demo.add_argument("--seed", type=int, help="random seed of the simulation and the workers (default: 0)")
     demo.add_argument("--fresh", action="store_true", help="drop the simulated queue and start again")
-    demo.set_defaults(handler=cmd_demo)
+    demo.set_defaults(handler=cmd_demo, command_parser=demo)
     return parser
 
 
+#: The one-line errors of a command: said as they are, naming what to change.
+REFUSALS = (
+    embedded.EmbeddedServerError,
+    DatabaseUnavailable,
+    NotOurs,
+    WorkloadError,
+    GenerationUnknown,
+    SettingError,
+    InvalidPolicy,
+    OptionRefused,
+)
+
+
+#: Fields of the simulator whose option has another name.
+OPTION_OF_FIELD = {"past_cleanups": "past_days"}
+
+
+def as_typed(message: str, command: argparse.ArgumentParser) -> str:
+    """``message`` with each field name that is an option of ``command`` written as the option is typed."""
+    options = {
+        action.dest: action.option_strings[-1]
+        for action in command._actions  # argparse lists a parser's options nowhere else
+        if action.option_strings and action.dest != "help"
+    }
+    for field, dest in OPTION_OF_FIELD.items():
+        if dest in options:
+            options[field] = options[dest]
+    message = message.removeprefix("invalid workload: ").removeprefix("invalid worker rates: ")
+    return re.sub(r"(?<![-\w])[a-z][a-z_]*\b", lambda word: options.get(word.group(0), word.group(0)), message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except (
-        embedded.EmbeddedServerError,
-        DatabaseUnavailable,
-        NotOurs,
-        WorkloadError,
-        GenerationUnknown,
-        SettingError,
-    ) as error:
+    except WorkloadError as error:  # the simulator names its fields: the person typed options
+        print(f"zombie-pipeline: {as_typed(str(error), args.command_parser)}", file=sys.stderr)
+        return 2
+    except REFUSALS as error:
         print(f"zombie-pipeline: {error}", file=sys.stderr)
         return 2
     except Exception as error:  # keep credentials out of whatever reaches the terminal

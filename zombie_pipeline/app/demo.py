@@ -1,45 +1,65 @@
-"""``zombie-pipeline demo``: the whole pipeline on the embedded default, in one command."""
+"""``zombie-pipeline demo``: the whole pipeline on the embedded default, in one command.
+
+On the embedded server it simulates a deployment (a week of history cleaned daily, with a dataset that crashes
+its worker every day, and today's zombies beside healthy started jobs), runs ``kill_zombies_job``, then the
+statistics and ``repeat_offenders`` of the week ending yesterday, through Dagster, and prints what those runs
+recorded: the cleanup's summary from its ``summarize`` step, the statistics from the report files their
+materialization names, the offenders from their materialization's table.
+
+The cleanup sees the queue the simulator meant, on any machine: the simulated workers only start once it is
+done, and the healthy started jobs are sized so that the dead are at most half the brake's threshold
+(``simulator.healthy_beside``). A queue simulated earlier whose healthy jobs went stale since (nobody
+heartbeated them) gets new healthy ones rather than a brake stop.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from zombie_pipeline import config
-from zombie_pipeline.cleanup.detection import count_stale
-from zombie_pipeline.cleanup.run import summarize
+from zombie_pipeline.app.errors import OptionRefused
+from zombie_pipeline.cleanup.detection import count_stale, started_filter
+from zombie_pipeline.cleanup.run import RunSummary
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
-from zombie_pipeline.orchestration.resources import (
-    check_databases,
-    resources_from_env,
-    store_of,
-)
-from zombie_pipeline.orchestration.statistics import (
-    job_duration_statistics,
-    job_duration_tallies,
-)
+from zombie_pipeline.orchestration.failures import result_cause
+from zombie_pipeline.orchestration.offenders import repeat_offenders
+from zombie_pipeline.orchestration.resources import check_databases, resources_from_env, store_of
+from zombie_pipeline.orchestration.statistics import job_duration_statistics, job_duration_tallies
+from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import utc_now
-from zombie_pipeline.queue.evidence import decide
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import (
     Workload,
     check_ours,
     drop_simulation,
+    healthy_beside,
     simulate,
     simulated_generation,
 )
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
-from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS, analyze_window
-from zombie_pipeline.statistics.reports import ReportFiles, summary_text
+from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS
 
 #: Dagster's console logger silenced: the demo prints its own summary, and a failure as its one line, never a stack trace.
 QUIET = {"console": {"config": {"log_level": "CRITICAL"}}}
+#: How to give a database up to the demo (its ``{name}``), in options that exist.
+GIVE_UP = (
+    "Give the demo databases of its own (QUEUE_MONGO_DATABASE and CACHE_MONGO_DATABASE), or, if it is a scratch "
+    "database you own, give it up with: zombie-pipeline simulate --drop --overwrite-database {name}"
+)
+#: The days before today the simulated deployment was cleaned daily: the statistics' window.
+PAST_DAYS = DEFAULT_WINDOW_DAYS
+DEFAULT_FINISHED = 8_000  # some types get the 368 successful runs in the window that lowering a T2 needs
 
 
 def _instance() -> dg.DagsterInstance:
@@ -50,14 +70,18 @@ def _instance() -> dg.DagsterInstance:
 
 
 def run_demo(
-    finished: int = 3_000,
+    finished: int = DEFAULT_FINISHED,
     seed: int = 0,
     fresh: bool = False,
     generation: str = NEWEST_QUEUE_GENERATION,
     resources: dict[str, Any] | None = None,
     rates: WorkerRates | None = None,
+    refuse_finished: bool = False,
 ) -> int:
-    """The demo; ``resources`` (default: from the environment) and the workers' ``rates`` let a test shorten time."""
+    """The demo; ``resources`` (default: from the environment) and the workers' ``rates`` let a test shorten time.
+
+    ``refuse_finished``: ``finished`` was asked for, so a queue kept as it is (not simulated anew) is refused.
+    """
     resources = resources or resources_from_env()
     queue_db, cache_db, policy_resource = resources["queue_db"], resources["cache_db"], resources["zombie_policy"]
     real_database = queue_db.url() is not None or cache_db.url() is not None
@@ -69,25 +93,126 @@ def run_demo(
     if real_database:
         print("A MongoDB URL is set: the demo simulates nothing and writes nothing (the cleanup runs as a dry run).")
     else:
-        check_ours(store)  # the embedded server may hold a database loaded by hand: never written to
+        check_ours(store, give_up=GIVE_UP)  # the embedded server may hold a database loaded by hand: never written to
         if fresh or simulated_generation(store) not in (None, generation):
             drop_simulation(store)
+        elif refuse_finished and simulated_generation(store) is not None:
+            raise OptionRefused(
+                "--finished sizes a new simulation, and these databases already hold one, kept as it is: add --fresh "
+                "to simulate again"
+            )
         store.ensure_indexes()
-        _fill(store, finished, seed, policy, generation)
+        _prepare_queue(store, finished, seed, policy, generation)
 
-    run_config = {
-        "ops": {"reconcile": {"config": {"dry_run": real_database}}},
-        "loggers": QUIET,
-    }
-    with _living_queue(
-        store, generation, policy, seed, rates or WorkerRates(crash_rate=0.0), enabled=not real_database
-    ):
-        return _run_pipeline(store, resources, run_config, policy, real_database)
+    run_config = {"ops": {"reconcile": {"config": {"dry_run": real_database}}}, "loggers": QUIET}
+    with _instance() as instance:
+        if not _cleanup(resources, run_config, instance, real_database):
+            return 1
+        with _living_queue(store, generation, policy, seed, rates or WorkerRates(), enabled=not real_database):
+            _statistics(resources, instance, save_suggestions=not real_database)
+    return 0
+
+
+def _prepare_queue(store: Store, finished: int, seed: int, policy: ZombiePolicy, generation: str) -> None:
+    """A simulated queue as the cleanup should meet it: zombies, beside enough healthy started jobs."""
+    if simulated_generation(store) is None:
+        zombies = Workload(finished=0, generation=generation)
+        workload = Workload(
+            finished=finished,
+            running=healthy_beside(zombies.zombies, policy),
+            days=PAST_DAYS + 1,
+            past_cleanups=PAST_DAYS,
+            seed=seed,
+            generation=generation,
+            policy=policy,
+        )
+        print(
+            f"empty queue: simulating a {generation} deployment: {workload.finished} finished jobs over "
+            f"{workload.days:.0f} days, cleaned daily; today {workload.zombies} zombies beside {workload.running} "
+            "healthy started jobs ..."
+        )
+        simulate(store, workload)
+        return
+    now = utc_now()
+    dead = count_stale(store.jobs, policy, now)
+    if dead == 0:
+        zombies = Workload(finished=0, waiting=20, seed=seed, generation=generation, policy=policy)
+        print(f"no zombies left from earlier demos: simulating {zombies.zombies} workers that crashed since ...")
+        simulate(store, Workload(**{**zombies.__dict__, "running": healthy_beside(zombies.zombies, policy)}))
+        return
+    healthy = store.jobs.count_documents(started_filter()) - dead
+    missing = healthy_beside(dead, policy) - healthy
+    if missing > 0:  # their workers stopped long ago: a deployment has healthy jobs beside its dead ones
+        print(
+            f"{dead} zombies beside {healthy} healthy started jobs (the simulated workers stopped since): adding "
+            f"{missing} healthy started jobs ..."
+        )
+        simulate(
+            store,
+            Workload(
+                finished=0,
+                crashed=0,
+                never_heartbeated=0,
+                terminated=0,
+                overdue=0,
+                running=missing,
+                waiting=0,
+                seed=seed,
+                generation=generation,
+                policy=policy,
+            ),
+        )
+
+
+def _cleanup(resources: dict[str, Any], run_config: dict, instance: dg.DagsterInstance, real_database: bool) -> bool:
+    """``kill_zombies_job``, then what its steps recorded; False when it failed (its cause printed)."""
+    started = time.monotonic()
+    result = kill_zombies_job.execute_in_process(
+        run_config=run_config, resources=resources, instance=instance, raise_on_error=False
+    )
+    seconds = time.monotonic() - started
+    print(
+        f"\nkill_zombies_job: {'succeeded' if result.success else 'FAILED'} in {seconds:.1f} s (run {result.run_id[:8]})"
+    )
+    if not result.success:
+        print("  " + result_cause(result))
+        return False
+    if real_database:
+        found = step_metadata(result, "find_zombies").get("candidates")
+        print(
+            f"  dry run: {found.value if found else 0} zombies found and left alone (their evidence: the find_zombies step)"
+        )
+        return True
+    summary = RunSummary(
+        Counter(result.output_for_node("summarize")), table_rows(result, "summarize", "finalized_jobs")
+    )
+    print("  " + summary.one_line())
+    for row in summary.rows[:8]:
+        print(f"  - {row['type']:<32} {row['dataset']:<28} {row['reason']:<22} ran {row['ran_seconds']:>7.0f} s")
+    if len(summary.rows) > 8:
+        print(f"  ... and {len(summary.rows) - 8} more (see the run's metadata in the Dagster UI)")
+    return True
+
+
+def step_metadata(result: dg.ExecuteInProcessResult, step: str) -> dict[str, Any]:
+    """The metadata a step recorded on its output."""
+    for event in result.events_for_node(step):
+        if event.is_successful_output:
+            return dict(event.step_output_data.metadata)
+    return {}
+
+
+def table_rows(result: dg.ExecuteInProcessResult, step: str, name: str) -> list[dict[str, Any]]:
+    table = step_metadata(result, step).get(name)
+    return [dict(record.data) for record in table.records] if table is not None else []
 
 
 @contextlib.contextmanager
-def _living_queue(store, generation: str, policy, seed: int, rates: WorkerRates, enabled: bool):
-    """Simulated workers take waiting jobs, heartbeat and finish while the demo runs; stopped, they finish what they hold."""
+def _living_queue(
+    store: Store, generation: str, policy: ZombiePolicy, seed: int, rates: WorkerRates, enabled: bool
+) -> Iterator[WorkerPool | None]:
+    """Simulated workers take the healthy started jobs over and move the queue while the statistics run; stopped,
+    they finish what they hold."""
     if not enabled:
         yield None
         return
@@ -101,128 +226,91 @@ def _living_queue(store, generation: str, policy, seed: int, rates: WorkerRates,
     finally:
         stopping.set()
         thread.join(timeout=60)
-        print(f"\nsimulated workers: {_worker_line(pool.counts)}")
+        line = ", ".join(f"{count} {name.replace('_', ' ')}" for name, count in sorted(pool.counts.items()))
+        print(f"\nsimulated workers, while the statistics ran: {line or 'nothing to do'}")
 
 
-def _worker_line(counts) -> str:
-    return ", ".join(f"{count} {name.replace('_', ' ')}" for name, count in sorted(counts.items())) or "nothing to do"
-
-
-def _run_pipeline(store, resources, run_config, policy, real_database: bool) -> int:
-    started = time.monotonic()
-    with _instance() as instance:
-        result = kill_zombies_job.execute_in_process(
-            run_config=run_config, resources=resources, instance=instance, raise_on_error=False
-        )
-    seconds = time.monotonic() - started
-    print(
-        f"\nkill_zombies_job: {'succeeded' if result.success else 'FAILED'} in {seconds:.1f} s (run {result.run_id[:8]})"
-    )
-    if not result.success:
-        print("  " + _failure_line(result))
-        if not real_database:
-            print("  (start from a fresh simulated queue with: zombie-pipeline demo --fresh)")
-        return 1
-    if real_database:
-        found = _output_metadata(result, "find_zombies").get("candidates")
-        print(
-            f"  dry run: {found.value if found else 0} zombies found and left alone (their evidence: the find_zombies step)"
-        )
-    summary = summarize(store, result.run_id, result.output_for_node("summarize"))
-    print("  " + summary.one_line())
-    for row in summary.rows[:8]:
-        print(f"  - {row['type']:<32} {row['dataset']:<28} {row['reason']:<22} ran {row['ran_seconds']:>7.0f} s")
-    if len(summary.rows) > 8:
-        print(f"  ... and {len(summary.rows) - 8} more (see the run's metadata in the Dagster UI)")
-    print(f"  zombies left: {count_stale(store.jobs, policy, utc_now())}")
-    print(f"  audit trail: {store.events.count_documents({})} events in {store.events.full_name}")
-
-    try:
-        files, window_end = _materialize_statistics(resources, _instance, save_suggestions=not real_database)
-    except _NotComputed as error:
-        print(f"\nduration_statistics: not computed: {error}")
-        return 0
-    print(f"\nduration_statistics for the {DEFAULT_WINDOW_DAYS} days to {window_end:%Y-%m-%d %H:%M} UTC:")
-    report = analyze_window(
-        store, decide(store, policy).required_queue(), policy, end=window_end
-    )  # the asset's figures, for the terminal
-    print(summary_text(report, files))
-    return 0
-
-
-def _output_metadata(result: dg.ExecuteInProcessResult, step: str) -> dict:
-    for event in result.events_for_node(step):
-        if event.is_successful_output:
-            return dict(event.step_output_data.metadata)
-    return {}
-
-
-class _NotComputed(Exception):
-    """A statistics run failed; the message is its one line."""
-
-
-def _failure_line(result: dg.ExecuteInProcessResult) -> str:
-    """Why the run failed, in the one line its failure carries (a Failure's description, else the error's last line)."""
-    for event in result.all_events:
-        if event.is_step_failure:
-            data = event.step_failure_data
-            if data.user_failure_data is not None and data.user_failure_data.description:
-                return data.user_failure_data.description
-            if data.error is not None:
-                return data.error.message.strip().splitlines()[-1]
-    return "the run failed before its first step (see the Dagster run's events)"
-
-
-def _materialize_statistics(resources, instance_factory, save_suggestions: bool) -> tuple[ReportFiles, dt.datetime]:
-    """The statistics assets through Dagster: each day of the window, then the window's report.
-
-    Daily partitions are whole UTC days, so the window ends at midnight, with yesterday.
-    """
-    run_config: dict = {"loggers": QUIET}  # the window's unused days (its mapping spans 28) would each log a warning
-    statistics_config = {
-        **run_config,
-        "ops": {job_duration_statistics.op.name: {"config": {"save_suggestions": save_suggestions}}},
-    }
+def _statistics(resources: dict[str, Any], instance: dg.DagsterInstance, save_suggestions: bool) -> None:
+    """The week ending yesterday through Dagster: each day's tallies, then the week's statistics and repeat
+    offenders; printed from what their materializations recorded. Daily partitions are whole UTC days."""
+    quiet: dict = {"loggers": QUIET}  # the window's unused days (its mapping spans 28) would each log a warning
     window_end = dt.datetime.combine(utc_now().date(), dt.time(), tzinfo=dt.UTC)
     days = [(window_end - dt.timedelta(days=n)).date().isoformat() for n in range(DEFAULT_WINDOW_DAYS, 0, -1)]
-    with instance_factory() as instance:
-        for day in days:
-            daily = dg.materialize(
-                [job_duration_tallies],
-                partition_key=day,
-                resources=resources,
-                instance=instance,
-                run_config=run_config,
-                raise_on_error=False,
-            )
-            if not daily.success:
-                raise _NotComputed(_failure_line(daily))
-        result = dg.materialize(
-            [job_duration_tallies, job_duration_statistics],
-            selection=[job_duration_statistics],
-            partition_key=days[-1],
+    for day in days:
+        daily = dg.materialize(
+            [job_duration_tallies],
+            partition_key=day,
             resources=resources,
             instance=instance,
-            run_config=statistics_config,
+            run_config=quiet,
             raise_on_error=False,
         )
+        if not daily.success:
+            print(f"\nduration_statistics: not computed: {result_cause(daily)}")
+            return
+    statistics_config = {
+        **quiet,
+        "ops": {job_duration_statistics.op.name: {"config": {"save_suggestions": save_suggestions}}},
+    }
+    result = dg.materialize(
+        [job_duration_tallies, job_duration_statistics, repeat_offenders],
+        selection=[job_duration_statistics, repeat_offenders],
+        partition_key=days[-1],
+        resources=resources,
+        instance=instance,
+        run_config=statistics_config,
+        raise_on_error=False,
+    )
     if not result.success:
-        raise _NotComputed(_failure_line(result))
-    [materialization] = result.asset_materializations_for_node(job_duration_statistics.op.name)
-    paths = {name: Path(materialization.metadata[name].value) for name in ("csv", "json", "chart", "markdown")}
-    return ReportFiles(**paths), window_end
-
-
-def _fill(store, finished: int, seed: int, policy, generation: str) -> None:
-    """Simulate a deployment into an empty queue; top up with new zombies once they are all cleaned."""
-    if simulated_generation(store) is None:
-        workload = Workload(finished=finished, seed=seed, generation=generation, policy=policy)
-        print(
-            f"empty queue: simulating a {generation} deployment, {workload.total} jobs over {workload.days:.0f} days ..."
-        )
-    elif count_stale(store.jobs, policy, utc_now()) == 0:
-        workload = Workload(finished=0, waiting=20, running=40, seed=seed, generation=generation, policy=policy)
-        print("no zombies left from earlier demos: simulating workers that crashed since ...")
-    else:
+        print(f"\nduration_statistics: not computed: {result_cause(result)}")
         return
-    simulate(store, workload)
+    print(f"\nduration_statistics and repeat_offenders of the {DEFAULT_WINDOW_DAYS} days to {window_end:%Y-%m-%d} "
+          f"00:00 UTC (run {result.run_id[:8]}):")  # fmt: skip
+    [statistics] = result.asset_materializations_for_node(job_duration_statistics.op.name)
+    print(statistics_text(statistics.metadata))
+    [offenders] = result.asset_materializations_for_node(repeat_offenders.op.name)
+    print(offenders_text(offenders.metadata))
+
+
+def statistics_text(metadata: Mapping[str, Any]) -> str:
+    """The statistics as their report file (JSON) says: a line per type, the files, the policy snippet."""
+    report = json.loads(Path(metadata["json"].value).read_text())
+    lines = [
+        f"  {report['jobs_read']} runs read ({report['source']}), {report['events_read']} zombies finalized in the "
+        f"window; {metadata['types_with_suggestion'].value} of {len(report['types'])} job types with a suggestion:"
+    ]
+    for entry in report["types"]:
+        successes = entry.get("success_count") or 0
+        line = f"  {entry['type']:<32} {successes:>5} successes, "
+        if entry["enough_data"]:
+            line += f"T2 {entry['current_t2_seconds']} s -> {entry['suggested_t2_seconds']} s ({entry['change']})"
+        else:
+            line += "not enough data: T2 kept"
+        if entry["lowering_withheld"]:
+            line += ", lowering withheld (too few runs to be sure)"
+        lines.append(line)
+    files = ", ".join(str(metadata[name].value) for name in ("markdown", "csv", "json", "chart"))
+    lines.append(f"  report: {files}")
+    lines.append("  suggested configuration:")
+    lines.extend("    " + line for line in report["zombie_policy_snippet"].splitlines())
+    return "\n".join(lines)
+
+
+def offenders_text(metadata: Mapping[str, Any]) -> str:
+    """The repeat offenders as their materialization's table lists them."""
+    threshold = metadata["threshold"].value
+    table = metadata.get("offenders_table")
+    rows = [dict(record.data) for record in table.records] if table is not None else []
+    offenders = metadata["offenders"].value
+    lines = [
+        f"  repeat offenders ({metadata['window'].value}): {offenders} dataset{'' if offenders == 1 else 's'} "
+        f"finalized at least {threshold} times, of {metadata['datasets_finalized'].value} finalized "
+        f"({metadata['finalizations'].value} finalizations)"
+    ]
+    for row in rows[:5]:
+        limit = ", retry limit reached" if row["retry_limit_reached"] else ""
+        lines.append(
+            f"  - {row['dataset']} {row['type']}: {row['finalizations']} times, last {row['last_seen']}, last error "
+            f"{row['last_error']}{limit}"
+        )
+    return "\n".join(lines)

@@ -41,10 +41,18 @@ from zombie_pipeline.orchestration.tags import (
     PIPELINE_TAG,
     PRIORITY_TAG,
     QUEUE_DATABASE_TAG,
+    RETRY_ON_STEP_FAILURE_TAG,
     RETRY_STRATEGY_TAG,
 )
 from zombie_pipeline.queue.documents import REASONS, utc_now
 from zombie_pipeline.queue.evidence import GenerationUnknown
+from zombie_pipeline.simulation.simulator import simulated_generation
+
+#: A step that fails on an error that may pass (a server election, a dropped connection, a timeout) is tried again
+#: within the run, after 2 s then 4 s: every step is safe to repeat (claims by unique id, compare-and-set, leases).
+#: A refusal (the brake, a bad policy, an undecided generation, a broken compensation) is a ``dg.Failure`` with
+#: ``allow_retries=False``: the same queue and configuration would give the same answer, so it fails at once.
+TRANSIENT_RETRIES = dg.RetryPolicy(max_retries=2, delay=2, backoff=dg.Backoff.EXPONENTIAL)
 
 
 class CleanupConfig(dg.Config):
@@ -66,7 +74,10 @@ class CleanupConfig(dg.Config):
         return CleanupOptions(dry_run=self.dry_run, override_brake=self.override_brake, job_types=job_types)
 
 
-@dg.op(description="Tell the queue's generation, and complete the finalizations that crashed runs left half done.")
+@dg.op(
+    description="Tell the queue's generation, and complete the finalizations that crashed runs left half done.",
+    retry_policy=TRANSIENT_RETRIES,
+)
 @failing_in_one_line("reconcile: telling the generation and completing what crashed runs left")
 def reconcile(
     context: dg.OpExecutionContext,
@@ -75,12 +86,13 @@ def reconcile(
     cache_db: CacheDatabase,
     zombie_policy: ZombiePolicyResource,
 ) -> CleanupPlan:
+    zombie_policy.policy()  # a refused value fails the run here, before the first command to a database
     store = store_of(queue_db, cache_db, check=True)
     policy = zombie_policy.in_force(store)
     try:
         prepared = run.prepare(store, policy, context.run_id, config.options(context))
     except CompensationError as error:  # refused before anything is written
-        raise dg.Failure(description=str(error)) from None
+        raise dg.Failure(description=str(error), allow_retries=False) from None
     plan = prepared.plan
     if zombie_policy.use_suggested_max_durations:
         context.log.info(f"suggested maximum durations in force: {policy.max_duration_seconds_by_type}")
@@ -112,7 +124,10 @@ def reconcile(
     return plan
 
 
-@dg.op(description="Find started jobs past their heartbeat timeout, SIGTERM or maximum duration, in one indexed query.")
+@dg.op(
+    description="Find started jobs past their heartbeat timeout, SIGTERM or maximum duration, in one indexed query.",
+    retry_policy=TRANSIENT_RETRIES,
+)
 @failing_in_one_line("find_zombies: detecting zombies")
 def find_zombies(
     context: dg.OpExecutionContext,
@@ -131,8 +146,9 @@ def find_zombies(
         stale_fraction = plan.policy.max_stale_fraction
         figures = partial(metrics.brake_figures, engaged, len(detection.candidates), started, stale_fraction)
         pushed = metrics_gateway.push(context, figures, queue_db.database)
-    if brake is not None and brake.engaged:
-        raise dg.Failure(description=brake.message(), metadata=brake.facts())
+    if brake is not None and brake.engaged:  # the same queue would stop a retry too: failed at once, and only once
+        simulated = simulated_generation(store) is not None
+        raise dg.Failure(description=brake.message(simulated), metadata=brake.facts(), allow_retries=False)
     rows = [candidate.evidence() for candidate in detection.candidates]
     by_reason = detection.count_by("reason")
     metadata: dict[str, Any] = {f"candidates/{reason}": by_reason.get(reason, 0) for reason in REASONS}
@@ -153,7 +169,8 @@ def find_zombies(
 @dg.op(
     description="Claim each zombie in the audit trail, then finish it as the queue's generation does (set to error, "
     "or error entry then deletion), by compare-and-set, with the deployment's counters, rate limiter and locks; "
-    "write the error users see; re-enqueue within the retry limits where the generation wants it."
+    "write the error users see; re-enqueue within the retry limits where the generation wants it.",
+    retry_policy=TRANSIENT_RETRIES,
 )
 @failing_in_one_line("finalize_zombies: claiming and finalizing zombies")
 def finalize_zombies(
@@ -174,6 +191,7 @@ def finalize_zombies(
                 "queue_generation_candidates": dg.MetadataValue.json(list(plan.generations.queue_verdict.candidates)),
                 "to_decide": "set queue_generation in the zombie_policy resource",
             },
+            allow_retries=False,
         ) from None
     context.add_output_metadata({**counts_metadata(result.counts), "finalized_jobs": table_metadata(result.rows)})
     found = Counter((candidate.job_type, str(candidate.reason)) for candidate in candidates)
@@ -184,7 +202,8 @@ def finalize_zombies(
 
 @dg.op(
     description="Run each finalized zombie's compensations (actions that undo a job's partial side effects), the ones "
-    "failing in earlier runs too; record every outcome on its event. A failure never stops the others."
+    "failing in earlier runs too; record every outcome on its event. A failure never stops the others.",
+    retry_policy=TRANSIENT_RETRIES,
 )
 @failing_in_one_line("compensate_zombies: running compensations")
 def compensate_zombies(
@@ -203,7 +222,8 @@ def compensate_zombies(
 
 @dg.op(
     description="Summarize the run from the audit trail: what was finalized, why, and what was skipped; push the "
-    "figures to the Pushgateway, if there is one."
+    "figures to the Pushgateway, if there is one.",
+    retry_policy=TRANSIENT_RETRIES,
 )
 @failing_in_one_line("summarize: reading the run back from the audit trail")
 def summarize(
@@ -258,13 +278,16 @@ CLEANUP_MAX_RUNTIME_SECONDS = 300
         # batch; 1,000 zombies in about 10 s on the embedded server), so after 5 minutes run monitoring fails it
         # and, its worker lost or stuck, the run is retried and the queue's slot freed (docs/deploy.md, "Crashes").
         MAX_RUNTIME_TAG: str(CLEANUP_MAX_RUNTIME_SECONDS),
-        # Retried twice, from the start, when it fails: safe because a cleanup is idempotent. Each zombie is
-        # claimed by inserting its audit event (_id = job _id) and finished by compare-and-set on what
-        # detection saw, so a retry can neither finalize a job twice nor overwrite a live worker; what a dead
-        # run left half done is completed once its lease expires. ALL_STEPS: the retry re-reads the queue
-        # rather than trust candidates a failed run detected minutes ago.
+        # A run lost with its worker (a crash, the runtime limit) is retried twice, from the start: safe because
+        # a cleanup is idempotent. Each zombie is claimed by inserting its audit event (_id = job _id) and
+        # finished by compare-and-set on what detection saw, so a retry can neither finalize a job twice nor
+        # overwrite a live worker; what a dead run left half done is completed once its lease expires.
+        # ALL_STEPS: the retry re-reads the queue rather than trust candidates a failed run detected minutes ago.
         MAX_RETRIES_TAG: "2",
         RETRY_STRATEGY_TAG: "ALL_STEPS",
+        # A run whose step failed is not: the step already had its own retries (TRANSIENT_RETRIES) if the error
+        # could pass, and a refusal (the brake, a bad policy) would only be refused again, and reported again.
+        RETRY_ON_STEP_FAILURE_TAG: "false",
     },
 )
 def kill_zombies_job():

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import dagster as dg
 import pymongo
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from pymongo.database import Database
+from pymongo.errors import ConfigurationError
 
 from zombie_pipeline import config
+from zombie_pipeline.config import SettingError
 from zombie_pipeline.orchestration.metrics import metrics_gateway_from_env
-from zombie_pipeline.policy import ZombiePolicy, policy_fields
+from zombie_pipeline.policy import InvalidPolicy, ZombiePolicy, policy_fields, validated
 from zombie_pipeline.queue.connections import (
     DEFAULT_TIMEOUT_MS,
     DatabaseUnavailable,
@@ -36,7 +38,7 @@ from zombie_pipeline.queue.documents import (
     DEFAULT_QUEUE_DATABASE,
     DEFAULT_SUGGESTIONS_COLLECTION,
 )
-from zombie_pipeline.queue.secrets import redact_url
+from zombie_pipeline.queue.secrets import redact_url, scrub
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation import embedded
 from zombie_pipeline.statistics.suggestion_log import effective_policy
@@ -45,13 +47,13 @@ from zombie_pipeline.statistics.suggestion_log import effective_policy
 class _MongoDatabaseResource(dg.ConfigurableResource):
     url_env_var: str = Field(description="Name of the environment variable holding the MongoDB URL.")
     database: str = Field(description="Database name.")
-    # The name is the one it had when it bounded only the choice of a server; run configs name it so.
+    # The name is the one it had when it bounded only the choice of a server; run configs name it so. Checked by
+    # get_database, in the step (a bound here would fail the run at resource setup, which Dagster retries).
     server_selection_timeout_ms: int = Field(
         default=DEFAULT_TIMEOUT_MS,
-        description="How long any wait on the database may last before a run fails, in milliseconds: connecting, "
-        "choosing a server, each reply, each operation with its retry "
+        description="How long any wait on the database may last before a run fails, in milliseconds, more than 0: "
+        "connecting, choosing a server, each reply, each operation with its retry "
         f"(default ${config.MONGO_TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_MS}).",
-        gt=0,
     )
 
     def url(self) -> str | None:
@@ -63,12 +65,23 @@ class _MongoDatabaseResource(dg.ConfigurableResource):
         return self.url() or embedded.ensure_server().url
 
     def get_database(self) -> Database:
+        """The database; :class:`SettingError` naming the variable when its URL is not one pymongo accepts."""
+        if self.server_selection_timeout_ms <= 0:
+            raise SettingError(
+                f"server_selection_timeout_ms={self.server_selection_timeout_ms} (the {self.database} database's "
+                "resource config) must be a positive number of milliseconds"
+            )
+        url = self.connection_url()
         # The embedded server applies a retried write twice when a connection resets as it executes it: no retries
         # there (a reset fails the run, the next run completes it); a real MongoDB applies a retried write once.
         embedded_default = self.url() is None
-        return client_for(self.connection_url(), self.server_selection_timeout_ms, retry_writes=not embedded_default)[
-            self.database
-        ]
+        try:
+            return client_for(url, self.server_selection_timeout_ms, retry_writes=not embedded_default)[self.database]
+        except ConfigurationError as error:  # the value itself is not shown: a malformed URL may still hold a password
+            raise SettingError(
+                f"{self.url_env_var} is not a MongoDB URL: {scrub(str(error), [url])} (expected "
+                "mongodb://[user:password@]host[:port][/?options] or mongodb+srv://...)"
+            ) from None
 
     def describe(self) -> str:
         """Where this resource points, without credentials."""
@@ -137,33 +150,71 @@ def failing_in_one_line(doing: str) -> Callable[[F], F]:
 
 
 def store_of(queue_db: QueueDatabase, cache_db: CacheDatabase, check: bool = False) -> Store:
-    """The collections of both databases; with ``check``, a run fails at once, cleanly, if one is unreachable."""
-    store = Store.of(
-        queue_db.get_database(),
-        cache_db.get_database(),
-        jobs_collection=queue_db.jobs_collection,
-        cache_collection=cache_db.cache_collection,
-        events_collection=queue_db.events_collection,
-        failures_collection=queue_db.failures_collection,
-        suggestions_collection=queue_db.suggestions_collection,
-    )
-    if check:
-        try:
+    """The collections of both databases; with ``check`` (in a step), a database out of reach fails the step in
+    one line (a ``dg.Failure`` its retry policy may retry), and a malformed URL too (never retried)."""
+    try:
+        store = Store.of(
+            queue_db.get_database(),
+            cache_db.get_database(),
+            jobs_collection=queue_db.jobs_collection,
+            cache_collection=cache_db.cache_collection,
+            events_collection=queue_db.events_collection,
+            failures_collection=queue_db.failures_collection,
+            suggestions_collection=queue_db.suggestions_collection,
+        )
+        if check:
             check_databases(queue_db, cache_db)
-        except DatabaseUnavailable as error:
-            raise unavailable_failure(error) from None
+    except SettingError as error:
+        if not check:
+            raise
+        raise dg.Failure(description=str(error), allow_retries=False) from None
+    except DatabaseUnavailable as error:
+        raise unavailable_failure(error) from None
     return store
 
 
-class ZombiePolicyResource(dg.ConfigurableResource, ZombiePolicy):
+def settings_of(model: type[BaseModel]) -> type[BaseModel]:
+    """``model``'s fields as Dagster config: the same names, types, defaults and descriptions, without the bounds.
+
+    Dagster checks a config's types before a run is launched (the Launchpad marks them) but not pydantic's bounds
+    nor the rules across fields: built with them, a resource refuses a bad value while Dagster initializes the run's
+    resources, a failure of the run itself that run retries repeat and that reaches the failure sensor as Dagster's
+    generic "an exception was thrown". Without them, the first step builds the model and refuses it in one line.
+    """
+    fields: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        default = {"default_factory": info.default_factory} if info.default_factory else {"default": info.default}
+        fields[name] = (info.annotation, Field(description=info.description, **default))  # type: ignore[call-overload]
+    return create_model(f"{model.__name__}Settings", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+if TYPE_CHECKING:  # the same fields, as a type checker reads them
+    PolicySettings = ZombiePolicy
+else:
+    PolicySettings = settings_of(ZombiePolicy)
+
+
+class PolicyRefused(dg.Failure, InvalidPolicy):
+    """A run's failure for a policy that is refused: one line naming each field and value, never retried."""
+
+    def __init__(self, error: InvalidPolicy) -> None:
+        super().__init__(description=str(error), allow_retries=False)
+
+
+class ZombiePolicyResource(dg.ConfigurableResource, PolicySettings):
     """Thresholds and limits shared by the cleanup job, the sensors and the checks (fields: ``policy.ZombiePolicy``).
 
-    A bad value is refused when the resource is built, before any op runs.
+    Dagster checks the types before launch; :meth:`policy` checks the values (bounds, rules across fields), first
+    thing in each step that uses it, before anything is read or written: a bad value fails that step with
+    :class:`PolicyRefused`, a one-line ``dg.Failure`` that no retry repeats.
     """
 
     def policy(self) -> ZombiePolicy:
-        """The configured policy, as the core takes it."""
-        return ZombiePolicy(**policy_fields(self.model_dump()))
+        """The configured policy, as the core takes it; :class:`PolicyRefused` when a value is refused."""
+        try:
+            return validated(policy_fields(self.model_dump()))
+        except InvalidPolicy as error:
+            raise PolicyRefused(error) from None
 
     def in_force(self, store: Store) -> ZombiePolicy:
         """The policy a cleanup applies now: suggested maximum durations included when opted in."""

@@ -27,6 +27,7 @@ from zombie_pipeline import alerts, monitoring
 from zombie_pipeline.config import CLEANUP_OVERDUE_MINUTES_ENV, WEBHOOK_URL_ENV, cleanup_overdue_minutes
 from zombie_pipeline.orchestration import recency
 from zombie_pipeline.orchestration.cleanup import cleanup_in_flight, in_flight_reason, kill_zombies_job
+from zombie_pipeline.orchestration.failures import run_cause
 from zombie_pipeline.orchestration.health import cleanup_scope, queue_health, queue_health_job
 from zombie_pipeline.orchestration.resources import (
     CacheDatabase,
@@ -41,6 +42,7 @@ from zombie_pipeline.orchestration.tags import (
     PARTITION_TAG,
     STALE_COUNT_TAG,
     TRIGGER_TAG,
+    WILL_RETRY_TAG,
 )
 from zombie_pipeline.queue.connections import check_reachable
 from zombie_pipeline.queue.documents import utc_now
@@ -140,6 +142,9 @@ def cleanup_checks_sensor(context: dg.RunStatusSensorContext):
 def pipeline_failure_sensor(
     context: dg.RunFailureSensorContext, queue_db: QueueDatabase, failure_webhook: FailureWebhook
 ):
+    if context.dagster_run.tags.get(WILL_RETRY_TAG) == "true":  # told once: by its retry, if that fails too
+        context.log.info(f"run {context.dagster_run.run_id} failed and will be retried; its retry reports")
+        return
     record = failure_record(context, [queue_db.url(), failure_webhook.url()])
     context.log.error(record.log_line())
     outcome = alerts.post_json(failure_webhook.url(), record.payload(), failure_webhook.timeout_seconds)
@@ -153,20 +158,14 @@ def pipeline_failure_sensor(
 
 
 def failure_record(context: dg.RunFailureSensorContext, secrets: list[str | None]) -> alerts.FailureRecord:
-    """The failure as one message: the run's failure, then each failed step's error, scrubbed."""
+    """The failure as its cause in one line (a step's, else the run's own: a resource that would not start), scrubbed."""
     run = context.dagster_run
     steps = context.get_step_failure_events()
-    parts = [context.failure_event.message or "the run failed"]
-    for event in steps:
-        error = getattr(event.event_specific_data, "error", None)
-        if error is not None:
-            parts.append(f"{event.step_key}: {error.message.strip()}")
-    message = scrub("\n".join(parts), secrets)
     return alerts.FailureRecord(
         run_id=run.run_id,
         job_name=run.job_name,
         failed_at=utc_now(),
-        message=message[:4_000],
+        message=scrub(run_cause(context.failure_event, steps), secrets),
         partition_key=run.tags.get(PARTITION_TAG),
         failed_steps=tuple(event.step_key for event in steps if event.step_key),
     )

@@ -24,6 +24,11 @@ PRIORITY_TAG = "dagster/priority"
 MAX_RUNTIME_TAG = "dagster/max_runtime"
 #: Dagster's per-run number of automatic retries of a failed run (run_retries must be enabled).
 MAX_RETRIES_TAG = "dagster/max_retries"
+#: Whether a run that failed in a step (rather than lost its worker) is retried too (default: the instance's
+#: run_retries.retry_on_asset_or_op_failure).
+RETRY_ON_STEP_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"
+#: Set by Dagster on a failed run: "true" when run retries will start it again.
+WILL_RETRY_TAG = "dagster/will_retry"
 #: How a retry re-executes: ALL_STEPS or FROM_FAILURE.
 RETRY_STRATEGY_TAG = "dagster/retry_strategy"
 

@@ -29,8 +29,6 @@ from zombie_pipeline.queue.secrets import redact_url, scrub
 #: database would hold a run. The longest single command of a cleanup of 1,000 zombies in batches of 500 took
 #: 0.9 s on the embedded server under load (docs/reliability.md): five times that leaves room.
 DEFAULT_TIMEOUT_MS = 5_000
-#: The name this default had when it bounded only the choice of a server.
-DEFAULT_SERVER_SELECTION_TIMEOUT_MS = DEFAULT_TIMEOUT_MS
 
 _clients: dict[tuple[str, int, bool], MongoClient] = {}
 _clients_lock = threading.Lock()

@@ -53,6 +53,7 @@ from zombie_pipeline.queue.generations import (
 )
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.history import OFFENDER, PastCleanups, clean_past_days
 
 HEARTBEAT_INTERVAL_SECONDS = 60
 INSERT_BATCH_SIZE = 5_000
@@ -87,6 +88,17 @@ JOB_TYPES: tuple[JobType, ...] = (
 STARTED_KINDS = ("crashed", "never_heartbeated", "terminated", "overdue", "running")
 
 
+#: A simulated queue keeps its dead to at most this share of the brake's threshold (``max_stale_fraction``), so that
+#: whatever moves meanwhile (a worker finishing, another dying) the brake never stops a cleanup of it.
+BRAKE_MARGIN = 0.5
+
+
+def healthy_beside(dead: int, policy: ZombiePolicy) -> int:
+    """How many healthy started jobs keep ``dead`` ones at most :data:`BRAKE_MARGIN` of the brake's threshold."""
+    share = BRAKE_MARGIN * policy.max_stale_fraction
+    return max(math.ceil(dead * (1 - share) / share), policy.min_started_for_brake)
+
+
 class WorkloadError(ValueError):
     """A workload that cannot be simulated; the message names the field."""
 
@@ -108,6 +120,7 @@ class Workload:
     generation: str = NEWEST_QUEUE_GENERATION
     cache_generation: str | None = None  # None: the one the queue generation's deployment writes
     job_types: tuple[JobType, ...] = JOB_TYPES
+    past_cleanups: int = 0  # days before today, each cleaned by its cleanup (history.py); 0: no audit trail
 
     def __post_init__(self) -> None:
         problems = [
@@ -121,6 +134,7 @@ class Workload:
                 "running",
                 "waiting",
                 "seed",
+                "past_cleanups",
             )
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0
         ]
@@ -183,8 +197,12 @@ class Workload:
         return self.terminated if self.queue_generation.declares(Job.TERMINATED_AT) else 0
 
     @property
+    def zombies(self) -> int:
+        return self.crashed + self.never_heartbeated + self.terminated_jobs + self.overdue
+
+    @property
     def started(self) -> int:
-        return self.crashed + self.never_heartbeated + self.terminated_jobs + self.overdue + self.running
+        return self.zombies + self.running
 
     @property
     def total(self) -> int:
@@ -205,6 +223,7 @@ class Simulation:
     past_jobs: int = 0
     ids: dict[str, list[ObjectId]] = field(default_factory=lambda: {kind: [] for kind in STARTED_KINDS})
     insert_commands: int = 0
+    past: PastCleanups | None = None  # the past days' cleanups, when the workload asked for them
 
     @property
     def crashed_ids(self) -> list[ObjectId]:
@@ -330,6 +349,33 @@ class _Generator:
             content={"error": "simulated failure"} if failed else {"rows": self.rng.randrange(1000)},
         )
 
+    def started_job_at(self, kind: str, moment: dt.datetime) -> dict[str, Any]:
+        """A started job of ``kind`` as it stands at ``moment`` (a past day's zombie)."""
+        present, self.now = self.now, moment
+        try:
+            return self.started_job(kind)
+        finally:
+            self.now = present
+
+    def offender_job(self, moment: dt.datetime) -> dict[str, Any]:
+        """The repeat offender's job of a day: started 15 minutes before ``moment``, silent for the last 10."""
+        job_type, dataset, config, split = OFFENDER
+        created_at = truncate_ms(moment - dt.timedelta(minutes=17))
+        return job_document(
+            job_type,
+            dataset,
+            config,
+            split,
+            status=Status.STARTED,
+            generation=self.generation,
+            revision=f"{self.rng.getrandbits(40):010x}",
+            difficulty=next((t.difficulty for t in self.workload.job_types if t.name == job_type), 50),
+            created_at=created_at,
+            started_at=truncate_ms(moment - dt.timedelta(minutes=15)),
+            last_heartbeat=truncate_ms(moment - dt.timedelta(minutes=10)),
+            _id=self.object_id(created_at),
+        )
+
     def started_job(self, kind: str) -> dict[str, Any]:
         w = self.workload
         job_type = self.rng.choice(w.job_types)
@@ -408,11 +454,16 @@ def simulated_generation(store: Store) -> str | None:
     return marker.get("generation") if marker else None
 
 
-def check_ours(store: Store, overwrite: str | None = None) -> None:
+#: How a person gives a database up to the simulator, as ``zombie-pipeline simulate`` takes it ({name}: the database).
+GIVE_UP_WITH_SIMULATE = "If it is a scratch database you own, say so: --overwrite-database {name}."
+
+
+def check_ours(store: Store, overwrite: str | None = None, give_up: str = GIVE_UP_WITH_SIMULATE) -> None:
     """Refuse a database that holds documents the simulator did not write, unless its owner names it.
 
     Ours: empty, or marked by an earlier simulation. ``overwrite`` is the name of
-    the one database the operator deliberately gives up.
+    the one database the operator deliberately gives up; ``give_up`` says how, in the words of the command
+    that asks (``{name}``: the database's name).
     """
     if simulated_generation(store) is not None:
         return
@@ -425,7 +476,7 @@ def check_ours(store: Store, overwrite: str | None = None) -> None:
             listed = ", ".join(f"{name} ({count})" for name, count in sorted(holding.items()))
             raise NotOurs(
                 f"database {database.name!r} holds documents zombie-pipeline did not write: {listed}. Refusing to drop "
-                f"or fill it. If it is a scratch database you own, say so: --overwrite-database {database.name}."
+                f"or fill it. " + give_up.format(name=database.name)
             )
 
 
@@ -483,6 +534,20 @@ def simulate(
         key = key_of(entry)
         if key not in latest_entries or latest_entries[key][Cache.UPDATED_AT] < entry[Cache.UPDATED_AT]:
             latest_entries[key] = entry
+    if workload.past_cleanups:  # the cleanups of the past days, by the cleanup's own code, before today's jobs
+        flush_jobs()
+        _create_side(store, generation)
+        result.past = clean_past_days(
+            store,
+            generation,
+            workload.cache,
+            workload.policy,
+            workload.past_cleanups,
+            now,
+            generator.started_job_at,
+            generator.offender_job,
+            generator.rng,
+        )
     for kind in STARTED_KINDS:
         count = workload.terminated_jobs if kind == "terminated" else getattr(workload, kind)
         for _ in range(count):
@@ -530,11 +595,7 @@ def _write_side(
 
     Returns the insert commands sent."""
     inserts = 0
-    existing = store.queue_collection_names()
-    for name in generation.side_collections - existing - {store.cache_metrics.name}:
-        store.jobs.database.create_collection(name)
-    if generation.cache_metrics and not store.has_cache_metrics():
-        store.cache.database.create_collection(store.cache_metrics.name)
+    _create_side(store, generation)
     if locks:
         store.locks.insert_many(locks)
         inserts += 1
@@ -545,6 +606,15 @@ def _write_side(
         CACHE_UPDATED_INDEX.create(store.cache)
     counters.write_recount(store, generation)
     return inserts
+
+
+def _create_side(store: Store, generation: QueueGeneration) -> None:
+    """The deployment's collections around the queue, empty, where they are missing."""
+    existing = store.queue_collection_names()
+    for name in generation.side_collections - existing - {store.cache_metrics.name}:
+        store.jobs.database.create_collection(name)
+    if generation.cache_metrics and not store.has_cache_metrics():
+        store.cache.database.create_collection(store.cache_metrics.name)
 
 
 def job_document(

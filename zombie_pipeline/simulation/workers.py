@@ -1,25 +1,45 @@
-"""Simulated live workers: a queue that moves, as a deployment's workers move it.
+"""Simulated live workers: a queue that moves, as a deployment's workers move it, for hours.
 
 Each worker takes the oldest waiting job whose user (namespace) runs nothing
 yet, starts it as the deployment does (the start lock, a compare-and-set from
 waiting, the counters), heartbeats every ``heartbeat_seconds``, and finishes it
 after a duration drawn from its type's law: the cache entry first, then the job
 finished as the generation finishes one (kept with its status, or deleted with
-the counters, ``pastJobs`` and the lock). At the configured rates a worker
-crashes (it stops heartbeating and never finishes: a zombie) or runs on past
-its type's maximum duration. New waiting jobs arrive so the queue never dries up.
+the counters, ``pastJobs`` and the lock). A job that reaches its type's maximum
+duration (T2) is stopped by its own worker with the deployment's error, as the
+deployment's ``kill_long_job`` does. New waiting jobs arrive so the queue never
+dries up.
 
-Time is real: heartbeats and thresholds are the policy's. ``speed`` shortens
-the jobs' durations only, so a demo sees many finishes in a few seconds. The
-pool reads time through ``clock`` (seconds, for its schedule) and ``now`` (the
-dates it writes), so a test can drive it through minutes in a moment.
-:meth:`WorkerPool.stop` finishes the jobs still in flight, so a pool that is
-stopped leaves no false zombie behind.
+A steady state, at documented rates (:class:`WorkerRates`), counted in hours of
+a worker's busy time, so that they hold whatever ``speed`` does to the jobs:
+
+- a crash (``crashes_per_worker_hour``): the worker dies at a random moment of
+  its job, silently (a zombie: missing heartbeat, or never heartbeated if it
+  dies before its first beat) or, where jobs record it, after a SIGTERM
+  (``terminated_share``); its pod is replaced ``restart_seconds`` later by a
+  fresh worker, which takes a new job;
+- an overrun (``overruns_per_worker_hour``): the job's own T2 killer fails and
+  the job runs on, heartbeating, to 1.1-1.5 times T2 (a zombie past its
+  maximum duration), never on more than ``max_overrunning_share`` of the
+  workers at once. A worker whose job a cleanup finalized sees it at its next
+  heartbeat and takes another one.
+
+So the dead jobs a cleanup finds grow by ``workers x crashes_per_worker_hour``
+an hour, beside the ``workers`` healthy started jobs: with the defaults, a
+queue nobody cleans stays below the brake (more than half of the started jobs
+dead) for over 10 hours, and every cleanup finds a small share dead.
+
+Time is real: heartbeats and thresholds are the policy's; ``speed`` shortens
+the jobs' durations only. The pool reads time through ``clock`` (seconds, for
+its schedule) and ``now`` (the dates it writes), so a test can drive it through
+an hour in a moment. :meth:`WorkerPool.stop` finishes the jobs still in flight,
+so a pool that is stopped leaves no false zombie behind.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import math
 import random
 import time
@@ -44,6 +64,7 @@ from zombie_pipeline.queue.documents import (
     WORKER_SIZE_METRICS_COLLECTION,
     Cache,
     CacheMetric,
+    ErrorCode,
     Job,
     JobMetric,
     Lock,
@@ -62,40 +83,66 @@ from zombie_pipeline.simulation.simulator import (
     job_document,
 )
 
+#: An overrunning job runs on to this many times its T2 before it ends by itself.
+OVERRUN_FACTORS = (1.1, 1.5)
+#: The error of a job whose own worker fails (the deployment's generic one).
+WORKER_ERROR_CODE = "UnexpectedError"
+#: New waiting jobs are topped up to at least this many.
+MIN_WAITING = 20
+#: The users new jobs come from: enough that the queue's one started job per user rarely leaves a worker idle.
+USERS = 5_000
+
 
 @dataclass(frozen=True)
 class WorkerRates:
-    """How the simulated workers behave."""
+    """How the simulated workers behave; every rate is per hour of a worker's busy time."""
 
-    workers: int = 4
-    crash_rate: float = 0.05  # share of jobs whose worker dies without a word
-    overrun_rate: float = 0.02  # share of jobs that run past their type's maximum duration
-    speed: float = 0.05  # job durations are the type's, times this
+    workers: int = 4  # at least this many; a pool that adopts started jobs has a worker for each
+    crashes_per_worker_hour: float = 0.05  # a worker dies about once a day of work
+    overruns_per_worker_hour: float = 0.02  # a job whose own T2 killer fails, and runs on past T2
+    max_overrunning_share: float = 0.1  # of the workers (at least one) holding an overrunning job at once
+    terminated_share: float = 0.25  # of the crashes, SIGTERMs the job records (where jobs have terminated_at)
+    restart_seconds: float = 30.0  # a crashed worker's pod is replaced after this
+    speed: float = 1.0  # job durations are the type's, times this
     heartbeat_seconds: float = 60.0
-    waiting_target: int = 20  # new waiting jobs arrive to keep about this many
+    waiting_target: int | None = None  # waiting jobs kept; None: as many as the workers, at least MIN_WAITING
 
     def __post_init__(self) -> None:
         problems = []
         if not isinstance(self.workers, int) or self.workers < 1:
             problems.append(f"workers must be a positive integer, got {self.workers!r}")
-        for name in ("crash_rate", "overrun_rate"):
+        for name in ("crashes_per_worker_hour", "overruns_per_worker_hour", "restart_seconds"):
+            if not getattr(self, name) >= 0:
+                problems.append(f"{name} must be zero or more, got {getattr(self, name)!r}")
+        for name in ("max_overrunning_share", "terminated_share"):
             if not 0 <= getattr(self, name) <= 1:
                 problems.append(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
-        if not self.speed > 0:
-            problems.append(f"speed must be positive, got {self.speed!r}")
-        if not self.heartbeat_seconds > 0:
-            problems.append(f"heartbeat_seconds must be positive, got {self.heartbeat_seconds!r}")
+        for name in ("speed", "heartbeat_seconds"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.waiting_target is not None and (not isinstance(self.waiting_target, int) or self.waiting_target < 0):
+            problems.append(f"waiting_target must be a non-negative integer, got {self.waiting_target!r}")
         if problems:
             raise WorkloadError("invalid worker rates: " + "; ".join(problems))
+
+
+class Fate(enum.Enum):
+    """How a started job ends."""
+
+    SUCCESS = "success"
+    ERROR = "error"  # the job fails on its own
+    STOPPED_AT_T2 = "stopped_at_t2"  # its worker stops it at its maximum duration, as the deployment does
+    OVERRUN = "overrun"  # its worker's T2 killer failed: it runs on past T2, then succeeds
+    CRASH = "crash"  # its worker dies: the job stays started
 
 
 @dataclass
 class _Run:
     job: dict[str, Any]
-    finish_at: float  # monotonic seconds
+    ends_at: float  # clock seconds: when it finishes, or when its worker dies
     next_beat: float
-    crashed: bool
-    failed: bool
+    fate: Fate
+    terminated: bool = False  # a crash after a SIGTERM the job records
 
 
 @dataclass
@@ -115,14 +162,21 @@ class WorkerPool:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.runs: list[_Run | None] = [None] * self.rates.workers
+        self.restart_at: list[float] = [0.0] * self.rates.workers  # a replaced pod takes work from then on
         self.strategy = strategy_for(self.store, self.generation)
         self.side = self.strategy.side
         self.cache_generation = CACHE_GENERATIONS[self.generation.cache_generation]
         self.types = {job_type.name: job_type for job_type in self.job_types}
         self._openings: tuple[set, set, list] | None = None
+        self.died: list[Any] = []  # the ids of the jobs whose worker died on them: zombies until a cleanup finds them
+
+    @property
+    def workers(self) -> int:
+        return len(self.runs)
 
     def adopt_running(self) -> int:
-        """Take over the started jobs that look alive (a recent heartbeat or start): their workers are ours now."""
+        """Take over the started jobs that look alive (a recent heartbeat or start), a worker for each: they are
+        the simulated deployment's healthy jobs, and the pool keeps as many workers busy from then on."""
         cutoff = self.now() - dt.timedelta(seconds=self.policy.heartbeat_timeout_seconds)
         alive = self.store.jobs.find(
             {
@@ -135,36 +189,43 @@ class WorkerPool:
             }
         )
         now = self.clock()
-        adopted = 0
-        for job in alive:
-            limit = self.policy.max_duration_of(job[Job.TYPE])
-            if (self.now() - job[Job.STARTED_AT]).total_seconds() >= limit:
-                continue  # already past its maximum duration: a zombie to clean, not a job to run
-            job_type = self.types.get(job[Job.TYPE], self.job_types[0])
-            seconds = job_type.median_seconds * math.exp(self.rng.gauss(0.0, job_type.sigma)) * self.rates.speed
-            self.runs.append(_Run(job, now + seconds, now, False, self.rng.random() < job_type.error_rate))
-            adopted += 1
-        self.counts["adopted"] += adopted
-        return adopted
+        adopted = [job for job in alive if self._seconds_run(job) < self.policy.max_duration_of(job[Job.TYPE])]
+        idle = [index for index, run in enumerate(self.runs) if run is None]
+        for job in adopted:  # past its T2 already: a zombie to clean, not a job to run (left out above)
+            run = self._plan(job, now, already_run=self._seconds_run(job))
+            if idle:
+                self.runs[idle.pop(0)] = run
+            else:
+                self.runs.append(run)
+                self.restart_at.append(0.0)
+        self.counts["adopted"] += len(adopted)
+        return len(adopted)
 
     # --- the loop ---------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """One step of every worker: start, heartbeat or finish; then top the waiting jobs up."""
+        """One step of every worker: start, heartbeat, finish or die; then top the waiting jobs up."""
         now = self.clock()
         self._openings = None  # the waiting jobs and the busy users, read once a tick, when a worker looks for work
         beating = []
         for index, run in enumerate(self.runs):
-            if index >= self.rates.workers and (run is None or run.crashed):
-                self.runs[index] = None  # an adopted job's worker leaves once its job is done
-            elif run is None or (run.crashed and now >= run.finish_at):
-                self.runs[index] = self._start(now)  # a crashed worker's pod is replaced by a fresh one
-            elif not run.crashed and now >= run.finish_at:
-                self._finish(run)
+            if run is None:
+                if now >= self.restart_at[index]:
+                    self.runs[index] = self._start(now)
+            elif now >= run.ends_at:
                 self.runs[index] = None
-            elif not run.crashed and now >= run.next_beat:
+                if run.fate is Fate.CRASH:
+                    self._die(run)
+                    self.restart_at[index] = now + self.rates.restart_seconds
+                else:
+                    self._finish(run)
+                    self.runs[index] = self._start(now)  # the worker takes its next job at once
+            elif now >= run.next_beat:
                 beating.append(run)
-        self._beat(beating, now)
+        for gone in self._beat(beating, now):  # a cleanup finalized its job (an overrun, say): take another
+            index = next(index for index, run in enumerate(self.runs) if run is gone)
+            self.counts["finished_by_someone_else"] += 1
+            self.runs[index] = self._start(now)
         self._top_up()
 
     def run(self, seconds: float, stop: Callable[[], bool] = lambda: False, interval: float = 0.5) -> Counter:
@@ -177,31 +238,56 @@ class WorkerPool:
         return self.counts
 
     def stop(self) -> None:
-        """Finish the jobs in flight (their workers shut down cleanly); crashed ones stay zombies."""
+        """Finish the jobs in flight (their workers shut down cleanly, a crash to come included); the jobs of workers
+        that died stay zombies."""
         for index, run in enumerate(self.runs):
-            if run is not None and not run.crashed:
-                self._finish(run)
+            if run is not None:  # short of its end: as it would have ended, unstopped
+                self._finish(run, Fate.ERROR if run.fate is Fate.ERROR else Fate.SUCCESS)
             self.runs[index] = None
 
     # --- a job's life, as the deployment lives it ----------------------------------------------------
+
+    def _seconds_run(self, job: dict[str, Any]) -> float:
+        return (self.now() - job[Job.STARTED_AT]).total_seconds()
+
+    def _plan(self, job: dict[str, Any], now: float, already_run: float = 0.0) -> _Run:
+        """How ``job`` will end, and when, in clock seconds from ``now``; ``already_run`` seconds are behind it."""
+        job_type = self.types.get(job[Job.TYPE], self.job_types[0])
+        limit = self.policy.max_duration_of(job[Job.TYPE]) - already_run
+        seconds = job_type.median_seconds * math.exp(self.rng.gauss(0.0, job_type.sigma)) * self.rates.speed
+        fate = Fate.ERROR if self.rng.random() < job_type.error_rate else Fate.SUCCESS
+        if seconds >= limit:
+            seconds, fate = limit, Fate.STOPPED_AT_T2
+        if self._chance(self.rates.overruns_per_worker_hour, seconds) and self._overrunning() < self._overrun_cap():
+            overrun = self.policy.max_duration_of(job[Job.TYPE]) * (self.rng.uniform(*OVERRUN_FACTORS) - 1)
+            seconds, fate = limit + overrun, Fate.OVERRUN
+        crashes = self.rates.crashes_per_worker_hour
+        crash_after = self.rng.expovariate(crashes / 3_600) if crashes else math.inf
+        terminated = False
+        if crash_after < seconds:
+            seconds, fate = crash_after, Fate.CRASH
+            terminated = self.generation.declares(Job.TERMINATED_AT) and self.rng.random() < self.rates.terminated_share
+        if fate is Fate.OVERRUN:
+            self.counts["overrunning"] += 1
+        return _Run(job, now + seconds, now + self.rates.heartbeat_seconds, fate, terminated)
+
+    def _chance(self, per_hour: float, seconds: float) -> bool:
+        """Whether an event of ``per_hour`` happens within ``seconds`` of work."""
+        return self.rng.random() < 1 - math.exp(-per_hour * seconds / 3_600)
+
+    def _overrunning(self) -> int:
+        return sum(1 for run in self.runs if run is not None and run.fate is Fate.OVERRUN)
+
+    def _overrun_cap(self) -> int:
+        return max(1, math.floor(self.workers * self.rates.max_overrunning_share))
 
     def _start(self, now: float) -> _Run | None:
         job = self._take_waiting()
         if job is None:
             return None
-        job_type = self.types.get(job[Job.TYPE], self.job_types[0])
-        limit = self.policy.max_duration_of(job[Job.TYPE])
-        seconds = job_type.median_seconds * math.exp(self.rng.gauss(0.0, job_type.sigma)) * self.rates.speed
-        if self.rng.random() < self.rates.overrun_rate:
-            seconds = limit * self.rng.uniform(1.2, 2.0)
-            self.counts["overrunning"] += 1
-        crashed = self.rng.random() < self.rates.crash_rate
-        self.counts["crashed" if crashed else "started"] += 1
-        # a crashed pod is replaced after the heartbeat timeout, as the deployment's would be
-        finish_at = now + (2 * self.policy.heartbeat_timeout_seconds if crashed else seconds)
-        return _Run(
-            job, finish_at, now + self.rates.heartbeat_seconds, crashed, self.rng.random() < job_type.error_rate
-        )
+        run = self._plan(job, now)
+        self.counts["crashed" if run.fate is Fate.CRASH else "started"] += 1
+        return run
 
     def _take_waiting(self) -> dict[str, Any] | None:
         """The oldest waiting job whose user runs nothing and whose unicity id is not started, started; None if none."""
@@ -209,7 +295,7 @@ class WorkerPool:
             self._openings = (
                 set(self.store.jobs.distinct(Job.NAMESPACE, {Job.STATUS: Status.STARTED})),
                 set(self.store.jobs.distinct(Job.UNICITY_ID, {Job.STATUS: Status.STARTED})),
-                list(self.store.jobs.find({Job.STATUS: Status.WAITING}).sort(Job.CREATED_AT, 1).limit(50)),
+                list(self.store.jobs.find({Job.STATUS: Status.WAITING}).sort(Job.CREATED_AT, 1).limit(200)),
             )
         busy, started_ids, waiting = self._openings
         while waiting:
@@ -252,37 +338,61 @@ class WorkerPool:
                 )
         return started
 
-    def _beat(self, runs: list[_Run], now: float) -> None:
-        """The heartbeat of each of ``runs`` (one command for all: each worker's own write, sent together)."""
-        if runs:
-            ids = [run.job[ID] for run in runs]
-            self.store.jobs.update_many(
-                {ID: {"$in": ids}, Job.STATUS: Status.STARTED}, {"$set": {Job.LAST_HEARTBEAT: self.now()}}
-            )
+    def _beat(self, runs: list[_Run], now: float) -> list[_Run]:
+        """The heartbeat of each of ``runs`` (one command for all: each worker's own write, sent together).
+
+        Returns the runs whose job is no longer started (a cleanup finalized it): their workers drop them.
+        """
+        if not runs:
+            return []
+        ids = [run.job[ID] for run in runs]
+        written = self.store.jobs.update_many(
+            {ID: {"$in": ids}, Job.STATUS: Status.STARTED}, {"$set": {Job.LAST_HEARTBEAT: self.now()}}
+        )
         for run in runs:
             run.next_beat = now + self.rates.heartbeat_seconds
+        if written.matched_count == len(runs):
+            return []
+        still = {job[ID] for job in self.store.jobs.find({ID: {"$in": ids}, Job.STATUS: Status.STARTED}, {ID: 1})}
+        return [run for run in runs if run.job[ID] not in still]
 
-    def _finish(self, run: _Run) -> None:
+    def _die(self, run: _Run) -> None:
+        """The worker dies: no more heartbeats; after a SIGTERM, the job records it (the deployment's handler)."""
+        self.counts["died"] += 1
+        self.died.append(run.job[ID])
+        if run.terminated:
+            moment = self.now() - dt.timedelta(seconds=self.rng.uniform(0, min(5.0, self.rates.heartbeat_seconds)))
+            self.store.jobs.update_one(
+                {ID: run.job[ID], Job.STATUS: Status.STARTED}, {"$set": {Job.TERMINATED_AT: moment}}
+            )
+            self.counts["terminated"] += 1
+
+    def _finish(self, run: _Run, fate: Fate | None = None) -> None:
         """The cache entry first, then the job finished as the generation finishes one (if it is still ours)."""
         current = self.store.jobs.find_one({ID: run.job[ID]})
         if current is None or current.get(Job.STATUS) != Status.STARTED:
             self.counts["finished_by_someone_else"] += 1  # the cleanup took it for a zombie
             return
+        fate = fate or run.fate
         finished_at = self.now()
-        self._write_result(current, finished_at, run.failed)
-        status = Status.ERROR if run.failed else Status.SUCCESS
+        error_code = {Fate.ERROR: WORKER_ERROR_CODE, Fate.STOPPED_AT_T2: ErrorCode.EXCEEDED_MAX_DURATION}.get(fate)
+        self._write_result(current, finished_at, error_code)
+        status = Status.SUCCESS if error_code is None else Status.ERROR
         self.strategy.worker_finish(current, status, finished_at)
         self.strategy.after_finish([Finished(current, finished_at, status)], finished_at)
         self.counts[f"finished_{status}"] += 1
+        if fate is Fate.STOPPED_AT_T2:
+            self.counts["stopped_at_max_duration"] += 1
 
-    def _write_result(self, job: dict[str, Any], finished_at: dt.datetime, failed: bool) -> None:
+    def _write_result(self, job: dict[str, Any], finished_at: dt.datetime, error_code: str | None) -> None:
         key = cache_key_of_job(job)
         previous = self.store.cache.find_one(key, {Cache.CONTENT: 0})
+        failed = error_code is not None
         failed_runs = failed_runs_after_crash(previous, job) if failed else stored_failed_runs(previous)
         entry = {
             **key,
             Cache.HTTP_STATUS: DEFAULT_ZOMBIE_HTTP_STATUS if failed else HTTP_OK,
-            Cache.ERROR_CODE: "UnexpectedError" if failed else None,
+            Cache.ERROR_CODE: error_code,
             Cache.CONTENT: {"error": "simulated failure"} if failed else {"rows": self.rng.randrange(1_000)},
             Cache.DETAILS: {"error": "simulated failure"} if failed else {},
             Cache.WORKER_VERSION: "2.0.0",
@@ -309,13 +419,14 @@ class WorkerPool:
                     )
 
     def _top_up(self) -> None:
-        missing = self.rates.waiting_target - self.store.jobs.count_documents({Job.STATUS: Status.WAITING})
+        target = self.rates.waiting_target if self.rates.waiting_target is not None else max(MIN_WAITING, self.workers)
+        missing = target - self.store.jobs.count_documents({Job.STATUS: Status.WAITING})
         if missing <= 0:
             return
         new_jobs = []
         for _ in range(missing):
             job_type = self.rng.choice(self.job_types)
-            dataset = f"user{self.rng.randrange(200)}/dataset-{self.rng.randrange(2_000)}"
+            dataset = f"user{self.rng.randrange(USERS)}/dataset-{self.rng.randrange(2_000)}"
             config = None if job_type.level == "dataset" else self.rng.choice(["default", "en"])
             split = None if job_type.level != "split" else self.rng.choice(["train", "test"])
             new_jobs.append(

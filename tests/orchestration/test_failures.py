@@ -1,0 +1,275 @@
+"""A failed run says why, once: the cause in one line in the run, the failure record and the webhook; a refusal
+(the brake, a bad policy) is never retried, a database out of reach for a moment is.
+
+Runs execute in process on an instance with run retries on (as deploy/dagster.yaml turns them on): whether a
+failed run will be retried is Dagster's own decision (``auto_reexecution_should_retry_run``), recorded on the run
+as its ``dagster/will_retry`` tag, which the daemon reads.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import dagster as dg
+import pytest
+from pymongo.uri_parser import parse_uri
+
+from benchmarks.proxy import DelayProxy
+from tests.helpers import METRICS_OFF, QUIET_LOGGERS, crashed_job, healthy_job
+from zombie_pipeline.cleanup.detection import Brake
+from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
+from zombie_pipeline.orchestration.cleanup import kill_zombies_job
+from zombie_pipeline.orchestration.failures import result_cause
+from zombie_pipeline.orchestration.resources import (
+    CacheDatabase,
+    FailureWebhook,
+    QueueDatabase,
+    ZombiePolicyResource,
+)
+from zombie_pipeline.orchestration.sensors import failure_record, pipeline_failure_sensor
+from zombie_pipeline.orchestration.tags import RETRY_ON_STEP_FAILURE_TAG, WILL_RETRY_TAG
+from zombie_pipeline.queue.documents import ID, Event, Failure, Job, Status
+from zombie_pipeline.queue.secrets import redact_url
+from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.simulation.simulator import Workload, simulate
+
+WEBHOOK_ENV = "ZOMBIE_TEST_FAILURE_WEBHOOK_URL"
+#: As the production instance has them (deploy/dagster.yaml): retries on, none unless a job asks.
+RUN_RETRIES = {"run_retries": {"enabled": True, "max_retries": 0}}
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test(overrides=RUN_RETRIES) as instance:
+        yield instance
+
+
+@pytest.fixture
+def resources(mongo_url, queue_db, cache_db, monkeypatch):
+    monkeypatch.setenv(QUEUE_URL_ENV, mongo_url)
+    monkeypatch.setenv(CACHE_URL_ENV, mongo_url)
+    monkeypatch.delenv(WEBHOOK_ENV, raising=False)
+    return {
+        "queue_db": QueueDatabase(database=queue_db.name, server_selection_timeout_ms=2_000),
+        "cache_db": CacheDatabase(database=cache_db.name, server_selection_timeout_ms=2_000),
+        "zombie_policy": ZombiePolicyResource(),
+        **METRICS_OFF,
+    }
+
+
+def cleanup(instance, resources, run_config: dict | None = None) -> dg.ExecuteInProcessResult:
+    """kill_zombies_job as the Launchpad launches it, with its own tags (the retries it asks for)."""
+    return kill_zombies_job.execute_in_process(
+        instance=instance,
+        resources=resources,
+        run_config={"loggers": QUIET_LOGGERS, **(run_config or {})},
+        raise_on_error=False,
+    )
+
+
+def attempts(result: dg.ExecuteInProcessResult, step: str) -> int:
+    """How many times ``step`` started: once, plus once per retry of its retry policy."""
+    return sum(1 for event in result.events_for_node(step) if event.event_type == dg.DagsterEventType.STEP_START) + sum(
+        1 for event in result.events_for_node(step) if event.event_type == dg.DagsterEventType.STEP_RESTARTED
+    )
+
+
+def retried_run(instance, result) -> str | None:
+    """Dagster's decision, on the failed run, whether run retries start it again."""
+    return instance.get_run_by_id(result.run_id).tags.get(WILL_RETRY_TAG)
+
+
+def failure_seen_by_the_sensor(instance, result, resources) -> dg.RunFailureSensorContext:
+    """The failure sensor's context on the run's failure, as the daemon builds it."""
+    [record] = instance.get_records_for_run(result.run_id, of_type=dg.DagsterEventType.RUN_FAILURE).records
+    return dg.build_run_status_sensor_context(
+        sensor_name=pipeline_failure_sensor.name,
+        dagster_event=record.event_log_entry.dagster_event,
+        dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(result.run_id),
+        resources={**resources, "failure_webhook": FailureWebhook(url_env_var=WEBHOOK_ENV, timeout_seconds=2)},
+    ).for_run_failure()
+
+
+def databases(resources, timeout_ms: int) -> dict:
+    """``resources`` with database clients that give up on a server after ``timeout_ms``."""
+    return {
+        **resources,
+        "queue_db": QueueDatabase(database=resources["queue_db"].database, server_selection_timeout_ms=timeout_ms),
+        "cache_db": CacheDatabase(database=resources["cache_db"].database, server_selection_timeout_ms=timeout_ms),
+    }
+
+
+def test_a_brake_stop_fails_once_with_its_numbers_as_the_cause_everywhere_and_is_not_retried(
+    store, instance, resources, monkeypatch
+):
+    store.jobs.insert_many([crashed_job(f"user/{i}") for i in range(15)] + [healthy_job(f"u/{i}") for i in range(10)])
+    expected = Brake(stale=15, started=25, max_stale_fraction=0.5, min_started=20).message(simulated=False)
+
+    result = cleanup(instance, resources)
+
+    assert not result.success
+    assert result_cause(result) == expected
+    assert attempts(result, "find_zombies") == 1  # no step retry: the same queue would stop it again
+    assert kill_zombies_job.tags[RETRY_ON_STEP_FAILURE_TAG] == "false" and kill_zombies_job.tags["dagster/max_retries"]
+    assert retried_run(instance, result) == "false"  # and no run retry, though the job asks for 2 when a run is lost
+    assert store.events.count_documents({}) == 0 and store.jobs.count_documents({Job.STATUS: Status.STARTED}) == 25
+
+    received: list = []
+    with webhook_server(received) as url:
+        monkeypatch.setenv(WEBHOOK_ENV, url)
+        context = failure_seen_by_the_sensor(instance, result, resources)
+        record = failure_record(context, [])
+        pipeline_failure_sensor(context)
+
+    assert record.message == expected
+    stored = store.failures.find_one({ID: result.run_id})
+    assert stored[Failure.MESSAGE] == expected and stored[Failure.FAILED_STEPS] == ["find_zombies"]
+    [body] = received
+    assert body[Failure.MESSAGE] == expected
+    assert body["text"].endswith(": " + expected) and "\n" not in body["text"]
+
+
+def test_the_brake_on_a_simulated_queue_says_so_and_how_to_keep_it_alive(store, instance, resources):
+    """Healthy simulated jobs that nobody heartbeats look dead after the timeout: not a broken heartbeat path."""
+    policy = ZombiePolicyResource(heartbeat_timeout_seconds=2).policy()
+    simulate(
+        store,
+        Workload(
+            finished=0, crashed=5, never_heartbeated=0, terminated=0, overdue=0, running=20, waiting=0, policy=policy
+        ),
+    )
+    time.sleep(2.5)  # no worker beats: every healthy job is stale now
+
+    result = cleanup(instance, {**resources, "zombie_policy": ZombiePolicyResource(heartbeat_timeout_seconds=2)})
+
+    cause = result_cause(result)
+    assert cause.startswith("brake engaged: 25 of 25 started jobs (100%) look dead")
+    assert "zombie-pipeline workers" in cause and "simulate --drop" in cause and "override_brake: true" in cause
+
+
+def test_a_bad_policy_in_the_launchpad_fails_the_first_step_in_one_line_naming_field_and_value_never_retried(
+    store, instance, resources
+):
+    store.jobs.insert_many([crashed_job("user/z"), healthy_job("user/alive")])
+    bad = {"heartbeat_timeout_seconds": 0, "max_stale_fraction": 7}
+
+    result = cleanup(instance, resources, {"resources": {"zombie_policy": {"config": bad}}})
+
+    expected = (
+        "invalid zombie policy: heartbeat_timeout_seconds=0: should be greater than 0; "
+        "max_stale_fraction=7.0: should be less than or equal to 1"
+    )
+    assert not result.success
+    assert result_cause(result) == expected
+    assert [event.step_key for event in result.all_events if event.is_step_failure] == ["reconcile"]
+    assert attempts(result, "reconcile") == 1
+    assert retried_run(instance, result) == "false"
+    assert failure_record(failure_seen_by_the_sensor(instance, result, resources), []).message == expected
+    assert store.events.count_documents({}) == 0
+
+
+def test_a_maximum_duration_below_the_heartbeat_timeout_is_refused_with_both_values(store, instance, resources):
+    result = cleanup(instance, resources, {"resources": {"zombie_policy": {"config": {"max_duration_seconds": 100}}}})
+
+    assert result_cause(result) == (
+        "invalid zombie policy: max_duration_seconds (100 s) is shorter than heartbeat_timeout_seconds (300 s): a job "
+        "would be killed for running long before a missing heartbeat could be seen"
+    )
+    assert retried_run(instance, result) == "false"
+
+
+class OutageProxy(DelayProxy):
+    """Forwards to the test's server, except for ``seconds`` after the first connection: refused then, as a server
+    that is restarting or being elected refuses."""
+
+    def __init__(self, target: tuple[str, int], seconds: float) -> None:
+        super().__init__(target, 0.0)
+        self.seconds = seconds
+        self.first: float | None = None
+        self.refused = 0
+
+    def _connect(self, client: socket.socket) -> None:
+        now = time.monotonic()
+        self.first = self.first if self.first is not None else now
+        if now - self.first < self.seconds:
+            self.refused += 1
+            client.close()
+            return
+        super()._connect(client)
+
+
+def test_a_database_out_of_reach_for_a_moment_is_retried_within_the_run_which_then_succeeds(
+    store, instance, resources, mongo_url, monkeypatch
+):
+    """The first step's check times out (0.5 s) while the server refuses connections; its retry, 2 s later, finds
+    it back. The outage lasts 1.5 s from the first connection, so the first attempt fails whatever the load."""
+    store.jobs.insert_many([crashed_job(f"user/{i}") for i in range(3)] + [healthy_job(f"u/{i}") for i in range(20)])
+    proxy = OutageProxy(parse_uri(mongo_url)["nodelist"][0], seconds=1.5)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    url = f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true"
+    monkeypatch.setenv(QUEUE_URL_ENV, url)
+    monkeypatch.setenv(CACHE_URL_ENV, url)
+    try:
+        result = cleanup(instance, databases(resources, 500))
+    finally:
+        proxy.close()
+
+    assert result.success, result_cause(result)
+    assert proxy.refused >= 1
+    assert attempts(result, "reconcile") == 2  # failed on the outage, then succeeded
+    retry = [e for e in result.events_for_node("reconcile") if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
+    assert len(retry) == 1
+    assert store.events.count_documents({Event.STATE: "done"}) == 3
+
+
+def test_a_database_out_of_reach_for_good_fails_after_the_steps_retries_with_where_it_looked(
+    instance, resources, monkeypatch
+):
+    closed = f"mongodb://127.0.0.1:{free_port()}/?directConnection=true"
+    monkeypatch.setenv(QUEUE_URL_ENV, closed)
+    monkeypatch.setenv(CACHE_URL_ENV, closed)
+
+    result = cleanup(instance, databases(resources, 300))
+
+    assert not result.success
+    assert attempts(result, "reconcile") == 3  # the first try and the retry policy's two
+    cause = result_cause(result)
+    assert cause.startswith(f"cannot reach MongoDB at {redact_url(closed)} (from ${QUEUE_URL_ENV}) within 0.3 s"), cause
+    assert "\n" not in cause
+    assert retried_run(instance, result) == "false"  # the step had its retries; the next tick tries again
+
+
+# --- a webhook that records what it is sent ----------------------------------------------------------------------
+
+
+class webhook_server:
+    """An HTTP server on a free port that keeps the JSON bodies POSTed to it."""
+
+    def __init__(self, received: list) -> None:
+        self.received = received
+
+    def __enter__(self) -> str:
+        import http.server
+        import json
+
+        received = self.received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - the http.server API
+                received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_port}/hook"
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
