@@ -11,7 +11,7 @@ import pytest
 from zombie_pipeline import config
 from zombie_pipeline.app import cli
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.connections import DEFAULT_TIMEOUT_MS
+from zombie_pipeline.queue.connections import DEFAULT_TIMEOUT_MS, EMBEDDED_TIMEOUT_MS
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 #: How the table writes a field whose default is "none given": what then applies.
@@ -93,4 +93,4 @@ def test_every_page_says_transactions_are_off_by_default_as_the_policy():
 
 def test_the_readme_documents_the_database_timeout_with_its_default():
     rows = {cells[0].strip("`"): cells[1] for cells in table_rows(section("## Pointing it at a real MongoDB"))}
-    assert rows[config.MONGO_TIMEOUT_ENV] == f"`{DEFAULT_TIMEOUT_MS}`"
+    assert rows[config.MONGO_TIMEOUT_ENV] == f"`{DEFAULT_TIMEOUT_MS}`, `{EMBEDDED_TIMEOUT_MS}` on the embedded default"

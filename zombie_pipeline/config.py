@@ -148,10 +148,6 @@ def mongo_timeout_ms(default: int) -> int:
     return value
 
 
-#: Its name from when the variable bounded only the choice of a server.
-server_selection_timeout_ms = mongo_timeout_ms
-
-
 def dagster_home_is_set() -> bool:
     return setting(DAGSTER_HOME_ENV) is not None
 

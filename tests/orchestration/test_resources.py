@@ -13,6 +13,7 @@ from tests.test_policy import BAD_POLICIES, case_id
 from zombie_pipeline.config import (
     CACHE_DATABASE_ENV,
     CACHE_URL_ENV,
+    MONGO_TIMEOUT_ENV,
     QUEUE_DATABASE_ENV,
     QUEUE_URL_ENV,
     SettingError,
@@ -28,6 +29,8 @@ from zombie_pipeline.orchestration.resources import (
 )
 from zombie_pipeline.policy import InvalidPolicy, PolicyError, ZombiePolicy
 from zombie_pipeline.queue.connections import (
+    DEFAULT_TIMEOUT_MS,
+    EMBEDDED_TIMEOUT_MS,
     DatabaseUnavailable,
     check_reachable,
     client_for,
@@ -58,6 +61,19 @@ def test_queue_and_cache_connect_with_the_url_from_their_environment_variables(
     assert cache_db["cachedResponsesBlue"].count_documents({"_id": 2}) == 1
     assert queue.get_database().client is client_for(mongo_url)  # the process-wide client, not a new one
     assert queue.url() == mongo_url
+
+
+def test_the_wait_is_bounded_by_the_config_else_the_variable_else_a_default_for_where_the_database_is(monkeypatch):
+    monkeypatch.delenv(MONGO_TIMEOUT_ENV, raising=False)
+    monkeypatch.delenv(QUEUE_URL_ENV, raising=False)
+    assert QueueDatabase().timeout_ms() == EMBEDDED_TIMEOUT_MS  # the embedded server shares the machine's CPU
+    monkeypatch.setenv(QUEUE_URL_ENV, SECRET_URL)
+    assert QueueDatabase().timeout_ms() == DEFAULT_TIMEOUT_MS
+    monkeypatch.setenv(MONGO_TIMEOUT_ENV, "1234")
+    assert QueueDatabase().timeout_ms() == 1234
+    monkeypatch.delenv(QUEUE_URL_ENV)
+    assert QueueDatabase().timeout_ms() == 1234  # set, it bounds the embedded server too
+    assert QueueDatabase(server_selection_timeout_ms=700).timeout_ms() == 700
 
 
 def test_a_custom_variable_name_is_honoured(monkeypatch, mongo_url, queue_db):

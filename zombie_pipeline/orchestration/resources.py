@@ -24,10 +24,12 @@ from zombie_pipeline.orchestration.metrics import metrics_gateway_from_env
 from zombie_pipeline.policy import InvalidPolicy, ZombiePolicy, policy_fields, validated
 from zombie_pipeline.queue.connections import (
     DEFAULT_TIMEOUT_MS,
+    EMBEDDED_TIMEOUT_MS,
     DatabaseUnavailable,
     check_reachable,
     client_for,
     database_error,
+    default_timeout_ms,
 )
 from zombie_pipeline.queue.documents import (
     DEFAULT_CACHE_COLLECTION,
@@ -49,11 +51,11 @@ class _MongoDatabaseResource(dg.ConfigurableResource):
     database: str = Field(description="Database name.")
     # The name is the one it had when it bounded only the choice of a server; run configs name it so. Checked by
     # get_database, in the step (a bound here would fail the run at resource setup, which Dagster retries).
-    server_selection_timeout_ms: int = Field(
-        default=DEFAULT_TIMEOUT_MS,
+    server_selection_timeout_ms: int | None = Field(
+        default=None,
         description="How long any wait on the database may last before a run fails, in milliseconds, more than 0: "
-        "connecting, choosing a server, each reply, each operation with its retry "
-        f"(default ${config.MONGO_TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_MS}).",
+        "connecting, choosing a server, each reply, each operation with its retry (unset: "
+        f"${config.MONGO_TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_MS}, or {EMBEDDED_TIMEOUT_MS} on the embedded default).",
     )
 
     def url(self) -> str | None:
@@ -64,19 +66,26 @@ class _MongoDatabaseResource(dg.ConfigurableResource):
         """The URL to connect to: the configured one, else the embedded server's (started if needed)."""
         return self.url() or embedded.ensure_server().url
 
-    def get_database(self) -> Database:
-        """The database; :class:`SettingError` naming the variable when its URL is not one pymongo accepts."""
+    def timeout_ms(self) -> int:
+        """The bound on every wait: this config's, else ``$ZOMBIE_MONGO_TIMEOUT_MS``, else the default for the target."""
+        if self.server_selection_timeout_ms is None:
+            return config.mongo_timeout_ms(default_timeout_ms(embedded=self.url() is None))
         if self.server_selection_timeout_ms <= 0:
             raise SettingError(
                 f"server_selection_timeout_ms={self.server_selection_timeout_ms} (the {self.database} database's "
                 "resource config) must be a positive number of milliseconds"
             )
+        return self.server_selection_timeout_ms
+
+    def get_database(self) -> Database:
+        """The database; :class:`SettingError` naming the variable when its URL is not one pymongo accepts."""
+        timeout_ms = self.timeout_ms()
         url = self.connection_url()
         # The embedded server applies a retried write twice when a connection resets as it executes it: no retries
         # there (a reset fails the run, the next run completes it); a real MongoDB applies a retried write once.
         embedded_default = self.url() is None
         try:
-            return client_for(url, self.server_selection_timeout_ms, retry_writes=not embedded_default)[self.database]
+            return client_for(url, timeout_ms, retry_writes=not embedded_default)[self.database]
         except ConfigurationError as error:  # the value itself is not shown: a malformed URL may still hold a password
             raise SettingError(
                 f"{self.url_env_var} is not a MongoDB URL: {scrub(str(error), [url])} (expected "
@@ -139,10 +148,8 @@ def failing_in_one_line(doing: str) -> Callable[[F], F]:
             except pymongo.errors.PyMongoError as error:
                 databases = [value for value in kwargs.values() if isinstance(value, _MongoDatabaseResource)]
                 urls = [database.url() for database in databases] or [None]
-                timeout_ms = max((database.server_selection_timeout_ms for database in databases), default=0)
-                raise unavailable_failure(
-                    database_error(error, doing, urls, timeout_ms or DEFAULT_TIMEOUT_MS)
-                ) from None
+                timeout_ms = max((database.timeout_ms() for database in databases), default=DEFAULT_TIMEOUT_MS)
+                raise unavailable_failure(database_error(error, doing, urls, timeout_ms)) from None
 
         return run  # type: ignore[return-value]
 
@@ -235,10 +242,10 @@ class FailureWebhook(dg.ConfigurableResource):
 
 def resources_from_env() -> dict[str, dg.ConfigurableResource]:
     """The resources of the deployment, database names from the environment (URLs stay there)."""
-    timeout_ms = config.mongo_timeout_ms(DEFAULT_TIMEOUT_MS)
+    config.mongo_timeout_ms(DEFAULT_TIMEOUT_MS)  # a malformed value is refused when the code location loads
     return {
-        "queue_db": QueueDatabase(database=config.queue_database(), server_selection_timeout_ms=timeout_ms),
-        "cache_db": CacheDatabase(database=config.cache_database(), server_selection_timeout_ms=timeout_ms),
+        "queue_db": QueueDatabase(database=config.queue_database()),
+        "cache_db": CacheDatabase(database=config.cache_database()),
         "zombie_policy": ZombiePolicyResource(),
         "failure_webhook": FailureWebhook(),
         "metrics_gateway": metrics_gateway_from_env(),

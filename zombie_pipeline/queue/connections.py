@@ -29,6 +29,14 @@ from zombie_pipeline.queue.secrets import redact_url, scrub
 #: database would hold a run. The longest single command of a cleanup of 1,000 zombies in batches of 500 took
 #: 0.9 s on the embedded server under load (docs/reliability.md): five times that leaves room.
 DEFAULT_TIMEOUT_MS = 5_000
+#: The same bound for the embedded server, which shares the machine with whatever else runs there: beside four
+#: CPU-bound processes on two cores, creating an index on the demo's cache took more than 5 s (docs/reliability.md).
+EMBEDDED_TIMEOUT_MS = 30_000
+
+
+def default_timeout_ms(embedded: bool) -> int:
+    """The bound on every wait when ``$ZOMBIE_MONGO_TIMEOUT_MS`` is unset: longer on the embedded default."""
+    return EMBEDDED_TIMEOUT_MS if embedded else DEFAULT_TIMEOUT_MS
 
 _clients: dict[tuple[str, int, bool], MongoClient] = {}
 _clients_lock = threading.Lock()
