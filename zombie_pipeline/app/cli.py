@@ -174,17 +174,18 @@ def cmd_workers(args: argparse.Namespace) -> int:
 
 def cmd_db(args: argparse.Namespace) -> int:
     if args.action == "start":
-        info = embedded.ensure_server()
-        print(f"embedded server running: pid {info.pid}, {info.url}, storage {info.storage_path}")
-    elif args.action == "stop":
-        info = embedded.stop_server()
-        print(f"stopped embedded server pid {info.pid}" if info else "no embedded server was running")
-    else:
-        info = embedded.running_server()
-        if info is None:
-            print(f"no embedded server running (state in {embedded.home()})")
-            return 1
-        print(f"embedded server running: pid {info.pid}, {info.url}, storage {info.storage_path}")
+        started = embedded.ensure_server()
+        print(f"embedded server running: pid {started.pid}, {started.url}, storage {started.storage_path}")
+        return 0
+    if args.action == "stop":
+        stopped = embedded.stop_server()
+        print(f"stopped embedded server pid {stopped.pid}" if stopped else "no embedded server was running")
+        return 0
+    info = embedded.running_server()
+    if info is None:
+        print(f"no embedded server running (state in {embedded.home()})")
+        return 1
+    print(f"embedded server running: pid {info.pid}, {info.url}, storage {info.storage_path}")
     return 0
 
 

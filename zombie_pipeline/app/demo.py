@@ -33,7 +33,12 @@ from zombie_pipeline.cleanup.run import RunSummary
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.failures import result_cause
 from zombie_pipeline.orchestration.offenders import repeat_offenders
-from zombie_pipeline.orchestration.resources import check_databases, resources_from_env, store_of
+from zombie_pipeline.orchestration.resources import (
+    DeploymentResources,
+    check_databases,
+    resources_from_env,
+    store_of,
+)
 from zombie_pipeline.orchestration.statistics import job_duration_statistics, job_duration_tallies
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import utc_now
@@ -74,7 +79,7 @@ def run_demo(
     seed: int = 0,
     fresh: bool = False,
     generation: str = NEWEST_QUEUE_GENERATION,
-    resources: dict[str, Any] | None = None,
+    resources: DeploymentResources | None = None,
     rates: WorkerRates | None = None,
     refuse_finished: bool = False,
 ) -> int:
@@ -164,7 +169,9 @@ def _prepare_queue(store: Store, finished: int, seed: int, policy: ZombiePolicy,
         )
 
 
-def _cleanup(resources: dict[str, Any], run_config: dict, instance: dg.DagsterInstance, real_database: bool) -> bool:
+def _cleanup(
+    resources: DeploymentResources, run_config: dict, instance: dg.DagsterInstance, real_database: bool
+) -> bool:
     """``kill_zombies_job``, then what its steps recorded; False when it failed (its cause printed)."""
     started = time.monotonic()
     result = kill_zombies_job.execute_in_process(
@@ -230,7 +237,7 @@ def _living_queue(
         print(f"\nsimulated workers, while the statistics ran: {line or 'nothing to do'}")
 
 
-def _statistics(resources: dict[str, Any], instance: dg.DagsterInstance, save_suggestions: bool) -> None:
+def _statistics(resources: DeploymentResources, instance: dg.DagsterInstance, save_suggestions: bool) -> None:
     """The week ending yesterday through Dagster: each day's tallies, then the week's statistics and repeat
     offenders; printed from what their materializations recorded. Daily partitions are whole UTC days."""
     quiet: dict = {"loggers": QUIET}  # the window's unused days (its mapping spans 28) would each log a warning

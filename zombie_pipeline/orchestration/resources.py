@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import dagster as dg
 import pymongo
@@ -20,7 +20,7 @@ from pymongo.errors import ConfigurationError
 
 from zombie_pipeline import config
 from zombie_pipeline.config import SettingError
-from zombie_pipeline.orchestration.metrics import metrics_gateway_from_env
+from zombie_pipeline.orchestration.metrics import MetricsGateway, metrics_gateway_from_env
 from zombie_pipeline.policy import InvalidPolicy, ZombiePolicy, policy_fields, validated
 from zombie_pipeline.queue.connections import (
     DEFAULT_TIMEOUT_MS,
@@ -191,7 +191,7 @@ def settings_of(model: type[BaseModel]) -> type[BaseModel]:
     fields: dict[str, Any] = {}
     for name, info in model.model_fields.items():
         default = {"default_factory": info.default_factory} if info.default_factory else {"default": info.default}
-        fields[name] = (info.annotation, Field(description=info.description, **default))  # type: ignore[call-overload]
+        fields[name] = (info.annotation, Field(description=info.description, **default))
     return create_model(f"{model.__name__}Settings", __config__=ConfigDict(extra="forbid"), **fields)
 
 
@@ -240,7 +240,17 @@ class FailureWebhook(dg.ConfigurableResource):
         return config.setting(self.url_env_var)
 
 
-def resources_from_env() -> dict[str, dg.ConfigurableResource]:
+class DeploymentResources(TypedDict):
+    """The resources every job and asset of the code location is given, by the names they ask for."""
+
+    queue_db: QueueDatabase
+    cache_db: CacheDatabase
+    zombie_policy: ZombiePolicyResource
+    failure_webhook: FailureWebhook
+    metrics_gateway: MetricsGateway
+
+
+def resources_from_env() -> DeploymentResources:
     """The resources of the deployment, database names from the environment (URLs stay there)."""
     config.mongo_timeout_ms(DEFAULT_TIMEOUT_MS)  # a malformed value is refused when the code location loads
     return {

@@ -39,6 +39,7 @@ from zombie_pipeline.orchestration.resources import (
 from zombie_pipeline.orchestration.tags import (
     CLEANUP_RUN_TAG,
     JOB_TYPE_PARTITIONS,
+    JOB_TYPE_PARTITIONS_NAME,
     PARTITION_TAG,
     STALE_COUNT_TAG,
     TRIGGER_TAG,
@@ -101,7 +102,7 @@ def job_types_sensor(context: dg.SensorEvaluationContext, queue_db: QueueDatabas
         context.log.warning(
             f"{len(found.refused)} job types cannot be partitions and were skipped: {found.refused[:10]!r}"
         )
-    known = set(context.instance.get_dynamic_partitions(JOB_TYPE_PARTITIONS.name))
+    known = set(context.instance.get_dynamic_partitions(JOB_TYPE_PARTITIONS_NAME))
     new = sorted(set(found.valid) - known)
     if not new:
         return dg.SensorResult(skip_reason=f"all {len(found.valid)} job types are registered")

@@ -33,4 +33,5 @@ WILL_RETRY_TAG = "dagster/will_retry"
 RETRY_STRATEGY_TAG = "dagster/retry_strategy"
 
 #: Job types as dynamic partitions: the cleanup can run, and be backfilled, per type.
-JOB_TYPE_PARTITIONS = dg.DynamicPartitionsDefinition(name="job_types")
+JOB_TYPE_PARTITIONS_NAME = "job_types"
+JOB_TYPE_PARTITIONS = dg.DynamicPartitionsDefinition(name=JOB_TYPE_PARTITIONS_NAME)

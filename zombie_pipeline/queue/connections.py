@@ -38,6 +38,7 @@ def default_timeout_ms(embedded: bool) -> int:
     """The bound on every wait when ``$ZOMBIE_MONGO_TIMEOUT_MS`` is unset: longer on the embedded default."""
     return EMBEDDED_TIMEOUT_MS if embedded else DEFAULT_TIMEOUT_MS
 
+
 _clients: dict[tuple[str, int, bool], MongoClient] = {}
 _clients_lock = threading.Lock()
 

@@ -177,7 +177,7 @@ class Workload:
         ]
         if bad:
             raise WorkloadError("invalid workload: " + "; ".join(bad))
-        counts = {name: round(jobs * fraction) for name, fraction in fractions.items()}
+        counts: dict[str, Any] = {name: round(jobs * fraction) for name, fraction in fractions.items()}
         finished = jobs - sum(counts.values())
         if finished < 0:
             raise WorkloadError("invalid workload: the fractions add up to more than 1")
@@ -283,6 +283,7 @@ class _Generator:
     def job(self, job_type: JobType, status: str, unique: bool = False, **dates: dt.datetime | None) -> dict[str, Any]:
         dataset, config, split = self.target(job_type, unique)
         created_at = dates.pop("created_at")
+        assert created_at is not None, "a simulated job is always created at some time"
         return job_document(
             job_type.name,
             dataset,
@@ -421,7 +422,7 @@ class _Generator:
         fields = self.generation.lock_fields
         if Lock.OWNER not in fields:
             return None
-        lock = {ID: job[Job.UNICITY_ID], Lock.OWNER: None, Lock.UPDATED_AT: job[Job.STARTED_AT]}
+        lock: dict[str, Any] = {ID: job[Job.UNICITY_ID], Lock.OWNER: None, Lock.UPDATED_AT: job[Job.STARTED_AT]}
         if Lock.TTL in fields:
             lock[Lock.TTL] = START_LOCK_TTL_SECONDS
         return lock
@@ -430,7 +431,10 @@ class _Generator:
         """A lock a job holds while it writes to its dataset's git branch (a crashed job never frees it)."""
         fields = self.generation.lock_fields
         owner = Lock.OWNER if Lock.OWNER in fields else Lock.JOB_ID
-        lock = {ID: f'{{"dataset": "{job[Job.DATASET]}", "branch": "refs/convert/parquet"}}', owner: str(job[ID])}
+        lock: dict[str, Any] = {
+            ID: f'{{"dataset": "{job[Job.DATASET]}", "branch": "refs/convert/parquet"}}',
+            owner: str(job[ID]),
+        }
         lock[Lock.UPDATED_AT] = job[Job.STARTED_AT]
         if Lock.TTL in fields:
             lock[Lock.TTL] = GIT_BRANCH_LOCK_TTL_SECONDS
