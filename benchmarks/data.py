@@ -48,14 +48,8 @@ from zombie_pipeline.queue.generations import (
     QUEUE_GENERATIONS,
 )
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import (
-    HEARTBEAT_INTERVAL_SECONDS,
-    JOB_TYPES,
-    JobType,
-    Simulation,
-    Workload,
-    simulate,
-)
+from zombie_pipeline.simulation.simulator import HEARTBEAT_INTERVAL_SECONDS, Simulation, simulate
+from zombie_pipeline.simulation.workload import JOB_TYPES, JobType, Workload
 
 #: The queue the 2023 killer (``baseline_2023``) ran on: early 2023, finished jobs kept with their status.
 QUEUE_GENERATION = OLDEST_QUEUE_GENERATION

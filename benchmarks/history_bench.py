@@ -61,7 +61,8 @@ from zombie_pipeline.queue.documents import (
 from zombie_pipeline.queue.generations import NEWEST_CACHE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import Workload, simulate
+from zombie_pipeline.simulation.simulator import simulate
+from zombie_pipeline.simulation.workload import Workload
 from zombie_pipeline.statistics import jobs_source, tallies
 from zombie_pipeline.statistics.analysis import analyze
 from zombie_pipeline.statistics.quantiles import PERCENTILES

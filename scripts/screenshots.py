@@ -61,8 +61,9 @@ from zombie_pipeline.queue.generations import (  # noqa: E402
 )
 from zombie_pipeline.queue.store import Store  # noqa: E402
 from zombie_pipeline.simulation.embedded import free_port  # noqa: E402
-from zombie_pipeline.simulation.simulator import Workload, healthy_beside, simulate  # noqa: E402
+from zombie_pipeline.simulation.simulator import simulate  # noqa: E402
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates  # noqa: E402
+from zombie_pipeline.simulation.workload import Workload, healthy_beside  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
 #: As ``zombie-pipeline simulate`` sizes it, with the demo's history: today's queue, the days before cleaned daily.

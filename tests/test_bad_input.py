@@ -51,7 +51,7 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import cache_document
+from zombie_pipeline.simulation.shapes import cache_document
 
 URL_ENV = "ZOMBIE_TEST_BAD_INPUT_URL"
 

@@ -4,7 +4,7 @@ from tests.helpers import HANDSHAKES, job_document, logged_store
 from zombie_pipeline.cleanup.detection import query_plan_of
 from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
 from zombie_pipeline.queue.documents import Cache, cache_key_of_job, utc_now
-from zombie_pipeline.simulation.simulator import cache_document
+from zombie_pipeline.simulation.shapes import cache_document
 
 
 def test_each_job_gets_the_entry_of_its_own_full_key_only(store):

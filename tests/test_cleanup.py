@@ -40,7 +40,8 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import cache_document, simulate
+from zombie_pipeline.simulation.shapes import cache_document
+from zombie_pipeline.simulation.simulator import simulate
 
 POLICY = ZombiePolicy(heartbeat_timeout_seconds=300, max_duration_seconds=1200, claim_lease_seconds=0)
 SMALL = workload(finished=200, crashed=12, never_heartbeated=4, overdue=4, running=30, waiting=10, seed=7)

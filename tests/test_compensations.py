@@ -25,7 +25,7 @@ from zombie_pipeline.queue.documents import (
     Reason,
     Status,
 )
-from zombie_pipeline.simulation.simulator import cache_document
+from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.webhooks import masked_url
 
 TOKEN_PATH = "/hooks/s3cr3t-token"

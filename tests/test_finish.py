@@ -46,13 +46,9 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, FinishStyle
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import (
-    Simulation,
-    Workload,
-    cache_document,
-    job_document,
-    simulate,
-)
+from zombie_pipeline.simulation.shapes import cache_document, job_document
+from zombie_pipeline.simulation.simulator import Simulation, simulate
+from zombie_pipeline.simulation.workload import Workload
 
 GENERATIONS = list(QUEUE_GENERATIONS)
 MODES = [pytest.param(True, id="transactions"), pytest.param(False, id="one-write-after-another")]

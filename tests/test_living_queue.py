@@ -27,8 +27,9 @@ from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Cache, Job, Status, utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import Workload, healthy_beside, simulate
+from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+from zombie_pipeline.simulation.workload import Workload, healthy_beside
 
 POLICY = ZombiePolicy()
 HOUR = 3_600

@@ -17,7 +17,7 @@ from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.monitoring import QueueSnapshot
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, RetryOutcome
-from zombie_pipeline.simulation.simulator import cache_document
+from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.statistics.quantiles import PERCENTILES
 
 #: Every label a metric may carry: each takes a bounded set of values (a dataset never is one).

@@ -21,7 +21,7 @@ from zombie_pipeline.queue.documents import (
     Reason,
     RetryOutcome,
 )
-from zombie_pipeline.simulation.simulator import cache_document
+from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.statistics.offenders import (
     ErrorSource,
     Problem,

@@ -45,7 +45,7 @@ from zombie_pipeline.queue.documents import (
     utc_now,
 )
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import cache_document
+from zombie_pipeline.simulation.shapes import cache_document
 
 EXAMPLES = int(os.environ.get("ZOMBIE_PROPERTY_EXAMPLES", "40"))
 POLICY = ZombiePolicy(heartbeat_timeout_seconds=300, max_duration_seconds=1200, claim_lease_seconds=0, batch_size=2)

@@ -24,13 +24,8 @@ from zombie_pipeline.queue.generations import (
 )
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.history import OFFENDER
-from zombie_pipeline.simulation.simulator import (
-    HEARTBEAT_INTERVAL_SECONDS,
-    JOB_TYPES,
-    Workload,
-    healthy_beside,
-    simulate,
-)
+from zombie_pipeline.simulation.simulator import HEARTBEAT_INTERVAL_SECONDS, simulate
+from zombie_pipeline.simulation.workload import JOB_TYPES, Workload, healthy_beside
 from zombie_pipeline.statistics.offenders import find_offenders
 
 NOW = dt.datetime(2024, 7, 1, 12, 0, 0, tzinfo=dt.UTC)

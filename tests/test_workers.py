@@ -26,8 +26,9 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import WorkloadError, simulate
+from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+from zombie_pipeline.simulation.workload import WorkloadError
 
 #: Jobs of a few seconds (their type's duration times 0.02), dead after 10 s of silence, overdue after 30 s.
 POLICY = ZombiePolicy(heartbeat_timeout_seconds=10, max_duration_seconds=30)

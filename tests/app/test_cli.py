@@ -43,7 +43,7 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.simulation import embedded
 from zombie_pipeline.simulation.embedded import INSTALL_HINT, ServerInfo, free_port
-from zombie_pipeline.simulation.simulator import cache_document, job_document
+from zombie_pipeline.simulation.shapes import cache_document, job_document
 
 PYTHON = sys.executable
 _CONSOLE_SCRIPT = Path(sys.executable).parent / "zombie-pipeline"

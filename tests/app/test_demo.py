@@ -32,8 +32,9 @@ from zombie_pipeline.orchestration.resources import (
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.simulation.history import OFFENDER
-from zombie_pipeline.simulation.simulator import Workload, simulate
+from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+from zombie_pipeline.simulation.workload import Workload
 
 TIMEOUT = 4
 #: Jobs of seconds to minutes, beating every second, never crashing: the test decides who dies.

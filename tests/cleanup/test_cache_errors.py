@@ -23,7 +23,7 @@ from zombie_pipeline.queue.documents import (
     utc_now,
 )
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION
-from zombie_pipeline.simulation.simulator import cache_document
+from zombie_pipeline.simulation.shapes import cache_document
 
 POLICY = ZombiePolicy()
 

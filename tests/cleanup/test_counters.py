@@ -25,7 +25,9 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import Workload, job_document, simulate
+from zombie_pipeline.simulation.shapes import job_document
+from zombie_pipeline.simulation.simulator import simulate
+from zombie_pipeline.simulation.workload import Workload
 
 WITH_COUNTERS = [name for name, generation in QUEUE_GENERATIONS.items() if generation.keeps(JOB_METRICS_COLLECTION)]
 

@@ -31,7 +31,7 @@ from zombie_pipeline.queue.documents import (
     utc_now,
 )
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
-from zombie_pipeline.simulation.simulator import job_document
+from zombie_pipeline.simulation.shapes import job_document
 
 NOW = utc_now()
 TODAY = QUEUE_GENERATIONS[NEWEST_QUEUE_GENERATION]

@@ -42,7 +42,8 @@ from zombie_pipeline.queue.connections import client_for
 from zombie_pipeline.queue.documents import ID
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.embedded import free_port
-from zombie_pipeline.simulation.simulator import Simulation, Workload, simulate
+from zombie_pipeline.simulation.simulator import Simulation, simulate
+from zombie_pipeline.simulation.workload import Workload
 
 DEPLOY = REPO_ROOT / "deploy"
 CLEANUP = "kill_zombies_job"

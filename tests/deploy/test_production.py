@@ -33,7 +33,7 @@ from tests.deploy.stack import (
 from zombie_pipeline.orchestration.tags import QUEUE_DATABASE_TAG
 from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, Status, cache_key_of_job
 from zombie_pipeline.simulation.embedded import free_port
-from zombie_pipeline.simulation.simulator import Workload
+from zombie_pipeline.simulation.workload import Workload
 
 pytestmark = pytest.mark.slow
 

@@ -40,8 +40,9 @@ from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import JOB_TYPES, Workload, simulate
+from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+from zombie_pipeline.simulation.workload import JOB_TYPES, Workload
 
 GENERATION = QUEUE_GENERATIONS["2026-05"]
 #: Busy workers: jobs of a second or two, the waiting jobs topped up at once.

@@ -51,7 +51,8 @@ from zombie_pipeline.queue.documents import (
     Status,
     utc_now,
 )
-from zombie_pipeline.simulation.simulator import cache_document, simulate
+from zombie_pipeline.simulation.shapes import cache_document
+from zombie_pipeline.simulation.simulator import simulate
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -47,7 +47,8 @@ from zombie_pipeline.queue.documents import (
     cache_key_of_job,
     utc_now,
 )
-from zombie_pipeline.simulation.simulator import JOB_TYPES, cache_document
+from zombie_pipeline.simulation.shapes import cache_document
+from zombie_pipeline.simulation.workload import JOB_TYPES
 
 LIVE_SIZES = {
     "default": {"zombies": 120, "healthy": 120, "cleanups": 3, "revived_fraction": 0.1},

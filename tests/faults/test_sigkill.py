@@ -45,7 +45,8 @@ from zombie_pipeline.queue.documents import (
     utc_now,
 )
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import cache_document, simulate
+from zombie_pipeline.simulation.shapes import cache_document
+from zombie_pipeline.simulation.simulator import simulate
 
 KILL_WORKLOAD = (
     workload(finished=80, crashed=50, never_heartbeated=8, overdue=8, running=20, waiting=10, seed=23)

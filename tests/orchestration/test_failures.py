@@ -33,7 +33,8 @@ from zombie_pipeline.orchestration.tags import RETRY_ON_STEP_FAILURE_TAG, WILL_R
 from zombie_pipeline.queue.documents import ID, Event, Failure, Job, Status
 from zombie_pipeline.queue.secrets import redact_url
 from zombie_pipeline.simulation.embedded import free_port
-from zombie_pipeline.simulation.simulator import Workload, simulate
+from zombie_pipeline.simulation.simulator import simulate
+from zombie_pipeline.simulation.workload import Workload
 
 WEBHOOK_ENV = "ZOMBIE_TEST_FAILURE_WEBHOOK_URL"
 #: As the production instance has them (deploy/dagster.yaml): retries on, none unless a job asks.

@@ -32,7 +32,8 @@ from zombie_pipeline.queue.documents import (
     cache_key_of_job,
     utc_now,
 )
-from zombie_pipeline.simulation.simulator import cache_document, simulate
+from zombie_pipeline.simulation.shapes import cache_document
+from zombie_pipeline.simulation.simulator import simulate
 
 TIMEOUT = 300  # the policy resource's default heartbeat timeout
 

@@ -27,7 +27,8 @@ from zombie_pipeline.orchestration.statistics import (
 from zombie_pipeline.queue.documents import ID, CompensationState, Event, EventState, Job, Status, utc_now
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.embedded import free_port
-from zombie_pipeline.simulation.simulator import cache_document, simulate
+from zombie_pipeline.simulation.shapes import cache_document
+from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.statistics.suggestion_log import latest_suggested_max_durations
 
 URL_ENV = "ZOMBIE_METRICS_TEST_MONGO_URL"

@@ -18,18 +18,10 @@ from zombie_pipeline.queue.evidence import GenerationUnknown
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.secrets import redact
 from zombie_pipeline.simulation import embedded
-from zombie_pipeline.simulation.simulator import (
-    STARTED_KINDS,
-    NotOurs,
-    Workload,
-    WorkloadError,
-    check_ours,
-    drop_simulation,
-    healthy_beside,
-    simulate,
-    simulated_generation,
-)
+from zombie_pipeline.simulation.ownership import NotOurs, check_ours, drop_simulation, simulated_generation
+from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+from zombie_pipeline.simulation.workload import STARTED_KINDS, Workload, WorkloadError, healthy_beside
 
 # Dagster is imported only by the commands that need it: `db` answers in a fraction of a second.
 

@@ -44,15 +44,10 @@ from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import (
-    Workload,
-    check_ours,
-    drop_simulation,
-    healthy_beside,
-    simulate,
-    simulated_generation,
-)
+from zombie_pipeline.simulation.ownership import check_ours, drop_simulation, simulated_generation
+from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+from zombie_pipeline.simulation.workload import Workload, healthy_beside
 from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS
 
 #: Dagster's console logger silenced: the demo prints its own summary, and a failure as its one line, never a stack trace.

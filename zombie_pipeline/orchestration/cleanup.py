@@ -46,7 +46,7 @@ from zombie_pipeline.orchestration.tags import (
 )
 from zombie_pipeline.queue.documents import REASONS, utc_now
 from zombie_pipeline.queue.evidence import GenerationUnknown
-from zombie_pipeline.simulation.simulator import simulated_generation
+from zombie_pipeline.simulation.ownership import simulated_generation
 
 #: A step that fails on an error that may pass (a server election, a dropped connection, a timeout) is tried again
 #: within the run, after 2 s then 4 s: every step is safe to repeat (claims by unique id, compare-and-set, leases).

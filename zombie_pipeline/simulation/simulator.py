@@ -25,9 +25,9 @@ from bson import ObjectId
 
 from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.effects import PAST_JOB_MIN_SECONDS
-from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import key_of
 from zombie_pipeline.queue.documents import (
+    CACHE_CONTENT_ERROR,
     DEFAULT_ZOMBIE_HTTP_STATUS,
     HTTP_OK,
     ID,
@@ -39,176 +39,25 @@ from zombie_pipeline.queue.documents import (
     PastJob,
     Priority,
     Status,
-    namespace_of,
     truncate_ms,
     utc_now,
-    without_none,
 )
 from zombie_pipeline.queue.generations import (
-    CACHE_GENERATIONS,
-    NEWEST_QUEUE_GENERATION,
-    QUEUE_GENERATIONS,
     DurationsSource,
     QueueGeneration,
 )
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.history import OFFENDER, PastCleanups, clean_past_days
+from zombie_pipeline.simulation.ownership import NotOurs, check_ours, simulated_generation
+from zombie_pipeline.simulation.shapes import cache_document, job_document
+from zombie_pipeline.simulation.workload import STARTED_KINDS, JobType, Workload
 
 HEARTBEAT_INTERVAL_SECONDS = 60
 INSERT_BATCH_SIZE = 5_000
 START_LOCK_TTL_SECONDS = 600
 GIT_BRANCH_LOCK_TTL_SECONDS = 3_600
 PAST_JOBS_WINDOW_SECONDS = 3_600
-
-
-@dataclass(frozen=True)
-class JobType:
-    """A processing step with its own duration law (log-normal: a long right tail)."""
-
-    name: str
-    level: str  # "dataset", "config" or "split": which of config/split the job carries
-    median_seconds: float
-    sigma: float
-    error_rate: float
-    difficulty: int = 50
-
-
-JOB_TYPES: tuple[JobType, ...] = (
-    JobType("/config-names", "dataset", 4, 0.7, 0.05, 50),
-    JobType("/split-names-from-streaming", "config", 25, 1.0, 0.10, 60),
-    JobType("/splits", "dataset", 30, 1.1, 0.08, 50),
-    JobType("/first-rows", "split", 70, 1.2, 0.12, 70),
-    JobType("/parquet-and-dataset-info", "dataset", 280, 1.0, 0.15, 90),
-    JobType("/parquet", "dataset", 3, 0.6, 0.02, 20),  # sigma >= 0.6: p99/p50 = exp(2.33 sigma) > 4
-    JobType("/dataset-info", "dataset", 3, 0.6, 0.02, 20),
-    JobType("/sizes", "dataset", 2, 0.6, 0.01, 20),
-    JobType("/split-names-from-dataset-info", "config", 5, 0.6, 0.03, 20),
-)
-STARTED_KINDS = ("crashed", "never_heartbeated", "terminated", "overdue", "running")
-
-
-#: A simulated queue keeps its dead to at most this share of the brake's threshold (``max_stale_fraction``), so that
-#: whatever moves meanwhile (a worker finishing, another dying) the brake never stops a cleanup of it.
-BRAKE_MARGIN = 0.5
-
-
-def healthy_beside(dead: int, policy: ZombiePolicy) -> int:
-    """How many healthy started jobs keep ``dead`` ones at most :data:`BRAKE_MARGIN` of the brake's threshold."""
-    share = BRAKE_MARGIN * policy.max_stale_fraction
-    return max(math.ceil(dead * (1 - share) / share), policy.min_started_for_brake)
-
-
-class WorkloadError(ValueError):
-    """A workload that cannot be simulated; the message names the field."""
-
-
-@dataclass(frozen=True)
-class Workload:
-    """How many jobs of each kind to create, in which generation."""
-
-    finished: int = 2_000
-    crashed: int = 20  # started, heartbeat stopped long ago
-    never_heartbeated: int = 5  # started, no heartbeat at all
-    terminated: int = 3  # started, SIGTERM recorded long ago (only where jobs carry terminated_at)
-    overdue: int = 5  # started, alive, but past its type's maximum duration
-    running: int = 50  # started, healthy
-    waiting: int = 50
-    days: float = 7.0
-    seed: int = 0
-    policy: ZombiePolicy = field(default_factory=ZombiePolicy)  # the thresholds the simulated zombies break
-    generation: str = NEWEST_QUEUE_GENERATION
-    cache_generation: str | None = None  # None: the one the queue generation's deployment writes
-    job_types: tuple[JobType, ...] = JOB_TYPES
-    past_cleanups: int = 0  # days before today, each cleaned by its cleanup (history.py); 0: no audit trail
-
-    def __post_init__(self) -> None:
-        problems = [
-            f"{name} must be a non-negative integer, got {getattr(self, name)!r}"
-            for name in (
-                "finished",
-                "crashed",
-                "never_heartbeated",
-                "terminated",
-                "overdue",
-                "running",
-                "waiting",
-                "seed",
-                "past_cleanups",
-            )
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0
-        ]
-        if not isinstance(self.days, (int, float)) or not self.days > 0:
-            problems.append(f"days must be positive, got {self.days!r}")
-        if self.generation not in QUEUE_GENERATIONS:
-            problems.append(f"generation must be one of {', '.join(QUEUE_GENERATIONS)}, got {self.generation!r}")
-        if self.cache_generation is not None and self.cache_generation not in CACHE_GENERATIONS:
-            problems.append(
-                f"cache_generation must be one of {', '.join(CACHE_GENERATIONS)}, got {self.cache_generation!r}"
-            )
-        if problems:
-            raise WorkloadError("invalid workload: " + "; ".join(problems))
-
-    @classmethod
-    def from_fractions(
-        cls,
-        jobs: int,
-        crashed_fraction: float = 0.01,
-        never_heartbeated_fraction: float = 0.002,
-        overdue_fraction: float = 0.002,
-        running_fraction: float = 0.02,
-        waiting_fraction: float = 0.02,
-        **options: Any,
-    ) -> Workload:
-        """``jobs`` in all; the fractions say which share of them is in which state."""
-        if not isinstance(jobs, int) or jobs < 0:
-            raise WorkloadError(f"invalid workload: jobs must be a non-negative integer, got {jobs!r}")
-        fractions = {
-            "crashed": crashed_fraction,
-            "never_heartbeated": never_heartbeated_fraction,
-            "overdue": overdue_fraction,
-            "running": running_fraction,
-            "waiting": waiting_fraction,
-        }
-        bad = [
-            f"{name}_fraction must be in [0, 1], got {value!r}"
-            for name, value in fractions.items()
-            if not 0 <= value <= 1
-        ]
-        if bad:
-            raise WorkloadError("invalid workload: " + "; ".join(bad))
-        counts: dict[str, Any] = {name: round(jobs * fraction) for name, fraction in fractions.items()}
-        finished = jobs - sum(counts.values())
-        if finished < 0:
-            raise WorkloadError("invalid workload: the fractions add up to more than 1")
-        return cls(finished=finished, terminated=0, **counts, **options)
-
-    @property
-    def queue_generation(self) -> QueueGeneration:
-        return QUEUE_GENERATIONS[self.generation]
-
-    @property
-    def cache(self):
-        return CACHE_GENERATIONS[self.cache_generation or self.queue_generation.cache_generation]
-
-    @property
-    def terminated_jobs(self) -> int:
-        """Terminated jobs exist only where jobs carry ``terminated_at``."""
-        return self.terminated if self.queue_generation.declares(Job.TERMINATED_AT) else 0
-
-    @property
-    def zombies(self) -> int:
-        return self.crashed + self.never_heartbeated + self.terminated_jobs + self.overdue
-
-    @property
-    def started(self) -> int:
-        return self.zombies + self.running
-
-    @property
-    def total(self) -> int:
-        """Job documents written: the finished history stays in the queue only where finished jobs are kept."""
-        kept = self.finished if self.queue_generation.durations_source is DurationsSource.FINISHED_JOBS else 0
-        return kept + self.started + self.waiting
 
 
 @dataclass
@@ -347,7 +196,7 @@ class _Generator:
             generation=self.workload.cache.name,
             failed_runs=1 if failed else 0,
             duration=round(duration, 3),
-            content={"error": "simulated failure"} if failed else {"rows": self.rng.randrange(1000)},
+            content={CACHE_CONTENT_ERROR: "simulated failure"} if failed else {"rows": self.rng.randrange(1000)},
         )
 
     def started_job_at(self, kind: str, moment: dt.datetime) -> dict[str, Any]:
@@ -441,54 +290,6 @@ class _Generator:
         if Lock.CREATED_AT in fields and Lock.OWNER not in fields:
             lock[Lock.CREATED_AT] = job[Job.STARTED_AT]
         return lock
-
-
-class NotOurs(RuntimeError):
-    """A database holds documents the simulator did not write: it is never dropped nor filled."""
-
-
-def _databases(store: Store) -> list:
-    queue, cache = store.jobs.database, store.cache.database
-    return [queue] if (queue.name, queue.client) == (cache.name, cache.client) else [queue, cache]
-
-
-def simulated_generation(store: Store) -> str | None:
-    """The generation of the simulation these databases hold, or None when they hold none."""
-    marker = store.jobs.database[SIMULATIONS_COLLECTION].find_one(sort=[(ID, -1)])
-    return marker.get("generation") if marker else None
-
-
-#: How a person gives a database up to the simulator, as ``zombie-pipeline simulate`` takes it ({name}: the database).
-GIVE_UP_WITH_SIMULATE = "If it is a scratch database you own, say so: --overwrite-database {name}."
-
-
-def check_ours(store: Store, overwrite: str | None = None, give_up: str = GIVE_UP_WITH_SIMULATE) -> None:
-    """Refuse a database that holds documents the simulator did not write, unless its owner names it.
-
-    Ours: empty, or marked by an earlier simulation. ``overwrite`` is the name of
-    the one database the operator deliberately gives up; ``give_up`` says how, in the words of the command
-    that asks (``{name}``: the database's name).
-    """
-    if simulated_generation(store) is not None:
-        return
-    for database in _databases(store):
-        if overwrite == database.name:
-            continue
-        holding = {name: database[name].estimated_document_count() for name in database.list_collection_names()}
-        holding = {name: count for name, count in holding.items() if count}
-        if holding:
-            listed = ", ".join(f"{name} ({count})" for name, count in sorted(holding.items()))
-            raise NotOurs(
-                f"database {database.name!r} holds documents zombie-pipeline did not write: {listed}. Refusing to drop "
-                f"or fill it. " + give_up.format(name=database.name)
-            )
-
-
-def drop_simulation(store: Store, overwrite: str | None = None) -> None:
-    """Drop the databases of a simulation (or of a database its owner named), after :func:`check_ours`."""
-    check_ours(store, overwrite)
-    for database in _databases(store):
-        database.client.drop_database(database.name)
 
 
 def simulate(
@@ -619,80 +420,3 @@ def _create_side(store: Store, generation: QueueGeneration) -> None:
         store.jobs.database.create_collection(name)
     if generation.cache_metrics and not store.has_cache_metrics():
         store.cache.database.create_collection(store.cache_metrics.name)
-
-
-def job_document(
-    job_type: str = "/splits",
-    dataset: str = "user/dataset",
-    config: str | None = None,
-    split: str | None = None,
-    status: str = Status.STARTED,
-    generation: QueueGeneration | str = NEWEST_QUEUE_GENERATION,
-    revision: str = "abc123",
-    difficulty: int = 50,
-    force: bool = False,
-    priority: str = Priority.NORMAL,
-    created_at: dt.datetime | None = None,
-    started_at: dt.datetime | None = None,
-    finished_at: dt.datetime | None = None,
-    last_heartbeat: dt.datetime | None = None,
-    terminated_at: dt.datetime | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
-    """One job exactly as ``generation``'s deployment stores it (None values omitted, as mongoengine does)."""
-    generation = QUEUE_GENERATIONS[generation] if isinstance(generation, str) else generation
-    created_at = truncate_ms(created_at or started_at or utc_now())
-    values = {
-        Job.TYPE: job_type,
-        Job.DATASET: dataset,
-        Job.REVISION: revision,
-        Job.CONFIG: config,
-        Job.SPLIT: split,
-        Job.UNICITY_ID: generation.unicity_id(job_type, dataset, revision, config, split),
-        Job.NAMESPACE: namespace_of(dataset),
-        Job.FORCE: force,
-        Job.PRIORITY: priority,
-        Job.STATUS: status,
-        Job.DIFFICULTY: difficulty,
-        Job.CREATED_AT: created_at,
-        Job.STARTED_AT: truncate_ms(started_at) if started_at else None,
-        Job.FINISHED_AT: truncate_ms(finished_at) if finished_at else None,
-        Job.LAST_HEARTBEAT: truncate_ms(last_heartbeat) if last_heartbeat else None,
-        Job.TERMINATED_AT: truncate_ms(terminated_at) if terminated_at else None,
-    }
-    document = {ID: extra.pop(ID, None) or ObjectId()}
-    document.update(without_none({name: value for name, value in values.items() if generation.declares(name)}))
-    document.update(extra)
-    return document
-
-
-def cache_document(
-    job: dict[str, Any],
-    updated_at: dt.datetime,
-    http_status: int = HTTP_OK,
-    error_code: str | None = None,
-    generation: str = "2024-07",
-    failed_runs: int = 0,
-    duration: float = 12.5,
-    content: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The cache entry a worker would have written for ``job``, in ``generation``'s fields."""
-    failed = http_status != HTTP_OK
-    entry = {
-        Cache.KIND: job[Job.TYPE],
-        Cache.DATASET: job[Job.DATASET],
-        Cache.CONFIG: job.get(Job.CONFIG),
-        Cache.SPLIT: job.get(Job.SPLIT),
-        Cache.HTTP_STATUS: http_status,
-        Cache.ERROR_CODE: error_code,
-        Cache.CONTENT: content if content is not None else ({"error": "failed"} if failed else {"result": "ok"}),
-        Cache.DETAILS: {"error": "failed", Cache.FAILED_RUNS: failed_runs} if failed else {},
-        Cache.WORKER_VERSION: "2.0.0",
-        Cache.JOB_RUNNER_VERSION: 2,
-        Cache.DATASET_GIT_REVISION: job.get(Job.REVISION, "abc123"),
-        Cache.PROGRESS: 1.0,
-        Cache.UPDATED_AT: truncate_ms(updated_at),
-        Cache.DURATION: duration,
-        Cache.FAILED_RUNS: failed_runs,
-    }
-    return CACHE_GENERATIONS[generation].keep_declared(entry)

@@ -56,6 +56,7 @@ from zombie_pipeline.cleanup.strategies import strategy_for
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, stored_failed_runs
 from zombie_pipeline.queue.documents import (
+    CACHE_CONTENT_ERROR,
     DEFAULT_ZOMBIE_HTTP_STATUS,
     HTTP_OK,
     ID,
@@ -75,13 +76,9 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QueueGeneration
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.simulator import (
-    JOB_TYPES,
-    START_LOCK_TTL_SECONDS,
-    JobType,
-    WorkloadError,
-    job_document,
-)
+from zombie_pipeline.simulation.shapes import job_document
+from zombie_pipeline.simulation.simulator import START_LOCK_TTL_SECONDS
+from zombie_pipeline.simulation.workload import JOB_TYPES, JobType, WorkloadError
 
 #: An overrunning job runs on to this many times its T2 before it ends by itself.
 OVERRUN_FACTORS = (1.1, 1.5)
@@ -393,8 +390,10 @@ class WorkerPool:
             **key,
             Cache.HTTP_STATUS: DEFAULT_ZOMBIE_HTTP_STATUS if failed else HTTP_OK,
             Cache.ERROR_CODE: error_code,
-            Cache.CONTENT: {"error": "simulated failure"} if failed else {"rows": self.rng.randrange(1_000)},
-            Cache.DETAILS: {"error": "simulated failure"} if failed else {},
+            Cache.CONTENT: {CACHE_CONTENT_ERROR: "simulated failure"}
+            if failed
+            else {"rows": self.rng.randrange(1_000)},
+            Cache.DETAILS: {CACHE_CONTENT_ERROR: "simulated failure"} if failed else {},
             Cache.WORKER_VERSION: "2.0.0",
             Cache.JOB_RUNNER_VERSION: 2,
             Cache.DATASET_GIT_REVISION: job.get(Job.REVISION, "main"),

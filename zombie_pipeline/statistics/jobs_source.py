@@ -45,7 +45,6 @@ from zombie_pipeline.statistics.tallies import (
 #: Jobs that may finish without ever starting: no duration, but not bad data.
 NEVER_STARTED_STATUSES = frozenset({Status.CANCELLED, Status.SKIPPED})
 
-
 _JOB_PROJECTION = {ID: 1, Job.TYPE: 1, Job.STATUS: 1, Job.STARTED_AT: 1, Job.FINISHED_AT: 1}
 
 
