@@ -38,7 +38,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 #: The longest modules (a minute and more, most of it waiting on daemons and processes), started first: a worker
 #: that takes one of them last would finish long after the other.
-LONGEST_FIRST = ("e2e/", "faults/", "test_finish.py", "test_secrets.py", "test_properties.py", "test_simulate.py")
+LONGEST_FIRST = ("e2e/", "faults/", "test_finish.py", "test_secrets.py", "test_properties.py", "test_simulator.py")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

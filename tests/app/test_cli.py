@@ -1,6 +1,6 @@
 """The command line: the embedded server's ``db`` commands; nothing written where it was not asked; errors in one line.
 
-``simulate`` and ``demo`` run, with credentials in their URLs, in tests/test_secrets.py.
+``simulate`` and ``demo`` run, with credentials in their URLs, in tests/queue/test_secrets.py.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import pytest
 
 from tests.figures import report_figures
 from tests.helpers import METRICS_OFF, run_kill_zombies
-from tests.test_workers import VirtualClock, silent_since
+from tests.simulation.test_workers import VirtualClock, silent_since
 from zombie_pipeline.cleanup.detection import count_stale, started_filter
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.orchestration.failures import result_cause
