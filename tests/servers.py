@@ -26,8 +26,10 @@ from pymongo import MongoClient
 from pymongo.database import Database
 
 from zombie_pipeline.config import CACHE_URL_ENV, HOME_ENV, QUEUE_URL_ENV
+from zombie_pipeline.queue.connections import close_clients
 from zombie_pipeline.simulation import embedded
 from zombie_pipeline.simulation.embedded import (
+    ServerInfo,
     free_port,
     start_server,
     stop_process,
@@ -162,7 +164,10 @@ def is_embedded_server(pid: int) -> bool:
 def kill_recorded_server(home: Path) -> None:
     """Teardown: stop the server the home's state file names (by its PID), and only that."""
     state = home / "server.json"
-    pid = json.loads(state.read_text())["pid"] if state.exists() else None
+    recorded = json.loads(state.read_text()) if state.exists() else {}
+    pid = recorded.get("pid")
+    if "port" in recorded:
+        close_clients(ServerInfo(**recorded).url)
     try:
         stop_server(home)
     finally:

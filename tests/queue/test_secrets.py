@@ -380,6 +380,9 @@ def test_a_wrong_password_fails_cleanly_and_leaks_neither_password(
 
     result = in_process_run(wrong, outputs, "in-process job, wrong password", monkeypatch)
     assert not result.success
+    # a refused password is not retried: the step fails once (a server out of reach is retried, test_failures.py)
+    assert not [event for event in result.all_events if event.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
+    assert len([event for event in result.all_events if event.is_step_failure]) == 1
 
     client = MongoClient(wrong, serverSelectionTimeoutMS=3_000)
     with pytest.raises(DatabaseUnavailable) as unavailable:

@@ -123,8 +123,9 @@ def check_databases(*resources: _MongoDatabaseResource) -> None:
 
 
 def unavailable_failure(error: DatabaseUnavailable) -> dg.Failure:
-    """A run's failure for a database it cannot reach: the one line, and where it looked and how long, as metadata."""
-    return dg.Failure(description=str(error), metadata=dict(error.facts))
+    """A run's failure for a database it cannot reach: the one line, and where it looked and how long, as metadata;
+    retried by the step's policy only if waiting may help (a refused password is not)."""
+    return dg.Failure(description=str(error), metadata=dict(error.facts), allow_retries=error.transient)
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -76,12 +76,12 @@ def client_for(url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, retry_writes: boo
         return client
 
 
-def close_clients() -> None:
-    """Close every cached client (tests and the CLI call this on exit)."""
+def close_clients(url: str | None = None) -> None:
+    """Close the cached clients, or only those of ``url`` (the CLI on exit; tests before they stop a server: closing a
+    client whose server is gone waits out its timeout)."""
     with _clients_lock:
-        for client in _clients.values():
-            client.close()
-        _clients.clear()
+        for key in [key for key in _clients if url is None or key[0] == url]:
+            _clients.pop(key).close()
 
 
 def utc_codec_options() -> CodecOptions:
@@ -89,11 +89,15 @@ def utc_codec_options() -> CodecOptions:
 
 
 class DatabaseUnavailable(RuntimeError):
-    """The database could not be reached; the message carries no credentials, ``facts`` say where and how long."""
+    """The database could not be reached; the message carries no credentials, ``facts`` say where and how long.
 
-    def __init__(self, message: str, facts: dict[str, str | int] | None = None) -> None:
+    ``transient``: whether waiting may change the answer (a server down may come back; a refused password does not).
+    """
+
+    def __init__(self, message: str, facts: dict[str, str | int] | None = None, transient: bool = True) -> None:
         super().__init__(message)
         self.facts = facts or {}
+        self.transient = transient
 
 
 def check_reachable(database: Database, url: str | None, variable: str | None = None) -> None:
@@ -110,6 +114,7 @@ def check_reachable(database: Database, url: str | None, variable: str | None = 
             f"MongoDB at {where} refused the connection: {_first_words(error, url)}. Check the user, password and "
             "authSource in the URL.",
             facts,
+            transient=False,
         ) from None
     except pymongo.errors.PyMongoError as error:
         raise DatabaseUnavailable(
