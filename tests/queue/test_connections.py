@@ -12,11 +12,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from tests.servers import LocalServer
 from zombie_pipeline.config import MONGO_TIMEOUT_ENV
 from zombie_pipeline.queue.connections import (
     DatabaseUnavailable,
     check_reachable,
     client_for,
+    close_clients,
     database_error,
 )
 from zombie_pipeline.queue.indexes import (
@@ -210,6 +212,21 @@ def test_the_client_is_one_per_url_per_process(mongo_url):
         thread.join()
     assert len({id(client) for client in seen}) == 1
     assert seen[0] is not first  # another URL, another client
+
+
+def test_closing_a_client_whose_server_is_gone_does_not_wait_out_the_operation_timeout(tmp_path):
+    server = LocalServer(tmp_path).start()
+    try:
+        client = client_for(server.url, timeout_ms=30_000)
+        client.zombie_close.jobs.insert_one({"status": "waiting"})  # a session the client will want to end
+    finally:
+        server.stop()
+
+    started = time.monotonic()
+    close_clients(server.url)
+
+    assert time.monotonic() - started < 30 / 3  # the server forgets the session by itself; measured ~1.4 s
+    assert client_for(server.url, timeout_ms=30_000) is not client  # closed, forgotten: a new one next time
 
 
 def test_the_client_reads_dates_as_aware_utc(client, queue_db):

@@ -76,12 +76,17 @@ def client_for(url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, retry_writes: boo
         return client
 
 
+#: How long closing a client may wait to tell its server the sessions it used are over: the server forgets them
+#: by itself after 30 minutes, so a server gone must not hold a command's exit for the whole operation timeout.
+CLOSE_TIMEOUT_SECONDS = 1.0
+
+
 def close_clients(url: str | None = None) -> None:
-    """Close the cached clients, or only those of ``url`` (the CLI on exit; tests before they stop a server: closing a
-    client whose server is gone waits out its timeout)."""
+    """Close the cached clients, or only those of ``url`` (the CLI on exit, tests before they stop a server)."""
     with _clients_lock:
         for key in [key for key in _clients if url is None or key[0] == url]:
-            _clients.pop(key).close()
+            with pymongo.timeout(CLOSE_TIMEOUT_SECONDS):
+                _clients.pop(key).close()
 
 
 def utc_codec_options() -> CodecOptions:
