@@ -30,7 +30,7 @@ from zombie_pipeline.queue.secrets import redact_url, scrub
 #: 0.9 s on the embedded server under load (docs/reliability.md): five times that leaves room.
 DEFAULT_TIMEOUT_MS = 5_000
 #: The same bound for the embedded server, which shares the machine with whatever else runs there: beside four
-#: CPU-bound processes on two cores, creating an index on the demo's cache took more than 5 s (docs/reliability.md).
+#: CPU-bound processes on two cores, it built an index over 8,000 entries in 29.8 s, 1.5 s idle (docs/reliability.md).
 EMBEDDED_TIMEOUT_MS = 30_000
 
 

@@ -42,10 +42,7 @@ from zombie_pipeline.queue.documents import (
     truncate_ms,
     utc_now,
 )
-from zombie_pipeline.queue.generations import (
-    DurationsSource,
-    QueueGeneration,
-)
+from zombie_pipeline.queue.generations import DurationsSource, QueueGeneration
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.history import OFFENDER, PastCleanups, clean_past_days
