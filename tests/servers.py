@@ -1,4 +1,5 @@
-"""The one way a test gets a MongoDB-wire server of its own: SecantusDB on 127.0.0.1, a free port, its own storage.
+"""The one way a test gets a MongoDB-wire server of its own: SecantusDB on 127.0.0.1, a free port, its own storage
+(and an HTTP server for the tests of what is POSTed: :func:`http_server`).
 
 The session's server (conftest ``mongo_url``) comes from here, and so do the
 servers of the suites that need one of their own: the fault scenarios stop,
@@ -17,9 +18,11 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from pymongo import MongoClient
@@ -181,3 +184,23 @@ def child_env(home: Path, **extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.update(extra)
     return env
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that does not log each request to stderr."""
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
+        pass
+
+
+@contextlib.contextmanager
+def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[int]:
+    """A real HTTP server on 127.0.0.1 and a free port, serving ``handler`` from a thread; its port. Stopped on exit."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,24 +1,21 @@
 """A failed run, told once: the record, the webhook POST that never raises, the secrets scrubbed."""
 
-import http.server
 import threading
 import time
 
+from tests.servers import QuietHandler, http_server
 from zombie_pipeline import alerts
 from zombie_pipeline.queue.documents import ID, Failure, utc_now
 from zombie_pipeline.simulation.embedded import free_port
 
 
-class _Hanging(http.server.BaseHTTPRequestHandler):
+class _Hanging(QuietHandler):
     """Answers nothing until the test lets it go."""
 
     release = threading.Event()
 
     def do_POST(self):  # noqa: N802 - the http.server API
         self.release.wait(timeout=30)
-
-    def log_message(self, *args):
-        pass
 
 
 def test_a_webhook_post_that_fails_or_hangs_is_an_outcome_not_an_exception():
@@ -28,17 +25,13 @@ def test_a_webhook_post_that_fails_or_hangs_is_an_outcome_not_an_exception():
     assert alerts.post_json("not a url", {}, 1).startswith("failed:")
 
     _Hanging.release.clear()
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Hanging)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        started = time.monotonic()
-        outcome = alerts.post_json(f"http://127.0.0.1:{server.server_port}/", {}, 0.5)
-        assert outcome.startswith("failed:") and time.monotonic() - started < 2.5
-    finally:
-        _Hanging.release.set()
-        server.shutdown()
-        server.server_close()
+    with http_server(_Hanging) as port:
+        try:
+            started = time.monotonic()
+            outcome = alerts.post_json(f"http://127.0.0.1:{port}/", {}, 0.5)
+            assert outcome.startswith("failed:") and time.monotonic() - started < 2.5
+        finally:
+            _Hanging.release.set()
 
 
 def test_a_failure_record_says_what_failed_in_one_line():

@@ -5,12 +5,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.servers import QuietHandler, http_server
 from zombie_pipeline import alerts
 from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.webhooks import WebhookError, masked_url, post_json
@@ -23,7 +22,7 @@ def receiver(status: int = 200, headers: dict[str, str] | None = None) -> Iterat
     """A real HTTP server on 127.0.0.1 answering ``status``; the port, and the requests it received."""
     received: list[dict] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             received.append(
@@ -39,17 +38,8 @@ def receiver(status: int = 200, headers: dict[str, str] | None = None) -> Iterat
                 self.send_header(name, value)
             self.end_headers()
 
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1], received
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(Handler) as port:
+        yield port, received
 
 
 def test_credentials_in_the_url_are_sent_as_basic_auth_and_never_as_part_of_the_host():

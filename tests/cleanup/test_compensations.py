@@ -4,14 +4,13 @@ import contextlib
 import json
 import socket
 import textwrap
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import ago, crashed_job
+from tests.servers import QuietHandler, http_server
 from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.cleanup.compensations import CompensationError, audit
 from zombie_pipeline.cleanup.run import run_cleanup
@@ -36,24 +35,15 @@ def webhook(statuses: list[int]) -> Iterator[tuple[str, list[dict]]]:
     """A real HTTP server on 127.0.0.1 answering ``statuses`` in turn (then 200); the requests it received."""
     received: list[dict] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             received.append({"path": self.path, "key": self.headers["Idempotency-Key"], "body": body})
             self.send_response(statuses[len(received) - 1] if len(received) <= len(statuses) else 200)
             self.end_headers()
 
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}{TOKEN_PATH}", received
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(Handler) as port:
+        yield f"http://127.0.0.1:{port}{TOKEN_PATH}", received
 
 
 def closed_port_url() -> str:

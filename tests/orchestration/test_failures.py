@@ -8,9 +8,12 @@ as its ``dagster/will_retry`` tag, which the daemon reads.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import dagster as dg
 import pytest
@@ -18,6 +21,7 @@ from pymongo.uri_parser import parse_uri
 
 from benchmarks.proxy import DelayProxy
 from tests.helpers import METRICS_OFF, QUIET_LOGGERS, crashed_job, healthy_job
+from tests.servers import QuietHandler, http_server
 from zombie_pipeline.cleanup.detection import Brake
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
@@ -246,31 +250,15 @@ def test_a_database_out_of_reach_for_good_fails_after_the_steps_retries_with_whe
 # --- a webhook that records what it is sent ----------------------------------------------------------------------
 
 
-class webhook_server:
-    """An HTTP server on a free port that keeps the JSON bodies POSTed to it."""
+@contextlib.contextmanager
+def webhook_server(received: list) -> Iterator[str]:
+    """An HTTP server on a free port that keeps the JSON bodies POSTed to it; its URL."""
 
-    def __init__(self, received: list) -> None:
-        self.received = received
+    class Handler(QuietHandler):
+        def do_POST(self):  # noqa: N802 - the http.server API
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
 
-    def __enter__(self) -> str:
-        import http.server
-        import json
-
-        received = self.received
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - the http.server API
-                received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{self.server.server_port}/hook"
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    with http_server(Handler) as port:
+        yield f"http://127.0.0.1:{port}/hook"

@@ -1,14 +1,13 @@
 """Sensors: evaluated as the daemon would, against the real server and a real Dagster instance."""
 
 import datetime as dt
-import http.server
 import json
-import threading
 
 import dagster as dg
 import pytest
 
 from tests.helpers import METRICS_OFF, crashed_job, healthy_job, job_document, recorded_cleanup_run, run_kill_zombies
+from tests.servers import QuietHandler, http_server
 from zombie_pipeline.config import CACHE_URL_ENV, CLEANUP_OVERDUE_MINUTES_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration import recency
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
@@ -192,7 +191,7 @@ def test_checks_are_not_run_after_a_dry_run(store, instance, resources):
 # --- pipeline_failure_sensor ---------------------------------------------------------------
 
 
-class _Webhook(http.server.BaseHTTPRequestHandler):
+class _Webhook(QuietHandler):
     received: list = []
 
     def do_POST(self):  # noqa: N802 - the http.server API
@@ -201,21 +200,12 @@ class _Webhook(http.server.BaseHTTPRequestHandler):
         self.send_response(204)
         self.end_headers()
 
-    def log_message(self, *args):
-        pass
-
 
 @pytest.fixture
 def webhook():
     _Webhook.received = []
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Webhook)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/hooks/t0ken", _Webhook.received
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(_Webhook) as port:
+        yield f"http://127.0.0.1:{port}/hooks/t0ken", _Webhook.received
 
 
 def _braked_cleanup(store, instance, resources):
