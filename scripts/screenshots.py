@@ -95,21 +95,27 @@ def chromium() -> str:
     sys.exit("headless Chromium is needed: apt-get install -y chromium")
 
 
+#: Headless Chromium, offline and quiet: no GPU, no QUIC, no first-run page, no background traffic, no scrollbars.
+HEADLESS_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+)
+
+
 def capture(
     browser: str, url: str, path: Path, profile: Path, size: str = "1600,1000", budget_ms: int = 15_000
 ) -> None:
     """One page; without the virtual time budget the single-page app is captured blank."""
     command = [
         browser,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--hide-scrollbars",
+        *HEADLESS_FLAGS,
         f"--user-data-dir={profile}",
         f"--virtual-time-budget={budget_ms}",
         f"--window-size={size}",
@@ -132,15 +138,7 @@ class DevTools:
         self.process = subprocess.Popen(
             [
                 browser,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--hide-scrollbars",
+                *HEADLESS_FLAGS,
                 f"--user-data-dir={profile}",
                 f"--window-size={width},{height}",
                 f"--remote-debugging-port={self.port}",
