@@ -115,13 +115,13 @@ def error_entry(
     message = ERROR_MESSAGE_OF_REASON[event[Event.REASON]]
     finalized_at = event[Event.FINALIZED_AT]
     last_heartbeat = as_utc(job.get(Job.LAST_HEARTBEAT))
-    details: dict[str, Any] = {
+    details: dict[str, Any] = {  # the event's facts, under its own names
         CACHE_CONTENT_ERROR: message,
-        "reason": event[Event.REASON],
-        "last_heartbeat": last_heartbeat.isoformat() if last_heartbeat else None,
-        "threshold_seconds": event[Event.THRESHOLD_SECONDS],
-        "past_max_duration": bool(event.get(Event.PAST_MAX_DURATION)),
-        "run_id": event[Event.RUN_ID],
+        Event.REASON: event[Event.REASON],
+        Job.LAST_HEARTBEAT: last_heartbeat.isoformat() if last_heartbeat else None,
+        Event.THRESHOLD_SECONDS: event[Event.THRESHOLD_SECONDS],
+        Event.PAST_MAX_DURATION: bool(event.get(Event.PAST_MAX_DURATION)),
+        Event.RUN_ID: event[Event.RUN_ID],
         DETAIL_JOB_ID: str(event[ID]),
         DETAIL_PREVIOUS: _jsonable(summary_of(existing)),
     }

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from pymongo import UpdateOne
@@ -69,10 +70,8 @@ def recount(store: Store, generation: QueueGeneration) -> dict[str, Counter]:
     counts: dict[str, Counter] = {}
     if generation.keeps(JOB_METRICS_COLLECTION):
         counts[JOB_METRICS_COLLECTION] = _count(
-            store.jobs.aggregate(
-                [{"$group": {ID: {"type": f"${Job.TYPE}", "status": f"${Job.STATUS}"}, "n": {"$sum": 1}}}]
-            ),
-            lambda key: (key["type"], key["status"]),
+            store.jobs.aggregate([_BY_TYPE_AND_STATUS]),
+            _type_and_status,
         )
     if generation.keeps(WORKER_SIZE_METRICS_COLLECTION):
         blocked = set(store.blockages.distinct(Blockage.DATASET)) if generation.keeps(BLOCKAGES_COLLECTION) else set()
@@ -82,21 +81,8 @@ def recount(store: Store, generation: QueueGeneration) -> dict[str, Counter]:
         )
     if generation.cache_metrics:
         counts[CACHE_METRICS_COLLECTION] = _count(
-            store.cache.aggregate(
-                [
-                    {
-                        "$group": {
-                            ID: {
-                                "kind": f"${Cache.KIND}",
-                                "http": f"${Cache.HTTP_STATUS}",
-                                "code": f"${Cache.ERROR_CODE}",
-                            },
-                            "n": {"$sum": 1},
-                        }
-                    }
-                ]
-            ),
-            lambda key: (key["kind"], key["http"], key.get("code")),
+            store.cache.aggregate([_BY_KIND_STATUS_AND_CODE]),
+            _kind_status_and_code,
         )
     return counts
 
@@ -168,6 +154,24 @@ def write_recount(store: Store, generation: QueueGeneration) -> None:
                 for (kind, http_status, code), total in counts[CACHE_METRICS_COLLECTION].items()
             ],
         )
+
+
+#: The counts the deployment's counters hold, grouped as its counter documents are keyed.
+_BY_TYPE_AND_STATUS = {"$group": {ID: {"type": f"${Job.TYPE}", "status": f"${Job.STATUS}"}, "n": {"$sum": 1}}}
+_BY_KIND_STATUS_AND_CODE = {
+    "$group": {
+        ID: {"kind": f"${Cache.KIND}", "http": f"${Cache.HTTP_STATUS}", "code": f"${Cache.ERROR_CODE}"},
+        "n": {"$sum": 1},
+    }
+}
+
+
+def _type_and_status(key: Mapping[str, Any]) -> tuple[Any, Any]:
+    return key["type"], key["status"]
+
+
+def _kind_status_and_code(key: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    return key["kind"], key["http"], key.get("code")
 
 
 def _count(rows: Any, key_of: Any) -> Counter:
@@ -254,9 +258,9 @@ class _JobMetrics(_Keys):
         pipeline = on_index(
             {Job.STATUS: {"$in": self.statuses}},
             {Job.TYPE: {"$in": self.types}},
-            {"$group": {ID: {"type": f"${Job.TYPE}", "status": f"${Job.STATUS}"}, "n": {"$sum": 1}}},
+            _BY_TYPE_AND_STATUS,
         )
-        return _count(self.store.jobs.aggregate(pipeline), lambda key: (key["type"], key["status"]))
+        return _count(self.store.jobs.aggregate(pipeline), _type_and_status)
 
     def selector(self, key: Any) -> dict[str, Any]:
         job_type, status = key
@@ -322,14 +326,9 @@ class _CacheMetrics(_Keys):
         pipeline = on_index(
             {Cache.KIND: {"$in": self.kinds}},
             {Cache.HTTP_STATUS: {"$in": statuses}},
-            {
-                "$group": {
-                    ID: {"kind": f"${Cache.KIND}", "http": f"${Cache.HTTP_STATUS}", "code": f"${Cache.ERROR_CODE}"},
-                    "n": {"$sum": 1},
-                }
-            },
+            _BY_KIND_STATUS_AND_CODE,
         )
-        return _count(self.store.cache.aggregate(pipeline), lambda key: (key["kind"], key["http"], key.get("code")))
+        return _count(self.store.cache.aggregate(pipeline), _kind_status_and_code)
 
     def selector(self, key: Any) -> dict[str, Any]:
         kind, http_status, error_code = key
