@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,7 +120,7 @@ def find(store: Store, policy: ZombiePolicy, **options: Any) -> Detection:
     return run.find(store, plan_for(store, policy, **options))
 
 
-def claim(store: Store, candidates: list[Candidate], policy: ZombiePolicy, run_id: str) -> StepResult:
+def claim(store: Store, candidates: list[Candidate], policy: ZombiePolicy, run_id: str) -> events.Claims:
     return events.claim(store, candidates, policy, run_id, utc_now(), QUEUE_GENERATIONS[QUEUE_GENERATION])
 
 
@@ -129,13 +129,15 @@ def cache_generation(store: Store) -> CacheGeneration:
     return detect_cache_generation(store.cache, None, QUEUE_GENERATIONS[QUEUE_GENERATION]).generation
 
 
-def finalize(store: Store, run_id: str, policy: ZombiePolicy, recovering: bool = False) -> StepResult:
+def finalize(store: Store, run_id: str, policy: ZombiePolicy, fresh: Collection[Any] = frozenset()) -> StepResult:
     """The claimed jobs finished, their cache errors written, their retries enqueued, their events completed.
 
-    In :data:`QUEUE_GENERATION` a batch costs four writes: the jobs, the cache entries, the retries, the events.
+    ``fresh``: the events just claimed (``claim(...).ids``), which no pass has touched; the others are judged
+    from the database, as an earlier pass may have done part of their work. In :data:`QUEUE_GENERATION` a batch
+    of fresh claims costs four writes: the jobs, the cache entries, the retries, the events.
     """
     strategy = strategy_for(store, QUEUE_GENERATIONS[QUEUE_GENERATION])
-    return finalizing.finalize(store, run_id, policy, strategy, cache_generation(store), recovering)
+    return finalizing.finalize(store, run_id, policy, strategy, cache_generation(store), fresh)
 
 
 def reconcile(store: Store, run_id: str, policy: ZombiePolicy, now: dt.datetime | None = None) -> StepResult:

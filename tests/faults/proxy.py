@@ -49,6 +49,7 @@ class Command:
     name: str
     target: object
     request_id: int
+    document: dict = field(default_factory=dict, compare=False, repr=False)  # the command itself, as sent
 
 
 #: The driver's own conversation (handshake, monitoring, authentication, goodbye): never a trigger's "any command".
@@ -64,12 +65,13 @@ WRITES = ("insert", "update", "delete", "findAndModify")
 @dataclass
 class Trigger:
     """Fires on the ``nth`` (1-based) command named ``command`` (several names: any of them; None: any but
-    housekeeping) on ``collection`` (None: any), at ``phase``."""
+    housekeeping) on ``collection`` (None: any) that ``where`` accepts (None: any), at ``phase``."""
 
     command: str | tuple[str, ...] | None = None
     collection: str | None = None
     nth: int = 1
     phase: str = REQUEST
+    where: Callable[[dict], bool] | None = None  # given the command document (its body: no OP_MSG sequences)
     seen: int = 0  # matching requests so far
     request_id: int | None = None  # the nth one's, whose reply a REPLY trigger waits for
     fired_at: float | None = None  # time.time() when it fired
@@ -80,7 +82,11 @@ class Trigger:
             named = command.name not in HOUSEKEEPING
         else:
             named = command.name in ((self.command,) if isinstance(self.command, str) else self.command)
-        return named and (self.collection is None or command.target == self.collection)
+        return (
+            named
+            and (self.collection is None or command.target == self.collection)
+            and (self.where is None or self.where(command.document))
+        )
 
 
 Action = Callable[[], None]
@@ -257,19 +263,32 @@ class FaultProxy:
 
 
 def _command_of(message: bytes, request_id: int) -> Command | None:
-    """The command of an ``OP_MSG`` (its body section's first key and that key's value), else None."""
+    """The command of an ``OP_MSG`` (its body section's first key and that key's value), else None.
+
+    The command's document sequences (``documents`` of an insert, ``updates``, ``deletes``: pymongo sends a bulk
+    write's statements as sequences beside the body) are joined to its document under their identifiers.
+    """
     _, _, _, op_code = _HEADER.unpack_from(message)
     if op_code != OP_MSG or len(message) < 21 or message[20] != 0:  # flagBits, then a body section (kind 0)
         return None
+    flags = int.from_bytes(message[16:20], "little")
+    end = len(message) - (4 if flags & 1 else 0)  # checksumPresent: a CRC-32C closes the message
     size = int.from_bytes(message[21:25], "little")
     try:
         document = bson.decode(message[21 : 21 + size])
+        offset = 21 + size
+        while offset < end and message[offset] == 1:  # a document sequence: size, identifier, documents
+            length = int.from_bytes(message[offset + 1 : offset + 5], "little")
+            identifier_end = message.index(b"\0", offset + 5)
+            identifier = message[offset + 5 : identifier_end].decode()
+            document[identifier] = bson.decode_all(message[identifier_end + 1 : offset + 1 + length])
+            offset += 1 + length
     except Exception:  # not ours to judge: forwarded as it is
         return None
     if not document:
         return None
     name, target = next(iter(document.items()))
-    return Command(name, target if isinstance(target, str) else None, request_id)
+    return Command(name, target if isinstance(target, str) else None, request_id, document)
 
 
 def _abort(sock: socket.socket) -> None:

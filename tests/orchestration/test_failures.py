@@ -244,6 +244,9 @@ def test_a_database_out_of_reach_for_good_fails_after_the_steps_retries_with_whe
     cause = result_cause(result)
     assert cause.startswith(f"cannot reach MongoDB at {redact_url(closed)} (from ${QUEUE_URL_ENV}) within 0.3 s"), cause
     assert "\n" not in cause
+    # the step's failure as the UI shows it starts with that line (not Dagster's "Exceeded max_retries of 2")
+    [failure] = [event for event in result.all_events if event.is_step_failure]
+    assert failure.step_failure_data.error.message.startswith(f"dagster._core.definitions.events.Failure: {cause}")
     assert retried_run(instance, result) == "false"  # the step had its retries; the next tick tries again
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from bson import ObjectId
@@ -34,6 +35,13 @@ DUPLICATE_KEY = 11000
 READ_BATCH = 10_000  # the documents of a batch come back in one reply, not one getMore per 101
 
 
+@dataclass
+class Claims(StepResult):
+    """What a claim did (its counts), and the events it inserted: nothing but this call has touched them yet."""
+
+    ids: set[Any] = field(default_factory=set)
+
+
 def claim(
     store: Store,
     candidates: list[Candidate],
@@ -41,20 +49,33 @@ def claim(
     run_id: str,
     now: dt.datetime,
     generation: QueueGeneration,
-) -> StepResult:
-    """Record the intent to finalize each candidate; a job claimed by another cleanup is skipped."""
-    result = StepResult()
+) -> Claims:
+    """Record the intent to finalize each candidate; a job claimed by another cleanup is skipped.
+
+    An event found already there under this run's lease was inserted by an earlier attempt of this run whose
+    reply was lost (the step retried): it is this run's, counted as claimed, but not among the fresh ``ids``.
+    """
+    claims = Claims()
     finalized_at = utc_now()
     for batch in batched(candidates, policy.batch_size):
         events = [event_of(candidate, policy, run_id, finalized_at, now, generation) for candidate in batch]
         try:
             store.events.insert_many(events, ordered=False)
-            result.counts[Count.CLAIMED] += len(events)
+            refused = set()
         except BulkWriteError as error:
             refused = duplicate_indexes(error)
-            result.counts[Count.CLAIMED] += len(events) - len(refused)
-            result.counts[Count.CLAIMED_BY_ANOTHER_CLEANUP] += len(refused)
-    return result
+        claims.ids.update(event[ID] for index, event in enumerate(events) if index not in refused)
+        ours = _owned_by(store, run_id, [events[index][ID] for index in refused])
+        claims.counts[Count.CLAIMED] += len(events) - len(refused) + len(ours)
+        if len(refused) > len(ours):
+            claims.counts[Count.CLAIMED_BY_ANOTHER_CLEANUP] += len(refused) - len(ours)
+    return claims
+
+
+def _owned_by(store: Store, run_id: str, event_ids: list[Any]) -> set[Any]:
+    if not event_ids:
+        return set()
+    return {event[ID] for event in store.events.find({ID: {"$in": event_ids}, Event.LEASE_OWNER: run_id}, {ID: 1})}
 
 
 def event_of(

@@ -3,7 +3,7 @@
 A batch's pass, each part safe to redo:
 
 1. the claims are sorted by the queue's finish strategy (still as detection saw
-   them, finished by a pass that died, or lost to a worker that moved);
+   them, finished by an earlier pass, or lost to a worker that moved);
 2. the jobs are finished (compare-and-set) and their cache error entries written
    (:mod:`.cache_errors`), in the order the generation writes them, each in a
    transaction where the policy asks for them and the server has them; around the
@@ -14,12 +14,16 @@ A batch's pass, each part safe to redo:
 
 A zombie costs its claim, its job, its cache entry and that one completion (and
 its retry). A pass that dies leaves its events claimed: the next run's
-:func:`reconcile` takes them over and redoes the pass, which recognizes what was
-done (the strategy's proof of its finish, our entry in the cache, the retry's
-``_id`` chosen at claim time) and never does it twice.
+:func:`reconcile` takes them over and redoes the pass. A pass whose write the
+server applied but whose reply was lost fails its step, and the step's retry in
+the same run finds the events still claimed, under its own lease. Either way
+the pass is redone from what the database holds, never from what a process
+heard: it recognizes what was done (the strategy's proof of its finish, our
+entry in the cache, the retry's ``_id`` chosen at claim time) and never does it
+twice; only the events claimed by the same call are known untouched.
 
 The deployment's counters are moved with ``$inc``, which cannot be recognized
-afterwards: of a write found done, nobody knows whether the pass that died also
+afterwards: of a write found done, nobody knows whether the earlier pass also
 moved its counters. Within a transaction it did (they commit together).
 Without, those counters are in doubt (``effects.CountersInDoubt``), and the
 pass that takes over sets them to a recount of their keys
@@ -31,7 +35,7 @@ either way, ``job_metrics`` included: once the pass ends, the counters are in st
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from pymongo.client_session import ClientSession
@@ -89,9 +93,9 @@ def finalize_zombies(
     strategy: FinishStrategy,
     cache: CacheGeneration,
 ) -> StepResult:
-    """Claim the candidates, then finalize the ones claimed."""
+    """Claim the candidates, then finalize every claim of the run (an earlier attempt's too)."""
     claimed = claim(store, candidates, policy, run_id, now, strategy.generation)
-    return claimed.merge(finalize(store, run_id, policy, strategy, cache))
+    return StepResult(claimed.counts).merge(finalize(store, run_id, policy, strategy, cache, fresh=claimed.ids))
 
 
 def finalize(
@@ -100,17 +104,19 @@ def finalize(
     policy: ZombiePolicy,
     strategy: FinishStrategy,
     cache: CacheGeneration,
-    recovering: bool = False,
+    fresh: Collection[Any] = frozenset(),
 ) -> StepResult:
     """Drive this run's claimed events of ``strategy``'s generation to done, a batch at a time.
 
-    ``recovering``: the events were taken over from a crashed run, which may have done part of their pass.
+    ``fresh``: the events the caller has just claimed, untouched since. Any other claimed event of the run may
+    have been partly done by an earlier pass whose reply was lost (a step retried in the same run) or that died
+    (a run taken over), and is judged from what the database holds, never from what this process remembers.
     """
     result = StepResult()
     claimed = {Event.STATE: EventState.CLAIMED, Event.QUEUE_GENERATION: strategy.generation.name}
     for events in drain(store, run_id, claimed, policy):
         result.counts[cache_generation_count(cache.name)] = 1
-        result.merge(_finalize_batch(store, run_id, events, policy, strategy, cache, recovering))
+        result.merge(_finalize_batch(store, run_id, events, policy, strategy, cache, fresh))
     return result
 
 
@@ -128,9 +134,7 @@ def reconcile(
             Event.QUEUE_GENERATION, {Event.LEASE_OWNER: run_id, Event.STATE: EventState.CLAIMED}
         )
         for name in sorted(recorded):
-            result.merge(
-                finalize(store, run_id, policy, strategy_for(store, QUEUE_GENERATIONS[name]), cache, recovering=True)
-            )
+            result.merge(finalize(store, run_id, policy, strategy_for(store, QUEUE_GENERATIONS[name]), cache))
     result.counts[Count.TAKEN_OVER] += taken
     result.counts.update(enqueue_due_retries(store, policy, now))
     return result
@@ -143,7 +147,7 @@ def _finalize_batch(
     policy: ZombiePolicy,
     strategy: FinishStrategy,
     cache: CacheGeneration,
-    recovering: bool,
+    fresh: Collection[Any],
 ) -> StepResult:
     """One batch from claimed to done; each part is safe to redo, the events are written once, at the end."""
     queue_client, cache_client = store.jobs.database.client, store.cache.database.client
@@ -157,7 +161,7 @@ def _finalize_batch(
 
         return atomically(cache_client, write, policy.transactions)
 
-    outcome, cached = strategy.finish_in_order(strategy.sort_claims(events, recovering), finish, write_errors)
+    outcome, cached = strategy.finish_in_order(strategy.sort_claims(events, fresh), finish, write_errors)
     in_doubt = CountersInDoubt()
     if not in_transactions(queue_client, policy.transactions):
         in_doubt.merge(outcome.in_doubt)
@@ -186,7 +190,7 @@ def _finalize_batch(
             for event in finished
         }
         set_on_events(store, run_id, done, session)
-        if outcome.lost:  # the worker was alive after all: forget the claim, the job may be judged again later
+        if outcome.lost:  # a worker moved the job after detection: forget the claim, the job may be judged again later
             lost = [event[ID] for event in outcome.lost]
             store.events.delete_many(
                 {ID: {"$in": lost}, Event.LEASE_OWNER: run_id, Event.STATE: EventState.CLAIMED}, session=session

@@ -11,11 +11,13 @@ the pipeline asks which generation a queue is:
   forgotten;
 - the order of the job's finish and its cache error entry (the deployment of
   2023-12 on writes the entry first: the deletion then proves the claim won);
-- how a pass that died is recognized afterwards: our stamp as ``finished_at`` on
-  a kept job; for a deleted one, our error entry still beside it (a worker
-  writes its result before it deletes its job). A finish found done that way
-  may or may not have had its counters moved by the pass that died: they are
-  not moved again but reported in doubt, for the pass to set from a recount;
+- how an earlier pass's finish is recognized afterwards, whether that pass died
+  or only its reply was lost: our stamp as ``finished_at`` on a kept job; for a
+  deleted one, the entry beside it (a worker writes its result before it
+  deletes its job: our error entry, or the fresher one we kept, untouched since
+  the claim, says the deletion was ours). A finish found done that way may or
+  may not have had its counters moved by that pass: they are not moved again
+  but reported in doubt, for the pass to set from a recount;
 - whether the cleanup re-enqueues crashed jobs by default (from 2023-12 the
   deployment's backfill re-creates them itself);
 - what the deployment does around a finish (:mod:`.effects`), in the
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -38,7 +40,7 @@ from pymongo import DeleteOne, UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.results import BulkWriteResult
 
-from zombie_pipeline.cleanup.cache_errors import CacheWrite, written_for
+from zombie_pipeline.cleanup.cache_errors import CacheWrite, is_fresher, written_for
 from zombie_pipeline.cleanup.detection import (
     as_seen_expression,
     as_seen_filter,
@@ -70,7 +72,7 @@ class SortedClaims:
     """A batch of claimed events, told apart before anything is written."""
 
     to_finish: list[ZombieEvent] = field(default_factory=list)  # still as detection saw them
-    done_before: list[ZombieEvent] = field(default_factory=list)  # finished by a pass that died
+    done_before: list[ZombieEvent] = field(default_factory=list)  # finished by an earlier pass (dead, or reply lost)
     lost: list[ZombieEvent] = field(default_factory=list)  # a worker touched the job: not ours any more
 
 
@@ -82,7 +84,7 @@ class FinishOutcome:
     done_before: list[ZombieEvent] = field(default_factory=list)
     lost: list[ZombieEvent] = field(default_factory=list)
     effects: dict[Any, list[str]] = field(default_factory=dict)
-    #: the counter moves of the finishes a pass that died did (``done_before``): applied or not, nobody knows
+    #: the counter moves of the finishes an earlier pass did (``done_before``): applied or not, nobody knows
     in_doubt: CountersInDoubt = field(default_factory=CountersInDoubt)
 
     @property
@@ -106,24 +108,25 @@ class FinishStrategy(ABC):
 
     # --- the cleanup's finish --------------------------------------------------------------------------
 
-    def sort_claims(self, events: list[ZombieEvent], recovering: bool) -> SortedClaims:
-        """Which claims can still be finished, which were by a pass that died (``recovering``), which are lost."""
+    def sort_claims(self, events: list[ZombieEvent], fresh: Collection[Any]) -> SortedClaims:
+        """Which claims can still be finished, which an earlier pass finished (any but the ``fresh`` ones may have
+        been), which are lost to a worker: read from the jobs, whatever an earlier pass may have heard or not."""
         current = _jobs_of(self.store, events, None)
         claims, finished = SortedClaims(), []
         for event in events:
             job = current.get(event[ID])
-            if recovering and self._finished_by_us(job, event):
+            if event[ID] not in fresh and self._finished_by_us(job, event):
                 finished.append(event)
             elif is_as_seen(job, event[Event.JOB]):
                 claims.to_finish.append(event)
             else:
                 claims.lost.append(event)
-        ours = self._finished_by_the_pass_that_died(finished)
+        ours = self._finished_by_an_earlier_pass(finished)
         claims.done_before += [event for event in finished if event[ID] in ours]
         claims.lost += [event for event in finished if event[ID] not in ours]
         return claims
 
-    def _finished_by_the_pass_that_died(self, finished: list[ZombieEvent]) -> set[Any]:
+    def _finished_by_an_earlier_pass(self, finished: list[ZombieEvent]) -> set[Any]:
         """Of the claims whose job looks finished by us, those a pass of ours did finish (their ids)."""
         return {event[ID] for event in finished}
 
@@ -200,10 +203,10 @@ class KeptAsError(FinishStrategy):
     keeps_finished_jobs = True
     retries_by_default = True  # nothing in the deployment of the time re-ran a crashed job
 
-    def sort_claims(self, events: list[ZombieEvent], recovering: bool) -> SortedClaims:
-        if not recovering:  # the finish's own compare-and-set is the check: no read is needed
+    def sort_claims(self, events: list[ZombieEvent], fresh: Collection[Any]) -> SortedClaims:
+        if all(event[ID] in fresh for event in events):  # the finish's own compare-and-set is the check: no read
             return SortedClaims(to_finish=list(events))
-        return super().sort_claims(events, recovering)
+        return super().sort_claims(events, fresh)
 
     def finish_in_order(
         self,
@@ -254,9 +257,9 @@ class Deleted(FinishStrategy):
     # sort_claims reads the jobs first in every case: claims of jobs a worker touched since detection are
     # dropped before the cache is written, so no error entry is written for a worker that is only slow.
 
-    def _finished_by_the_pass_that_died(self, finished: list[ZombieEvent]) -> set[Any]:
-        """A job gone while recovering was deleted by the pass that died if our entry is still beside it."""
-        return _still_our_entries(self.store, finished)
+    def _finished_by_an_earlier_pass(self, finished: list[ZombieEvent]) -> set[Any]:
+        """A job gone since an earlier pass was deleted by it unless its worker's own result is there instead."""
+        return _deleted_by_us(self.store, finished)
 
     def finish_in_order(
         self,
@@ -283,8 +286,8 @@ class Deleted(FinishStrategy):
         self, events: list[ZombieEvent], written: BulkWriteResult, session: ClientSession | None
     ) -> list[ZombieEvent]:
         won = super()._won(events, written, session)
-        if written.deleted_count < len(won):  # a worker deleted some itself: theirs no longer hold our entry
-            ours = _still_our_entries(self.store, won)
+        if written.deleted_count < len(won):  # a worker deleted some itself: their results are beside them
+            ours = _deleted_by_us(self.store, won)
             won = [event for event in won if event[ID] in ours]
         return won
 
@@ -310,16 +313,29 @@ def _jobs_of(
     }
 
 
-def _still_our_entries(store: Store, events: Sequence[Mapping[str, Any]]) -> set[Any]:
-    """The events whose job's cache entry is still the error we wrote for it: nobody finished the job after us.
+def _deleted_by_us(store: Store, events: Sequence[Mapping[str, Any]]) -> set[Any]:
+    """The events whose job, gone, was deleted by a pass of ours, told from the cache entry beside it.
 
-    A worker writes its result before it deletes its job, so a job gone beside our entry was deleted by us.
+    A worker writes its result before it deletes its job; we write our error entry before we delete a zombie,
+    or keep an entry fresher than the zombie's start (a worker that wrote its result and died before deleting
+    its job). So a job gone beside our entry, or beside the fresher entry not rewritten since the claim, was
+    deleted by us; a result written after the claim is its worker's own finish, and no entry at all a deletion
+    that was not a finish of ours (the dataset itself deleted). Clocks apart, the one case this cannot tell is
+    a worker that wrote its result just before the claim and deleted its job just after our read of it.
     """
     if not events:
         return set()
-    entries = entries_of_jobs(
-        store.cache, [event[Event.JOB] for event in events], {Cache.DETAILS: 1, Cache.ERROR_CODE: 1}
-    )
-    return {
-        event[ID] for event in events if written_for(entries.get(key_of(cache_key_of_job(event[Event.JOB]))), event)
-    }
+    fields = {Cache.DETAILS: 1, Cache.ERROR_CODE: 1, Cache.UPDATED_AT: 1}
+    entries = entries_of_jobs(store.cache, [event[Event.JOB] for event in events], fields)
+    ours = set()
+    for event in events:
+        entry = entries.get(key_of(cache_key_of_job(event[Event.JOB])))
+        if entry is None:
+            continue
+        updated_at = as_utc(entry.get(Cache.UPDATED_AT))
+        kept = (
+            is_fresher(entry, event[Event.JOB]) and updated_at is not None and updated_at <= event[Event.FINALIZED_AT]
+        )
+        if kept or written_for(entry, event):
+            ours.add(event[ID])
+    return ours

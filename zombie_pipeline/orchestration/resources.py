@@ -138,7 +138,9 @@ def failing_in_one_line(doing: str) -> Callable[[F], F]:
     stall past ``$ZOMBIE_MONGO_TIMEOUT_MS``, a command refused) becomes a
     :class:`dagster.Failure` whose description is that line and whose metadata
     says where, doing what and how long it waited; the URLs are the database
-    resources the step was given.
+    resources the step was given. On the step's last attempt the failure is not
+    handed to its retry policy, which has none left to give: Dagster would report
+    it as "Exceeded max_retries", the cause a level below; it reports it as it is.
     """
 
     def decorate(body: F) -> F:
@@ -150,11 +152,24 @@ def failing_in_one_line(doing: str) -> Callable[[F], F]:
                 databases = [value for value in kwargs.values() if isinstance(value, _MongoDatabaseResource)]
                 urls = [database.url() for database in databases] or [None]
                 timeout_ms = max((database.timeout_ms() for database in databases), default=DEFAULT_TIMEOUT_MS)
-                raise unavailable_failure(database_error(error, doing, urls, timeout_ms)) from None
+                failure = unavailable_failure(database_error(error, doing, urls, timeout_ms))
+            except dg.Failure as refused:
+                failure = refused
+            if failure.allow_retries and _last_attempt(args[0] if args else kwargs.get("context")):
+                failure = dg.Failure(failure.description, failure.metadata, allow_retries=False)
+            raise failure from None
 
         return run  # type: ignore[return-value]
 
     return decorate
+
+
+def _last_attempt(context: Any) -> bool:
+    """Whether a step's retry policy has no retry left for it (True for a step without one)."""
+    if not isinstance(context, dg.OpExecutionContext | dg.AssetExecutionContext):
+        return True
+    policy = context.op_def.retry_policy
+    return policy is None or context.retry_number >= policy.max_retries
 
 
 def store_of(queue_db: QueueDatabase, cache_db: CacheDatabase, check: bool = False) -> Store:
