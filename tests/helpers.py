@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 from collections import Counter
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,12 +15,10 @@ import numpy as np
 from dagster._core.remote_origin import GrpcServerCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 from pymongo import MongoClient, monitoring
 
-from zombie_pipeline.cleanup import events, run
-from zombie_pipeline.cleanup import finalize as finalizing
-from zombie_pipeline.cleanup.counts import StepResult
-from zombie_pipeline.cleanup.detection import Candidate, Detection
-from zombie_pipeline.cleanup.run import CleanupOptions, CleanupPlan
-from zombie_pipeline.cleanup.strategies import strategy_for
+from zombie_pipeline.cleanup import compensations, run
+from zombie_pipeline.cleanup.detection import Detection
+from zombie_pipeline.cleanup.finalizer import Finalizer
+from zombie_pipeline.cleanup.plan import CleanupOptions, CleanupPlan
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.metrics import MetricsGateway
 from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase
@@ -120,28 +118,21 @@ def find(store: Store, policy: ZombiePolicy, **options: Any) -> Detection:
     return run.find(store, plan_for(store, policy, **options))
 
 
-def claim(store: Store, candidates: list[Candidate], policy: ZombiePolicy, run_id: str) -> events.Claims:
-    return events.claim(store, candidates, policy, run_id, utc_now(), QUEUE_GENERATIONS[QUEUE_GENERATION])
-
-
 def cache_generation(store: Store) -> CacheGeneration:
     """The cache's generation as a run decides it, in a queue of :data:`QUEUE_GENERATION`."""
     return detect_cache_generation(store.cache, None, QUEUE_GENERATIONS[QUEUE_GENERATION]).generation
 
 
-def finalize(store: Store, run_id: str, policy: ZombiePolicy, fresh: Collection[Any] = frozenset()) -> StepResult:
-    """The claimed jobs finished, their cache errors written, their retries enqueued, their events completed.
+def finalizer_for(store: Store, policy: ZombiePolicy, run_id: str = "run") -> Finalizer:
+    """The :class:`Finalizer` a run's finalize step builds, for a queue of :data:`QUEUE_GENERATION`.
 
-    ``fresh``: the events just claimed (``claim(...).ids``), which no pass has touched; the others are judged
-    from the database, as an earlier pass may have done part of their work. In :data:`QUEUE_GENERATION` a batch
-    of fresh claims costs four writes: the jobs, the cache entries, the retries, the events.
+    ``claim`` then ``finalize()`` are a finalize step; ``finalize(fresh=claims.ids)`` as the step calls it. In
+    :data:`QUEUE_GENERATION` a batch of fresh claims costs four writes: the jobs, the cache entries, the retries,
+    the events.
     """
-    strategy = strategy_for(store, QUEUE_GENERATIONS[QUEUE_GENERATION])
-    return finalizing.finalize(store, run_id, policy, strategy, cache_generation(store), fresh)
-
-
-def reconcile(store: Store, run_id: str, policy: ZombiePolicy, now: dt.datetime | None = None) -> StepResult:
-    return finalizing.reconcile(store, run_id, policy, cache_generation(store), now)
+    generation = QUEUE_GENERATIONS[QUEUE_GENERATION]
+    actions = compensations.registry(policy)
+    return Finalizer.build(store, run_id, policy, generation, cache_generation(store), actions)
 
 
 # --- the commands a client sends ----------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from tests import helpers
 from tests.figures import report_figures
 from tests.helpers import Crash, crashing, job_document
+from zombie_pipeline.cleanup import run
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, stored_failed_runs
@@ -196,11 +197,11 @@ def act(world: World, action: tuple) -> None:
     try:
         if name == "claim":
             detection = helpers.find(steps, POLICY, override_brake=True)
-            helpers.claim(steps, detection.candidates, POLICY, run_id)
+            helpers.finalizer_for(steps, POLICY, run_id).claim(detection.candidates, utc_now())
         elif name == "finalize":
-            helpers.finalize(steps, run_id, POLICY)
+            helpers.finalizer_for(steps, POLICY, run_id).finalize()
         elif name == "reconcile":
-            helpers.reconcile(steps, run_id, POLICY, now=utc_now() + dt.timedelta(seconds=1))
+            run.reconcile(steps, helpers.plan_for(steps, POLICY, run_id), now=utc_now() + dt.timedelta(seconds=1))
     except Crash:
         world.figures["crashes"] += 1
         check_cache_changes(world, before)
@@ -250,7 +251,7 @@ def check(world: World) -> None:
     for job in world.jobs:
         current = jobs[job[ID]]
         event = events.get(job[ID])
-        finalized = event is not None and event[Event.STATE] in (EventState.FINALIZED, EventState.DONE)
+        finalized = event is not None and event[Event.STATE] == EventState.DONE
         if finalized:
             # the job is the cleanup's error, stamped with its event's instant
             assert current[Job.STATUS] == Status.ERROR, where

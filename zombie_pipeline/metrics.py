@@ -30,8 +30,8 @@ from prometheus_client.core import Metric as MetricFamily
 from prometheus_client.registry import Collector
 from pymongo.collection import Collection
 
-from zombie_pipeline.cleanup.counts import Count
 from zombie_pipeline.cleanup.detection import started_filter
+from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.monitoring import QueueSnapshot
 from zombie_pipeline.queue.documents import (
     ID,
@@ -244,11 +244,11 @@ _TYPE, _REASON, _CODE, _CACHE, _RETRY, _COUNT = "type", "reason", "code", "cache
 def audit_totals(events: Collection) -> AuditTotals:
     """One aggregation over the finalized events (on the ``(state, lease_until)`` index), grouped on the server.
 
-    Finalized means what the statistics call so (state ``finalized`` or ``done``): a claim that lost its race
-    never gets there. The cache and retry outcomes are those of the events completed (``done``).
+    Finalized means completed (state ``done``), as the statistics read it: a claim that lost its race never gets
+    there.
     """
     pipeline = on_index(
-        {Event.STATE: {"$in": [EventState.FINALIZED, EventState.DONE]}},
+        {Event.STATE: EventState.DONE},
         {},
         {
             "$group": {

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from bson import ObjectId
 
 from tests.helpers import ago
 from tests.helpers import crashed_job as crashed_2023_job
-from zombie_pipeline.cleanup.cache_errors import DETAIL_JOB_ID, error_entry, write_batch, written_for
+from zombie_pipeline.cleanup.cache_errors import CacheErrors, error_entry
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.cache_entries import stored_failed_runs
+from zombie_pipeline.queue.cache_entries import DETAIL_JOB_ID, stored_failed_runs
 from zombie_pipeline.queue.documents import (
     CACHE_CONTENT_ERROR,
     ID,
@@ -55,7 +54,7 @@ def test_the_error_entry_has_only_the_fields_its_generation_declares(generation)
     job = crashed_job(revision="r2")
     previous = cache_document(job, ago(3_600), http_status=500, error_code="UnexpectedError", generation=generation)
 
-    entry = error_entry(event_of(job), previous, cache, POLICY, failed_runs=2)
+    entry = error_entry(event_of(job), previous, cache, POLICY.http_status, failed_runs=2)
 
     assert set(entry) <= cache.fields
     assert (entry[Cache.HTTP_STATUS], entry[Cache.ERROR_CODE]) == (501, ErrorCode.CRASHED)
@@ -69,11 +68,13 @@ def test_the_entry_carries_the_jobs_revision_and_keeps_the_version_the_worker_le
     job = crashed_job(revision="rev-9")
     previous = cache_document(job, ago(3_600), generation=NEWEST.name) | {Cache.JOB_RUNNER_VERSION: 7}
 
-    entry = error_entry(event_of(job), previous, NEWEST, POLICY, failed_runs=1)
+    entry = error_entry(event_of(job), previous, NEWEST, POLICY.http_status, failed_runs=1)
 
     assert entry[Cache.DATASET_GIT_REVISION] == "rev-9"
     assert entry[Cache.JOB_RUNNER_VERSION] == 7
-    assert Cache.JOB_RUNNER_VERSION not in error_entry(event_of(job), None, NEWEST, POLICY, 1)  # never invented
+    assert Cache.JOB_RUNNER_VERSION not in error_entry(
+        event_of(job), None, NEWEST, POLICY.http_status, 1
+    )  # never invented
 
 
 def metrics(store) -> dict[tuple, int]:
@@ -93,7 +94,7 @@ def test_a_batch_writes_each_error_once_counting_failed_runs_as_the_deployment_d
     )
     batch = [event_of(failed_before), event_of(first_time)]
 
-    outcomes = write_batch(store, batch, NEWEST, POLICY, cache_metrics=True).outcomes
+    outcomes = CacheErrors(store, NEWEST, POLICY.http_status, keeps_metrics=True).write(batch).outcomes
 
     assert {
         event_id: (outcome[Event.CACHE_OUTCOME], outcome[Event.FAILED_RUNS]) for event_id, outcome in outcomes.items()
@@ -116,10 +117,12 @@ def test_a_batch_writes_each_error_once_counting_failed_runs_as_the_deployment_d
 def test_a_batch_written_again_recognizes_its_entries_and_writes_nothing(store):
     job = crashed_job(revision="r1")
     batch = [event_of(job)]
-    first = write_batch(store, batch, NEWEST, POLICY, cache_metrics=True)
+    first = CacheErrors(store, NEWEST, POLICY.http_status, keeps_metrics=True).write(batch)
     entry, counted = store.cache.find_one(), metrics(store)
 
-    again = write_batch(store, batch, NEWEST, POLICY, cache_metrics=True)  # a pass redone after a crash
+    again = CacheErrors(store, NEWEST, POLICY.http_status, keeps_metrics=True).write(
+        batch
+    )  # a pass redone after a crash
 
     assert again.outcomes == first.outcomes
     assert store.cache.find_one() == entry and metrics(store) == counted
@@ -132,19 +135,7 @@ def test_an_entry_updated_after_the_zombie_started_is_fresher_and_kept(store):
     newer = cache_document(job, ago(60), http_status=200)  # a result written since: a newer run's
     store.cache.insert_one(newer)
 
-    outcomes = write_batch(store, [event_of(job)], NEWEST, POLICY, cache_metrics=True).outcomes
+    outcomes = CacheErrors(store, NEWEST, POLICY.http_status, keeps_metrics=True).write([event_of(job)]).outcomes
 
     assert outcomes[job[ID]][Event.CACHE_OUTCOME] == CacheOutcome.SKIPPED_FRESHER
     assert store.cache.find_one() == newer and metrics(store) == {}
-
-
-def test_our_entry_is_recognized_by_its_job_and_its_error_code_only():
-    job = crashed_job()
-    event = event_of(job)
-    ours = {Cache.DETAILS: {DETAIL_JOB_ID: str(job[ID])}, Cache.ERROR_CODE: ErrorCode.CRASHED}
-
-    assert written_for(ours, event)
-    assert not written_for(None, event)
-    assert not written_for({**ours, Cache.ERROR_CODE: ErrorCode.EXCEEDED_MAX_DURATION}, event)
-    assert not written_for({**ours, Cache.DETAILS: {DETAIL_JOB_ID: str(ObjectId())}}, event)
-    assert not written_for({**ours, Cache.DETAILS: "not a document"}, event)

@@ -11,8 +11,8 @@ from pymongo import MongoClient, monitoring
 
 from tests.helpers import CommandLog
 from zombie_pipeline.cleanup import counters
-from zombie_pipeline.cleanup.effects import CountersInDoubt
-from zombie_pipeline.cleanup.strategies import strategy_for
+from zombie_pipeline.cleanup.counters import CountersInDoubt
+from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.queue.documents import (
     CACHE_METRICS_COLLECTION,
     JOB_METRICS_COLLECTION,
@@ -106,7 +106,7 @@ def test_nothing_in_doubt_costs_no_command(store: Store, mongo_url: str):
     simulate(store, QUEUE)
     log = CommandLog()
     listened = through(mongo_url, store, log)
-    assert counters.repair(listened, strategy_for(store, GENERATION).side, CountersInDoubt()) == 0
+    assert counters.repair(listened, SideCollections.of(store, GENERATION), CountersInDoubt()) == 0
     assert log.names == []
 
 
@@ -119,7 +119,7 @@ def test_the_counters_in_doubt_are_set_to_their_recount_and_no_other(store: Stor
     log = CommandLog()
     listened = through(mongo_url, store, log)
 
-    written = counters.repair(listened, strategy_for(store, GENERATION).side, doubt)
+    written = counters.repair(listened, SideCollections.of(store, GENERATION), doubt)
 
     assert written == 1
     recount = counters.recount(store, GENERATION)
@@ -164,7 +164,7 @@ def test_a_workers_move_between_the_count_and_the_write_leaves_the_counters_exac
     listened = through(mongo_url, store, listener)
     doubt = CountersInDoubt(job_metrics={(job_type, Status.WAITING), (job_type, Status.STARTED)})
 
-    counters.repair(listened, strategy_for(store, GENERATION).side, doubt)
+    counters.repair(listened, SideCollections.of(store, GENERATION), doubt)
 
     assert listener.moved
     assert counters.stored(store, GENERATION)["jobTotalMetric"] == counters.recount(store, GENERATION)["jobTotalMetric"]
@@ -176,5 +176,5 @@ def test_a_counter_with_no_document_yet_is_created_from_its_recount(store: Store
     store.jobs.insert_one(job)  # inserted by a pass that died before the counters
     doubt = CountersInDoubt(job_metrics={("/brand-new-type", Status.WAITING)})
 
-    assert counters.repair(store, strategy_for(store, GENERATION).side, doubt) == 1
+    assert counters.repair(store, SideCollections.of(store, GENERATION), doubt) == 1
     assert job_metric(store, "/brand-new-type", Status.WAITING) == 1

@@ -9,12 +9,10 @@ import pytest
 from zombie_pipeline.cleanup.effects import (
     BLOCKAGE_THRESHOLD_SECONDS,
     PAST_JOB_MIN_SECONDS,
+    DeploymentEffects,
     Finished,
-    SideCollections,
-    after_finish,
-    after_insert,
-    worker_size,
 )
+from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.queue.documents import (
     BLOCKAGES_COLLECTION,
     ID,
@@ -29,12 +27,14 @@ from zombie_pipeline.queue.documents import (
     Status,
     WorkerSizeMetric,
     utc_now,
+    worker_size,
 )
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.simulation.shapes import job_document
 
 NOW = utc_now()
 TODAY = QUEUE_GENERATIONS[NEWEST_QUEUE_GENERATION]
+KEPT = QUEUE_GENERATIONS["2023-07"]  # finished jobs kept, with locks and jobTotalMetric
 
 
 def started(dataset: str, ran_seconds: float, difficulty: int = 50) -> dict:
@@ -43,8 +43,8 @@ def started(dataset: str, ran_seconds: float, difficulty: int = 50) -> dict:
     )
 
 
-def side_of(store, only_existing: bool = False) -> SideCollections:
-    return SideCollections.of(store, TODAY, only_existing=only_existing)
+def effects_of(store, generation=TODAY) -> DeploymentEffects:
+    return DeploymentEffects(store, SideCollections.of(store, generation))
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_a_finish_moves_the_started_counter_records_a_past_job_and_frees_the_loc
     job = started("alice/a", ran_seconds=45)
     store.locks.insert_one({ID: job[Job.UNICITY_ID], Lock.OWNER: "a-worker", Lock.UPDATED_AT: NOW})
 
-    effects = after_finish(store, side_of(store), [Finished(job, NOW)], NOW)
+    effects = effects_of(store).after_finish([Finished(job, NOW)], NOW)
 
     assert effects.by_job == {job[ID]: [Effect.JOB_METRICS, Effect.PAST_JOB, Effect.LOCKS_RELEASED]}
     assert not effects.in_doubt
@@ -77,7 +77,7 @@ def test_a_finish_moves_the_started_counter_records_a_past_job_and_frees_the_loc
 def test_a_run_shorter_than_30_seconds_leaves_no_past_job(store):
     job = started("alice/a", ran_seconds=PAST_JOB_MIN_SECONDS - 1)
 
-    effects = after_finish(store, side_of(store), [Finished(job, NOW)], NOW)
+    effects = effects_of(store).after_finish([Finished(job, NOW)], NOW)
 
     assert Effect.PAST_JOB not in effects.by_job[job[ID]] and store.past_jobs.count_documents({}) == 0
 
@@ -90,7 +90,7 @@ def test_a_dataset_past_its_hourly_limit_is_blocked_once_and_its_pending_jobs_le
     )
     first, second = started("alice/a", 60), started("alice/a", 90)
 
-    effects = after_finish(store, side_of(store), [Finished(first, NOW), Finished(second, NOW)], NOW)
+    effects = effects_of(store).after_finish([Finished(first, NOW), Finished(second, NOW)], NOW)
 
     assert store.blockages.distinct(Blockage.DATASET) == ["alice/a"]
     assert sum(Effect.BLOCKED_DATASET in done for done in effects.by_job.values()) == 1
@@ -98,12 +98,12 @@ def test_a_dataset_past_its_hourly_limit_is_blocked_once_and_its_pending_jobs_le
     assert (light[WorkerSizeMetric.WORKER_SIZE], light[WorkerSizeMetric.JOBS_COUNT]) == ("light", -1)
 
 
-def test_a_finish_found_done_by_a_pass_that_died_never_moves_a_counter_twice(store):
+def test_a_finish_found_done_by_an_earlier_pass_never_moves_a_counter_twice(store):
     job = started("alice/a", 45)
-    side = side_of(store)
-    after_finish(store, side, [Finished(job, NOW)], NOW)
+    effects = effects_of(store)
+    effects.after_finish([Finished(job, NOW)], NOW)
 
-    redone = after_finish(store, side, [Finished(job, NOW)], NOW, count=False)
+    redone = effects.after_finish([Finished(job, NOW)], NOW, counted=False)
 
     assert store.job_metrics.find_one()[JobMetric.TOTAL] == -1
     assert redone.in_doubt.job_metrics == {("/splits", Status.STARTED)}  # left to a recount, never moved again
@@ -113,17 +113,18 @@ def test_a_finish_found_done_by_a_pass_that_died_never_moves_a_counter_twice(sto
 def test_where_finished_jobs_are_kept_the_final_status_is_counted_too(store):
     job = started("alice/a", 45)
 
-    after_finish(store, side_of(store), [Finished(job, NOW, Status.ERROR)], NOW, count_final_status=True)
+    store.job_metrics.insert_one({JobMetric.JOB_TYPE: "/splits", JobMetric.STATUS: Status.STARTED, JobMetric.TOTAL: 1})
+    effects_of(store, KEPT).after_finish([Finished(job, NOW, Status.ERROR)], NOW)
 
     totals = {row[JobMetric.STATUS]: row[JobMetric.TOTAL] for row in store.job_metrics.find()}
-    assert totals == {Status.STARTED: -1, Status.ERROR: 1}
+    assert totals == {Status.STARTED: 0, Status.ERROR: 1}
 
 
 def test_a_lock_named_by_its_old_owner_field_is_freed_by_that_field(store):
     job = started("alice/a", 45)
     store.locks.insert_one({ID: job[Job.UNICITY_ID], Lock.JOB_ID: "a-worker", Lock.UPDATED_AT: NOW})
 
-    after_finish(store, side_of(store), [Finished(job, NOW)], NOW)
+    effects_of(store).after_finish([Finished(job, NOW)], NOW)
 
     lock = store.locks.find_one()
     assert lock[Lock.JOB_ID] is None and Lock.OWNER not in lock  # only the field the document already has
@@ -136,7 +137,7 @@ def test_an_insert_counts_the_waiting_jobs_and_their_worker_sizes_unless_their_d
         for dataset in ("alice/a", "blocked/b")
     ]
 
-    after_insert(store, side_of(store), jobs)
+    effects_of(store).after_insert(jobs)
 
     assert store.job_metrics.find_one({JobMetric.STATUS: Status.WAITING})[JobMetric.TOTAL] == 2
     assert {
@@ -144,9 +145,10 @@ def test_an_insert_counts_the_waiting_jobs_and_their_worker_sizes_unless_their_d
     } == {"heavy": 1}
 
 
-def test_only_the_collections_that_exist_are_kept_where_the_strategy_says_so(store):
+def test_before_2023_12_only_the_collections_that_exist_are_kept_from_then_on_all_of_the_generations(store):
     store.jobs.database.create_collection(LOCKS_COLLECTION)
 
-    assert side_of(store).kept == TODAY.side_collections
-    assert side_of(store, only_existing=True).kept == {LOCKS_COLLECTION}
-    assert JOB_METRICS_COLLECTION not in side_of(store, only_existing=True) and BLOCKAGES_COLLECTION in side_of(store)
+    assert SideCollections.of(store, TODAY).kept == TODAY.side_collections
+    assert SideCollections.of(store, KEPT).kept == {LOCKS_COLLECTION}
+    assert JOB_METRICS_COLLECTION not in SideCollections.of(store, KEPT)
+    assert BLOCKAGES_COLLECTION in SideCollections.of(store, TODAY)

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-import pytest
-from pymongo.errors import BulkWriteError
-
 from tests.helpers import QUEUE_GENERATION, ago, crashed_job, find, logged_store
-from zombie_pipeline.cleanup import events
-from zombie_pipeline.cleanup.counts import Count
+from zombie_pipeline.cleanup.events import EventLog, finalized_between
+from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Event, EventState, utc_now
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
@@ -18,10 +15,14 @@ POLICY = ZombiePolicy(claim_lease_seconds=300)
 GENERATION = QUEUE_GENERATIONS[QUEUE_GENERATION]
 
 
+def log_of(store, run_id: str, policy: ZombiePolicy = POLICY) -> EventLog:
+    return EventLog(store.events, run_id, policy)
+
+
 def claimed(store, run_id: str, zombies: int = 3):
     store.jobs.insert_many([crashed_job(f"user/z-{i}") for i in range(zombies)])
     candidates = find(store, POLICY).candidates
-    return candidates, events.claim(store, candidates, POLICY, run_id, utc_now(), GENERATION)
+    return candidates, log_of(store, run_id).claim(candidates, utc_now(), GENERATION, finalized_at=utc_now())
 
 
 def test_a_claim_is_an_event_per_candidate_keyed_by_its_job_with_the_job_as_detection_saw_it(store):
@@ -42,17 +43,30 @@ def test_a_claim_is_an_event_per_candidate_keyed_by_its_job_with_the_job_as_dete
 def test_a_job_already_claimed_by_another_cleanup_is_left_to_it(store):
     candidates, _ = claimed(store, "run-a")
 
-    second = events.claim(store, candidates, POLICY, "run-b", utc_now(), GENERATION)
+    second = log_of(store, "run-b").claim(candidates, utc_now(), GENERATION, finalized_at=utc_now())
 
     assert second.counts == {Count.CLAIMED: 0, Count.CLAIMED_BY_ANOTHER_CLEANUP: 3}
     assert set(store.events.distinct(Event.LEASE_OWNER)) == {"run-a"}
+    assert second.ids == set()
+
+
+def test_a_claim_the_run_inserted_before_its_reply_was_lost_is_its_own_but_not_fresh(store):
+    """The step retried after its claim's reply was lost finds its own events: claimed, not another cleanup's, and
+    not among the fresh ones (an earlier attempt may have done part of their pass)."""
+    candidates, first = claimed(store, "run-a")
+
+    again = log_of(store, "run-a").claim(candidates, utc_now(), GENERATION, finalized_at=utc_now())
+
+    assert first.ids == {candidate.id for candidate in candidates}
+    assert again.counts == {Count.CLAIMED: 3}
+    assert again.ids == set()
 
 
 def test_only_events_whose_lease_ran_out_are_taken_over(store):
     claimed(store, "dead-run")
     store.events.update_one({}, {"$set": {Event.LEASE_UNTIL: ago(1)}})  # one lease ran out; two still run
 
-    taken = events.take_over_expired(store, "next-run", utc_now(), POLICY)
+    taken = log_of(store, "next-run").take_over_expired(utc_now())
 
     assert taken == 1
     assert sorted(store.events.distinct(Event.LEASE_OWNER)) == ["dead-run", "next-run"]
@@ -63,7 +77,7 @@ def test_an_event_written_before_generations_were_recorded_is_taken_over_as_the_
     claimed(store, "dead-run", zombies=1)
     store.events.update_one({}, {"$unset": {Event.QUEUE_GENERATION: ""}, "$set": {Event.LEASE_UNTIL: ago(1)}})
 
-    events.take_over_expired(store, "next-run", utc_now(), POLICY)
+    log_of(store, "next-run").take_over_expired(utc_now())
 
     assert store.events.find_one()[Event.QUEUE_GENERATION] == QUEUE_GENERATIONS[QUEUE_GENERATION].name
 
@@ -73,14 +87,14 @@ def test_a_step_drains_its_own_events_by_batch_until_none_is_left(store):
     small = ZombiePolicy(batch_size=2)
     seen = []
 
-    for batch in events.drain(store, "run-a", {Event.STATE: EventState.CLAIMED}, small):
+    for batch in log_of(store, "run-a", small).drain({Event.STATE: EventState.CLAIMED}):
         seen.append(len(batch))
         store.events.update_many(
             {ID: {"$in": [event[ID] for event in batch]}}, {"$set": {Event.STATE: EventState.DONE}}
         )
 
     assert seen == [2, 2, 1]
-    assert list(events.drain(store, "another-run", {}, small)) == []  # another run's events are not its own
+    assert list(log_of(store, "another-run", small).drain({})) == []  # another run's events are not its own
 
 
 def test_outcomes_are_recorded_in_one_command_one_update_per_distinct_outcome(store, mongo_url):
@@ -89,7 +103,7 @@ def test_outcomes_are_recorded_in_one_command_one_update_per_distinct_outcome(st
     changes = {ids[0]: {"x": 1}, ids[1]: {"x": 1}, ids[2]: {"x": 2}, ids[3]: {"x": [1, 2]}}  # a list: its own update
 
     with logged_store(mongo_url, store) as (logged, log):
-        events.set_on_events(logged, "run-a", changes)
+        log_of(logged, "run-a").complete(changes, forgotten=(), session=None)
 
     [update] = [command for command in log.commands if "updates" in command]
     assert len(update["updates"]) == 3
@@ -99,36 +113,31 @@ def test_outcomes_are_recorded_in_one_command_one_update_per_distinct_outcome(st
 def test_an_outcome_is_never_recorded_on_an_event_another_run_drives(store):
     candidates, _ = claimed(store, "run-a", zombies=1)
 
-    events.set_on_events(store, "run-b", {candidates[0].id: {Event.STATE: EventState.DONE}})
+    log_of(store, "run-b").complete({candidates[0].id: {Event.STATE: EventState.DONE}}, forgotten=(), session=None)
 
     assert store.events.find_one()[Event.STATE] == EventState.CLAIMED
 
 
-def test_the_finalized_events_of_a_window_are_those_finalized_or_done_within_it(store):
+def test_the_finalized_events_of_a_window_are_those_done_within_it(store):
     now = utc_now()
     store.events.insert_many(
         [
             {ID: "done-in", Event.STATE: EventState.DONE, Event.FINALIZED_AT: now - dt.timedelta(hours=1)},
-            {ID: "finalized-in", Event.STATE: EventState.FINALIZED, Event.FINALIZED_AT: now - dt.timedelta(hours=2)},
             {ID: "claimed-in", Event.STATE: EventState.CLAIMED, Event.FINALIZED_AT: now - dt.timedelta(hours=1)},
             {ID: "done-at-end", Event.STATE: EventState.DONE, Event.FINALIZED_AT: now},
             {ID: "done-before", Event.STATE: EventState.DONE, Event.FINALIZED_AT: now - dt.timedelta(days=2)},
         ]
     )
 
-    found = store.events.find(events.finalized_between(now - dt.timedelta(days=1), now))
+    found = store.events.find(finalized_between(now - dt.timedelta(days=1), now))
 
-    assert sorted(event[ID] for event in found) == ["done-in", "finalized-in"]
+    assert sorted(event[ID] for event in found) == ["done-in"]
 
 
-def test_only_duplicates_are_tolerated_among_refused_writes(store):
-    store.events.insert_one({ID: 1})
-    with pytest.raises(BulkWriteError) as duplicate:
-        store.events.insert_many([{ID: 1}, {ID: 2}], ordered=False)
-    assert events.duplicate_indexes(duplicate.value) == {0}
+def test_a_claim_lost_to_a_worker_is_forgotten_with_the_outcomes_recorded(store):
+    candidates, _ = claimed(store, "run-a", zombies=2)
+    done, lost = candidates[0].id, candidates[1].id
 
-    store.events.database.command("collMod", store.events.name, validator={"must": {"$exists": True}})
-    with pytest.raises(BulkWriteError) as invalid:
-        store.events.insert_many([{ID: 3}], ordered=False)
-    with pytest.raises(BulkWriteError):
-        events.duplicate_indexes(invalid.value)
+    log_of(store, "run-a").complete({done: {Event.STATE: EventState.DONE}}, forgotten=[lost], session=None)
+
+    assert [(event[ID], event[Event.STATE]) for event in store.events.find()] == [(done, EventState.DONE)]

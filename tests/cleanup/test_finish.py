@@ -20,8 +20,9 @@ import pytest
 from tests.helpers import Crash, crashing
 from zombie_pipeline.cleanup import counters, run
 from zombie_pipeline.cleanup.effects import PAST_JOB_MIN_SECONDS
+from zombie_pipeline.cleanup.plan import CleanupPlan
 from zombie_pipeline.cleanup.run import run_cleanup
-from zombie_pipeline.cleanup.strategies import STRATEGIES, strategy_for
+from zombie_pipeline.cleanup.strategies import STRATEGIES
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import stored_failed_runs
 from zombie_pipeline.queue.documents import (
@@ -315,7 +316,7 @@ def test_a_second_cleanup_changes_nothing(store: Store, generation: str, transac
 # --- a worker that moves meanwhile wins ----------------------------------------------------------------------
 
 
-def detected(store: Store, policy: ZombiePolicy) -> tuple[run.CleanupPlan, list]:
+def detected(store: Store, policy: ZombiePolicy) -> tuple[CleanupPlan, list]:
     """A run's plan and the candidates its find step returns (the brake is not in the way: see ``policy_for``)."""
     plan = run.prepare(store, policy, "run").plan
     return plan, run.find(store, plan).candidates
@@ -349,14 +350,17 @@ def test_a_worker_that_finishes_after_detection_keeps_its_result(store: Store, g
     job = store.jobs.find_one({ID: zombie_id})
     result = {Cache.HTTP_STATUS: 200, Cache.ERROR_CODE: None, Cache.UPDATED_AT: utc_now()}
     store.cache.update_one(_key_of(job), {"$set": result}, upsert=True)  # the worker's result first, then its finish
-    strategy = strategy_for(store, plan.generations.queue)
-    strategy.worker_finish(job, Status.SUCCESS, utc_now())
+    kept = plan.generations.required_queue().keeps_finished_jobs
+    if kept:
+        store.jobs.update_one({ID: zombie_id}, {"$set": {Job.STATUS: Status.SUCCESS, Job.FINISHED_AT: utc_now()}})
+    else:
+        store.jobs.delete_one({ID: zombie_id})
 
     outcome = run.finalize(store, plan, candidates)
 
     assert outcome.counts["finalized"] == 0
     assert store.cache.find_one(_key_of(job))[Cache.HTTP_STATUS] == 200
-    if strategy.keeps_finished_jobs:
+    if kept:
         assert store.jobs.find_one({ID: zombie_id})[Job.STATUS] == Status.SUCCESS
 
 

@@ -8,20 +8,20 @@ import time
 
 import pytest
 
-from tests import helpers
 from tests.helpers import (
     Crash,
     ago,
-    claim,
     crashed_job,
     crashing,
     documents,
+    finalizer_for,
     job_document,
     logged_store,
     workload,
 )
-from zombie_pipeline.cleanup import cache_errors, events
+from zombie_pipeline.cleanup import cache_errors
 from zombie_pipeline.cleanup.detection import detect
+from zombie_pipeline.cleanup.events import EventLog
 from zombie_pipeline.cleanup.run import BrakeEngaged, run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
@@ -150,8 +150,9 @@ def test_a_job_that_heartbeats_between_detection_and_finalization_is_not_finaliz
     detection = detect(store.jobs, POLICY, utc_now())
     store.jobs.update_one({ID: job[ID]}, {"$set": {Job.LAST_HEARTBEAT: utc_now()}})  # the worker is alive
 
-    claim(store, detection.candidates, POLICY, "run-1")
-    result = helpers.finalize(store, "run-1", POLICY)
+    finalizer = finalizer_for(store, POLICY, "run-1")
+    claims = finalizer.claim(detection.candidates, utc_now())
+    result = finalizer.finalize(fresh=claims.ids)
 
     assert result.counts["lost_to_live_worker"] == 1 and result.counts["finalized"] == 0
     assert store.jobs.find_one({ID: job[ID]})[Job.STATUS] == Status.STARTED
@@ -168,8 +169,9 @@ def test_a_job_that_finishes_between_detection_and_finalization_keeps_its_result
     store.cache.insert_one(cache_document(job, finished_at))
     entry_before = store.cache.find_one()
 
-    claim(store, detection.candidates, POLICY, "run-1")
-    helpers.finalize(store, "run-1", POLICY)
+    finalizer = finalizer_for(store, POLICY, "run-1")
+    claims = finalizer.claim(detection.candidates, utc_now())
+    finalizer.finalize(fresh=claims.ids)
 
     assert store.jobs.find_one({ID: job[ID]})[Job.STATUS] == Status.SUCCESS
     assert store.cache.find_one() == entry_before
@@ -250,9 +252,9 @@ def _assert_failed_runs_incremented_once(store: Store, zombie_ids) -> None:
 def crash_after(store: Store, writes: int) -> None:
     """A cleanup that claims the zombies, then dies after ``writes`` writes of its pass (jobs, cache, retries, events)."""
     detection = detect(store.jobs, POLICY, utc_now())
-    claim(store, detection.candidates, POLICY, "crashed-run")
+    claims = finalizer_for(store, POLICY, "crashed-run").claim(detection.candidates, utc_now())
     with pytest.raises(Crash):
-        helpers.finalize(crashing(store, writes), "crashed-run", POLICY)
+        finalizer_for(crashing(store, writes), POLICY, "crashed-run").finalize(fresh=claims.ids)
     assert store.events.count_documents({Event.STATE: EventState.CLAIMED}) == 20  # no event was completed
 
 
@@ -297,7 +299,7 @@ def test_a_running_cleanup_keeps_its_events_until_its_lease_expires(store):
     store.jobs.insert_one(crashed_job())
     detection = detect(store.jobs, POLICY, utc_now())
     leased = ZombiePolicy(claim_lease_seconds=600)
-    claim(store, detection.candidates, leased, "slow-run")
+    finalizer_for(store, leased, "slow-run").claim(detection.candidates, utc_now())
     report = run_cleanup(store, leased, "other-run")
     assert report.reconciled.counts["taken_over"] == 0
     assert report.counts["claimed_by_another_cleanup"] == 1
@@ -435,15 +437,15 @@ def test_a_long_step_renews_its_leases_so_no_reconcile_takes_its_work_over(store
     store.jobs.insert_many([crashed_job(f"user/z-{i}") for i in range(6)])
     policy = ZombiePolicy(batch_size=2, claim_lease_seconds=3)
     detection = detect(store.jobs, policy, utc_now())
-    claim(store, detection.candidates, policy, "slow-run")
+    finalizer_for(store, policy, "slow-run").claim(detection.candidates, utc_now())
     before = {event[ID]: event[Event.LEASE_UNTIL] for event in store.events.find()}
-    batches = events.drain(store, "slow-run", {Event.STATE: EventState.CLAIMED}, policy)
+    batches = EventLog(store.events, "slow-run", policy).drain({Event.STATE: EventState.CLAIMED})
     next(batches)
     time.sleep(1.2)  # a slow batch: more than a third of the 3 s lease
     next(batches)  # the leases are renewed before the next batch is read
     after = {event[ID]: event[Event.LEASE_UNTIL] for event in store.events.find()}
     assert all(after[event_id] > lease for event_id, lease in before.items())
-    assert events.take_over_expired(store, "other-run", utc_now(), policy) == 0
+    assert EventLog(store.events, "other-run", policy).take_over_expired(utc_now()) == 0
 
 
 def test_an_entry_a_worker_writes_after_our_read_is_kept(store, monkeypatch):

@@ -35,7 +35,7 @@ from typing import Any
 from tests.faults.scenario import connect, counters_off
 from tests.servers import running_server
 from zombie_pipeline.cleanup import counters
-from zombie_pipeline.cleanup.effects import CountersInDoubt
+from zombie_pipeline.cleanup.counters import CountersInDoubt
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS

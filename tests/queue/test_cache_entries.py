@@ -1,9 +1,11 @@
 """The cache entries of a batch of jobs: found by their full key, by indexed queries."""
 
-from tests.helpers import HANDSHAKES, job_document, logged_store
+from bson import ObjectId
+
+from tests.helpers import HANDSHAKES, ago, job_document, logged_store
 from zombie_pipeline.cleanup.detection import query_plan_of
-from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
-from zombie_pipeline.queue.documents import Cache, cache_key_of_job, utc_now
+from zombie_pipeline.queue.cache_entries import DETAIL_JOB_ID, entries_of_jobs, is_fresher, key_of, written_for
+from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, cache_key_of_job, utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 
 
@@ -57,3 +59,23 @@ def test_the_read_of_a_batch_is_planned_on_the_deployments_dataset_index(store):
     plan = query_plan_of(explained)
     assert "IXSCAN" in str(plan["queryPlanner"]["winningPlan"])  # never a collection scan
     assert plan["executionStats"]["totalDocsExamined"] <= 40 + 1  # the batch's entries, not the 200 others
+
+
+def test_our_entry_is_recognized_by_its_job_and_its_error_code_only():
+    job_id = ObjectId()
+    event = {ID: job_id, Event.ERROR_CODE: ErrorCode.CRASHED}
+    ours = {Cache.DETAILS: {DETAIL_JOB_ID: str(job_id)}, Cache.ERROR_CODE: ErrorCode.CRASHED}
+
+    assert written_for(ours, event)
+    assert not written_for(None, event)
+    assert not written_for({**ours, Cache.ERROR_CODE: ErrorCode.EXCEEDED_MAX_DURATION}, event)
+    assert not written_for({**ours, Cache.DETAILS: {DETAIL_JOB_ID: str(ObjectId())}}, event)
+    assert not written_for({**ours, Cache.DETAILS: "not a document"}, event)
+
+
+def test_an_entry_is_fresher_than_a_job_when_it_was_updated_after_the_job_started():
+    job = {Job.STARTED_AT: ago(600)}
+
+    assert is_fresher({Cache.UPDATED_AT: ago(300)}, job)
+    assert not is_fresher({Cache.UPDATED_AT: ago(900)}, job)
+    assert not is_fresher({}, job)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
+from pymongo.errors import BulkWriteError
+
 from zombie_pipeline.queue.documents import (
     CACHE_METRICS_COLLECTION,
     DEFAULT_CACHE_COLLECTION,
     DEFAULT_EVENTS_COLLECTION,
     DEFAULT_JOBS_COLLECTION,
+    ID,
     LOCKS_COLLECTION,
 )
 from zombie_pipeline.queue.indexes import CACHE_INDEXES, EVENT_INDEXES, JOB_INDEXES, RETRY_INDEXES
-from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.store import Store, duplicate_indexes
 
 
 def test_the_queue_and_our_collections_share_a_database_and_the_cache_has_its_own(queue_db, cache_db):
@@ -57,3 +61,16 @@ def test_the_indexes_our_queries_need_are_created_once(queue_db, cache_db):
     expected = [spec.full_name for spec in (*JOB_INDEXES, *CACHE_INDEXES, *EVENT_INDEXES, *RETRY_INDEXES)]
     assert sorted(created) == sorted(expected)
     assert store.ensure_indexes() == []  # idempotent: every run asks
+
+
+def test_only_duplicates_are_tolerated_among_refused_writes(store):
+    store.events.insert_one({ID: 1})
+    with pytest.raises(BulkWriteError) as duplicate:
+        store.events.insert_many([{ID: 1}, {ID: 2}], ordered=False)
+    assert duplicate_indexes(duplicate.value) == {0}
+
+    store.events.database.command("collMod", store.events.name, validator={"must": {"$exists": True}})
+    with pytest.raises(BulkWriteError) as invalid:
+        store.events.insert_many([{ID: 3}], ordered=False)
+    with pytest.raises(BulkWriteError):
+        duplicate_indexes(invalid.value)

@@ -83,7 +83,7 @@ def test_zombies_are_counted_per_reason_with_their_rate_among_started_jobs(store
     store.events.insert_many(
         [event(document, reason) for document, reason in zip(zombies, reasons)]
         + [
-            event(gone, Reason.EXCEEDED_MAX_DURATION, EventState.FINALIZED),
+            event(gone, Reason.EXCEEDED_MAX_DURATION, EventState.DONE),
             event(lost, Reason.MISSING_HEARTBEAT, EventState.CLAIMED),
         ]
     )

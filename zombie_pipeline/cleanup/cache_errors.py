@@ -6,7 +6,7 @@ zombie started holds what a newer run computed. The entry carries the job's
 ``revision`` as ``dataset_git_revision`` where jobs have one, the runner version
 the worker left (we never invent one), the run's ``duration``, and
 ``failed_runs`` counted as the deployment counts it
-(:func:`~zombie_pipeline.queue.generations.failed_runs_after_crash`); ``cacheTotalMetric``
+(``queue.cache_entries.failed_runs_after_crash``); ``cacheTotalMetric``
 is kept in step where the cache has it.
 
 Idempotent: an entry that already carries this job's id in its ``details`` was
@@ -28,15 +28,17 @@ from pymongo import InsertOne, ReplaceOne, UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
-from zombie_pipeline.cleanup.effects import CountersInDoubt
-from zombie_pipeline.cleanup.events import READ_BATCH, duplicate_indexes
-from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.cleanup.counters import CountersInDoubt
 from zombie_pipeline.queue.cache_entries import (
+    DETAIL_JOB_ID,
+    DETAIL_PREVIOUS,
     entries_of_jobs,
     failed_runs_after_crash,
+    is_fresher,
     key_of,
     runner_version_of,
     stored_failed_runs,
+    written_for,
 )
 from zombie_pipeline.queue.documents import (
     CACHE_CONTENT_ERROR,
@@ -52,12 +54,8 @@ from zombie_pipeline.queue.documents import (
     utc,
 )
 from zombie_pipeline.queue.generations import CacheGeneration
-from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.store import READ_BATCH, Store, duplicate_indexes
 from zombie_pipeline.queue.transactions import Conflict
-
-#: Our own keys in an entry's ``details`` (a free dictionary in every generation).
-DETAIL_JOB_ID = "job_id"
-DETAIL_PREVIOUS = "previous_entry"
 
 
 @dataclass
@@ -85,29 +83,11 @@ def summary_of(entry: Mapping[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def written_for(entry: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool:
-    """Whether ``entry`` is the error entry written for this event's job (by this or an earlier attempt)."""
-    if entry is None:
-        return False
-    details = entry.get(Cache.DETAILS)
-    return (
-        isinstance(details, Mapping)
-        and details.get(DETAIL_JOB_ID) == str(event[ID])
-        and entry.get(Cache.ERROR_CODE) == event[Event.ERROR_CODE]
-    )
-
-
-def is_fresher(entry: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
-    """An entry updated after the zombie started holds a newer result than the zombie could give."""
-    updated_at = as_utc(entry.get(Cache.UPDATED_AT))
-    return updated_at is not None and updated_at > utc(job[Job.STARTED_AT])
-
-
 def error_entry(
     event: Mapping[str, Any],
     existing: Mapping[str, Any] | None,
     generation: CacheGeneration,
-    policy: ZombiePolicy,
+    http_status: int,
     failed_runs: int,
 ) -> dict[str, Any]:
     """The cache entry telling users why the job failed, with only the generation's fields."""
@@ -127,7 +107,7 @@ def error_entry(
     }
     entry: dict[str, Any] = {
         **cache_key_of_job(job),
-        Cache.HTTP_STATUS: policy.http_status,
+        Cache.HTTP_STATUS: http_status,
         Cache.ERROR_CODE: event[Event.ERROR_CODE],
         Cache.CONTENT: {CACHE_CONTENT_ERROR: message},
         Cache.DETAILS: details,
@@ -153,74 +133,113 @@ def _jsonable(summary: dict[str, Any] | None) -> dict[str, Any] | None:
     return {**summary, Cache.UPDATED_AT: updated_at.isoformat() if updated_at else None}
 
 
-def write_batch(
-    store: Store,
-    events: Sequence[Mapping[str, Any]],
-    generation: CacheGeneration,
-    policy: ZombiePolicy,
-    cache_metrics: bool,
-    session: ClientSession | None = None,
-) -> CacheWrite:
-    """Write the error entries of a batch of events; each event's outcome, failed runs and previous entry.
+@dataclass(frozen=True)
+class CacheErrors:
+    """A cleanup's error entries, in the cache's own generation, with ``cacheTotalMetric`` where the cache keeps it."""
 
-    In a transaction (``session``) the entries and ``cacheTotalMetric`` change
-    together or not at all; a worker writing the same entry meanwhile makes the
-    transaction start again, and its entry is then fresher.
-    """
-    existing = entries_of_jobs(store.cache, [event[Event.JOB] for event in events], {Cache.CONTENT: 0}, session)
-    written = CacheWrite()
-    outcomes = written.outcomes
-    operations, planned, expected, replaced = [], {}, {}, {}
-    for event in events:
-        job = event[Event.JOB]
-        key = key_of(cache_key_of_job(job))
-        entry = existing.get(key)
-        if entry is not None and written_for(entry, event):  # an earlier attempt wrote it
-            previous = entry.get(Cache.DETAILS, {}).get(DETAIL_PREVIOUS)
-            outcomes[event[ID]] = _outcome(CacheOutcome.WRITTEN, stored_failed_runs(entry), previous)
-            if cache_metrics:  # that attempt may have died before moving cacheTotalMetric
-                written.in_doubt.cache_metrics |= _metric_keys(entry, previous)
-        elif entry is not None and is_fresher(entry, job):
-            outcomes[event[ID]] = _outcome(
-                CacheOutcome.SKIPPED_FRESHER, stored_failed_runs(entry), _jsonable(summary_of(entry))
-            )
-        else:
-            failed_runs = failed_runs_after_crash(entry, job)
-            if key not in planned:  # two zombies of one key (a broken queue) share one entry
-                document = {
-                    ID: entry[ID] if entry is not None else ObjectId(),
-                    **error_entry(event, entry, generation, policy, failed_runs),
-                }
-                operations.append(_write_operation(entry, document))
-                planned[key] = document
-                replaced[key] = entry
-            expected[event[ID]] = (key, failed_runs, _jsonable(summary_of(entry)))
-    if not operations:
+    store: Store
+    generation: CacheGeneration
+    http_status: int
+    keeps_metrics: bool
+
+    def write(self, events: Sequence[Mapping[str, Any]], session: ClientSession | None = None) -> CacheWrite:
+        """Write the error entries of a batch of events; each event's outcome, failed runs and previous entry.
+
+        In a transaction (``session``) the entries and ``cacheTotalMetric`` change
+        together or not at all; a worker writing the same entry meanwhile makes the
+        transaction start again, and its entry is then fresher.
+        """
+        jobs = [event[Event.JOB] for event in events]
+        existing = entries_of_jobs(self.store.cache, jobs, {Cache.CONTENT: 0}, session)
+        written = CacheWrite()
+        outcomes = written.outcomes
+        operations: list[ReplaceOne | InsertOne] = []
+        planned: dict[tuple[Any, ...], dict[str, Any]] = {}
+        expected: dict[Any, tuple[tuple[Any, ...], int, dict[str, Any] | None]] = {}
+        replaced: dict[tuple[Any, ...], Mapping[str, Any] | None] = {}
+        for event in events:
+            job = event[Event.JOB]
+            key = key_of(cache_key_of_job(job))
+            entry = existing.get(key)
+            if entry is not None and written_for(entry, event):  # an earlier attempt wrote it
+                previous = entry.get(Cache.DETAILS, {}).get(DETAIL_PREVIOUS)
+                outcomes[event[ID]] = _outcome(CacheOutcome.WRITTEN, stored_failed_runs(entry), previous)
+                if self.keeps_metrics:  # that attempt may have died before moving cacheTotalMetric
+                    written.in_doubt.cache_metrics |= _metric_keys(entry, previous)
+            elif entry is not None and is_fresher(entry, job):
+                outcomes[event[ID]] = _outcome(
+                    CacheOutcome.SKIPPED_FRESHER, stored_failed_runs(entry), _jsonable(summary_of(entry))
+                )
+            else:
+                failed_runs = failed_runs_after_crash(entry, job)
+                if key not in planned:  # two zombies of one key (a broken queue) share one entry
+                    document = {
+                        ID: entry[ID] if entry is not None else ObjectId(),
+                        **error_entry(event, entry, self.generation, self.http_status, failed_runs),
+                    }
+                    operations.append(_write_operation(entry, document))
+                    planned[key] = document
+                    replaced[key] = entry
+                expected[event[ID]] = (key, failed_runs, _jsonable(summary_of(entry)))
+        if not operations:
+            return written
+        if self._write(operations, session) == len(operations):  # every write took (one entry each): all ours
+            ours = set(planned)
+        else:  # which ones: read the entries back
+            entry_ids = [document[ID] for document in planned.values()]
+            found = self.store.cache.find({ID: {"$in": entry_ids}}, {Cache.UPDATED_AT: 1}, session=session)
+            stored = {entry[ID]: entry for entry in found.batch_size(READ_BATCH)}
+            ours = {
+                key
+                for key, document in planned.items()
+                if document[ID] in stored
+                and as_utc(stored[document[ID]].get(Cache.UPDATED_AT)) == document[Cache.UPDATED_AT]
+            }
+        for event_id, (key, failed_runs, previous) in expected.items():
+            if key in ours:
+                outcomes[event_id] = _outcome(CacheOutcome.WRITTEN, failed_runs, previous)
+            else:  # a worker wrote the entry between our read and our write
+                outcomes[event_id] = _outcome(CacheOutcome.SKIPPED_FRESHER, failed_runs - 1, previous)
+        if self.keeps_metrics:
+            self._count_in_cache_metrics([(replaced[key], planned[key]) for key in ours], session)
         return written
-    if _write(store, operations, session) == len(operations):  # every write took (one entry each): all ours
-        ours = set(planned)
-    else:  # which ones: read the entries back
-        entry_ids = [document[ID] for document in planned.values()]
-        stored = {
-            entry[ID]: entry
-            for entry in store.cache.find({ID: {"$in": entry_ids}}, {Cache.UPDATED_AT: 1}, session=session).batch_size(
-                READ_BATCH
+
+    def _write(self, operations: list[ReplaceOne | InsertOne], session: ClientSession | None) -> int:
+        """Run the writes; how many took (a replacement that matched, an insert that was accepted).
+
+        An entry a worker inserted first refuses ours, and one a worker rewrote since our read fails our
+        compare-and-set: fewer took than were sent, and the read-back then sees theirs.
+        """
+        try:
+            result = self.store.cache.bulk_write(operations, ordered=False, session=session)
+        except BulkWriteError as error:
+            duplicate_indexes(error)  # anything but a duplicate is raised
+            if session is not None:  # the transaction is aborted: start again, the worker's entry is now there
+                raise Conflict() from error
+            return int(error.details.get("nMatched", 0) + error.details.get("nInserted", 0))
+        return result.matched_count + result.inserted_count
+
+    def _count_in_cache_metrics(
+        self, changes: list[tuple[Mapping[str, Any] | None, Mapping[str, Any]]], session: ClientSession | None
+    ) -> None:
+        """``cacheTotalMetric``: the old entry's (kind, http_status, error_code) -1, the new one's +1, as the deployment
+        counts."""
+        totals: Counter[tuple[Any, Any, Any]] = Counter()
+        for old, new in changes:
+            if old is not None:
+                totals[(old.get(Cache.KIND), old.get(Cache.HTTP_STATUS), old.get(Cache.ERROR_CODE))] -= 1
+            totals[(new[Cache.KIND], new[Cache.HTTP_STATUS], new.get(Cache.ERROR_CODE))] += 1
+        operations = [
+            UpdateOne(
+                {CacheMetric.KIND: kind, CacheMetric.HTTP_STATUS: http_status, CacheMetric.ERROR_CODE: error_code},
+                {"$inc": {CacheMetric.TOTAL: change}},
+                upsert=True,
             )
-        }
-        ours = {
-            key
-            for key, document in planned.items()
-            if document[ID] in stored
-            and as_utc(stored[document[ID]].get(Cache.UPDATED_AT)) == document[Cache.UPDATED_AT]
-        }
-    for event_id, (key, failed_runs, previous) in expected.items():
-        if key in ours:
-            outcomes[event_id] = _outcome(CacheOutcome.WRITTEN, failed_runs, previous)
-        else:  # a worker wrote the entry between our read and our write
-            outcomes[event_id] = _outcome(CacheOutcome.SKIPPED_FRESHER, failed_runs - 1, previous)
-    if cache_metrics:
-        _count_in_cache_metrics(store, [(replaced[key], planned[key]) for key in ours], session)
-    return written
+            for (kind, http_status, error_code), change in sorted(totals.items(), key=str)
+            if change
+        ]
+        if operations:
+            self.store.cache_metrics.bulk_write(operations, ordered=False, session=session)
 
 
 def _metric_keys(entry: Mapping[str, Any], previous: Mapping[str, Any] | None) -> set[tuple[Any, Any, Any]]:
@@ -241,41 +260,3 @@ def _write_operation(existing: Mapping[str, Any] | None, document: dict[str, Any
     # No entry was there: insert, with the _id chosen here; if one appeared meanwhile, the
     # unique key refuses ours and the read-back by _id reports the entry as fresher.
     return InsertOne(document)
-
-
-def _write(store: Store, operations: list, session: ClientSession | None) -> int:
-    """Run the writes; how many took (a replacement that matched, an insert that was accepted).
-
-    An entry a worker inserted first refuses ours, and one a worker rewrote since our read fails our
-    compare-and-set: fewer took than were sent, and the read-back then sees theirs.
-    """
-    try:
-        result = store.cache.bulk_write(operations, ordered=False, session=session)
-    except BulkWriteError as error:
-        duplicate_indexes(error)  # anything but a duplicate is raised
-        if session is not None:  # the transaction is aborted: start again, the worker's entry is now there
-            raise Conflict() from error
-        return error.details.get("nMatched", 0) + error.details.get("nInserted", 0)
-    return result.matched_count + result.inserted_count
-
-
-def _count_in_cache_metrics(
-    store: Store, changes: list[tuple[Mapping[str, Any] | None, Mapping[str, Any]]], session: ClientSession | None
-) -> None:
-    """``cacheTotalMetric``: the old entry's (kind, http_status, error_code) -1, the new one's +1, as the deployment counts."""
-    totals: Counter = Counter()
-    for old, new in changes:
-        if old is not None:
-            totals[(old.get(Cache.KIND), old.get(Cache.HTTP_STATUS), old.get(Cache.ERROR_CODE))] -= 1
-        totals[(new[Cache.KIND], new[Cache.HTTP_STATUS], new.get(Cache.ERROR_CODE))] += 1
-    operations = [
-        UpdateOne(
-            {CacheMetric.KIND: kind, CacheMetric.HTTP_STATUS: http_status, CacheMetric.ERROR_CODE: error_code},
-            {"$inc": {CacheMetric.TOTAL: change}},
-            upsert=True,
-        )
-        for (kind, http_status, error_code), change in sorted(totals.items(), key=str)
-        if change
-    ]
-    if operations:
-        store.cache_metrics.bulk_write(operations, ordered=False, session=session)

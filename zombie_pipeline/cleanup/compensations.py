@@ -32,8 +32,7 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from zombie_pipeline import webhooks
-from zombie_pipeline.cleanup.counts import Count, StepResult
-from zombie_pipeline.cleanup.events import READ_BATCH
+from zombie_pipeline.cleanup.results import Count, StepResult
 from zombie_pipeline.config import setting
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
@@ -46,7 +45,7 @@ from zombie_pipeline.queue.documents import (
     utc_now,
 )
 from zombie_pipeline.queue.secrets import scrub
-from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.store import READ_BATCH, Store
 
 ENTRY_POINT_GROUP = "zombie_pipeline.compensations"
 #: How long one run holds an event's compensations: another cleanup at the same time leaves it alone.

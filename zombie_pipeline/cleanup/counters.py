@@ -7,8 +7,9 @@ at every insert, start, finish and cache write. The simulator writes them from
 this recount, and a cleanup is checked against it: after a cleanup every
 counter must equal its recount.
 
-:func:`repair` sets the counters a pass that died may or may not have moved
-(``effects.CountersInDoubt``) to a recount of their keys only, on the indexes.
+:func:`repair` sets the counters an earlier pass (one that died, or whose
+reply was lost) may or may not have moved (:class:`CountersInDoubt`) to a
+recount of their keys only, on the indexes.
 It races the deployment's live workers, each of which moves a counter in two
 writes (its job, then the ``$inc``). So a repair reads the counters, counts,
 and writes each counter that differs by compare-and-set on the value it read:
@@ -19,7 +20,7 @@ repair samples again, and again corrects, until a sample finds every counter
 equal to its count, a moment after its last write (at most :data:`REPAIR_ROUNDS`). Measured amid busy simulated
 workers against a plain recount written as it is (the deployment's periodic
 recount): ``tests/faults/repair_race.py``, docs/reliability.md. Only passes that
-take over a dead one repair: an uninterrupted cleanup sends no command more.
+redo an earlier one repair: an uninterrupted cleanup sends no command more.
 """
 
 from __future__ import annotations
@@ -27,24 +28,21 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pymongo import UpdateOne
 from pymongo.collection import Collection
 
-from zombie_pipeline.cleanup.effects import (
-    HEAVY,
-    WORKER_SIZE_LIMITS,
-    CountersInDoubt,
-    SideCollections,
-    worker_size,
-)
+from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.queue.documents import (
     BLOCKAGES_COLLECTION,
     CACHE_METRICS_COLLECTION,
     DATASET_STATUS_NORMAL,
+    HEAVY,
     ID,
     JOB_METRICS_COLLECTION,
+    WORKER_SIZE_LIMITS,
     WORKER_SIZE_METRICS_COLLECTION,
     Blockage,
     Cache,
@@ -53,10 +51,30 @@ from zombie_pipeline.queue.documents import (
     JobMetric,
     Status,
     WorkerSizeMetric,
+    worker_size,
 )
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import Store
+
+
+@dataclass
+class CountersInDoubt:
+    """Counter moves an earlier pass may or may not have applied: the keys to set to a recount, never to move."""
+
+    job_metrics: set[tuple[str, str]] = field(default_factory=set)  # (job type, status) of jobTotalMetric
+    worker_sizes: bool = False  # workerTypeJobCounts (its few keys are recounted together)
+    cache_metrics: set[tuple[Any, Any, Any]] = field(default_factory=set)  # (kind, http_status, error_code)
+
+    def __bool__(self) -> bool:
+        return bool(self.job_metrics or self.worker_sizes or self.cache_metrics)
+
+    def merge(self, other: CountersInDoubt) -> CountersInDoubt:
+        self.job_metrics |= other.job_metrics
+        self.worker_sizes |= other.worker_sizes
+        self.cache_metrics |= other.cache_metrics
+        return self
+
 
 #: Read, count, compare-and-set, until a round finds every counter equal to its count; at most this many rounds.
 REPAIR_ROUNDS = 5
@@ -183,7 +201,7 @@ def _set(collection: Any, rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> 
         collection.bulk_write([UpdateOne(key, {"$set": values}, upsert=True) for key, values in rows], ordered=False)
 
 
-# --- the repair of the counters a pass that died may or may not have moved ---------------------------------
+# --- the repair of the counters an earlier pass may or may not have moved ---------------------------------
 
 
 def repair(store: Store, side: SideCollections, doubt: CountersInDoubt, rounds: int = REPAIR_ROUNDS) -> int:

@@ -15,24 +15,24 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from bson import ObjectId
 from pymongo import UpdateMany, UpdateOne
 from pymongo.client_session import ClientSession
+from pymongo.collection import Collection as MongoCollection
 from pymongo.errors import BulkWriteError
 
-from zombie_pipeline.cleanup.counts import Count, StepResult
 from zombie_pipeline.cleanup.detection import Candidate
+from zombie_pipeline.cleanup.results import Count, StepResult
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Event, EventState, ZombieEvent, utc_now
 from zombie_pipeline.queue.generations import OLDEST_QUEUE_GENERATION, QueueGeneration
-from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.store import duplicate_indexes
 
-DUPLICATE_KEY = 11000
-READ_BATCH = 10_000  # the documents of a batch come back in one reply, not one getMore per 101
+T = TypeVar("T")
 
 
 @dataclass
@@ -42,40 +42,122 @@ class Claims(StepResult):
     ids: set[Any] = field(default_factory=set)
 
 
-def claim(
-    store: Store,
-    candidates: list[Candidate],
-    policy: ZombiePolicy,
-    run_id: str,
-    now: dt.datetime,
-    generation: QueueGeneration,
-) -> Claims:
-    """Record the intent to finalize each candidate; a job claimed by another cleanup is skipped.
+@dataclass(frozen=True)
+class EventLog:
+    """One run's side of the audit trail: the events it claims, holds by lease, drives and completes."""
 
-    An event found already there under this run's lease was inserted by an earlier attempt of this run whose
-    reply was lost (the step retried): it is this run's, counted as claimed, but not among the fresh ``ids``.
-    """
-    claims = Claims()
-    finalized_at = utc_now()
-    for batch in batched(candidates, policy.batch_size):
-        events = [event_of(candidate, policy, run_id, finalized_at, now, generation) for candidate in batch]
-        try:
-            store.events.insert_many(events, ordered=False)
-            refused = set()
-        except BulkWriteError as error:
-            refused = duplicate_indexes(error)
-        claims.ids.update(event[ID] for index, event in enumerate(events) if index not in refused)
-        ours = _owned_by(store, run_id, [events[index][ID] for index in refused])
-        claims.counts[Count.CLAIMED] += len(events) - len(refused) + len(ours)
-        if len(refused) > len(ours):
-            claims.counts[Count.CLAIMED_BY_ANOTHER_CLEANUP] += len(refused) - len(ours)
-    return claims
+    events: MongoCollection
+    run_id: str
+    policy: ZombiePolicy
 
+    def claim(
+        self, candidates: Sequence[Candidate], now: dt.datetime, generation: QueueGeneration, finalized_at: dt.datetime
+    ) -> Claims:
+        """Record the intent to finalize each candidate; a job claimed by another cleanup is skipped.
 
-def _owned_by(store: Store, run_id: str, event_ids: list[Any]) -> set[Any]:
-    if not event_ids:
-        return set()
-    return {event[ID] for event in store.events.find({ID: {"$in": event_ids}, Event.LEASE_OWNER: run_id}, {ID: 1})}
+        An event found already there under this run's lease was inserted by an earlier attempt of this run whose
+        reply was lost (the step retried): it is this run's, counted as claimed, but not among the fresh ``ids``.
+        """
+        claims = Claims()
+        for batch in batched(candidates, self.policy.batch_size):
+            events = [
+                event_of(candidate, self.policy, self.run_id, finalized_at, now, generation) for candidate in batch
+            ]
+            try:
+                self.events.insert_many(events, ordered=False)
+                refused: set[int] = set()
+            except BulkWriteError as error:
+                refused = duplicate_indexes(error)
+            claims.ids.update(event[ID] for index, event in enumerate(events) if index not in refused)
+            ours = self._owned([events[index][ID] for index in refused])
+            claims.counts[Count.CLAIMED] += len(events) - len(refused) + len(ours)
+            if len(refused) > len(ours):
+                claims.counts[Count.CLAIMED_BY_ANOTHER_CLEANUP] += len(refused) - len(ours)
+        return claims
+
+    def take_over_expired(self, now: dt.datetime, default_generation: str = OLDEST_QUEUE_GENERATION) -> int:
+        """Make this run the driver of every unfinished event whose lease ran out (its run died).
+
+        An event without a queue generation (written before generations were recorded) gets ``default_generation``.
+        """
+        result = self.events.update_many(
+            {Event.STATE: {"$ne": EventState.DONE}, Event.LEASE_UNTIL: {"$lt": now}},
+            [
+                {
+                    "$set": {
+                        Event.LEASE_OWNER: self.run_id,
+                        Event.LEASE_UNTIL: lease_end(now, self.policy),
+                        Event.QUEUE_GENERATION: {"$ifNull": [f"${Event.QUEUE_GENERATION}", default_generation]},
+                    }
+                }
+            ],
+        )
+        return result.modified_count
+
+    def claimed_generations(self) -> list[str]:
+        """The queue generations this run's claimed events are finalized in, each its claim's."""
+        query = {Event.LEASE_OWNER: self.run_id, Event.STATE: EventState.CLAIMED}
+        return sorted(self.events.distinct(Event.QUEUE_GENERATION, query))
+
+    def drain(self, query: Mapping[str, Any]) -> Iterator[list[ZombieEvent]]:
+        """Batches of this run's events matching ``query``, until none is left; each batch must move them on.
+
+        A long step renews the run's leases before a third of them has run out, so no
+        reconcile takes over work that is still in progress.
+        """
+        renewed = time.monotonic()
+        lease = self.policy.claim_lease_seconds
+        while True:
+            if lease and time.monotonic() - renewed > lease / 3:
+                self._renew_leases()
+                renewed = time.monotonic()
+            batch = self._owned_batch(query)
+            if not batch:
+                return
+            yield batch
+
+    def complete(
+        self, changes: Mapping[ObjectId, Mapping[str, Any]], forgotten: Collection[Any], session: ClientSession | None
+    ) -> None:
+        """Record each event's outcome in one command (one update per distinct outcome: a batch repeats a few), and
+        forget the claims lost to a worker, so that their jobs may be judged again later."""
+        ids_by_change: dict[tuple[Any, ...], list[ObjectId]] = {}
+        operations: list[UpdateOne | UpdateMany] = []
+        for event_id, change in changes.items():
+            key = tuple(sorted(change.items()))
+            try:
+                ids_by_change.setdefault(key, []).append(event_id)
+            except TypeError:  # a list or a document in the outcome: this event's own update
+                operations.append(UpdateOne({ID: event_id, Event.LEASE_OWNER: self.run_id}, {"$set": dict(change)}))
+        operations += [
+            UpdateMany({ID: {"$in": ids}, Event.LEASE_OWNER: self.run_id}, {"$set": dict(key)})
+            for key, ids in ids_by_change.items()
+        ]
+        if operations:
+            self.events.bulk_write(operations, ordered=False, session=session)
+        if forgotten:
+            self.events.delete_many(
+                {ID: {"$in": list(forgotten)}, Event.LEASE_OWNER: self.run_id, Event.STATE: EventState.CLAIMED},
+                session=session,
+            )
+
+    def _owned(self, event_ids: list[Any]) -> set[Any]:
+        if not event_ids:
+            return set()
+        query = {ID: {"$in": event_ids}, Event.LEASE_OWNER: self.run_id}
+        return {event[ID] for event in self.events.find(query, {ID: 1})}
+
+    def _owned_batch(self, query: Mapping[str, Any]) -> list[ZombieEvent]:
+        without_policy = {Event.POLICY: 0}  # kept for the audit; no step reads it back
+        selected = {Event.LEASE_OWNER: self.run_id, **query}
+        limit = self.policy.batch_size
+        return list(self.events.find(selected, without_policy).sort(ID, 1).limit(limit).batch_size(limit))
+
+    def _renew_leases(self) -> None:
+        self.events.update_many(
+            {Event.LEASE_OWNER: self.run_id, Event.STATE: {"$ne": EventState.DONE}},
+            {"$set": {Event.LEASE_UNTIL: lease_end(utc_now(), self.policy)}},
+        )
 
 
 def event_of(
@@ -108,101 +190,13 @@ def event_of(
 
 def finalized_between(start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
     """Zombies finalized in ``[start, end)``, on the ``finalized_at`` index; a claim that lost its race never gets there."""
-    return {
-        Event.FINALIZED_AT: {"$gte": start, "$lt": end},
-        Event.STATE: {"$in": [EventState.FINALIZED, EventState.DONE]},
-    }
+    return {Event.FINALIZED_AT: {"$gte": start, "$lt": end}, Event.STATE: EventState.DONE}
 
 
-def batched(items: list, size: int) -> Iterator[list]:
+def batched(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
 
 def lease_end(now: dt.datetime, policy: ZombiePolicy) -> dt.datetime:
     return now + dt.timedelta(seconds=policy.claim_lease_seconds)
-
-
-def take_over_expired(
-    store: Store, run_id: str, now: dt.datetime, policy: ZombiePolicy, default_generation: str = OLDEST_QUEUE_GENERATION
-) -> int:
-    """Make this run the driver of every unfinished event whose lease ran out (its run died).
-
-    An event without a queue generation (written before generations were recorded) gets ``default_generation``.
-    """
-    result = store.events.update_many(
-        {Event.STATE: {"$ne": EventState.DONE}, Event.LEASE_UNTIL: {"$lt": now}},
-        [
-            {
-                "$set": {
-                    Event.LEASE_OWNER: run_id,
-                    Event.LEASE_UNTIL: lease_end(now, policy),
-                    Event.QUEUE_GENERATION: {"$ifNull": [f"${Event.QUEUE_GENERATION}", default_generation]},
-                }
-            }
-        ],
-    )
-    return result.modified_count
-
-
-def renew_leases(store: Store, run_id: str, policy: ZombiePolicy) -> None:
-    store.events.update_many(
-        {Event.LEASE_OWNER: run_id, Event.STATE: {"$ne": EventState.DONE}},
-        {"$set": {Event.LEASE_UNTIL: lease_end(utc_now(), policy)}},
-    )
-
-
-def owned(store: Store, run_id: str, query: Mapping[str, Any], limit: int) -> list[ZombieEvent]:
-    without_policy = {Event.POLICY: 0}  # kept for the audit; no step reads it back
-    selected = {Event.LEASE_OWNER: run_id, **query}
-    return list(store.events.find(selected, without_policy).sort(ID, 1).limit(limit).batch_size(limit))
-
-
-def drain(store: Store, run_id: str, query: Mapping[str, Any], policy: ZombiePolicy) -> Iterator[list[ZombieEvent]]:
-    """Batches of this run's events matching ``query``, until none is left; each batch must move them on.
-
-    A long step renews the run's leases before a third of them has run out, so no
-    reconcile takes over work that is still in progress.
-    """
-    renewed = time.monotonic()
-    while True:
-        if policy.claim_lease_seconds and time.monotonic() - renewed > policy.claim_lease_seconds / 3:
-            renew_leases(store, run_id, policy)
-            renewed = time.monotonic()
-        batch = owned(store, run_id, query, policy.batch_size)
-        if not batch:
-            return
-        yield batch
-
-
-def set_on_events(
-    store: Store,
-    run_id: str,
-    changes: Mapping[ObjectId, Mapping[str, Any]],
-    session: ClientSession | None = None,
-) -> None:
-    """Record each event's outcome in one command: one update per distinct outcome, since a batch repeats a few."""
-    ids_by_change: dict[tuple, list[ObjectId]] = {}
-    operations: list[UpdateOne | UpdateMany] = []
-    for event_id, change in changes.items():
-        key = tuple(sorted(change.items()))
-        try:
-            ids_by_change.setdefault(key, []).append(event_id)
-        except TypeError:  # a list or a document in the outcome: this event's own update
-            operations.append(UpdateOne({ID: event_id, Event.LEASE_OWNER: run_id}, {"$set": dict(change)}))
-    operations += [
-        UpdateMany({ID: {"$in": ids}, Event.LEASE_OWNER: run_id}, {"$set": dict(key)})
-        for key, ids in ids_by_change.items()
-    ]
-    if operations:
-        store.events.bulk_write(operations, ordered=False, session=session)
-
-
-def duplicate_indexes(error: BulkWriteError) -> set[int]:
-    """Indexes of the operations refused as duplicates; any other write error is re-raised."""
-    refused = set()
-    for write_error in error.details.get("writeErrors", []):
-        if write_error.get("code") != DUPLICATE_KEY:
-            raise error
-        refused.add(write_error["index"])
-    return refused

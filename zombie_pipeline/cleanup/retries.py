@@ -7,7 +7,7 @@ leaves it to it unless ``enqueue_retries`` says otherwise. A retry is a new
 waiting job with the fields of the one it retries that its generation declares,
 never a run's (``started_at``, ``last_heartbeat``, ``terminated_at`` ...), with the
 ``_id`` chosen at claim time (so it is never inserted twice) and the counters the
-deployment increments on an insert. A retry found inserted by a pass that died
+deployment increments on an insert. A retry found inserted by an earlier pass
 is not counted again: its counters are in doubt, set from a recount before the
 decision is recorded.
 
@@ -32,10 +32,10 @@ from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
 from zombie_pipeline.cleanup import counters
-from zombie_pipeline.cleanup.counts import Count
-from zombie_pipeline.cleanup.effects import CountersInDoubt, SideCollections, after_insert, inserted_before
-from zombie_pipeline.cleanup.events import READ_BATCH, duplicate_indexes
-from zombie_pipeline.cleanup.strategies import FinishStrategy, strategy_for
+from zombie_pipeline.cleanup.counters import CountersInDoubt
+from zombie_pipeline.cleanup.effects import DeploymentEffects
+from zombie_pipeline.cleanup.results import Count
+from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     ID,
@@ -53,7 +53,7 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS, QueueGeneration
 from zombie_pipeline.queue.indexes import on_index
-from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.store import READ_BATCH, Store, duplicate_indexes
 
 
 @dataclass
@@ -64,55 +64,59 @@ class Retried:
     in_doubt: CountersInDoubt = field(default_factory=CountersInDoubt)
 
 
-def enqueue_retries(
-    store: Store,
-    events: Sequence[Mapping[str, Any]],
-    policy: ZombiePolicy,
-    strategy: FinishStrategy,
-    now: dt.datetime,
-    session: ClientSession | None = None,
-) -> Retried:
-    """Re-enqueue the finished jobs of ``events`` (their cache outcome known) below their retry limit, once each.
+@dataclass(frozen=True)
+class Retries:
+    """The retries of one cleanup's finalized zombies, inserted as the queue's generation inserts a job."""
 
-    A retry already inserted (or scheduled) by a pass that died, under the
-    ``_id`` chosen at claim time, is not inserted, nor counted, again: the
-    counters its insert moves are returned in doubt.
-    """
-    outcomes: dict[Any, tuple[RetryOutcome, dt.datetime | None]] = {
-        event[ID]: (retry_decision(event, policy, strategy), None) for event in events
-    }
-    wanted = [event for event in events if outcomes[event[ID]][0] == RetryOutcome.ENQUEUED]
-    queued = _queued_unicity_ids(store, wanted, session)
-    new_jobs, scheduled, inserted_by_a_dead_pass = [], [], []
-    for event in wanted:
-        holder = queued.get(event[Event.JOB][Job.UNICITY_ID])
-        if holder is not None and holder != event[Event.RETRY_JOB_ID]:
-            outcomes[event[ID]] = (RetryOutcome.ALREADY_QUEUED, None)
-            continue
-        queued[event[Event.JOB][Job.UNICITY_ID]] = event[Event.RETRY_JOB_ID]  # one retry per unicity_id in a batch too
-        delay = policy.retry_delay_of(event.get(Event.FAILED_RUNS, 1), _spread(event[ID]))
-        if delay > 0:
-            due_at = truncate_ms(event[Event.FINALIZED_AT] + dt.timedelta(seconds=delay))
-            outcomes[event[ID]] = (RetryOutcome.SCHEDULED, due_at)
-            scheduled.append(_scheduled(event, strategy.generation, now, due_at))
-        elif holder is None:
-            new_jobs.append(retry_job(event, strategy.generation, now))
-        else:
-            inserted_by_a_dead_pass.append(event[Event.JOB])
-    if new_jobs:
-        store.jobs.insert_many(new_jobs, ordered=False, session=session)
-        after_insert(store, strategy.side, new_jobs, session)
-    if scheduled:
-        present = {
-            document[ID]
-            for document in store.retries.find(
-                {ID: {"$in": [item[ID] for item in scheduled]}}, {ID: 1}, session=session
-            )
+    store: Store
+    policy: ZombiePolicy
+    effects: DeploymentEffects
+    #: Whether this cleanup re-enqueues crashed jobs at all (the policy's, else the generation's default).
+    enabled: bool
+
+    def enqueue(
+        self, events: Sequence[Mapping[str, Any]], now: dt.datetime, session: ClientSession | None = None
+    ) -> Retried:
+        """Re-enqueue the finished jobs of ``events`` (their cache outcome known) below their retry limit, once each.
+
+        A retry already inserted (or scheduled) by an earlier pass, under the
+        ``_id`` chosen at claim time, is not inserted, nor counted, again: the
+        counters its insert moves are returned in doubt.
+        """
+        generation = self.effects.side.generation
+        outcomes: dict[Any, tuple[RetryOutcome, dt.datetime | None]] = {
+            event[ID]: (retry_decision(event, self.policy, self.enabled), None) for event in events
         }
-        fresh = [item for item in scheduled if item[ID] not in present]
-        if fresh:
-            store.retries.insert_many(fresh, ordered=False, session=session)
-    return Retried(outcomes, inserted_before(strategy.side, inserted_by_a_dead_pass))
+        wanted = [event for event in events if outcomes[event[ID]][0] == RetryOutcome.ENQUEUED]
+        queued = _queued_unicity_ids(self.store, wanted, session)
+        new_jobs, scheduled, inserted_before = [], [], []
+        for event in wanted:
+            holder = queued.get(event[Event.JOB][Job.UNICITY_ID])
+            if holder is not None and holder != event[Event.RETRY_JOB_ID]:
+                outcomes[event[ID]] = (RetryOutcome.ALREADY_QUEUED, None)
+                continue
+            queued[event[Event.JOB][Job.UNICITY_ID]] = event[Event.RETRY_JOB_ID]  # one retry per unicity_id in a batch
+            delay = self.policy.retry_delay_of(event.get(Event.FAILED_RUNS, 1), _spread(event[ID]))
+            if delay > 0:
+                due_at = truncate_ms(event[Event.FINALIZED_AT] + dt.timedelta(seconds=delay))
+                outcomes[event[ID]] = (RetryOutcome.SCHEDULED, due_at)
+                scheduled.append(_scheduled(event, generation, now, due_at))
+            elif holder is None:
+                new_jobs.append(retry_job(event, generation, now))
+            else:
+                inserted_before.append(event[Event.JOB])
+        if new_jobs:
+            self.store.jobs.insert_many(new_jobs, ordered=False, session=session)
+            self.effects.after_insert(new_jobs, session)
+        if scheduled:
+            ids = [item[ID] for item in scheduled]
+            present = {
+                document[ID] for document in self.store.retries.find({ID: {"$in": ids}}, {ID: 1}, session=session)
+            }
+            fresh = [item for item in scheduled if item[ID] not in present]
+            if fresh:
+                self.store.retries.insert_many(fresh, ordered=False, session=session)
+        return Retried(outcomes, self.effects.inserted_before(inserted_before))
 
 
 def _spread(event_id: Any) -> float:
@@ -153,8 +157,8 @@ def enqueue_due_retries(store: Store, policy: ZombiePolicy, now: dt.datetime | N
         decided: dict[Any, ScheduledState] = {}
         for name in sorted({item[ScheduledRetry.QUEUE_GENERATION] for item in due}):
             batch = [item for item in due if item[ScheduledRetry.QUEUE_GENERATION] == name]
-            side = strategy_for(store, QUEUE_GENERATIONS[name]).side
-            batch_decided, inserted, repaired = _enqueue_due(store, batch, side, now)
+            side = SideCollections.of(store, QUEUE_GENERATIONS[name])
+            batch_decided, inserted, repaired = _enqueue_due(store, batch, DeploymentEffects(store, side), now)
             decided.update(batch_decided)
             counts[Count.DUE_RETRY_ENQUEUED] += inserted
             if repaired:
@@ -180,7 +184,7 @@ def pending_retries(store: Store) -> int:
 
 
 def _enqueue_due(
-    store: Store, due: list[Mapping[str, Any]], side: SideCollections, now: dt.datetime
+    store: Store, due: list[Mapping[str, Any]], effects: DeploymentEffects, now: dt.datetime
 ) -> tuple[dict[Any, ScheduledState], int, int]:
     """Each due retry's decision, how many jobs this call inserted (a retry inserted before is decided, not counted),
     and how many counters it set from a recount."""
@@ -202,7 +206,7 @@ def _enqueue_due(
                 inserted_by_a_dead_pass.append(job)
     # A pass that died after its insert may or may not have moved the counters: set them from a recount, before
     # the decision is recorded (a pass that dies here leaves the retry pending, and the next one does it again).
-    repaired = counters.repair(store, side, inserted_before(side, inserted_by_a_dead_pass))
+    repaired = counters.repair(store, effects.side, effects.inserted_before(inserted_by_a_dead_pass))
     if to_insert:
         try:
             store.jobs.insert_many(to_insert, ordered=False)
@@ -210,13 +214,13 @@ def _enqueue_due(
         except BulkWriteError as error:  # another cleanup inserted some first: theirs to count
             refused = duplicate_indexes(error)
             inserted = [job for index, job in enumerate(to_insert) if index not in refused]
-        after_insert(store, side, inserted)
+        effects.after_insert(inserted)
         return decided, len(inserted), repaired
     return decided, 0, repaired
 
 
-def retry_decision(event: Mapping[str, Any], policy: ZombiePolicy, strategy: FinishStrategy) -> RetryOutcome:
-    if not strategy.enqueues_retries(policy):
+def retry_decision(event: Mapping[str, Any], policy: ZombiePolicy, enabled: bool) -> RetryOutcome:
+    if not enabled:
         return RetryOutcome.NOT_RETRIED  # the deployment's backfill re-creates it
     if event[Event.CACHE_OUTCOME] == CacheOutcome.SKIPPED_FRESHER:
         return RetryOutcome.NOT_RETRIED  # a newer result exists: nothing to redo

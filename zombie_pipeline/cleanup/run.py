@@ -5,20 +5,21 @@
    once, with their evidence (``queue.generations.decide``), the indexes our
    queries need created, and the overrides of job types the queue does not hold
    named.
-2. :func:`reconcile`: what crashed runs left half done is completed
-   (``finalize.reconcile``), and the delayed retries that are due are enqueued.
+2. :func:`reconcile`: what crashed runs left half done is taken over and
+   completed, and the delayed retries that are due are enqueued.
 3. :func:`find`: the zombies, by one indexed query (``detection``), with the
    malformed started jobs left alone, and the **brake** as a value: engaged when
    an implausible share of the started jobs look dead.
 4. :func:`finalize`: each zombie claimed in the audit trail, then finished as the
-   queue's finish strategy says (``strategies``, ``finalize``): the job and its
-   cache error entry, the deployment's counters, rate limiter and locks, retries.
+   queue's finish strategy says, by one :class:`~.finalizer.Finalizer`: the job
+   and its cache error entry, the deployment's counters, rate limiter and locks,
+   retries, the event completed.
 5. :func:`compensate`: the actions that undo a zombie's partial side effects.
 6. :func:`summarize`: the run's work, read back from the audit trail.
 
 The steps pass a :class:`CleanupPlan` along (the run's options, policy and
-generations), and keep their state in the database: with Dagster's multiprocess
-executor nothing else is shared between them.
+generations), and keep their state in the database: a step retried, or a run
+retried from its first step, starts from what the database holds.
 """
 
 from __future__ import annotations
@@ -26,18 +27,10 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from zombie_pipeline.cleanup import compensations
-from zombie_pipeline.cleanup import finalize as finalizing
-from zombie_pipeline.cleanup.counts import (
-    Count,
-    StepResult,
-    cache_count,
-    reason_count,
-    retry_count,
-)
 from zombie_pipeline.cleanup.detection import (
     Candidate,
     Detection,
@@ -46,8 +39,18 @@ from zombie_pipeline.cleanup.detection import (
     find_malformed_started,
     unknown_job_types,
 )
-from zombie_pipeline.cleanup.retries import pending_retries
-from zombie_pipeline.cleanup.strategies import strategy_for
+from zombie_pipeline.cleanup.events import EventLog
+from zombie_pipeline.cleanup.finalizer import Finalizer
+from zombie_pipeline.cleanup.plan import CleanupOptions, CleanupPlan
+from zombie_pipeline.cleanup.results import (
+    Count,
+    StepResult,
+    cache_count,
+    finalized_row,
+    reason_count,
+    retry_count,
+)
+from zombie_pipeline.cleanup.retries import enqueue_due_retries, pending_retries
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     REASONS,
@@ -58,38 +61,12 @@ from zombie_pipeline.queue.documents import (
     utc_now,
 )
 from zombie_pipeline.queue.evidence import Generations, decide
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
 
 
 class BrakeEngaged(RuntimeError):
     """Too many started jobs look dead at once; nothing was written."""
-
-
-@dataclass(frozen=True)
-class CleanupOptions:
-    """What one run was asked to do."""
-
-    dry_run: bool = False  # list the zombies with their evidence; write nothing
-    override_brake: bool = False
-    job_types: tuple[str, ...] | None = None  # None: every type
-
-
-@dataclass(frozen=True)
-class CleanupPlan:
-    """What the steps of one run pass along: its options, the policy in force and the generations decided."""
-
-    run_id: str
-    policy: ZombiePolicy
-    options: CleanupOptions
-    generations: Generations
-    started_at: dt.datetime
-    counts: tuple[tuple[str, int], ...] = ()  # what the steps so far did
-    found: tuple[tuple[str, str, int], ...] = ()  # (job type, reason, zombies) as detection returned them
-
-    def add(self, result: StepResult) -> CleanupPlan:
-        merged = Counter(dict(self.counts))
-        merged.update(result.counts)
-        return replace(self, counts=tuple(sorted(merged.items())))
 
 
 @dataclass(frozen=True)
@@ -117,10 +94,25 @@ def prepare(store: Store, policy: ZombiePolicy, run_id: str, options: CleanupOpt
 
 
 def reconcile(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -> StepResult:
-    """Complete the finalizations crashed runs left half done, and enqueue the delayed retries that are due."""
+    """Complete the finalizations crashed runs left half done, and enqueue the delayed retries that are due.
+
+    Each taken-over event is finished as the generation it records (its claim's), whatever the queue is now.
+    """
     if plan.options.dry_run:
         return StepResult()
-    return finalizing.reconcile(store, plan.run_id, plan.policy, plan.generations.cache, now)
+    now = now or utc_now()
+    log = EventLog(store.events, plan.run_id, plan.policy)
+    result = StepResult()
+    taken = log.take_over_expired(now)
+    if taken:
+        actions = compensations.registry(plan.policy)
+        for name in log.claimed_generations():
+            generation = QUEUE_GENERATIONS[name]
+            finalizer = Finalizer.build(store, plan.run_id, plan.policy, generation, plan.generations.cache, actions)
+            result.merge(finalizer.finalize())
+    result.counts[Count.TAKEN_OVER] += taken
+    result.counts.update(enqueue_due_retries(store, plan.policy, now))
+    return result
 
 
 def find(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -> Detection:
@@ -137,13 +129,15 @@ def find(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -> Det
 def finalize(
     store: Store, plan: CleanupPlan, candidates: list[Candidate], now: dt.datetime | None = None
 ) -> StepResult:
-    """Claim and finalize the candidates (``GenerationUnknown`` when there are some and the queue is undecided)."""
+    """Claim the candidates, then finalize every claim of the run (an earlier attempt's too) as the queue's generation
+    does (``GenerationUnknown`` when there are candidates and the queue is undecided)."""
     if plan.options.dry_run or not candidates:
         return StepResult()
-    strategy = strategy_for(store, plan.generations.required_queue())
-    return finalizing.finalize_zombies(
-        store, candidates, plan.policy, plan.run_id, now or utc_now(), strategy, plan.generations.cache
-    )
+    actions = compensations.registry(plan.policy)
+    generation = plan.generations.required_queue()
+    finalizer = Finalizer.build(store, plan.run_id, plan.policy, generation, plan.generations.cache, actions)
+    claims = finalizer.claim(candidates, now or utc_now())
+    return StepResult(claims.counts).merge(finalizer.finalize(fresh=claims.ids))
 
 
 def compensate(store: Store, plan: CleanupPlan) -> StepResult:
@@ -261,7 +255,7 @@ def summarize(store: Store, run_id: str, step_counts: Mapping[str, int] | None =
     rows = []
     query = {Event.LEASE_OWNER: run_id, Event.STATE: EventState.DONE}
     for event in store.events.find(query).sort(Event.FINALIZED_AT, 1):
-        row = finalizing.finalized_row(event)
+        row = finalized_row(event)
         row["cache"] = event.get(Event.CACHE_OUTCOME)
         row["retry"] = event.get(Event.RETRY_OUTCOME)
         row["effects"] = ", ".join(event.get(Event.EFFECTS) or [])

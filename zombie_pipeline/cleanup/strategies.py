@@ -9,30 +9,26 @@ the pipeline asks which generation a queue is:
   ``started``, same ``started_at``, ``last_heartbeat`` and ``terminated_at``): a
   worker that beat, finished or got SIGTERM meanwhile wins, and the claim is
   forgotten;
-- the order of the job's finish and its cache error entry (the deployment of
-  2023-12 on writes the entry first: the deletion then proves the claim won);
+- the order of the job's finish and its cache error entry
+  (:attr:`~FinishStrategy.writes_error_entry_first`: the deployment of 2023-12
+  on writes the entry first, so the deletion then proves the claim won);
 - how an earlier pass's finish is recognized afterwards, whether that pass died
   or only its reply was lost: our stamp as ``finished_at`` on a kept job; for a
   deleted one, the entry beside it (a worker writes its result before it
   deletes its job: our error entry, or the fresher one we kept, untouched since
-  the claim, says the deletion was ours). A finish found done that way may or
-  may not have had its counters moved by that pass: they are not moved again
-  but reported in doubt, for the pass to set from a recount;
+  the claim, says the deletion was ours);
 - whether the cleanup re-enqueues crashed jobs by default (from 2023-12 the
-  deployment's backfill re-creates them itself);
-- what the deployment does around a finish (:mod:`.effects`), in the
-  collections the generation keeps: counters, ``pastJobs``, blockages, locks;
-- how a worker finishes a job (the simulated workers finish theirs this way).
+  deployment's backfill re-creates them itself).
 
-Nothing here writes an event: a batch's events are completed once, at the end of
-its pass (:mod:`.finalize`).
+A strategy writes the jobs and nothing else: what the deployment does around a
+finish (``effects``), the cache entries and the events are the finalizer's to
+write, in the order the strategy gives.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -40,29 +36,12 @@ from pymongo import DeleteOne, UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.results import BulkWriteResult
 
-from zombie_pipeline.cleanup.cache_errors import CacheWrite, is_fresher, written_for
-from zombie_pipeline.cleanup.detection import (
-    as_seen_expression,
-    as_seen_filter,
-    is_as_seen,
-)
-from zombie_pipeline.cleanup.effects import CountersInDoubt, Effects, Finished, SideCollections, after_finish
-from zombie_pipeline.cleanup.events import READ_BATCH
+from zombie_pipeline.cleanup.detection import as_seen_expression, as_seen_filter, is_as_seen
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
-from zombie_pipeline.queue.documents import (
-    ID,
-    Cache,
-    Event,
-    Job,
-    Status,
-    ZombieEvent,
-    as_utc,
-    cache_key_of_job,
-    utc_now,
-)
+from zombie_pipeline.queue.cache_entries import entries_of_jobs, is_fresher, key_of, written_for
+from zombie_pipeline.queue.documents import ID, Cache, Event, Job, Status, ZombieEvent, as_utc, cache_key_of_job
 from zombie_pipeline.queue.generations import FinishStyle, QueueGeneration
-from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.store import READ_BATCH, Store
 
 _JOB_STATE = {Job.STATUS: 1, Job.FINISHED_AT: 1, Job.STARTED_AT: 1, Job.LAST_HEARTBEAT: 1, Job.TERMINATED_AT: 1}
 
@@ -78,14 +57,11 @@ class SortedClaims:
 
 @dataclass
 class FinishOutcome:
-    """What the finish of a batch did."""
+    """What the finish of a batch did: the claims it won, those an earlier pass had won, those lost to a worker."""
 
     won: list[ZombieEvent] = field(default_factory=list)
     done_before: list[ZombieEvent] = field(default_factory=list)
     lost: list[ZombieEvent] = field(default_factory=list)
-    effects: dict[Any, list[str]] = field(default_factory=dict)
-    #: the counter moves of the finishes an earlier pass did (``done_before``): applied or not, nobody knows
-    in_doubt: CountersInDoubt = field(default_factory=CountersInDoubt)
 
     @property
     def finished(self) -> list[ZombieEvent]:
@@ -93,20 +69,17 @@ class FinishOutcome:
 
 
 class FinishStrategy(ABC):
-    """How one queue finishes a job, with the deployment's collections of its generation resolved once."""
+    """How one queue finishes a job."""
 
     style: ClassVar[FinishStyle]
-    #: Whether the queue keeps a finished job (its history of runs lives in the queue too).
-    keeps_finished_jobs: ClassVar[bool]
+    #: Whether the job's cache error entry is written before the job is finished (else after).
+    writes_error_entry_first: ClassVar[bool]
     #: Whether the cleanup re-enqueues a crashed job unless the policy says otherwise.
     retries_by_default: ClassVar[bool]
 
     def __init__(self, store: Store, generation: QueueGeneration) -> None:
         self.store = store
         self.generation = generation
-        self.side = SideCollections.of(store, generation, only_existing=self.keeps_finished_jobs)
-
-    # --- the cleanup's finish --------------------------------------------------------------------------
 
     def sort_claims(self, events: list[ZombieEvent], fresh: Collection[Any]) -> SortedClaims:
         """Which claims can still be finished, which an earlier pass finished (any but the ``fresh`` ones may have
@@ -126,58 +99,27 @@ class FinishStrategy(ABC):
         claims.lost += [event for event in finished if event[ID] not in ours]
         return claims
 
-    def _finished_by_an_earlier_pass(self, finished: list[ZombieEvent]) -> set[Any]:
-        """Of the claims whose job looks finished by us, those a pass of ours did finish (their ids)."""
-        return {event[ID] for event in finished}
-
     def finish(self, claims: SortedClaims, session: ClientSession | None = None) -> FinishOutcome:
-        """Finish the claims still as detection saw them, by compare-and-set; then what the deployment does around it."""
+        """Finish the claims still as detection saw them, by compare-and-set; which took."""
         outcome = FinishOutcome(done_before=list(claims.done_before), lost=list(claims.lost))
         if claims.to_finish:
             operations = [self._finish_operation(event) for event in claims.to_finish]
             written = self.store.jobs.bulk_write(operations, ordered=False, session=session)
             if self._applied(written) == len(claims.to_finish):  # every compare-and-set took: all won, nothing to read
-                won = list(claims.to_finish)
+                outcome.won = list(claims.to_finish)
             else:
-                won = self._won(claims.to_finish, written, session)
-            winners = {event[ID] for event in won}
-            outcome.won = won
+                outcome.won = self._won(claims.to_finish, written, session)
+            winners = {event[ID] for event in outcome.won}
             outcome.lost += [event for event in claims.to_finish if event[ID] not in winners]
-        now = utc_now()
-        finished_now = self.after_finish(_finished(outcome.won), now, session)
-        finished_before = self.after_finish(_finished(outcome.done_before), now, session, count=False)
-        outcome.effects = {**finished_now.by_job, **finished_before.by_job}
-        outcome.in_doubt = finished_now.in_doubt.merge(finished_before.in_doubt)
         return outcome
-
-    @abstractmethod
-    def finish_in_order(
-        self,
-        claims: SortedClaims,
-        finish: Callable[[SortedClaims], FinishOutcome],
-        write_errors: Callable[[list[ZombieEvent]], CacheWrite],
-    ) -> tuple[FinishOutcome, CacheWrite]:
-        """The job's finish and its cache error entry, in the order the deployment writes them."""
 
     def enqueues_retries(self, policy: ZombiePolicy) -> bool:
         """Whether this cleanup re-enqueues crashed jobs: as the policy says, else as the deployment of the generation."""
         return self.retries_by_default if policy.enqueue_retries is None else policy.enqueue_retries
 
-    def after_finish(
-        self, finished: list[Finished], now: dt.datetime, session: ClientSession | None = None, count: bool = True
-    ) -> Effects:
-        """Counters, rate limiter and locks around these finishes, as the deployment of the generation keeps them."""
-        return after_finish(
-            self.store, self.side, finished, now, session, count, count_final_status=self.keeps_finished_jobs
-        )
-
-    # --- a worker's finish -----------------------------------------------------------------------------
-
-    @abstractmethod
-    def worker_finish(self, job: Mapping[str, Any], status: str, finished_at: dt.datetime) -> None:
-        """Finish ``job`` as its own worker does once its result is written (the simulated workers)."""
-
-    # --- the parts each style writes its own way ---------------------------------------------------------
+    def _finished_by_an_earlier_pass(self, finished: list[ZombieEvent]) -> set[Any]:
+        """Of the claims whose job looks finished by us, those a pass of ours did finish (their ids)."""
+        return {event[ID] for event in finished}
 
     @abstractmethod
     def _finish_operation(self, event: Mapping[str, Any]) -> UpdateOne | DeleteOne: ...
@@ -200,25 +142,13 @@ class KeptAsError(FinishStrategy):
     """Before 2023-12: the job is set to ``error`` with our stamp as ``finished_at``; then its cache entry."""
 
     style = FinishStyle.KEPT_AS_ERROR
-    keeps_finished_jobs = True
+    writes_error_entry_first = False
     retries_by_default = True  # nothing in the deployment of the time re-ran a crashed job
 
     def sort_claims(self, events: list[ZombieEvent], fresh: Collection[Any]) -> SortedClaims:
         if all(event[ID] in fresh for event in events):  # the finish's own compare-and-set is the check: no read
             return SortedClaims(to_finish=list(events))
         return super().sort_claims(events, fresh)
-
-    def finish_in_order(
-        self,
-        claims: SortedClaims,
-        finish: Callable[[SortedClaims], FinishOutcome],
-        write_errors: Callable[[list[ZombieEvent]], CacheWrite],
-    ) -> tuple[FinishOutcome, CacheWrite]:
-        outcome = finish(claims)
-        return outcome, write_errors(outcome.finished)
-
-    def worker_finish(self, job: Mapping[str, Any], status: str, finished_at: dt.datetime) -> None:
-        self.store.jobs.update_one({ID: job[ID]}, {"$set": {Job.STATUS: status, Job.FINISHED_AT: finished_at}})
 
     def _finish_operation(self, event: Mapping[str, Any]) -> UpdateOne:
         """Selected by ``_id`` alone, compared in the update itself (an update pipeline's ``$cond``, atomic like a filter).
@@ -248,30 +178,19 @@ class KeptAsError(FinishStrategy):
 
 
 class Deleted(FinishStrategy):
-    """2023-12 on, as the deployment kills a stuck job: its cache error entry first, then the job deleted."""
+    """2023-12 on, as the deployment kills a stuck job: its cache error entry first, then the job deleted.
+
+    ``sort_claims`` reads the jobs first in every case: claims of jobs a worker touched since detection are
+    dropped before the cache is written, so no error entry is written for a worker that is only slow.
+    """
 
     style = FinishStyle.DELETED
-    keeps_finished_jobs = False
+    writes_error_entry_first = True
     retries_by_default = False  # the deployment's backfill re-creates failed jobs from the cache's failed_runs
-
-    # sort_claims reads the jobs first in every case: claims of jobs a worker touched since detection are
-    # dropped before the cache is written, so no error entry is written for a worker that is only slow.
 
     def _finished_by_an_earlier_pass(self, finished: list[ZombieEvent]) -> set[Any]:
         """A job gone since an earlier pass was deleted by it unless its worker's own result is there instead."""
         return _deleted_by_us(self.store, finished)
-
-    def finish_in_order(
-        self,
-        claims: SortedClaims,
-        finish: Callable[[SortedClaims], FinishOutcome],
-        write_errors: Callable[[list[ZombieEvent]], CacheWrite],
-    ) -> tuple[FinishOutcome, CacheWrite]:
-        cached = write_errors(claims.to_finish + claims.done_before)
-        return finish(claims), cached
-
-    def worker_finish(self, job: Mapping[str, Any], status: str, finished_at: dt.datetime) -> None:
-        self.store.jobs.delete_one({ID: job[ID]})
 
     def _finish_operation(self, event: Mapping[str, Any]) -> DeleteOne:
         return DeleteOne(as_seen_filter(event[Event.JOB]))
@@ -296,12 +215,8 @@ STRATEGIES: dict[FinishStyle, type[FinishStrategy]] = {strategy.style: strategy 
 
 
 def strategy_for(store: Store, generation: QueueGeneration) -> FinishStrategy:
-    """The strategy of ``generation``'s finish style, with the deployment's collections it keeps resolved."""
+    """The strategy of ``generation``'s finish style."""
     return STRATEGIES[generation.finish](store, generation)
-
-
-def _finished(events: list[ZombieEvent]) -> list[Finished]:
-    return [Finished(event[Event.JOB], event[Event.FINALIZED_AT]) for event in events]
 
 
 def _jobs_of(

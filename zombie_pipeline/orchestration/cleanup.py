@@ -1,6 +1,6 @@
 """``kill_zombies_job``: the cleanup as ops, each a thin call into a step of ``zombie_pipeline.cleanup.run``.
 
-The ops pass the run's :class:`~zombie_pipeline.cleanup.run.CleanupPlan` along
+The ops pass the run's :class:`~zombie_pipeline.cleanup.plan.CleanupPlan` along
 (options, the policy in force, the generations decided) and work on the audit
 collection, which is the cleanup's state: nothing else is shared between them.
 """
@@ -17,9 +17,9 @@ from pydantic import Field
 from zombie_pipeline import config, metrics
 from zombie_pipeline.cleanup import run
 from zombie_pipeline.cleanup.compensations import CompensationError
-from zombie_pipeline.cleanup.counts import Count
 from zombie_pipeline.cleanup.detection import Candidate
-from zombie_pipeline.cleanup.run import CleanupOptions, CleanupPlan
+from zombie_pipeline.cleanup.plan import CleanupOptions, CleanupPlan
+from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.orchestration.metadata import (
     counts_metadata,
     malformed_metadata,

@@ -8,10 +8,13 @@ from typing import Any
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 
-from zombie_pipeline.queue.documents import CACHE_KEY, Cache, Job, cache_key_of_job
+from zombie_pipeline.queue.documents import CACHE_KEY, ID, Cache, Event, Job, as_utc, cache_key_of_job, utc
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.store import READ_BATCH
 
-_READ_BATCH = 10_000  # the entries of a batch come back in one reply
+#: Our own keys in an error entry's ``details`` (a free dictionary in every generation).
+DETAIL_JOB_ID = "job_id"
+DETAIL_PREVIOUS = "previous_entry"
 
 
 def key_of(document: Mapping[str, Any]) -> tuple:
@@ -43,7 +46,7 @@ def entries_of_jobs(
         {Cache.DATASET: {"$in": datasets}}, {Cache.KIND: {"$in": kinds}}, {"$project": dict(projection)}
     )
     found: dict[tuple, dict[str, Any]] = {}
-    for entry in cache.aggregate(pipeline, session=session, batchSize=_READ_BATCH):
+    for entry in cache.aggregate(pipeline, session=session, batchSize=READ_BATCH):
         if key_of(entry) in keys:
             found[key_of(entry)] = entry
     return found
@@ -78,3 +81,21 @@ def failed_runs_after_crash(previous: Mapping[str, Any] | None, job: Mapping[str
     revision = job.get(Job.REVISION)
     same_revision = revision is None or previous.get(Cache.DATASET_GIT_REVISION) == revision
     return (stored_failed_runs(previous) if same_revision else 0) + 1
+
+
+def written_for(entry: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool:
+    """Whether ``entry`` is the error entry written for this event's job (by this or an earlier attempt)."""
+    if entry is None:
+        return False
+    details = entry.get(Cache.DETAILS)
+    return (
+        isinstance(details, Mapping)
+        and details.get(DETAIL_JOB_ID) == str(event[ID])
+        and entry.get(Cache.ERROR_CODE) == event[Event.ERROR_CODE]
+    )
+
+
+def is_fresher(entry: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
+    """An entry updated after the zombie started holds a newer result than the zombie could give."""
+    updated_at = as_utc(entry.get(Cache.UPDATED_AT))
+    return updated_at is not None and updated_at > utc(job[Job.STARTED_AT])

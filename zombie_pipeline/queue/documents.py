@@ -143,6 +143,19 @@ class WorkerSizeMetric:
     CREATED_AT = "created_at"
 
 
+#: Worker sizes by job difficulty, as the deployment counts its waiting jobs: up to 40 light, up to 70 medium.
+WORKER_SIZE_LIMITS = ((40, "light"), (70, "medium"))
+HEAVY = "heavy"
+
+
+def worker_size(difficulty: Any) -> str:
+    """The worker size ``workerTypeJobCounts`` counts a job of ``difficulty`` under."""
+    for limit, size in WORKER_SIZE_LIMITS:
+        if isinstance(difficulty, (int, float)) and difficulty <= limit:
+            return size
+    return HEAVY
+
+
 class PastJob:
     """Field names of ``pastJobs``: the runs of the last hour, for the deployment's rate limiter."""
 
@@ -246,7 +259,6 @@ class EventState(StrEnum):
     """Where a finalization stands; every step after ``claimed`` is idempotent."""
 
     CLAIMED = "claimed"  # ours to finalize; the job may still be started
-    FINALIZED = "finalized"  # the job is finished (error, or deleted) by us; the retry may be missing
     DONE = "done"
 
 

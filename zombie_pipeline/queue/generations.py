@@ -89,11 +89,14 @@ class QueueGeneration:
         return self.keeps(CACHE_METRICS_COLLECTION)
 
     @property
+    def keeps_finished_jobs(self) -> bool:
+        """Whether a finished job stays in the queue (with its final status), so that its history lives there too."""
+        return self.finish is FinishStyle.KEPT_AS_ERROR
+
+    @property
     def durations_source(self) -> DurationsSource:
         """Finished jobs where the queue keeps them; else the cache entries, which outlive them."""
-        return (
-            DurationsSource.FINISHED_JOBS if self.finish is FinishStyle.KEPT_AS_ERROR else DurationsSource.CACHE_ENTRIES
-        )
+        return DurationsSource.FINISHED_JOBS if self.keeps_finished_jobs else DurationsSource.CACHE_ENTRIES
 
     def unicity_id(
         self, job_type: str, dataset: str, revision: str | None, config: str | None, split: str | None

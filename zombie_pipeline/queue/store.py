@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from pymongo.collection import Collection
 from pymongo.database import Database
+from pymongo.errors import BulkWriteError
 
 from zombie_pipeline.queue.documents import (
     BLOCKAGES_COLLECTION,
@@ -28,6 +29,20 @@ from zombie_pipeline.queue.indexes import (
     RETRY_INDEXES,
     ensure_indexes,
 )
+
+#: The documents of a batch come back in one reply, not one ``getMore`` per 101.
+READ_BATCH = 10_000
+DUPLICATE_KEY = 11000
+
+
+def duplicate_indexes(error: BulkWriteError) -> set[int]:
+    """Indexes of a bulk write's operations refused as duplicates; any other write error is re-raised."""
+    refused = set()
+    for write_error in error.details.get("writeErrors", []):
+        if write_error.get("code") != DUPLICATE_KEY:
+            raise error
+        refused.add(write_error["index"])
+    return refused
 
 
 @dataclass(frozen=True)
@@ -92,7 +107,7 @@ class Store:
         return self.cache_metrics.name in self.cache.database.list_collection_names()
 
     def ensure_indexes(self) -> list[str]:
-        """Create the indexes our queries need (see ``mongo.JOB_INDEXES`` ...); idempotent."""
+        """Create the indexes our queries need (``queue.indexes``: each says which query needs it); idempotent."""
         created = ensure_indexes(self.jobs, JOB_INDEXES)
         created += ensure_indexes(self.cache, CACHE_INDEXES)
         created += ensure_indexes(self.events, EVENT_INDEXES)

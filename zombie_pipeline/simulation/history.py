@@ -26,10 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zombie_pipeline.cleanup import events as audit
-from zombie_pipeline.cleanup import finalize as finalizing
+from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.cleanup.detection import detect
-from zombie_pipeline.cleanup.strategies import strategy_for
+from zombie_pipeline.cleanup.events import event_of
+from zombie_pipeline.cleanup.finalizer import Finalizer
+from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     ID,
@@ -80,7 +81,7 @@ def clean_past_days(
 ) -> PastCleanups:
     """On each of the ``days`` before ``now``'s, place that day's zombies and finalize them as its cleanup did."""
     policy = policy.model_copy(update={"enqueue_retries": False})
-    strategy = strategy_for(store, generation)
+    side = SideCollections.of(store, generation)
     midnight = dt.datetime.combine(now.date(), dt.time(), tzinfo=dt.UTC)
     kinds = ["crashed", "never_heartbeated", "overdue"] + (
         ["terminated"] if generation.declares(Job.TERMINATED_AT) else []
@@ -91,15 +92,15 @@ def clean_past_days(
         at = truncate_ms(midnight - dt.timedelta(days=days_ago, hours=-rng.uniform(6, 20)))
         jobs = [zombie(rng.choice(kinds), at) for _ in range(rng.randint(*ZOMBIES_PER_DAY))] + [offender(at)]
         store.jobs.insert_many(jobs)
-        _count_started(store, strategy.side, jobs, generation)
+        _count_started(store, side, jobs, generation)
         placed = {job[ID] for job in jobs}
         candidates = [c for c in detect(store.jobs, policy, at).candidates if c.id in placed]
         run_id = f"{RUN_ID_PREFIX}{at:%Y%m%dT%H%M}"
         finalized_at = truncate_ms(at + dt.timedelta(seconds=rng.uniform(1, 30)))
-        claims = [audit.event_of(candidate, policy, run_id, finalized_at, at, generation) for candidate in candidates]
+        claims = [event_of(candidate, policy, run_id, finalized_at, at, generation) for candidate in candidates]
         if claims:
             store.events.insert_many(claims)
-            finalizing.finalize(store, run_id, policy, strategy, cache)
+            Finalizer.build(store, run_id, policy, generation, cache, compensations.registry(policy)).finalize()
             store.events.update_many({Event.RUN_ID: run_id}, {"$set": {Event.COMPLETED_AT: finalized_at}})
         finalized += len(claims)
         offended += sum(1 for job in jobs if job[ID] in {c.id for c in candidates} and job[Job.DATASET] == OFFENDER[1])

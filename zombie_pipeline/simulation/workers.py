@@ -51,8 +51,8 @@ from typing import Any
 
 from pymongo import ReturnDocument
 
-from zombie_pipeline.cleanup.effects import Finished, after_insert, worker_size
-from zombie_pipeline.cleanup.strategies import strategy_for
+from zombie_pipeline.cleanup.effects import DeploymentEffects, Finished
+from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, stored_failed_runs
 from zombie_pipeline.queue.documents import (
@@ -73,6 +73,7 @@ from zombie_pipeline.queue.documents import (
     WorkerSizeMetric,
     cache_key_of_job,
     utc_now,
+    worker_size,
 )
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QueueGeneration
 from zombie_pipeline.queue.store import Store
@@ -160,8 +161,8 @@ class WorkerPool:
         self.rng = random.Random(self.seed)
         self.runs: list[_Run | None] = [None] * self.rates.workers
         self.restart_at: list[float] = [0.0] * self.rates.workers  # a replaced pod takes work from then on
-        self.strategy = strategy_for(self.store, self.generation)
-        self.side = self.strategy.side
+        self.side = SideCollections.of(self.store, self.generation)
+        self.effects = DeploymentEffects(self.store, self.side)
         self.cache_generation = CACHE_GENERATIONS[self.generation.cache_generation]
         self.types = {job_type.name: job_type for job_type in self.job_types}
         self._openings: tuple[set, set, list] | None = None
@@ -375,8 +376,11 @@ class WorkerPool:
         error_code = {Fate.ERROR: WORKER_ERROR_CODE, Fate.STOPPED_AT_T2: ErrorCode.EXCEEDED_MAX_DURATION}.get(fate)
         self._write_result(current, finished_at, error_code)
         status = Status.SUCCESS if error_code is None else Status.ERROR
-        self.strategy.worker_finish(current, status, finished_at)
-        self.strategy.after_finish([Finished(current, finished_at, status)], finished_at)
+        if self.generation.keeps_finished_jobs:
+            self.store.jobs.update_one({ID: current[ID]}, {"$set": {Job.STATUS: status, Job.FINISHED_AT: finished_at}})
+        else:
+            self.store.jobs.delete_one({ID: current[ID]})
+        self.effects.after_finish([Finished(current, finished_at, status)], finished_at)
         self.counts[f"finished_{status}"] += 1
         if fate is Fate.STOPPED_AT_T2:
             self.counts["stopped_at_max_duration"] += 1
@@ -441,7 +445,7 @@ class WorkerPool:
                 )
             )
         self.store.jobs.insert_many(new_jobs)
-        after_insert(self.store, self.side, new_jobs)
+        self.effects.after_insert(new_jobs)
         self.counts["enqueued"] += len(new_jobs)
 
     def _count_job(self, job: dict[str, Any], status: str, change: int) -> None:

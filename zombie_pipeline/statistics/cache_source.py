@@ -32,8 +32,8 @@ import pyarrow.compute as pc
 from pymongo.collection import Collection
 from pymongoarrow.api import Schema, aggregate_arrow_all
 
-from zombie_pipeline.cleanup.cache_errors import DETAIL_JOB_ID
 from zombie_pipeline.cleanup.events import finalized_between
+from zombie_pipeline.queue.cache_entries import DETAIL_JOB_ID
 from zombie_pipeline.queue.documents import (
     HTTP_OK,
     Cache,

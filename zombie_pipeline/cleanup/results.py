@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from zombie_pipeline.queue.documents import ID, Event, Job, job_row, utc
 
 
 class Count(StrEnum):
@@ -62,3 +66,39 @@ class StepResult:
         self.counts.update(other.counts)
         self.rows.extend(other.rows)
         return self
+
+
+def batch_result(
+    finished: Sequence[Mapping[str, Any]],
+    lost: int,
+    effects: Mapping[Any, Sequence[str]],
+    cached: Mapping[Any, Mapping[str, Any]],
+    retried: Mapping[Any, tuple[str, dt.datetime | None]],
+    repaired: int,
+) -> StepResult:
+    """What a batch's pass did: counts by reason, type, cache and retry outcome and effect, and a row per zombie."""
+    result = StepResult()
+    result.counts[Count.FINALIZED] += len(finished)
+    result.counts[Count.LOST_TO_LIVE_WORKER] += lost
+    for event in finished:
+        result.counts[reason_count(event[Event.REASON])] += 1
+        result.counts[type_count(event[Event.JOB][Job.TYPE])] += 1
+        result.counts[cache_count(cached[event[ID]][Event.CACHE_OUTCOME])] += 1
+        result.counts[retry_count(retried[event[ID]][0])] += 1
+        result.counts.update(effect_count(effect) for effect in effects[event[ID]])
+        result.rows.append(finalized_row(event))
+    if repaired:
+        result.counts[Count.COUNTERS_REPAIRED] += repaired
+    return result
+
+
+def finalized_row(event: Mapping[str, Any]) -> dict[str, Any]:
+    """A finalized zombie as one row of the run's table."""
+    job = event[Event.JOB]
+    return job_row(
+        event[ID],
+        job,
+        reason=event[Event.REASON],
+        threshold_seconds=event[Event.THRESHOLD_SECONDS],
+        ran_seconds=round((event[Event.FINALIZED_AT] - utc(job[Job.STARTED_AT])).total_seconds(), 1),
+    )
