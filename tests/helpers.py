@@ -19,9 +19,10 @@ from zombie_pipeline.cleanup import compensations, run
 from zombie_pipeline.cleanup.detection import Detection
 from zombie_pipeline.cleanup.finalizer import Finalizer
 from zombie_pipeline.cleanup.plan import CleanupOptions, CleanupPlan
+from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.metrics import MetricsGateway
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase
+from zombie_pipeline.orchestration.resources import Databases
 from zombie_pipeline.orchestration.tags import JOB_TYPE_PARTITIONS, QUEUE_DATABASE_TAG
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, utc_now
@@ -217,13 +218,29 @@ def unregister(listener: monitoring.CommandListener) -> None:
 METRICS_OFF = {"metrics_gateway": MetricsGateway()}
 
 
+def databases_from_env(queue_database: str, cache_database: str, **options: Any) -> Databases:
+    """The ``databases`` resource as the deployment builds it, its URLs from ``$QUEUE_MONGO_URL`` and
+    ``$CACHE_MONGO_URL`` (``EnvVar``), on the given databases."""
+    return Databases(
+        queue_url=dg.EnvVar(QUEUE_URL_ENV),
+        cache_url=dg.EnvVar(CACHE_URL_ENV),
+        queue_database=queue_database,
+        cache_database=cache_database,
+        **options,
+    )
+
+
 def database_resources(store: Store, url_env: str, **options: Any) -> dict[str, Any]:
-    """The ``queue_db`` and ``cache_db`` resources of ``store``'s databases, their URL in ``$url_env``; metrics off."""
-    return {
-        "queue_db": QueueDatabase(url_env_var=url_env, database=store.jobs.database.name, **options),
-        "cache_db": CacheDatabase(url_env_var=url_env, database=store.cache.database.name, **options),
-        **METRICS_OFF,
-    }
+    """The ``databases`` resource of ``store``'s databases, both URLs from ``$url_env`` (an ``EnvVar``, as the deployment
+    gives them); metrics off."""
+    databases = Databases(
+        queue_url=dg.EnvVar(url_env),
+        cache_url=dg.EnvVar(url_env),
+        queue_database=store.jobs.database.name,
+        cache_database=store.cache.database.name,
+        **options,
+    )
+    return {"databases": databases, **METRICS_OFF}
 
 
 def run_kill_zombies(

@@ -73,7 +73,7 @@ def resources(store: Store, mongo_url: str, monkeypatch) -> dict[str, Any]:
 
 def make_resources(store: Store, timeout_ms: int = 10_000, **policy: Any) -> dict[str, Any]:
     return {
-        **database_resources(store, URL_ENV, server_selection_timeout_ms=timeout_ms),
+        **database_resources(store, URL_ENV, timeout_ms=timeout_ms),
         "zombie_policy": ZombiePolicyResource(**policy),
     }
 

@@ -6,12 +6,7 @@ import re
 
 import pytest
 
-from zombie_pipeline.policy import (
-    PolicyError,
-    SuggestionRules,
-    ZombiePolicy,
-    policy_fields,
-)
+from zombie_pipeline.policy import InvalidPolicy, PolicyError, SuggestionRules, SuggestionSettings, ZombiePolicy
 from zombie_pipeline.queue.documents import ErrorCode
 
 #: (values, the names the message must hold, whether it is a rule across fields: "invalid zombie policy: ...")
@@ -128,10 +123,6 @@ def test_the_audit_copy_of_a_policy_keeps_job_types_as_values():
     assert document["heartbeat_timeout_seconds"] == 300
 
 
-def test_the_policy_fields_are_picked_out_of_a_larger_configuration():
-    assert policy_fields({"batch_size": 7, "url_env_var": "X", "window_days": 3}) == {"batch_size": 7}
-
-
 # --- the suggestion rules ----------------------------------------------------------------------
 
 
@@ -159,5 +150,10 @@ def test_the_censoring_threshold_is_one_minus_the_quantile_unless_set():
     assert SuggestionRules(quantile=0.9).as_dict()["censored_fraction"] == pytest.approx(0.1)
 
 
-def test_the_rules_are_picked_out_of_a_larger_configuration():
-    assert SuggestionRules.of({"quantile": 0.9, "window_days": 3, "reports_dir": None}) == SuggestionRules(quantile=0.9)
+def test_the_rules_are_picked_out_of_a_larger_configuration_and_checked_in_one_line():
+    class Configured(SuggestionSettings):  # a Dagster config carries the rules and more
+        window_days: int = 3
+
+    assert SuggestionRules.of(Configured(quantile=0.9)) == SuggestionRules(quantile=0.9)
+    with pytest.raises(InvalidPolicy, match=r"^invalid suggestion rules: quantile=2\.0: should be less than 1$"):
+        SuggestionRules.of(Configured(quantile=2.0))

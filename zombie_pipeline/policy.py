@@ -7,9 +7,10 @@ is read or written, with every offending field named at once.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from zombie_pipeline.queue.documents import (
     DEFAULT_ZOMBIE_HTTP_STATUS,
@@ -22,6 +23,7 @@ from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIO
 PolicyError = ValidationError
 #: How a message from :func:`validated` begins.
 INVALID_POLICY = "invalid zombie policy: "
+INVALID_RULES = "invalid suggestion rules: "
 
 
 class InvalidPolicy(ValueError):
@@ -32,36 +34,63 @@ class InvalidPolicy(ValueError):
     """
 
 
-class ZombiePolicy(BaseModel):
-    """When a started job is a zombie, and how a cleanup finalizes it."""
+@dataclass(frozen=True)
+class Bound:
+    """Where a setting's value must lie: above ``gt`` or from ``ge``, below ``lt`` or up to ``le``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+    def problem(self, value: float) -> str | None:
+        """What is wrong with ``value``, in the words pydantic uses for its own bounds; None when it lies within."""
+        for limit, broken, words in (
+            (self.gt, lambda limit: value <= limit, "greater than"),
+            (self.ge, lambda limit: value < limit, "greater than or equal to"),
+            (self.lt, lambda limit: value >= limit, "less than"),
+            (self.le, lambda limit: value > limit, "less than or equal to"),
+        ):
+            if limit is not None and broken(limit):
+                return f"should be {words} {limit:g}"
+        return None
+
+
+def within(value: Any, bound: Bound) -> Any:
+    """``value`` if it lies within ``bound`` (an unset optional setting does), else ``ValueError`` saying why: a
+    field validator's answer, so that pydantic names the field and its value."""
+    problem = bound.problem(value) if value is not None else None
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+class PolicySettings(BaseModel):
+    """The policy's settings as configured: names, types, defaults and descriptions (Dagster's config derives from
+    them); their bounds and the rules across them are :class:`ZombiePolicy`'s to check."""
+
+    model_config = ConfigDict(extra="forbid")
 
     heartbeat_timeout_seconds: int = Field(
         default=300,
-        gt=0,
         description="A job is dead after this long without a heartbeat (or, never heartbeated, since its start).",
     )
-    max_duration_seconds: int = Field(default=1200, gt=0, description="Default maximum duration (T2) of a job.")
+    max_duration_seconds: int = Field(default=1200, description="Default maximum duration (T2) of a job.")
     max_duration_seconds_by_type: dict[str, int] = Field(
         default_factory=dict, description="T2 per job type, overriding max_duration_seconds."
     )
     max_stale_fraction: float = Field(
-        default=0.5, gt=0, le=1, description="Brake: refuse to act when more than this share of started jobs look dead."
+        default=0.5, description="Brake: refuse to act when more than this share of started jobs look dead."
     )
-    min_started_for_brake: int = Field(
-        default=20, ge=0, description="The brake applies from this many started jobs on."
-    )
-    crashed_retry_limit: int = Field(default=3, ge=0, description="Automatic retries after JobManagerCrashedError.")
+    min_started_for_brake: int = Field(default=20, description="The brake applies from this many started jobs on.")
+    crashed_retry_limit: int = Field(default=3, description="Automatic retries after JobManagerCrashedError.")
     exceeded_retry_limit: int = Field(
-        default=0, ge=0, description="Automatic retries after JobManagerExceededMaximumDurationError."
+        default=0, description="Automatic retries after JobManagerExceededMaximumDurationError."
     )
-    http_status: int = Field(
-        default=DEFAULT_ZOMBIE_HTTP_STATUS, ge=400, le=599, description="http_status of the cache error entry."
-    )
-    batch_size: int = Field(default=500, gt=0, description="Documents per bulk write.")
+    http_status: int = Field(default=DEFAULT_ZOMBIE_HTTP_STATUS, description="http_status of the cache error entry.")
+    batch_size: int = Field(default=500, description="Documents per bulk write.")
     claim_lease_seconds: int = Field(
-        default=300, ge=0, description="After this long, an unfinished finalization of a crashed run is taken over."
+        default=300, description="After this long, an unfinished finalization of a crashed run is taken over."
     )
     queue_generation: str | None = Field(
         default=None,
@@ -89,17 +118,12 @@ class ZombiePolicy(BaseModel):
     )
     retry_delay_seconds: int = Field(
         default=0,
-        ge=0,
         description="Delay before a crashed job's first retry; 0: at once (the job often died of its pod's size).",
     )
-    retry_backoff_factor: float = Field(
-        default=2.0, ge=1.0, le=10.0, description="Each further retry waits this many times longer."
-    )
-    retry_delay_max_seconds: int = Field(default=3_600, ge=0, description="No retry waits longer than this.")
+    retry_backoff_factor: float = Field(default=2.0, description="Each further retry waits this many times longer.")
+    retry_delay_max_seconds: int = Field(default=3_600, description="No retry waits longer than this.")
     retry_jitter: float = Field(
         default=0.1,
-        ge=0.0,
-        le=1.0,
         description="Delays spread by up to this share either way, so retries do not come all at once.",
     )
     compensation_webhooks: dict[str, str] = Field(
@@ -108,11 +132,43 @@ class ZombiePolicy(BaseModel):
         "of that type is POSTed to, once its cache entry is written (the URL itself never enters config).",
     )
     compensation_timeout_seconds: float = Field(
-        default=10.0, gt=0, le=120, description="A compensation webhook must answer within this."
+        default=10.0, description="A compensation webhook must answer within this."
     )
     compensation_max_attempts: int = Field(
-        default=5, ge=1, description="A failing compensation is tried again by later runs, up to this."
+        default=5, description="A failing compensation is tried again by later runs, up to this."
     )
+
+
+#: The bounds of the policy's settings, checked once, by :class:`ZombiePolicy` (a run's first step builds it): a value
+#: out of bounds fails that step in one line, never the run's resource setup (which run retries would repeat).
+POLICY_BOUNDS: dict[str, Bound] = {
+    "heartbeat_timeout_seconds": Bound(gt=0),
+    "max_duration_seconds": Bound(gt=0),
+    "max_stale_fraction": Bound(gt=0, le=1),
+    "min_started_for_brake": Bound(ge=0),
+    "crashed_retry_limit": Bound(ge=0),
+    "exceeded_retry_limit": Bound(ge=0),
+    "http_status": Bound(ge=400, le=599),
+    "batch_size": Bound(gt=0),
+    "claim_lease_seconds": Bound(ge=0),
+    "retry_delay_seconds": Bound(ge=0),
+    "retry_backoff_factor": Bound(ge=1, le=10),
+    "retry_delay_max_seconds": Bound(ge=0),
+    "retry_jitter": Bound(ge=0, le=1),
+    "compensation_timeout_seconds": Bound(gt=0, le=120),
+    "compensation_max_attempts": Bound(ge=1),
+}
+
+
+class ZombiePolicy(PolicySettings):
+    """When a started job is a zombie, and how a cleanup finalizes it: the settings, checked."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @field_validator(*POLICY_BOUNDS)
+    @classmethod
+    def _within_bounds(cls, value: Any, info: ValidationInfo) -> Any:
+        return within(value, POLICY_BOUNDS[str(info.field_name)])
 
     @model_validator(mode="after")
     def _consistent(self) -> ZombiePolicy:
@@ -152,7 +208,7 @@ class ZombiePolicy(BaseModel):
                 f"cache_generation must be one of {sorted(CACHE_GENERATIONS)} or unset, got {self.cache_generation!r}"
             )
         if problems:
-            raise ValueError("invalid zombie policy: " + "; ".join(problems))
+            raise ValueError(INVALID_POLICY + "; ".join(problems))
         return self
 
     def max_duration_of(self, job_type: str) -> int:
@@ -207,7 +263,7 @@ def one_line(error: ValidationError) -> str:
         cause = (problem.get("ctx") or {}).get("error")
         if not problem["loc"]:  # a rule across fields: its own message already names them
             text = str(cause) if cause is not None else problem["msg"]
-            problems.append(text.removeprefix(INVALID_POLICY))
+            problems.append(text.removeprefix(INVALID_POLICY).removeprefix(INVALID_RULES))
             continue
         field = problem["loc"][0]
         path = str(field) + "".join(f"[{part!r}]" for part in problem["loc"][1:])
@@ -220,30 +276,41 @@ def one_line(error: ValidationError) -> str:
     return "; ".join(problems)
 
 
-def policy_fields(values: dict[str, Any]) -> dict[str, Any]:
-    """The entries of ``values`` that are policy fields (a Dagster resource carries more)."""
-    return {name: value for name, value in values.items() if name in ZombiePolicy.model_fields}
+class SuggestionSettings(BaseModel):
+    """How a suggested T2 is derived from the durations of a window, as configured (``statistics.analysis``); their
+    bounds are :class:`SuggestionRules`'s to check."""
+
+    quantile: float = Field(default=0.99, description="Quantile of successful durations the T2 is based on.")
+    margin: float = Field(default=1.5, description="Safety factor applied to the quantile.")
+    min_samples: int = Field(
+        default=30, description="Successful jobs needed for a suggestion; fewer keep the current T2."
+    )
+    confidence: float = Field(default=0.95, description="Confidence level of the quantile's interval.")
+    censored_fraction: float | None = Field(
+        default=None,
+        description="Share of jobs stopped at T2 from which the suggestion is a lower bound; unset: 1 - quantile.",
+    )
 
 
-class SuggestionRules(BaseModel):
-    """How a suggested T2 is derived from the durations of a window (see ``statistics.suggest``)."""
+#: The bounds of the suggestion settings, checked by :class:`SuggestionRules`.
+SUGGESTION_BOUNDS: dict[str, Bound] = {
+    "quantile": Bound(ge=0.5, lt=1),
+    "margin": Bound(ge=1, le=10),
+    "min_samples": Bound(ge=1),
+    "confidence": Bound(gt=0, lt=1),
+    "censored_fraction": Bound(gt=0, lt=1),
+}
+
+
+class SuggestionRules(SuggestionSettings):
+    """How a suggested T2 is derived from the durations of a window: the settings, checked."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    quantile: float = Field(
-        default=0.99, ge=0.5, lt=1.0, description="Quantile of successful durations the T2 is based on."
-    )
-    margin: float = Field(default=1.5, ge=1.0, le=10.0, description="Safety factor applied to the quantile.")
-    min_samples: int = Field(
-        default=30, ge=1, description="Successful jobs needed for a suggestion; fewer keep the current T2."
-    )
-    confidence: float = Field(default=0.95, gt=0.0, lt=1.0, description="Confidence level of the quantile's interval.")
-    censored_fraction: float | None = Field(
-        default=None,
-        gt=0.0,
-        lt=1.0,
-        description="Share of jobs stopped at T2 from which the suggestion is a lower bound; unset: 1 - quantile.",
-    )
+    @field_validator(*SUGGESTION_BOUNDS)
+    @classmethod
+    def _within_bounds(cls, value: Any, info: ValidationInfo) -> Any:
+        return within(value, SUGGESTION_BOUNDS[str(info.field_name)])
 
     @property
     def censoring_threshold(self) -> float:
@@ -257,6 +324,9 @@ class SuggestionRules(BaseModel):
         }
 
     @classmethod
-    def of(cls, values: dict[str, Any]) -> SuggestionRules:
-        """The rules among ``values`` (a Dagster config carries more)."""
-        return cls(**{name: value for name, value in values.items() if name in cls.model_fields})
+    def of(cls, settings: SuggestionSettings) -> SuggestionRules:
+        """The rules of ``settings`` (a Dagster config carries more), checked: :class:`InvalidPolicy` in one line."""
+        try:
+            return cls(**settings.model_dump(include=set(SuggestionSettings.model_fields)))
+        except ValidationError as error:
+            raise InvalidPolicy(INVALID_RULES + one_line(error)) from None

@@ -27,7 +27,6 @@ from zombie_pipeline.config import (
 from zombie_pipeline.orchestration.resources import (
     ZombiePolicyResource,
     resources_from_env,
-    store_of,
 )
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
@@ -84,7 +83,7 @@ def test_a_first_demo_shows_the_cleanup_the_statistics_and_a_repeat_offender_fro
 
 def test_the_demo_refuses_a_size_for_a_simulation_it_would_not_make(embedded_home, capsys):
     def store():  # the command closes the process's clients when it ends
-        return store_of(**{name: resources_from_env()[name] for name in ("queue_db", "cache_db")})
+        return resources_from_env()["databases"].store()
 
     simulate(store(), Workload(finished=10, running=20, waiting=0))
     before = store().jobs.count_documents({})
@@ -104,7 +103,7 @@ def test_the_demo_and_a_cleanup_from_the_ui_succeed_after_the_workers_ran_past_t
     brake would stop the cleanup."""
     resources = {**resources_from_env(), "zombie_policy": ZombiePolicyResource(heartbeat_timeout_seconds=TIMEOUT)}
     policy = resources["zombie_policy"].policy()
-    store = store_of(resources["queue_db"], resources["cache_db"])  # starts the embedded server
+    store = resources["databases"].store()  # starts the embedded server
     # zombie-pipeline simulate: 40 healthy jobs and 5 zombies
     simulation = simulate(
         store,

@@ -25,9 +25,9 @@ from pymongo import MongoClient
 
 from tests.servers import REPO_ROOT
 from zombie_pipeline.cleanup import counters
+from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    QueueDatabase,
+    Databases,
     ZombiePolicyResource,
 )
 from zombie_pipeline.queue.cache_entries import failed_runs_after_crash
@@ -60,7 +60,7 @@ def connect(url: str, timeout_ms: int = 5_000, **options: Any) -> MongoClient:
     return MongoClient(url, tz_aware=True, tzinfo=dt.UTC, serverSelectionTimeoutMS=timeout_ms, **options)
 
 
-def store_of(client: MongoClient, queue: str = QUEUE, cache: str = CACHE) -> Store:
+def faults_store(client: MongoClient, queue: str = QUEUE, cache: str = CACHE) -> Store:
     return Store.of(client[queue], client[cache])
 
 
@@ -84,8 +84,13 @@ def snapshot(client: MongoClient) -> dict[str, Any]:
 
 def dagster_resources(timeout_ms: int = 3_000, **policy: Any) -> dict[str, Any]:
     return {
-        "queue_db": QueueDatabase(database=QUEUE, server_selection_timeout_ms=timeout_ms),
-        "cache_db": CacheDatabase(database=CACHE, server_selection_timeout_ms=timeout_ms),
+        "databases": Databases(
+            queue_url=dg.EnvVar(QUEUE_URL_ENV),
+            cache_url=dg.EnvVar(CACHE_URL_ENV),
+            queue_database=QUEUE,
+            cache_database=CACHE,
+            timeout_ms=timeout_ms,
+        ),
         "zombie_policy": ZombiePolicyResource(**policy),
     }
 

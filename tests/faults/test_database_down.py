@@ -21,10 +21,10 @@ from tests.faults.scenario import (
     audit,
     connect,
     dagster_resources,
+    faults_store,
     prior_failed_runs,
     snapshot,
     step_seconds,
-    store_of,
 )
 from tests.figures import report_figures
 from tests.helpers import (
@@ -71,7 +71,7 @@ def test_an_unreachable_database_fails_the_run_after_its_step_retries_each_withi
     """The first op's check waits the timeout, and its retry policy tries twice more (2 s, then 4 s later): an
     outage that short is survived (tests/orchestration/test_failures.py); this one is not, and the run says why."""
     client = connect(server.url)
-    store = store_of(client)
+    store = faults_store(client)
     store.ensure_indexes()
     simulation = simulate(
         store, workload(finished=40, crashed=8, never_heartbeated=2, overdue=2, running=20, waiting=5, seed=3)
@@ -96,7 +96,7 @@ def test_an_unreachable_database_fails_the_run_after_its_step_retries_each_withi
     core_started = time.monotonic()
     with pytest.raises(pymongo.errors.ServerSelectionTimeoutError):
         run_cleanup(
-            store_of(connect(server.url, timeout_ms=TIMEOUT_MS)), ZombiePolicy(), "core-run", override_brake=True
+            faults_store(connect(server.url, timeout_ms=TIMEOUT_MS)), ZombiePolicy(), "core-run", override_brake=True
         )
     core_seconds = time.monotonic() - core_started
     assert core_seconds <= TIMEOUT_MS / 1000 * 2 + 1
@@ -111,7 +111,7 @@ def test_an_unreachable_database_fails_the_run_after_its_step_retries_each_withi
     report_figures(
         "unreachable_at_start",
         {
-            "server_selection_timeout_ms": TIMEOUT_MS,
+            "timeout_ms": TIMEOUT_MS,
             "failing_op": failing_step,
             "failing_op_seconds": round(failing_seconds, 2),
             "whole_failed_run_seconds": round(run_seconds, 2),
@@ -186,7 +186,7 @@ def test_a_database_stopped_between_batches_fails_the_run_and_the_next_run_compl
     server: LocalServer, urls_of, point: str
 ):
     client = connect(server.url)
-    store = store_of(client)
+    store = faults_store(client)
     store.ensure_indexes()
     simulation = simulate(store, MIDWAY_WORKLOAD)
     zombies = simulation.zombie_ids

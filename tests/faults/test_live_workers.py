@@ -24,10 +24,10 @@ from tests.faults.scenario import (
     assert_nothing_lost_or_doubled,
     audit,
     connect,
+    faults_store,
     last_report,
     prior_failed_runs,
     start_actor,
-    store_of,
 )
 from tests.figures import report_figures
 from tests.helpers import job_document
@@ -110,7 +110,7 @@ def test_concurrent_cleanups_with_live_workers_finalize_each_zombie_once_and_nev
     server: LocalServer, tmp_path: Path, size: str
 ):
     sizes = LIVE_SIZES[size]
-    store = store_of(connect(server.url))
+    store = faults_store(connect(server.url))
     store.ensure_indexes()
     databases = {"url": server.url, "queue": QUEUE, "cache": CACHE}
     now = utc_now()

@@ -168,7 +168,7 @@ def test_a_write_whose_reply_is_lost_is_completed_by_the_step_retry_as_an_uninte
         credentials = f"{quote_plus(USER)}:{quote_plus(PASSWORD)}"
         monkeypatch.setenv(URL_ENV, proxy.url(credentials))
         resources = {
-            **database_resources(store, URL_ENV, server_selection_timeout_ms=TIMEOUT_MS),
+            **database_resources(store, URL_ENV, timeout_ms=TIMEOUT_MS),
             "zombie_policy": ZombiePolicyResource(**policy.model_dump()),
         }
         result = run_kill_zombies(resources, override_brake=True)

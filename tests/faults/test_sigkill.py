@@ -25,9 +25,9 @@ from tests.faults.scenario import (
     audit,
     comparable_state,
     connect,
+    faults_store,
     prior_failed_runs,
     start_actor,
-    store_of,
 )
 from tests.figures import report_figures
 from tests.helpers import workload
@@ -70,8 +70,8 @@ def test_sigkilled_cleanups_then_a_clean_run_end_in_the_state_of_an_uninterrupte
     # one operation blocked for a minute is a wedged server: the test fails saying so rather than waiting forever
     client = connect(server.url, timeoutMS=OPERATION_TIMEOUT_MS)
     sim_now = utc_now()
-    reference = store_of(client, "ref_queue", "ref_cache")
-    killed = store_of(client, "kill_queue", "kill_cache")
+    reference = faults_store(client, "ref_queue", "ref_cache")
+    killed = faults_store(client, "kill_queue", "kill_cache")
     for store in (reference, killed):
         store.ensure_indexes()
         simulation = simulate(store, KILL_WORKLOAD, now=sim_now)

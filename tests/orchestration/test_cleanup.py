@@ -5,6 +5,7 @@ import pytest
 from tests.helpers import (
     ago,
     database_resources,
+    databases_from_env,
     job_document,
     report_suggesting,
     run_kill_zombies,
@@ -12,9 +13,8 @@ from tests.helpers import (
     step_metadata,
     workload,
 )
+from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    QueueDatabase,
     ZombiePolicyResource,
 )
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status, utc_now
@@ -148,10 +148,10 @@ def test_a_queue_whose_generation_cannot_be_told_fails_the_run_in_one_line_with_
 
 def test_an_unreachable_database_fails_the_run_in_seconds_in_one_line_with_where_it_looked(monkeypatch):
     url = f"mongodb://127.0.0.1:{free_port()}/?directConnection=true"  # nothing listens there
-    monkeypatch.setenv(URL_ENV, url)
+    monkeypatch.setenv(QUEUE_URL_ENV, url)
+    monkeypatch.setenv(CACHE_URL_ENV, url)
     unreachable = {
-        "queue_db": QueueDatabase(url_env_var=URL_ENV, database="unreachable_queue", server_selection_timeout_ms=300),
-        "cache_db": CacheDatabase(url_env_var=URL_ENV, database="unreachable_cache", server_selection_timeout_ms=300),
+        "databases": databases_from_env("unreachable_queue", "unreachable_cache", timeout_ms=300),
         "zombie_policy": ZombiePolicyResource(),
     }
 
@@ -159,11 +159,13 @@ def test_an_unreachable_database_fails_the_run_in_seconds_in_one_line_with_where
 
     assert not result.success
     [failure] = failures(result)
-    assert failure.description.startswith(f"cannot reach MongoDB at {redact_url(url)} (from ${URL_ENV}) within 0.3 s: ")
+    assert failure.description.startswith(
+        f"cannot reach MongoDB at {redact_url(url)} (from ${QUEUE_URL_ENV}) within 0.3 s: "
+    )
     assert "\n" not in failure.description
     assert {name: value.value for name, value in failure.metadata.items()} == {
         "url": redact_url(url),
         "database": "unreachable_queue",
         "timeout_ms": 300,
-        "variable": URL_ENV,
+        "variable": QUEUE_URL_ENV,
     }

@@ -20,18 +20,13 @@ import pytest
 from pymongo.uri_parser import parse_uri
 
 from benchmarks.proxy import DelayProxy
-from tests.helpers import METRICS_OFF, QUIET_LOGGERS, crashed_job, healthy_job
+from tests.helpers import METRICS_OFF, QUIET_LOGGERS, crashed_job, databases_from_env, healthy_job
 from tests.servers import QuietHandler, http_server
 from zombie_pipeline.cleanup.detection import Brake
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.failures import result_cause
-from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    FailureWebhook,
-    QueueDatabase,
-    ZombiePolicyResource,
-)
+from zombie_pipeline.orchestration.resources import FailureWebhook, ZombiePolicyResource, url_from_env
 from zombie_pipeline.orchestration.sensors import failure_record, pipeline_failure_sensor
 from zombie_pipeline.orchestration.tags import RETRY_ON_STEP_FAILURE_TAG, WILL_RETRY_TAG
 from zombie_pipeline.queue.documents import ID, Event, Failure, Job, Status
@@ -57,8 +52,7 @@ def resources(mongo_url, queue_db, cache_db, monkeypatch):
     monkeypatch.setenv(CACHE_URL_ENV, mongo_url)
     monkeypatch.delenv(WEBHOOK_ENV, raising=False)
     return {
-        "queue_db": QueueDatabase(database=queue_db.name, server_selection_timeout_ms=2_000),
-        "cache_db": CacheDatabase(database=cache_db.name, server_selection_timeout_ms=2_000),
+        "databases": databases_from_env(queue_db.name, cache_db.name, timeout_ms=2_000),
         "zombie_policy": ZombiePolicyResource(),
         **METRICS_OFF,
     }
@@ -94,7 +88,7 @@ def failure_seen_by_the_sensor(instance, result, resources) -> dg.RunFailureSens
         dagster_event=record.event_log_entry.dagster_event,
         dagster_instance=instance,
         dagster_run=instance.get_run_by_id(result.run_id),
-        resources={**resources, "failure_webhook": FailureWebhook(url_env_var=WEBHOOK_ENV, timeout_seconds=2)},
+        resources={**resources, "failure_webhook": FailureWebhook(url=url_from_env(WEBHOOK_ENV), timeout_seconds=2)},
     ).for_run_failure()
 
 
@@ -102,8 +96,9 @@ def databases(resources, timeout_ms: int) -> dict:
     """``resources`` with database clients that give up on a server after ``timeout_ms``."""
     return {
         **resources,
-        "queue_db": QueueDatabase(database=resources["queue_db"].database, server_selection_timeout_ms=timeout_ms),
-        "cache_db": CacheDatabase(database=resources["cache_db"].database, server_selection_timeout_ms=timeout_ms),
+        "databases": databases_from_env(
+            resources["databases"].queue_database, resources["databases"].cache_database, timeout_ms=timeout_ms
+        ),
     }
 
 
@@ -111,7 +106,7 @@ def test_a_brake_stop_fails_once_with_its_numbers_as_the_cause_everywhere_and_is
     store, instance, resources, monkeypatch
 ):
     store.jobs.insert_many([crashed_job(f"user/{i}") for i in range(15)] + [healthy_job(f"u/{i}") for i in range(10)])
-    expected = Brake(stale=15, started=25, max_stale_fraction=0.5, min_started=20).message(simulated=False)
+    expected = Brake(stale=15, started=25, max_stale_fraction=0.5, min_started=20).message()
 
     result = cleanup(instance, resources)
 

@@ -6,7 +6,7 @@ import time
 import dagster as dg
 import pytest
 
-from tests.helpers import METRICS_OFF, ago, crashed_job, job_document, workload
+from tests.helpers import METRICS_OFF, ago, crashed_job, databases_from_env, job_document, workload
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.health import (
@@ -18,8 +18,6 @@ from zombie_pipeline.orchestration.health import (
     zombies_have_cache_errors,
 )
 from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    QueueDatabase,
     ZombiePolicyResource,
 )
 from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, JOB_TYPE_PARTITIONS
@@ -43,8 +41,7 @@ def resources(mongo_url, queue_db, cache_db, monkeypatch):
     monkeypatch.setenv(QUEUE_URL_ENV, mongo_url)
     monkeypatch.setenv(CACHE_URL_ENV, mongo_url)
     return {
-        "queue_db": QueueDatabase(database=queue_db.name),
-        "cache_db": CacheDatabase(database=cache_db.name),
+        "databases": databases_from_env(queue_db.name, cache_db.name),
         "zombie_policy": ZombiePolicyResource(),
         **METRICS_OFF,
     }

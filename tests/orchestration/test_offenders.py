@@ -14,8 +14,7 @@ from tests.helpers import QUEUE_GENERATION, database_resources
 from zombie_pipeline.orchestration.health import queue_health
 from zombie_pipeline.orchestration.offenders import CHECK_NAME, repeat_offenders
 from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    QueueDatabase,
+    Databases,
     ZombiePolicyResource,
 )
 from zombie_pipeline.orchestration.statistics import (
@@ -189,7 +188,7 @@ def test_the_asset_is_a_daily_statistic_run_by_the_statistics_job():
     defs = dg.Definitions(
         assets=[repeat_offenders],
         jobs=[duration_statistics_job],
-        resources={"queue_db": QueueDatabase(), "cache_db": CacheDatabase()},
+        resources={"databases": Databases()},
     )
     job = defs.resolve_job_def(duration_statistics_job.name)
     assert repeat_offenders.key in job.asset_layer.asset_graph.get_all_asset_keys()

@@ -8,7 +8,7 @@ from urllib.parse import quote_plus
 import dagster as dg
 import pytest
 
-from tests.helpers import report_suggesting
+from tests.helpers import databases_from_env, report_suggesting
 from tests.test_policy import BAD_POLICIES, case_id
 from zombie_pipeline.config import (
     CACHE_DATABASE_ENV,
@@ -18,21 +18,12 @@ from zombie_pipeline.config import (
     QUEUE_URL_ENV,
     SettingError,
 )
-from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    PolicyRefused,
-    QueueDatabase,
-    ZombiePolicyResource,
-    failing_in_one_line,
-    resources_from_env,
-    store_of,
-)
-from zombie_pipeline.policy import InvalidPolicy, PolicyError, ZombiePolicy
+from zombie_pipeline.orchestration.resources import Databases, PolicyRefused, ZombiePolicyResource, resources_from_env
+from zombie_pipeline.policy import InvalidPolicy, PolicyError, PolicySettings, ZombiePolicy
 from zombie_pipeline.queue.connections import (
     DEFAULT_TIMEOUT_MS,
     EMBEDDED_TIMEOUT_MS,
     DatabaseUnavailable,
-    check_reachable,
     client_for,
 )
 from zombie_pipeline.simulation.embedded import free_port
@@ -42,95 +33,89 @@ PASSWORD = "p@ss/w:rd %"
 SECRET_URL = f"mongodb://zombie:{quote_plus(PASSWORD)}@db.example.com:27017/admin?authSource=admin"
 
 
-# --- connections -----------------------------------------------------------------------
+# --- the databases ---------------------------------------------------------------------
 
 
-def test_queue_and_cache_connect_with_the_url_from_their_environment_variables(
+def test_the_databases_connect_with_the_urls_their_environment_variables_hold(
     monkeypatch, mongo_url, queue_db, cache_db
 ):
-    queue = QueueDatabase(database=queue_db.name)
-    cache = CacheDatabase(database=cache_db.name)
-    # read when used, not when configured
     monkeypatch.setenv(QUEUE_URL_ENV, mongo_url)
     monkeypatch.setenv(CACHE_URL_ENV, mongo_url)
+    databases = databases_from_env(queue_db.name, cache_db.name)
 
-    queue.get_database()[queue.jobs_collection].insert_one({"_id": 1, "at": dt.datetime(2024, 1, 1, tzinfo=dt.UTC)})
-    cache.get_database()[cache.cache_collection].insert_one({"_id": 2})
+    store = databases.store()
+    store.jobs.insert_one({"_id": 1, "at": dt.datetime(2024, 1, 1, tzinfo=dt.UTC)})
+    store.cache.insert_one({"_id": 2})
 
     assert queue_db["jobsBlue"].find_one({"_id": 1})["at"].tzinfo is not None
     assert cache_db["cachedResponsesBlue"].count_documents({"_id": 2}) == 1
-    assert queue.get_database().client is client_for(mongo_url)  # the process-wide client, not a new one
-    assert queue.url() == mongo_url
+    assert store.jobs.database.client is client_for(mongo_url)  # the process-wide client, not a new one
+    assert databases.urls() == [mongo_url, mongo_url]
 
 
 def test_the_wait_is_bounded_by_the_config_else_the_variable_else_a_default_for_where_the_database_is(monkeypatch):
     monkeypatch.delenv(MONGO_TIMEOUT_ENV, raising=False)
-    monkeypatch.delenv(QUEUE_URL_ENV, raising=False)
-    assert QueueDatabase().timeout_ms() == EMBEDDED_TIMEOUT_MS  # the embedded server shares the machine's CPU
-    monkeypatch.setenv(QUEUE_URL_ENV, SECRET_URL)
-    assert QueueDatabase().timeout_ms() == DEFAULT_TIMEOUT_MS
+    assert Databases().wait_ms() == EMBEDDED_TIMEOUT_MS  # the embedded server shares the machine's CPU
+    assert Databases(queue_url=SECRET_URL, cache_url=SECRET_URL).wait_ms() == DEFAULT_TIMEOUT_MS
     monkeypatch.setenv(MONGO_TIMEOUT_ENV, "1234")
-    assert QueueDatabase().timeout_ms() == 1234
-    monkeypatch.delenv(QUEUE_URL_ENV)
-    assert QueueDatabase().timeout_ms() == 1234  # set, it bounds the embedded server too
-    assert QueueDatabase(server_selection_timeout_ms=700).timeout_ms() == 700
+    assert Databases(queue_url=SECRET_URL, cache_url=SECRET_URL).wait_ms() == 1234
+    assert Databases().wait_ms() == 1234  # set, it bounds the embedded server too
+    assert Databases(timeout_ms=700).wait_ms() == 700
 
 
-def test_a_custom_variable_name_is_honoured(monkeypatch, mongo_url, queue_db):
-    monkeypatch.delenv(QUEUE_URL_ENV, raising=False)
-    monkeypatch.setenv("OTHER_QUEUE_URL", mongo_url)
-    queue = QueueDatabase(url_env_var="OTHER_QUEUE_URL", database=queue_db.name, jobs_collection="jobsGreen")
+def test_collections_a_deployment_named_otherwise_are_taken_as_configured(mongo_url, queue_db):
+    databases = Databases(
+        queue_url=mongo_url, cache_url=mongo_url, queue_database=queue_db.name, jobs_collection="jobsGreen"
+    )
 
-    store = store_of(queue, CacheDatabase(url_env_var="OTHER_QUEUE_URL", database=queue_db.name))
+    store = databases.store()
 
     assert store.jobs.full_name == f"{queue_db.name}.jobsGreen"
     store.jobs.insert_one({"_id": "x"})
     assert queue_db["jobsGreen"].count_documents({}) == 1
 
 
-def test_the_url_never_enters_resource_config_and_describe_redacts_it(monkeypatch):
+def test_the_url_is_config_only_as_the_name_of_its_variable_and_describe_redacts_it(monkeypatch):
     monkeypatch.setenv(QUEUE_URL_ENV, SECRET_URL)
-    queue = QueueDatabase(database="q")
+    monkeypatch.delenv(CACHE_URL_ENV, raising=False)
+    databases = resources_from_env()["databases"]
 
-    description = queue.describe()
-    config = repr(queue.model_dump())
+    description = repr(databases.describe())
+    config = repr(databases.model_dump())
 
-    assert description == "mongodb://***:***@db.example.com:27017/admin database=q"
+    assert databases.describe() == {
+        "queue": "mongodb://***:***@db.example.com:27017/admin database=datasets_server_queue",
+        "cache": "(embedded default) database=datasets_server_cache",
+    }
+    assert databases.cache_url is None  # unset: the embedded server
+    assert QUEUE_URL_ENV in config  # an EnvVar: the UI shows its name
     for shown in (description, config):
         for secret in (PASSWORD, quote_plus(PASSWORD), "zombie:"):
             assert secret not in shown
-    assert SECRET_URL not in config
 
 
-def test_a_configured_url_keeps_the_drivers_retryable_writes(monkeypatch):
+def test_a_configured_url_keeps_the_drivers_retryable_writes():
     """A real MongoDB applies a write pymongo retries after a reset once (the embedded server does not: test_embedded)."""
-    monkeypatch.setenv(QUEUE_URL_ENV, f"mongodb://127.0.0.1:{free_port()}/?directConnection=true")
-    assert QueueDatabase(database="q").get_database().client.options.retry_writes is True
+    url = f"mongodb://127.0.0.1:{free_port()}/?directConnection=true"
+    assert Databases(queue_url=url, cache_url=url).queue().client.options.retry_writes is True
 
 
-def test_without_a_url_describe_says_embedded(monkeypatch):
-    monkeypatch.delenv(CACHE_URL_ENV, raising=False)
-    assert CacheDatabase(database="c").describe() == "(embedded default) database=c"
-    assert CacheDatabase(database="c").url() is None
-
-
-def test_an_unreachable_database_fails_fast_without_the_password(monkeypatch):
+def test_an_unreachable_database_fails_fast_naming_its_variable_without_the_password():
     url = f"mongodb://zombie:{quote_plus(PASSWORD)}@127.0.0.1:{free_port()}/?directConnection=true"
-    monkeypatch.setenv(QUEUE_URL_ENV, url)
-    queue = QueueDatabase(database="q", server_selection_timeout_ms=300)
 
     with pytest.raises(DatabaseUnavailable) as raised:
-        check_reachable(queue.get_database(), queue.url())
+        Databases(queue_url=url, cache_url=url, timeout_ms=300).check_reachable()
 
+    assert f"(from ${QUEUE_URL_ENV})" in str(raised.value)
     for secret in (PASSWORD, quote_plus(PASSWORD)):
         assert secret not in str(raised.value)
 
 
 @pytest.mark.parametrize("timeout", [0, -1])
-def test_a_non_positive_server_selection_timeout_is_refused_naming_the_field(timeout: int):
-    """Checked where the database is taken (in a step: a refusal, not a resource that fails the run's start)."""
-    with pytest.raises(SettingError, match=f"server_selection_timeout_ms={timeout} "):
-        QueueDatabase(database="q", server_selection_timeout_ms=timeout).get_database()
+def test_a_non_positive_timeout_is_refused_naming_the_field(timeout: int):
+    """Checked where a database is taken (in a step: a refusal, not a resource that fails the run's start)."""
+    with pytest.raises(SettingError, match=f"timeout_ms={timeout} "):
+        Databases(timeout_ms=timeout).queue()
 
 
 def test_resources_from_env_take_database_names_from_the_environment(monkeypatch):
@@ -139,69 +124,62 @@ def test_resources_from_env_take_database_names_from_the_environment(monkeypatch
 
     resources = resources_from_env()
 
-    assert resources["queue_db"].database == "queue_prod"
-    assert resources["cache_db"].database == "datasets_server_cache"
-    assert resources["queue_db"].url_env_var == QUEUE_URL_ENV
-    assert resources["cache_db"].url_env_var == CACHE_URL_ENV
+    assert resources["databases"].queue_database == "queue_prod"
+    assert resources["databases"].cache_database == "datasets_server_cache"
     assert resources["zombie_policy"].policy() == ZombiePolicy()
 
 
-def test_an_op_uses_the_resources_inside_a_dagster_run(monkeypatch, mongo_url, queue_db):
+def test_a_step_gets_its_store_checked_from_the_resource(monkeypatch, mongo_url, queue_db, cache_db):
     monkeypatch.setenv(QUEUE_URL_ENV, mongo_url)
+    monkeypatch.setenv(CACHE_URL_ENV, mongo_url)
 
     @dg.op
-    def count_jobs(queue_db: QueueDatabase) -> int:
-        database = queue_db.get_database()
-        database[queue_db.jobs_collection].insert_one({"status": "waiting"})
-        return database[queue_db.jobs_collection].count_documents({})
+    def count_jobs(context, databases: Databases) -> int:
+        with databases.store_for(context, "count_jobs: counting jobs") as store:
+            store.jobs.insert_one({"status": "waiting"})
+            return store.jobs.count_documents({})
 
     @dg.job
     def counting():
         count_jobs()
 
-    result = counting.execute_in_process(resources={"queue_db": QueueDatabase(database=queue_db.name)})
+    result = counting.execute_in_process(resources={"databases": databases_from_env(queue_db.name, cache_db.name)})
 
     assert result.success
     assert result.output_for_node("count_jobs") == 1
 
 
-def test_a_database_error_in_the_middle_of_an_op_fails_it_in_one_line_naming_the_url_the_step_and_the_setting(
-    monkeypatch, mongo_url, queue_db
+def test_a_database_error_in_the_middle_of_a_step_fails_it_in_one_line_naming_the_url_the_step_and_the_setting(
+    mongo_url, queue_db, cache_db
 ):
-    """The op reaches the database, then loses it (here: the port closes under it): its failure is one line and the
-    facts as metadata, never pymongo's traceback, and carries no password."""
-    closed = f"mongodb://zombie:{quote_plus(PASSWORD)}@127.0.0.1:{free_port()}/?directConnection=true"
-    monkeypatch.setenv(QUEUE_URL_ENV, mongo_url)
-    monkeypatch.setenv(CACHE_URL_ENV, closed)
+    """The step reaches its databases, then a command fails (here the server refuses a duplicate): its failure is one
+    line and the facts as metadata, never pymongo's traceback, and carries no password."""
 
     @dg.op
-    @failing_in_one_line("count_jobs: counting jobs")
-    def count_jobs(queue_db: QueueDatabase, cache_db: CacheDatabase) -> int:
-        queue_db.get_database()["jobs"].insert_one({"status": "waiting"})  # the first database answers
-        return cache_db.get_database()["cache"].count_documents({})  # the second does not
+    def insert_twice(context, databases: Databases) -> None:
+        with databases.store_for(context, "insert_twice: inserting a job twice") as store:
+            store.jobs.insert_one({"_id": "twice"})
+            store.jobs.insert_one({"_id": "twice"})
 
     @dg.job
-    def counting():
-        count_jobs()
+    def inserting():
+        insert_twice()
 
-    resources = {
-        "queue_db": QueueDatabase(database=queue_db.name, server_selection_timeout_ms=400),
-        "cache_db": CacheDatabase(database="unreachable", server_selection_timeout_ms=400),
-    }
-    result = counting.execute_in_process(resources=resources, raise_on_error=False)
+    databases = Databases(queue_url=mongo_url, cache_url=mongo_url, queue_database=queue_db.name, timeout_ms=400)
+    result = inserting.execute_in_process(resources={"databases": databases}, raise_on_error=False)
 
     assert not result.success
     [failure] = [event for event in result.all_events if event.is_step_failure]
     message = failure.step_failure_data.error.message.strip()
     line = message.removeprefix("dagster._core.definitions.events.Failure: ")
     assert "\n" not in line and "Traceback" not in message
-    assert line.startswith("count_jobs: counting jobs: MongoDB at mongodb://***:***@127.0.0.1:")
+    assert line.startswith("insert_twice: inserting a job twice: MongoDB at ")
+    assert "refused a command (DuplicateKeyError" in line
     assert "$ZOMBIE_MONGO_TIMEOUT_MS bounds every wait on the database (400 ms)" in line
-    assert "database=" not in line and mongo_url not in line  # the queue answered: only the cache's URL is named
     metadata = {key: value.value for key, value in failure.step_failure_data.user_failure_data.metadata.items()}
-    assert metadata["doing"] == "count_jobs: counting jobs" and metadata["variable"] == "ZOMBIE_MONGO_TIMEOUT_MS"
-    for text in (message, repr(metadata)):
-        assert PASSWORD not in text and quote_plus(PASSWORD) not in text
+    assert (
+        metadata["doing"] == "insert_twice: inserting a job twice" and metadata["variable"] == "ZOMBIE_MONGO_TIMEOUT_MS"
+    )
 
 
 # --- the policy ------------------------------------------------------------------------------
@@ -243,7 +221,7 @@ def test_a_name_that_is_no_policy_field_is_refused_when_the_resource_is_built():
 
 
 def test_the_resource_has_the_policys_fields_types_defaults_and_descriptions():
-    policy_fields = ZombiePolicy.model_fields
+    policy_fields = PolicySettings.model_fields
     resource_fields = {name: info for name, info in ZombiePolicyResource.model_fields.items() if name in policy_fields}
 
     assert set(resource_fields) == set(policy_fields)

@@ -6,13 +6,21 @@ import json
 import dagster as dg
 import pytest
 
-from tests.helpers import METRICS_OFF, crashed_job, healthy_job, job_document, recorded_cleanup_run, run_kill_zombies
+from tests.helpers import (
+    METRICS_OFF,
+    crashed_job,
+    databases_from_env,
+    healthy_job,
+    job_document,
+    recorded_cleanup_run,
+    run_kill_zombies,
+)
 from tests.servers import QuietHandler, http_server
 from zombie_pipeline.config import CACHE_URL_ENV, CLEANUP_OVERDUE_MINUTES_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration import recency
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.health import queue_health
-from zombie_pipeline.orchestration.resources import CacheDatabase, FailureWebhook, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.resources import FailureWebhook, ZombiePolicyResource, url_from_env
 from zombie_pipeline.orchestration.sensors import (
     cleanup_checks_sensor,
     cleanup_overdue_sensor,
@@ -27,16 +35,20 @@ from zombie_pipeline.simulation.embedded import free_port
 WEBHOOK_ENV = "ZOMBIE_TEST_FAILURE_WEBHOOK_URL"
 
 
+def webhook_from_env() -> FailureWebhook:
+    """The failure webhook as the deployment builds it: its URL from the environment, if set."""
+    return FailureWebhook(url=url_from_env(WEBHOOK_ENV), timeout_seconds=2)
+
+
 @pytest.fixture
 def resources(mongo_url, queue_db, cache_db, monkeypatch):
     monkeypatch.setenv(QUEUE_URL_ENV, mongo_url)
     monkeypatch.setenv(CACHE_URL_ENV, mongo_url)
     monkeypatch.delenv(WEBHOOK_ENV, raising=False)
     return {
-        "queue_db": QueueDatabase(database=queue_db.name),
-        "cache_db": CacheDatabase(database=cache_db.name),
+        "databases": databases_from_env(queue_db.name, cache_db.name),
         "zombie_policy": ZombiePolicyResource(),
-        "failure_webhook": FailureWebhook(url_env_var=WEBHOOK_ENV, timeout_seconds=2),
+        "failure_webhook": webhook_from_env(),
         **METRICS_OFF,
     }
 
@@ -107,7 +119,7 @@ def test_stale_sensor_fails_the_tick_with_a_clean_message_when_the_queue_is_unre
     instance, resources, monkeypatch
 ):
     monkeypatch.setenv(QUEUE_URL_ENV, f"mongodb://user:s3cret@127.0.0.1:{free_port()}/?directConnection=true")
-    broken = {**resources, "queue_db": QueueDatabase(database="q", server_selection_timeout_ms=300)}
+    broken = {**resources, "databases": databases_from_env("q", "c", timeout_ms=300)}
     with pytest.raises(Exception) as raised:
         tick(stale_jobs_sensor, instance, broken)
     assert "cannot reach MongoDB" in str(raised.value)
@@ -153,7 +165,7 @@ def test_job_types_sensor_skips_types_that_cannot_be_partition_keys(store, insta
 def _finished_cleanup(instance, resources, dry_run=False):
     result = kill_zombies_job.execute_in_process(
         instance=instance,
-        resources={name: resources[name] for name in ("queue_db", "cache_db", "zombie_policy", "metrics_gateway")},
+        resources={name: resources[name] for name in ("databases", "zombie_policy", "metrics_gateway")},
         run_config={"ops": {"reconcile": {"config": {"dry_run": dry_run}}}},
     )
     assert result.success
@@ -214,7 +226,7 @@ def _braked_cleanup(store, instance, resources):
     braked = {**resources, "zombie_policy": ZombiePolicyResource(min_started_for_brake=1)}
     result = kill_zombies_job.execute_in_process(
         instance=instance,
-        resources={name: braked[name] for name in ("queue_db", "cache_db", "zombie_policy", "metrics_gateway")},
+        resources={name: braked[name] for name in ("databases", "zombie_policy", "metrics_gateway")},
         raise_on_error=False,
     )
     assert not result.success
@@ -231,6 +243,7 @@ def _failure_context(instance, run_id, resources):
 def test_a_failed_run_is_recorded_and_posted_to_the_webhook(store, instance, resources, webhook, monkeypatch):
     url, received = webhook
     monkeypatch.setenv(WEBHOOK_ENV, url)
+    resources["failure_webhook"] = webhook_from_env()
     run_id = _braked_cleanup(store, instance, resources)
     pipeline_failure_sensor(_failure_context(instance, run_id, resources))
 
@@ -255,6 +268,7 @@ def test_evaluating_the_same_failure_twice_leaves_one_record(store, instance, re
 
 def test_an_unreachable_webhook_is_recorded_not_raised_and_its_token_not_shown(store, instance, resources, monkeypatch):
     monkeypatch.setenv(WEBHOOK_ENV, f"http://127.0.0.1:{free_port()}/hooks/s3cret-t0ken")
+    resources["failure_webhook"] = webhook_from_env()
     run_id = _braked_cleanup(store, instance, resources)
     pipeline_failure_sensor(_failure_context(instance, run_id, resources))
     outcome = store.failures.find_one({ID: run_id})[Failure.WEBHOOK_OUTCOME]
@@ -285,9 +299,7 @@ def reported_check(result) -> dg.AssetCheckEvaluation:
 
 
 def successful_cleanup(instance, resources) -> str:
-    result = run_kill_zombies(
-        {name: resources[name] for name in ("queue_db", "cache_db", "zombie_policy")}, instance=instance
-    )
+    result = run_kill_zombies({name: resources[name] for name in ("databases", "zombie_policy")}, instance=instance)
     assert result.success
     return result.run_id
 
@@ -309,6 +321,7 @@ def test_no_successful_cleanup_within_the_limit_fails_the_check_and_posts_the_we
 ):
     url, received = webhook
     monkeypatch.setenv(WEBHOOK_ENV, url)
+    resources["failure_webhook"] = webhook_from_env()
     overdue = overdue_tick(instance, resources, cursor_watching_since(31, reported="recent"))
     evaluation = reported_check(overdue)
     assert not evaluation.passed and evaluation.metadata["limit_minutes"].value == 30

@@ -7,14 +7,12 @@ from pathlib import Path
 
 import dagster as dg
 import numpy as np
-import pydantic
 import pytest
 from bson import ObjectId
 
 from tests.helpers import METRICS_OFF, QUEUE_GENERATION, database_resources, job_document, workload
 from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    QueueDatabase,
+    Databases,
     ZombiePolicyResource,
 )
 from zombie_pipeline.orchestration.statistics import (
@@ -204,12 +202,18 @@ def test_daily_tallies_of_a_queue_whose_generation_cannot_be_told_fail_in_one_li
 def test_an_out_of_range_setting_fails_the_run_before_anything_is_read(monkeypatch, tmp_path):
     monkeypatch.setenv(URL_ENV, "mongodb://127.0.0.1:1/?directConnection=true")  # nothing listens there
     unreachable = {
-        "queue_db": QueueDatabase(url_env_var=URL_ENV, database="unused", server_selection_timeout_ms=200),
-        "cache_db": CacheDatabase(url_env_var=URL_ENV, database="unused", server_selection_timeout_ms=200),
+        "databases": Databases(
+            queue_url=dg.EnvVar(URL_ENV),
+            cache_url=dg.EnvVar(URL_ENV),
+            queue_database="unused",
+            cache_database="unused",
+            timeout_ms=200,
+        ),
         "zombie_policy": ZombiePolicyResource(),
         **METRICS_OFF,
     }
-    with dg.instance_for_test() as instance, pytest.raises(pydantic.ValidationError, match="quantile"):
+    refused = r"^invalid suggestion rules: quantile=1\.5: should be less than 1$"
+    with dg.instance_for_test() as instance, pytest.raises(dg.Failure, match=refused):
         dg.materialize(
             [job_duration_tallies, job_duration_statistics],
             selection=[job_duration_statistics],
@@ -226,8 +230,7 @@ def test_the_assets_form_a_daily_group_with_a_partitioned_job():
         assets=assets,
         jobs=[duration_statistics_job],
         resources={
-            "queue_db": QueueDatabase(),
-            "cache_db": CacheDatabase(),
+            "databases": Databases(),
             "zombie_policy": ZombiePolicyResource(),
             **METRICS_OFF,
         },

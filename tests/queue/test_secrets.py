@@ -31,6 +31,7 @@ from tests.figures import report_figures
 from tests.helpers import (
     CACHE_GENERATION,
     QUEUE_GENERATION,
+    databases_from_env,
     run_kill_zombies,
     step_failure_messages,
     workload,
@@ -46,8 +47,6 @@ from zombie_pipeline.config import (
     QUEUE_URL_ENV,
 )
 from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    QueueDatabase,
     ZombiePolicyResource,
 )
 from zombie_pipeline.policy import ZombiePolicy
@@ -299,8 +298,7 @@ def in_process_run(
     monkeypatch.setenv(QUEUE_URL_ENV, queue_url)
     monkeypatch.setenv(CACHE_URL_ENV, queue_url)
     resources = {
-        "queue_db": QueueDatabase(database=QUEUE, server_selection_timeout_ms=timeout_ms),
-        "cache_db": CacheDatabase(database=CACHE, server_selection_timeout_ms=timeout_ms),
+        "databases": databases_from_env(QUEUE, CACHE, timeout_ms=timeout_ms),
         "zombie_policy": ZombiePolicyResource(),
     }
     with dg.DagsterInstance.ephemeral() as instance:
@@ -317,9 +315,7 @@ def in_process_run(
         outputs.add(f"{name}: run record", serialize_value(instance.get_run_by_id(result.run_id)))
         for event in result.all_events:
             outputs.add(f"{name}: events", repr(event))
-        outputs.add(
-            f"{name}: resources describe", f"{resources['queue_db'].describe()} {resources['cache_db'].describe()}"
-        )
+        outputs.add(f"{name}: resources describe", repr(resources["databases"].describe()))
     close_clients()
     return result
 

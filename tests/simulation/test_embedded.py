@@ -218,9 +218,9 @@ def test_the_pipeline_writes_to_the_embedded_server_without_retries(shared_serve
     """It applies a retried write twice when a connection resets as it executes it (the team's reference notes):
     a reset must fail the run, for the next one to complete, rather than count a counter's move twice."""
     from zombie_pipeline.config import QUEUE_URL_ENV
-    from zombie_pipeline.orchestration.resources import QueueDatabase
+    from zombie_pipeline.orchestration.resources import Databases
 
     monkeypatch.delenv(QUEUE_URL_ENV, raising=False)
-    database = QueueDatabase(database="q").get_database()
+    database = Databases(queue_database="q").queue()
     assert database.client.options.retry_writes is False
     assert database.client.address == ("127.0.0.1", shared_server.port)

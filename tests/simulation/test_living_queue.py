@@ -17,12 +17,12 @@ from collections import Counter
 import pytest
 
 from tests.figures import report_figures
-from tests.helpers import METRICS_OFF, run_kill_zombies
+from tests.helpers import METRICS_OFF, database_resources, run_kill_zombies
 from tests.simulation.test_workers import VirtualClock, silent_since
 from zombie_pipeline.cleanup.detection import count_stale, started_filter
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.orchestration.failures import result_cause
-from zombie_pipeline.orchestration.resources import CacheDatabase, QueueDatabase, ZombiePolicyResource
+from zombie_pipeline.orchestration.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Cache, Job, Status, utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
@@ -76,8 +76,7 @@ def test_an_hour_of_the_living_queue_writes_cache_entries_in_every_window_and_ev
     pool.tick()  # every worker beats, at the present
     monkeypatch.setenv(URL_ENV, mongo_url)
     resources = {
-        "queue_db": QueueDatabase(url_env_var=URL_ENV, database=store.jobs.database.name),
-        "cache_db": CacheDatabase(url_env_var=URL_ENV, database=store.cache.database.name),
+        **database_resources(store, URL_ENV),
         "zombie_policy": ZombiePolicyResource(),
         **METRICS_OFF,
     }

@@ -18,7 +18,7 @@ from zombie_pipeline.queue.evidence import GenerationUnknown
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.secrets import redact
 from zombie_pipeline.simulation import embedded
-from zombie_pipeline.simulation.ownership import NotOurs, check_ours, drop_simulation, simulated_generation
+from zombie_pipeline.simulation.ownership import NotOurs, check_ours, drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 from zombie_pipeline.simulation.workload import STARTED_KINDS, Workload, WorkloadError, healthy_beside
@@ -28,15 +28,11 @@ from zombie_pipeline.simulation.workload import STARTED_KINDS, Workload, Workloa
 
 def _store_and_resources():
     """The configured databases, reachable: a refused or closed port fails now (within the resources' timeout), naming the URL."""
-    from zombie_pipeline.orchestration.resources import (
-        check_databases,
-        resources_from_env,
-        store_of,
-    )
+    from zombie_pipeline.orchestration.resources import resources_from_env
 
     resources = resources_from_env()
-    check_databases(resources["queue_db"], resources["cache_db"])
-    return store_of(resources["queue_db"], resources["cache_db"]), resources
+    resources["databases"].check_reachable()
+    return resources["databases"].store(), resources
 
 
 #: What ``simulate`` writes unless told otherwise (``None``: the healthy started jobs, sized against the brake).
@@ -100,12 +96,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.drop:
         drop_simulation(store, args.overwrite_database)
     elif (
-        simulated_generation(store) is not None
+        store.simulated_generation() is not None
     ):  # a second queue over the first would share its datasets' locks and keys
         raise NotOurs("these databases already hold a simulated queue; --drop replaces it (nothing was written)")
     store.ensure_indexes()
     result = simulate(store, workload, overwrite=args.overwrite_database)
-    print(f"queue: {resources['queue_db'].describe()}  cache: {resources['cache_db'].describe()}")
+    print("  ".join(f"{role}: {where}" for role, where in resources["databases"].describe().items()))
     print(
         f"a {workload.generation} queue (cache {workload.cache.name}): {workload.total} jobs, {result.cache_entries} cache "
         f"entries, {result.past_jobs} past jobs, in {result.insert_commands} inserts"
@@ -142,9 +138,9 @@ def cmd_workers(args: argparse.Namespace) -> int:
         waiting_target=args.waiting_target,
     )
     store, resources = _store_and_resources()
-    if simulated_generation(store) is None:  # workers write: only into a queue the simulator wrote
+    if store.simulated_generation() is None:  # workers write: only into a queue the simulator wrote
         raise NotOurs(
-            f"{resources['queue_db'].describe()} holds no simulated queue: simulated workers only run on a queue "
+            f"{resources['databases'].describe()['queue']} holds no simulated queue: simulated workers only run on a queue "
             "zombie-pipeline simulated (zombie-pipeline simulate first)"
         )
     policy = resources["zombie_policy"].policy()

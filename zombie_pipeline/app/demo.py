@@ -33,18 +33,13 @@ from zombie_pipeline.cleanup.run import RunSummary
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.failures import result_cause
 from zombie_pipeline.orchestration.offenders import repeat_offenders
-from zombie_pipeline.orchestration.resources import (
-    DeploymentResources,
-    check_databases,
-    resources_from_env,
-    store_of,
-)
+from zombie_pipeline.orchestration.resources import DeploymentResources, resources_from_env
 from zombie_pipeline.orchestration.statistics import job_duration_statistics, job_duration_tallies
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.ownership import check_ours, drop_simulation, simulated_generation
+from zombie_pipeline.simulation.ownership import check_ours, drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 from zombie_pipeline.simulation.workload import Workload, healthy_beside
@@ -83,20 +78,20 @@ def run_demo(
     ``refuse_finished``: ``finished`` was asked for, so a queue kept as it is (not simulated anew) is refused.
     """
     resources = resources or resources_from_env()
-    queue_db, cache_db, policy_resource = resources["queue_db"], resources["cache_db"], resources["zombie_policy"]
-    real_database = queue_db.url() is not None or cache_db.url() is not None
-    check_databases(queue_db, cache_db)  # a closed port or a refusal: one line, in seconds, before anything else
-    store = store_of(queue_db, cache_db)
+    databases, policy_resource = resources["databases"], resources["zombie_policy"]
+    real_database = any(url is not None for url in databases.urls())
+    databases.check_reachable()  # a closed port or a refusal: one line, in seconds, before anything else
+    store = databases.store()
     policy = policy_resource.policy()
-    print(f"queue: {queue_db.describe()}\ncache: {cache_db.describe()}")
+    print("\n".join(f"{role}: {where}" for role, where in databases.describe().items()))
 
     if real_database:
         print("A MongoDB URL is set: the demo simulates nothing and writes nothing (the cleanup runs as a dry run).")
     else:
         check_ours(store, give_up=GIVE_UP)  # the embedded server may hold a database loaded by hand: never written to
-        if fresh or simulated_generation(store) not in (None, generation):
+        if fresh or store.simulated_generation() not in (None, generation):
             drop_simulation(store)
-        elif refuse_finished and simulated_generation(store) is not None:
+        elif refuse_finished and store.simulated_generation() is not None:
             raise OptionRefused(
                 "--finished sizes a new simulation, and these databases already hold one, kept as it is: add --fresh "
                 "to simulate again"
@@ -115,7 +110,7 @@ def run_demo(
 
 def _prepare_queue(store: Store, finished: int, seed: int, policy: ZombiePolicy, generation: str) -> None:
     """A simulated queue as the cleanup should meet it: zombies, beside enough healthy started jobs."""
-    if simulated_generation(store) is None:
+    if store.simulated_generation() is None:
         zombies = Workload(finished=0, generation=generation)
         workload = Workload(
             finished=finished,

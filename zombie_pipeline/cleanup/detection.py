@@ -359,26 +359,13 @@ class Brake:
     def stale_fraction(self) -> float:
         return self.stale / self.started if self.started else 0.0
 
-    def message(self, simulated: bool = False) -> str:
-        """Why nothing was written, with the numbers, and what to do: on a real queue, or on one the simulator wrote.
-
-        ``simulated``: the queue was written by ``zombie-pipeline simulate``, whose healthy started jobs are kept
-        alive only by simulated workers; without them they look dead after the heartbeat timeout, all at once.
-        """
-        judged = (
+    def message(self) -> str:
+        """Why nothing was written, with the numbers, and what to do."""
+        return (
             f"brake engaged: {self.stale} of {self.started} started jobs ({self.stale_fraction:.0%}) look dead, more "
-            f"than max_stale_fraction={self.max_stale_fraction:.0%}; nothing was written. "
-        )
-        if simulated:
-            return judged + (
-                "This queue was written by zombie-pipeline simulate and no simulated worker heartbeats its healthy jobs: "
-                "keep them alive with zombie-pipeline workers, start again with zombie-pipeline simulate --drop "
-                "(or demo --fresh), or finalize them all with override_brake: true."
-            )
-        return judged + (
-            "Workers whose heartbeats no longer reach the queue look exactly like dead ones: check that the running "
-            "workers' heartbeats arrive (last_heartbeat of the started jobs); if they really died, run again with "
-            "override_brake: true."
+            f"than max_stale_fraction={self.max_stale_fraction:.0%}; nothing was written. Workers whose heartbeats no "
+            "longer reach the queue look exactly like dead ones: check that the running workers' heartbeats arrive "
+            "(last_heartbeat of the started jobs); if they really died, run again with override_brake: true."
         )
 
     def facts(self) -> dict[str, int | float]:

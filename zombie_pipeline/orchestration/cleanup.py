@@ -26,13 +26,7 @@ from zombie_pipeline.orchestration.metadata import (
     table_metadata,
 )
 from zombie_pipeline.orchestration.metrics import MetricsGateway
-from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    QueueDatabase,
-    ZombiePolicyResource,
-    failing_in_one_line,
-    store_of,
-)
+from zombie_pipeline.orchestration.resources import Databases, ZombiePolicyResource
 from zombie_pipeline.orchestration.tags import (
     CLEANUP_GROUP,
     JOB_TYPE_PARTITIONS,
@@ -43,16 +37,25 @@ from zombie_pipeline.orchestration.tags import (
     QUEUE_DATABASE_TAG,
     RETRY_ON_STEP_FAILURE_TAG,
     RETRY_STRATEGY_TAG,
+    scope_tags,
 )
 from zombie_pipeline.queue.documents import REASONS, utc_now
 from zombie_pipeline.queue.evidence import GenerationUnknown
-from zombie_pipeline.simulation.ownership import simulated_generation
 
 #: A step that fails on an error that may pass (a server election, a dropped connection, a timeout) is tried again
 #: within the run, after 2 s then 4 s: every step is safe to repeat (claims by unique id, compare-and-set, leases).
 #: A refusal (the brake, a bad policy, an undecided generation, a broken compensation) is a ``dg.Failure`` with
 #: ``allow_retries=False``: the same queue and configuration would give the same answer, so it fails at once.
 TRANSIENT_RETRIES = dg.RetryPolicy(max_retries=2, delay=2, backoff=dg.Backoff.EXPONENTIAL)
+
+
+#: What the brake's failure adds on a queue the simulator wrote: its healthy jobs stay alive only while simulated
+#: workers heartbeat them, and look dead all at once when none do.
+SIMULATED_QUEUE_BRAKED = (
+    "This queue was written by zombie-pipeline simulate and no simulated worker heartbeats its healthy jobs: keep them "
+    "alive with zombie-pipeline workers, start again with zombie-pipeline simulate --drop (or demo --fresh), or "
+    "finalize them all with override_brake: true."
+)
 
 
 class CleanupConfig(dg.Config):
@@ -78,66 +81,58 @@ class CleanupConfig(dg.Config):
     description="Tell the queue's generation, and complete the finalizations that crashed runs left half done.",
     retry_policy=TRANSIENT_RETRIES,
 )
-@failing_in_one_line("reconcile: telling the generation and completing what crashed runs left")
 def reconcile(
-    context: dg.OpExecutionContext,
-    config: CleanupConfig,
-    queue_db: QueueDatabase,
-    cache_db: CacheDatabase,
-    zombie_policy: ZombiePolicyResource,
+    context: dg.OpExecutionContext, config: CleanupConfig, databases: Databases, zombie_policy: ZombiePolicyResource
 ) -> CleanupPlan:
     zombie_policy.policy()  # a refused value fails the run here, before the first command to a database
-    store = store_of(queue_db, cache_db, check=True)
-    policy = zombie_policy.in_force(store)
-    try:
-        prepared = run.prepare(store, policy, context.run_id, config.options(context))
-    except CompensationError as error:  # refused before anything is written
-        raise dg.Failure(description=str(error), allow_retries=False) from None
-    plan = prepared.plan
-    if zombie_policy.use_suggested_max_durations:
-        context.log.info(f"suggested maximum durations in force: {policy.max_duration_seconds_by_type}")
-    metadata: dict[str, Any] = {
-        "queue": queue_db.describe(),
-        "cache": cache_db.describe(),
-        "policy": dg.MetadataValue.json(policy.as_dict()),
-        **{f"policy/{name}": value for name, value in policy.as_dict().items() if isinstance(value, (int, float))},
-        "dry_run": plan.options.dry_run,
-        "compensations": dg.MetadataValue.json(list(prepared.compensations)),
-        "queue_generation": plan.generations.queue.name if plan.generations.queue else "undecided",
-        "cache_generation": plan.generations.cache.name,
-        "queue_generation_evidence": dg.MetadataValue.json(plan.generations.evidence()),
-    }
-    if plan.generations.problem:
-        context.log.warning(plan.generations.problem)
-    if prepared.unknown_override_types:
-        metadata["unknown_override_types"] = dg.MetadataValue.json(list(prepared.unknown_override_types))
-        context.log.warning(
-            f"max_duration_seconds_by_type names job types the queue does not hold: {list(prepared.unknown_override_types)}; "
-            "their maximum duration applies to no job (a misspelt type?)"
-        )
-    result = run.reconcile(store, plan)
-    plan = plan.add(result)
+    with databases.store_for(
+        context, "reconcile: telling the generation and completing what crashed runs left"
+    ) as store:
+        policy = zombie_policy.in_force(store)
+        try:
+            prepared = run.prepare(store, policy, context.run_id, config.options(context))
+        except CompensationError as error:  # refused before anything is written
+            raise dg.Failure(description=str(error), allow_retries=False) from None
+        plan = prepared.plan
+        context.instance.add_run_tags(context.run_id, scope_tags(plan.options))
+        if zombie_policy.use_suggested_max_durations:
+            context.log.info(f"suggested maximum durations in force: {policy.max_duration_seconds_by_type}")
+        metadata: dict[str, Any] = {
+            **databases.describe(),
+            "policy": dg.MetadataValue.json(policy.as_dict()),
+            **{f"policy/{name}": value for name, value in policy.as_dict().items() if isinstance(value, (int, float))},
+            "dry_run": plan.options.dry_run,
+            "compensations": dg.MetadataValue.json(list(prepared.compensations)),
+            "queue_generation": plan.generations.queue.name if plan.generations.queue else "undecided",
+            "cache_generation": plan.generations.cache.name,
+            "queue_generation_evidence": dg.MetadataValue.json(plan.generations.evidence()),
+        }
+        if plan.generations.problem:
+            context.log.warning(plan.generations.problem)
+        if prepared.unknown_override_types:
+            metadata["unknown_override_types"] = dg.MetadataValue.json(list(prepared.unknown_override_types))
+            context.log.warning(
+                f"max_duration_seconds_by_type names job types the queue does not hold: "
+                f"{list(prepared.unknown_override_types)}; their maximum duration applies to no job (a misspelt type?)"
+            )
+        result = run.reconcile(store, plan)
     metadata.update(counts_metadata(result.counts))
     if result.counts[Count.TAKEN_OVER]:
         context.log.warning(f"completed {result.counts[Count.TAKEN_OVER]} finalizations left by crashed runs")
     context.add_output_metadata(metadata)
-    return plan
+    return plan.add(result)
 
 
 @dg.op(
     description="Find started jobs past their heartbeat timeout, SIGTERM or maximum duration, in one indexed query.",
     retry_policy=TRANSIENT_RETRIES,
 )
-@failing_in_one_line("find_zombies: detecting zombies")
 def find_zombies(
-    context: dg.OpExecutionContext,
-    plan: CleanupPlan,
-    queue_db: QueueDatabase,
-    cache_db: CacheDatabase,
-    metrics_gateway: MetricsGateway,
+    context: dg.OpExecutionContext, plan: CleanupPlan, databases: Databases, metrics_gateway: MetricsGateway
 ) -> list[Candidate]:
-    store = store_of(queue_db, cache_db, check=True)
-    detection = run.find(store, plan)
+    with databases.store_for(context, "find_zombies: detecting zombies") as store:
+        detection = run.find(store, plan)
+        simulated = detection.stopped_by_brake and store.simulated_generation() is not None
     brake = detection.brake
     pushed: dict[str, Any] = {}
     if not plan.options.dry_run:  # pushed when the brake stops the run too: that is when an operator must hear of it
@@ -145,10 +140,10 @@ def find_zombies(
         engaged = detection.stopped_by_brake
         stale_fraction = plan.policy.max_stale_fraction
         figures = partial(metrics.brake_figures, engaged, len(detection.candidates), started, stale_fraction)
-        pushed = metrics_gateway.push(context, figures, queue_db.database)
+        pushed = metrics_gateway.push(context, figures, databases.queue_database)
     if brake is not None and brake.engaged:  # the same queue would stop a retry too: failed at once, and only once
-        simulated = simulated_generation(store) is not None
-        raise dg.Failure(description=brake.message(simulated), metadata=brake.facts(), allow_retries=False)
+        message = brake.message() + (f" {SIMULATED_QUEUE_BRAKED}" if simulated else "")
+        raise dg.Failure(description=message, metadata=brake.facts(), allow_retries=False)
     rows = [candidate.evidence() for candidate in detection.candidates]
     by_reason = detection.count_by("reason")
     metadata: dict[str, Any] = {f"candidates/{reason}": by_reason.get(reason, 0) for reason in REASONS}
@@ -172,17 +167,12 @@ def find_zombies(
     "write the error users see; re-enqueue within the retry limits where the generation wants it.",
     retry_policy=TRANSIENT_RETRIES,
 )
-@failing_in_one_line("finalize_zombies: claiming and finalizing zombies")
 def finalize_zombies(
-    context: dg.OpExecutionContext,
-    plan: CleanupPlan,
-    candidates: list[Candidate],
-    queue_db: QueueDatabase,
-    cache_db: CacheDatabase,
+    context: dg.OpExecutionContext, plan: CleanupPlan, candidates: list[Candidate], databases: Databases
 ) -> CleanupPlan:
-    store = store_of(queue_db, cache_db, check=True)
     try:
-        result = run.finalize(store, plan, candidates)
+        with databases.store_for(context, "finalize_zombies: claiming and finalizing zombies") as store:
+            result = run.finalize(store, plan, candidates)
     except GenerationUnknown as error:
         raise dg.Failure(
             description=str(error),
@@ -205,12 +195,9 @@ def finalize_zombies(
     "failing in earlier runs too; record every outcome on its event. A failure never stops the others.",
     retry_policy=TRANSIENT_RETRIES,
 )
-@failing_in_one_line("compensate_zombies: running compensations")
-def compensate_zombies(
-    context: dg.OpExecutionContext, plan: CleanupPlan, queue_db: QueueDatabase, cache_db: CacheDatabase
-) -> CleanupPlan:
-    store = store_of(queue_db, cache_db, check=True)
-    result = run.compensate(store, plan)
+def compensate_zombies(context: dg.OpExecutionContext, plan: CleanupPlan, databases: Databases) -> CleanupPlan:
+    with databases.store_for(context, "compensate_zombies: running compensations") as store:
+        result = run.compensate(store, plan)
     context.add_output_metadata(counts_metadata(result.counts))
     if result.counts[Count.COMPENSATION_FAILED] or result.counts[Count.COMPENSATION_TO_RETRY]:
         context.log.warning(
@@ -225,29 +212,24 @@ def compensate_zombies(
     "figures to the Pushgateway, if there is one.",
     retry_policy=TRANSIENT_RETRIES,
 )
-@failing_in_one_line("summarize: reading the run back from the audit trail")
 def summarize(
-    context: dg.OpExecutionContext,
-    plan: CleanupPlan,
-    queue_db: QueueDatabase,
-    cache_db: CacheDatabase,
-    metrics_gateway: MetricsGateway,
-) -> dict:
-    store = store_of(queue_db, cache_db, check=True)
-    summary = run.summarize(store, plan.run_id, dict(plan.counts))
-    metadata: dict[str, Any] = {
-        **counts_metadata(summary.counts),
-        "finalized_jobs": table_metadata(summary.rows),
-        "summary": dg.MetadataValue.md(summary.markdown()),
-    }
-    if not plan.options.dry_run:
-        found = {(job_type, reason): count for job_type, reason, count in plan.found}
+    context: dg.OpExecutionContext, plan: CleanupPlan, databases: Databases, metrics_gateway: MetricsGateway
+) -> dict[str, int]:
+    with databases.store_for(context, "summarize: reading the run back from the audit trail") as store:
+        summary = run.summarize(store, plan.run_id, dict(plan.counts))
+        metadata: dict[str, Any] = {
+            **counts_metadata(summary.counts),
+            "finalized_jobs": table_metadata(summary.rows),
+            "summary": dg.MetadataValue.md(summary.markdown()),
+        }
+        if not plan.options.dry_run:
+            found = {(job_type, reason): count for job_type, reason, count in plan.found}
 
-        def figures() -> metrics.Figures:  # read only when there is a gateway to push to
-            totals = metrics.audit_totals(store.events)
-            return metrics.cleanup_figures(totals, summary.counts, found, plan.started_at, utc_now())
+            def figures() -> metrics.Figures:  # read only when there is a gateway to push to
+                totals = metrics.audit_totals(store.events)
+                return metrics.cleanup_figures(totals, summary.counts, found, plan.started_at, utc_now())
 
-        metadata.update(metrics_gateway.push(context, figures, queue_db.database))
+            metadata.update(metrics_gateway.push(context, figures, databases.queue_database))
     context.add_output_metadata(metadata)
     context.log.info(summary.one_line())
     return dict(summary.counts)

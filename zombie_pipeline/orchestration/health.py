@@ -3,23 +3,23 @@
 ``kill_zombies_job`` is an op job: it changes the queue but materializes no
 asset. So the queue's state after a cleanup is an asset of its own,
 ``queue_health`` (counts of started, waiting and stale jobs, unfinished
-finalizations; the policy), and the two invariants are its checks:
+finalizations; the policy), and its four checks are what a cleanup must leave behind:
 
 - ``no_zombies_left``: no job that was already a zombie when the cleanup
   started is still ``started``. Jobs that went stale since are the next
   cleanup's work, not a failure of this one.
 - ``zombies_have_cache_errors``: every finalization of the last days whose
   cache error was written still finds that error in the cache, unless a newer
-  result replaced it.
-
-A fourth check, ``cleanups_are_recent``, is about the cleanups rather than one of
-them: a cleanup of the queue succeeded within the last N minutes
-(``orchestration/recency.py``); ``cleanup_overdue_sensor`` reports it.
+  result replaced it;
+- ``compensations_succeed``: no compensation failing (a warning) or given up on;
+- ``cleanups_are_recent``, about the cleanups rather than one of them: a
+  cleanup of the queue succeeded within the last N minutes
+  (``orchestration/recency.py``); ``cleanup_overdue_sensor`` reports it.
 
 ``queue_health_job`` materializes the asset and runs its checks;
 ``cleanup_checks_sensor`` (sensors.py) launches it after every successful
 cleanup, tagged with that cleanup's run id, so the checks judge the cleanup's
-own scope (its start time and job types). Launched by hand, the checks judge
+own scope (its start time, and its job types as its tags say them). Launched by hand, the checks judge
 the queue as it is now, over every type.
 """
 
@@ -34,21 +34,10 @@ from zombie_pipeline import metrics, monitoring
 from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.config import CLEANUP_OVERDUE_MINUTES_ENV, DEFAULT_CLEANUP_OVERDUE_MINUTES, cleanup_overdue_minutes
 from zombie_pipeline.orchestration import recency
-from zombie_pipeline.orchestration.cleanup import reconcile
 from zombie_pipeline.orchestration.metadata import malformed_metadata, table_metadata
 from zombie_pipeline.orchestration.metrics import MetricsGateway
-from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    QueueDatabase,
-    ZombiePolicyResource,
-    failing_in_one_line,
-    store_of,
-)
-from zombie_pipeline.orchestration.tags import (
-    CLEANUP_GROUP,
-    CLEANUP_RUN_TAG,
-    PARTITION_TAG,
-)
+from zombie_pipeline.orchestration.resources import Databases, ZombiePolicyResource
+from zombie_pipeline.orchestration.tags import CLEANUP_GROUP, CLEANUP_RUN_TAG, scope_of_tags
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ErrorCode, utc_now
 from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS
@@ -69,20 +58,13 @@ class CleanupScope:
 
 
 def cleanup_scope(instance: dg.DagsterInstance, run_id: str) -> CleanupScope | None:
+    """The scope a cleanup run's tags say (its first step tags it), and when it started."""
     record = instance.get_run_record_by_id(run_id)
     if record is None:
         return None
-    run = record.dagster_run
-    run_config: dict[str, Any] = dict(run.run_config or {})
-    config = (run_config.get("ops", {}).get(reconcile.name) or {}).get("config") or {}
-    if PARTITION_TAG in run.tags:
-        job_types: tuple[str, ...] | None = (run.tags[PARTITION_TAG],)
-    elif config.get("job_types") is not None:
-        job_types = tuple(config["job_types"])
-    else:
-        job_types = None
+    job_types, dry_run = scope_of_tags(dict(record.dagster_run.tags))
     started_at = dt.datetime.fromtimestamp(record.start_time, dt.UTC) if record.start_time else None
-    return CleanupScope(run_id=run_id, started_at=started_at, job_types=job_types, dry_run=bool(config.get("dry_run")))
+    return CleanupScope(run_id=run_id, started_at=started_at, job_types=job_types, dry_run=dry_run)
 
 
 def _checked_cleanup(context: dg.AssetCheckExecutionContext) -> CleanupScope | None:
@@ -101,33 +83,32 @@ def _checked_cleanup(context: dg.AssetCheckExecutionContext) -> CleanupScope | N
         "pushed to the Pushgateway, if there is one. Its checks are the cleanup's invariants."
     ),
 )
-@failing_in_one_line("queue_health: reading the queue")
 def queue_health(
     context: dg.AssetExecutionContext,
-    queue_db: QueueDatabase,
-    cache_db: CacheDatabase,
+    databases: Databases,
     zombie_policy: ZombiePolicyResource,
     metrics_gateway: MetricsGateway,
 ) -> dg.MaterializeResult:
-    store = store_of(queue_db, cache_db, check=True)
-    policy = zombie_policy.in_force(store)
-    now = utc_now()
-    snapshot = monitoring.queue_snapshot(store, policy, now)
-    offenders = find_offenders(store, now - dt.timedelta(days=DEFAULT_WINDOW_DAYS), now, DEFAULT_THRESHOLD, limit=0)
-    metadata: dict[str, Any] = {
-        **snapshot.as_dict(),
-        "repeat_offenders": offenders.offenders_total,  # listed by the daily repeat_offenders asset
-        "policy": dg.MetadataValue.json(policy.as_dict()),
-        "queue": queue_db.describe(),
-    }
-    cleanup_run = context.run.tags.get(CLEANUP_RUN_TAG)
-    if cleanup_run:
-        metadata["after_cleanup_run"] = cleanup_run
+    with databases.store_for(context, "queue_health: reading the queue") as store:
+        policy = zombie_policy.in_force(store)
+        now = utc_now()
+        snapshot = monitoring.queue_snapshot(store, policy, now)
+        window_start = now - dt.timedelta(days=DEFAULT_WINDOW_DAYS)
+        offenders = find_offenders(store, window_start, now, DEFAULT_THRESHOLD, limit=0)
+        metadata: dict[str, Any] = {
+            **snapshot.as_dict(),
+            "repeat_offenders": offenders.offenders_total,  # listed by the daily repeat_offenders asset
+            "policy": dg.MetadataValue.json(policy.as_dict()),
+            "queue": databases.describe()["queue"],
+        }
+        cleanup_run = context.run.tags.get(CLEANUP_RUN_TAG)
+        if cleanup_run:
+            metadata["after_cleanup_run"] = cleanup_run
 
-    def figures() -> metrics.Figures:  # the started jobs per type read only when there is a gateway to push to
-        return metrics.health_figures(snapshot, metrics.started_by_type(store.jobs), offenders.offenders_total)
+        def figures() -> metrics.Figures:  # the started jobs per type read only when there is a gateway to push to
+            return metrics.health_figures(snapshot, metrics.started_by_type(store.jobs), offenders.offenders_total)
 
-    metadata.update(metrics_gateway.push(context, figures, queue_db.database))
+        metadata.update(metrics_gateway.push(context, figures, databases.queue_database))
     return dg.MaterializeResult(metadata=metadata)
 
 
@@ -142,19 +123,14 @@ def queue_health(
         "Launched by hand, after no cleanup: no zombie right now, in any type."
     ),
 )
-@failing_in_one_line("no_zombies_left: looking for zombies left")
 def no_zombies_left(
-    context: dg.AssetCheckExecutionContext,
-    queue_db: QueueDatabase,
-    cache_db: CacheDatabase,
-    zombie_policy: ZombiePolicyResource,
+    context: dg.AssetCheckExecutionContext, databases: Databases, zombie_policy: ZombiePolicyResource
 ) -> dg.AssetCheckResult:
-    store = store_of(queue_db, cache_db, check=True)
-    policy = zombie_policy.in_force(store)
     scope = _checked_cleanup(context)
     as_of = scope.started_at if scope and scope.started_at else utc_now()
     job_types = scope.job_types if scope else None
-    left = monitoring.zombies_left(store.jobs, policy, as_of, job_types)
+    with databases.store_for(context, "no_zombies_left: looking for zombies left") as store:
+        left = monitoring.zombies_left(store.jobs, zombie_policy.in_force(store), as_of, job_types)
     rows = [candidate.evidence() for candidate in left.candidates[:SAMPLE_ROWS]]
     metadata: dict[str, Any] = {
         "as_of": dg.MetadataValue.timestamp(as_of),
@@ -191,16 +167,14 @@ class CacheErrorsCheckConfig(dg.Config):
         f"{ErrorCode.EXCEEDED_MAX_DURATION}), or a newer result replaced it since."
     ),
 )
-@failing_in_one_line("zombies_have_cache_errors: reading the cache entries of finalized zombies")
 def zombies_have_cache_errors(
-    context: dg.AssetCheckExecutionContext,
-    config: CacheErrorsCheckConfig,
-    queue_db: QueueDatabase,
-    cache_db: CacheDatabase,
+    context: dg.AssetCheckExecutionContext, config: CacheErrorsCheckConfig, databases: Databases
 ) -> dg.AssetCheckResult:
-    store = store_of(queue_db, cache_db, check=True)
     since = utc_now() - dt.timedelta(days=config.days)
-    audit = monitoring.audit_cache_errors(store, since, SAMPLE_ROWS)
+    with databases.store_for(
+        context, "zombies_have_cache_errors: reading the cache entries of finalized zombies"
+    ) as store:
+        audit = monitoring.audit_cache_errors(store, since, SAMPLE_ROWS)
     metadata: dict[str, Any] = {
         "since": dg.MetadataValue.timestamp(since),
         "finalizations_checked": audit.checked,
@@ -228,9 +202,9 @@ def zombies_have_cache_errors(
         "next cleanups, with an error once one is given up on after compensation_max_attempts."
     ),
 )
-@failing_in_one_line("compensations_succeed: reading the compensations")
-def compensations_succeed(queue_db: QueueDatabase, cache_db: CacheDatabase) -> dg.AssetCheckResult:
-    audit = compensations.audit(store_of(queue_db, cache_db, check=True), SAMPLE_ROWS)
+def compensations_succeed(context: dg.AssetCheckExecutionContext, databases: Databases) -> dg.AssetCheckResult:
+    with databases.store_for(context, "compensations_succeed: reading the compensations") as store:
+        audit = compensations.audit(store, SAMPLE_ROWS)
     metadata: dict[str, Any] = {
         "given_up": audit.failed,
         "failing_to_retry": audit.retrying,

@@ -19,12 +19,7 @@ import dagster as dg
 from pydantic import Field
 
 from zombie_pipeline.orchestration.metadata import table_metadata
-from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    QueueDatabase,
-    failing_in_one_line,
-    store_of,
-)
+from zombie_pipeline.orchestration.resources import Databases
 from zombie_pipeline.orchestration.statistics import DAILY_PARTITIONS, GROUP
 from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS
 from zombie_pipeline.statistics.offenders import (
@@ -81,9 +76,8 @@ class RepeatOffendersConfig(dg.Config):
         )
     ],
 )
-@failing_in_one_line("repeat_offenders: reading the audit trail")
 def repeat_offenders(
-    context: dg.AssetExecutionContext, config: RepeatOffendersConfig, queue_db: QueueDatabase, cache_db: CacheDatabase
+    context: dg.AssetExecutionContext, config: RepeatOffendersConfig, databases: Databases
 ) -> dg.MaterializeResult:
     """The datasets and job types finalized repeatedly over the window ending with this day.
 
@@ -92,13 +86,13 @@ def repeat_offenders(
     users read, else the last event's code). From the audit trail, grouped on
     the server over the ``finalized_at`` index; malformed events are counted.
     """
-    store = store_of(queue_db, cache_db, check=True)
-    end = context.partition_time_window.end
-    start = end - dt.timedelta(days=config.window_days)
-    found = find_offenders(store, start, end, config.threshold, limit=config.max_datasets)
-    if found.skipped:
-        context.log.warning(f"{found.skipped} malformed audit events left out: {dict(found.malformed)}")
-    return dg.MaterializeResult(metadata=offenders_metadata(found), check_results=[offenders_check(found)])
+    with databases.store_for(context, "repeat_offenders: reading the audit trail") as store:
+        end = context.partition_time_window.end
+        start = end - dt.timedelta(days=config.window_days)
+        found = find_offenders(store, start, end, config.threshold, limit=config.max_datasets)
+        if found.skipped:
+            context.log.warning(f"{found.skipped} malformed audit events left out: {dict(found.malformed)}")
+        return dg.MaterializeResult(metadata=offenders_metadata(found), check_results=[offenders_check(found)])
 
 
 def offenders_metadata(found: RepeatOffenders) -> dict[str, Any]:

@@ -1,27 +1,26 @@
-"""Dagster resources: where the queue and the cache are, the cleanup policy, and the failure webhook (the
-metrics gateway is in ``orchestration/metrics.py``; its URL carries no credentials and is its config).
+"""Dagster resources: the deployment's databases, the cleanup policy, and the failure webhook (the metrics gateway is
+in ``orchestration/metrics.py``; its URL carries no credentials and is its config).
 
-URLs are read from environment variables when a resource is used, never stored
-in config: Dagster shows resource config in its UI, and a URL may carry a
-password. With no URL set, the embedded server is started (or reused).
+A MongoDB URL may carry a password, and Dagster shows resource config in its UI: the deployment's definitions give
+the URLs as ``dg.EnvVar`` (the UI shows the variable's name, never its value), or None for the embedded server.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+import contextlib
+from collections.abc import Iterator
+from typing import Any, ClassVar, TypedDict
 
 import dagster as dg
 import pymongo
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import Field
 from pymongo.database import Database
 from pymongo.errors import ConfigurationError
 
 from zombie_pipeline import config
 from zombie_pipeline.config import SettingError
 from zombie_pipeline.orchestration.metrics import MetricsGateway, metrics_gateway_from_env
-from zombie_pipeline.policy import InvalidPolicy, ZombiePolicy, policy_fields, validated
+from zombie_pipeline.policy import InvalidPolicy, PolicySettings, ZombiePolicy, validated
 from zombie_pipeline.queue.connections import (
     DEFAULT_TIMEOUT_MS,
     EMBEDDED_TIMEOUT_MS,
@@ -45,176 +44,147 @@ from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation import embedded
 from zombie_pipeline.statistics.suggestion_log import effective_policy
 
+StepContext = dg.OpExecutionContext | dg.AssetExecutionContext | dg.AssetCheckExecutionContext
 
-class _MongoDatabaseResource(dg.ConfigurableResource):
-    url_env_var: str = Field(description="Name of the environment variable holding the MongoDB URL.")
-    database: str = Field(description="Database name.")
-    # The name is the one it had when it bounded only the choice of a server; run configs name it so. Checked by
-    # get_database, in the step (a bound here would fail the run at resource setup, which Dagster retries).
-    server_selection_timeout_ms: int | None = Field(
-        default=None,
-        description="How long any wait on the database may last before a run fails, in milliseconds, more than 0: "
-        "connecting, choosing a server, each reply, each operation with its retry (unset: "
-        f"${config.MONGO_TIMEOUT_ENV}, else {DEFAULT_TIMEOUT_MS}, or {EMBEDDED_TIMEOUT_MS} on the embedded default).",
+
+class Databases(dg.ConfigurableResource):
+    """The queue database (jobs, and our own collections beside them) and the cache database, on one MongoDB or two.
+
+    :meth:`store_for` is how a step reaches them: checked first, and any database error within the step said in one
+    line (the masked URL, what the step was doing, the setting that bounds every wait).
+    """
+
+    #: Where the deployment's definitions read the URLs, named in the messages of a database out of reach.
+    QUEUE_URL_VARIABLE: ClassVar[str] = config.QUEUE_URL_ENV
+    CACHE_URL_VARIABLE: ClassVar[str] = config.CACHE_URL_ENV
+
+    queue_url: str | None = Field(
+        default=None, description=f"MongoDB URL of the queue (${config.QUEUE_URL_ENV}); unset: the embedded server."
     )
-
-    def url(self) -> str | None:
-        """The configured URL, or None for the embedded default."""
-        return config.setting(self.url_env_var)
-
-    def connection_url(self) -> str:
-        """The URL to connect to: the configured one, else the embedded server's (started if needed)."""
-        return self.url() or embedded.ensure_server().url
-
-    def timeout_ms(self) -> int:
-        """The bound on every wait: this config's, else ``$ZOMBIE_MONGO_TIMEOUT_MS``, else the default for the target."""
-        if self.server_selection_timeout_ms is None:
-            return config.mongo_timeout_ms(default_timeout_ms(embedded=self.url() is None))
-        if self.server_selection_timeout_ms <= 0:
-            raise SettingError(
-                f"server_selection_timeout_ms={self.server_selection_timeout_ms} (the {self.database} database's "
-                "resource config) must be a positive number of milliseconds"
-            )
-        return self.server_selection_timeout_ms
-
-    def get_database(self) -> Database:
-        """The database; :class:`SettingError` naming the variable when its URL is not one pymongo accepts."""
-        timeout_ms = self.timeout_ms()
-        url = self.connection_url()
-        # The embedded server applies a retried write twice when a connection resets as it executes it: no retries
-        # there (a reset fails the run, the next run completes it); a real MongoDB applies a retried write once.
-        embedded_default = self.url() is None
-        try:
-            return client_for(url, timeout_ms, retry_writes=not embedded_default)[self.database]
-        except ConfigurationError as error:  # the value itself is not shown: a malformed URL may still hold a password
-            raise SettingError(
-                f"{self.url_env_var} is not a MongoDB URL: {scrub(str(error), [url])} (expected "
-                "mongodb://[user:password@]host[:port][/?options] or mongodb+srv://...)"
-            ) from None
-
-    def describe(self) -> str:
-        """Where this resource points, without credentials."""
-        return f"{redact_url(self.url())} database={self.database}"
-
-
-class QueueDatabase(_MongoDatabaseResource):
-    """The queue database: jobs, and our own audit, failure and suggestion collections."""
-
-    url_env_var: str = config.QUEUE_URL_ENV
-    database: str = DEFAULT_QUEUE_DATABASE
+    cache_url: str | None = Field(
+        default=None, description=f"MongoDB URL of the cache (${config.CACHE_URL_ENV}); unset: the embedded server."
+    )
+    queue_database: str = Field(default=DEFAULT_QUEUE_DATABASE, description="The queue's database.")
+    cache_database: str = Field(default=DEFAULT_CACHE_DATABASE, description="The cache's database.")
     jobs_collection: str = DEFAULT_JOBS_COLLECTION
+    cache_collection: str = DEFAULT_CACHE_COLLECTION
     events_collection: str = DEFAULT_EVENTS_COLLECTION
     failures_collection: str = DEFAULT_FAILURES_COLLECTION
     suggestions_collection: str = DEFAULT_SUGGESTIONS_COLLECTION
+    # Checked where a database is reached, in the step: a bound here would fail the run at resource setup.
+    timeout_ms: int | None = Field(
+        default=None,
+        description="How long any wait on a database may last before a step fails, in milliseconds, more than 0: "
+        f"connecting, choosing a server, each reply, each operation with its retry (unset: ${config.MONGO_TIMEOUT_ENV}, "
+        f"else {DEFAULT_TIMEOUT_MS}, or {EMBEDDED_TIMEOUT_MS} on the embedded default).",
+    )
+
+    def urls(self) -> list[str | None]:
+        """The configured URLs (None: the embedded default), queue first: what messages mask."""
+        return [_value(self.queue_url), _value(self.cache_url)]
+
+    def wait_ms(self) -> int:
+        """The bound on every wait: this config's, else ``$ZOMBIE_MONGO_TIMEOUT_MS``, else the default for the target."""
+        if self.timeout_ms is None:
+            embedded_default = None in self.urls()
+            return config.mongo_timeout_ms(default_timeout_ms(embedded=embedded_default))
+        if self.timeout_ms <= 0:
+            raise SettingError(
+                f"timeout_ms={self.timeout_ms} (the databases resource's config) must be a positive number of milliseconds"
+            )
+        return self.timeout_ms
+
+    def queue(self) -> Database[Any]:
+        return self._database(self.urls()[0], self.queue_database, self.QUEUE_URL_VARIABLE)
+
+    def cache(self) -> Database[Any]:
+        return self._database(self.urls()[1], self.cache_database, self.CACHE_URL_VARIABLE)
+
+    def store(self) -> Store:
+        """The collections of both databases, unchecked (a sensor checks what it reads itself)."""
+        return Store.of(
+            self.queue(),
+            self.cache(),
+            jobs_collection=self.jobs_collection,
+            cache_collection=self.cache_collection,
+            events_collection=self.events_collection,
+            failures_collection=self.failures_collection,
+            suggestions_collection=self.suggestions_collection,
+        )
+
+    def check_reachable(self, cache: bool = True) -> None:
+        """:class:`DatabaseUnavailable`, one line naming the variable and the masked URL, for a database out of reach
+        (the queue's; the cache's too unless ``cache=False``)."""
+        queue_url, cache_url = self.urls()
+        check_reachable(self.queue(), queue_url, self.QUEUE_URL_VARIABLE)
+        if cache:
+            check_reachable(self.cache(), cache_url, self.CACHE_URL_VARIABLE)
+
+    @contextlib.contextmanager
+    def store_for(self, context: StepContext, doing: str) -> Iterator[Store]:
+        """The store of a step, checked; every database error in the block a one-line :class:`dagster.Failure`.
+
+        A malformed URL or timeout is refused and never retried; a database out of reach, or an error in the middle
+        of the step, is retried by the step's retry policy where waiting may help. On the step's last attempt the
+        failure is not handed to a retry policy that has no retry left: Dagster would report "Exceeded max_retries",
+        the cause a level below; it reports the line as it is.
+        """
+        try:
+            try:
+                store = self.store()
+                self.check_reachable()
+                yield store
+            except SettingError as error:
+                raise dg.Failure(description=str(error), allow_retries=False) from None
+            except DatabaseUnavailable as error:
+                raise _unavailable(error) from None
+            except pymongo.errors.PyMongoError as error:
+                raise _unavailable(database_error(error, doing, self.urls(), self.wait_ms())) from None
+        except dg.Failure as failure:
+            if failure.allow_retries and _last_attempt(context):
+                raise dg.Failure(failure.description, failure.metadata, allow_retries=False) from None
+            raise
+
+    def describe(self) -> dict[str, str]:
+        """Where each database is, without credentials."""
+        queue_url, cache_url = self.urls()
+        return {
+            "queue": f"{redact_url(queue_url)} database={self.queue_database}",
+            "cache": f"{redact_url(cache_url)} database={self.cache_database}",
+        }
+
+    def _database(self, url: str | None, name: str, variable: str) -> Database[Any]:
+        """The database; :class:`SettingError` naming the variable when its URL is not one pymongo accepts."""
+        timeout_ms = self.wait_ms()
+        target = url or embedded.ensure_server().url
+        # The embedded server applies a retried write twice when a connection resets as it executes it: no retries
+        # there (a reset fails the step, and its retry or the next run completes it); a real MongoDB applies it once.
+        try:
+            return client_for(target, timeout_ms, retry_writes=url is not None)[name]
+        except ConfigurationError as error:  # the value itself is not shown: a malformed URL may still hold a password
+            raise SettingError(
+                f"{variable} is not a MongoDB URL: {scrub(str(error), [target])} (expected "
+                "mongodb://[user:password@]host[:port][/?options] or mongodb+srv://...)"
+            ) from None
 
 
-class CacheDatabase(_MongoDatabaseResource):
-    """The cache database, where users read each step's response."""
-
-    url_env_var: str = config.CACHE_URL_ENV
-    database: str = DEFAULT_CACHE_DATABASE
-    cache_collection: str = DEFAULT_CACHE_COLLECTION
+def _value(url: str | None) -> str | None:
+    """A URL as configured: an ``EnvVar`` Dagster has not resolved (the resource used outside a run: the CLI, the
+    demo) is read from the environment here."""
+    return url.get_value() if isinstance(url, dg.EnvVar) else url
 
 
-def check_databases(*resources: _MongoDatabaseResource) -> None:
-    """Raise :class:`DatabaseUnavailable`, one line naming the variable and the masked URL, if a database cannot be reached."""
-    for resource in resources:
-        check_reachable(resource.get_database(), resource.url(), resource.url_env_var)
-
-
-def unavailable_failure(error: DatabaseUnavailable) -> dg.Failure:
-    """A run's failure for a database it cannot reach: the one line, and where it looked and how long, as metadata;
-    retried by the step's policy only if waiting may help (a refused password is not)."""
+def _unavailable(error: DatabaseUnavailable) -> dg.Failure:
+    """A step's failure for a database error: the one line, and where it looked and how long, as metadata; retried
+    by the step's policy only if waiting may help (a refused password is not)."""
     return dg.Failure(description=str(error), metadata=dict(error.facts), allow_retries=error.transient)
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def failing_in_one_line(doing: str) -> Callable[[F], F]:
-    """An op's or an asset's body whose database errors fail it in one line: the masked URL, ``doing``, the setting.
-
-    Whatever pymongo raises in the middle of the step (a connection reset, a
-    stall past ``$ZOMBIE_MONGO_TIMEOUT_MS``, a command refused) becomes a
-    :class:`dagster.Failure` whose description is that line and whose metadata
-    says where, doing what and how long it waited; the URLs are the database
-    resources the step was given. On the step's last attempt the failure is not
-    handed to its retry policy, which has none left to give: Dagster would report
-    it as "Exceeded max_retries", the cause a level below; it reports it as it is.
-    """
-
-    def decorate(body: F) -> F:
-        @functools.wraps(body)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return body(*args, **kwargs)
-            except pymongo.errors.PyMongoError as error:
-                databases = [value for value in kwargs.values() if isinstance(value, _MongoDatabaseResource)]
-                urls = [database.url() for database in databases] or [None]
-                timeout_ms = max((database.timeout_ms() for database in databases), default=DEFAULT_TIMEOUT_MS)
-                failure = unavailable_failure(database_error(error, doing, urls, timeout_ms))
-            except dg.Failure as refused:
-                failure = refused
-            if failure.allow_retries and _last_attempt(args[0] if args else kwargs.get("context")):
-                failure = dg.Failure(failure.description, failure.metadata, allow_retries=False)
-            raise failure from None
-
-        return run  # type: ignore[return-value]
-
-    return decorate
-
-
-def _last_attempt(context: Any) -> bool:
+def _last_attempt(context: StepContext) -> bool:
     """Whether a step's retry policy has no retry left for it (True for a step without one)."""
-    if not isinstance(context, dg.OpExecutionContext | dg.AssetExecutionContext):
-        return True
-    policy = context.op_def.retry_policy
-    return policy is None or context.retry_number >= policy.max_retries
-
-
-def store_of(queue_db: QueueDatabase, cache_db: CacheDatabase, check: bool = False) -> Store:
-    """The collections of both databases; with ``check`` (in a step), a database out of reach fails the step in
-    one line (a ``dg.Failure`` its retry policy may retry), and a malformed URL too (never retried)."""
-    try:
-        store = Store.of(
-            queue_db.get_database(),
-            cache_db.get_database(),
-            jobs_collection=queue_db.jobs_collection,
-            cache_collection=cache_db.cache_collection,
-            events_collection=queue_db.events_collection,
-            failures_collection=queue_db.failures_collection,
-            suggestions_collection=queue_db.suggestions_collection,
-        )
-        if check:
-            check_databases(queue_db, cache_db)
-    except SettingError as error:
-        if not check:
-            raise
-        raise dg.Failure(description=str(error), allow_retries=False) from None
-    except DatabaseUnavailable as error:
-        raise unavailable_failure(error) from None
-    return store
-
-
-def settings_of(model: type[BaseModel]) -> type[BaseModel]:
-    """``model``'s fields as Dagster config: the same names, types, defaults and descriptions, without the bounds.
-
-    Dagster checks a config's types before a run is launched (the Launchpad marks them) but not pydantic's bounds
-    nor the rules across fields: built with them, a resource refuses a bad value while Dagster initializes the run's
-    resources, a failure of the run itself that run retries repeat and that reaches the failure sensor as Dagster's
-    generic "an exception was thrown". Without them, the first step builds the model and refuses it in one line.
-    """
-    fields: dict[str, Any] = {}
-    for name, info in model.model_fields.items():
-        default = {"default_factory": info.default_factory} if info.default_factory else {"default": info.default}
-        fields[name] = (info.annotation, Field(description=info.description, **default))
-    return create_model(f"{model.__name__}Settings", __config__=ConfigDict(extra="forbid"), **fields)
-
-
-if TYPE_CHECKING:  # the same fields, as a type checker reads them
-    PolicySettings = ZombiePolicy
-else:
-    PolicySettings = settings_of(ZombiePolicy)
+    step = context.op_execution_context
+    policy = step.op_def.retry_policy
+    return policy is None or step.retry_number >= policy.max_retries
 
 
 class PolicyRefused(dg.Failure, InvalidPolicy):
@@ -225,7 +195,7 @@ class PolicyRefused(dg.Failure, InvalidPolicy):
 
 
 class ZombiePolicyResource(dg.ConfigurableResource, PolicySettings):
-    """Thresholds and limits shared by the cleanup job, the sensors and the checks (fields: ``policy.ZombiePolicy``).
+    """Thresholds and limits shared by the cleanup job, the sensors and the checks (``policy.PolicySettings``).
 
     Dagster checks the types before launch; :meth:`policy` checks the values (bounds, rules across fields), first
     thing in each step that uses it, before anything is read or written: a bad value fails that step with
@@ -235,7 +205,7 @@ class ZombiePolicyResource(dg.ConfigurableResource, PolicySettings):
     def policy(self) -> ZombiePolicy:
         """The configured policy, as the core takes it; :class:`PolicyRefused` when a value is refused."""
         try:
-            return validated(policy_fields(self.model_dump()))
+            return validated(self.model_dump(include=set(PolicySettings.model_fields)))
         except InvalidPolicy as error:
             raise PolicyRefused(error) from None
 
@@ -245,34 +215,38 @@ class ZombiePolicyResource(dg.ConfigurableResource, PolicySettings):
 
 
 class FailureWebhook(dg.ConfigurableResource):
-    """Where run failures are POSTed as JSON. The URL stays in the environment: it often carries a token."""
+    """Where run failures are POSTed as JSON. Its URL often carries a token: an ``EnvVar`` in the deployment."""
 
-    url_env_var: str = Field(
-        default=config.WEBHOOK_URL_ENV, description="Environment variable holding the webhook URL; unset: no POST."
-    )
+    url: str | None = Field(default=None, description=f"The webhook's URL (${config.WEBHOOK_URL_ENV}); unset: no POST.")
     timeout_seconds: float = Field(default=5.0, gt=0, le=30, description="A slow webhook must not hold the sensor.")
-
-    def url(self) -> str | None:
-        return config.setting(self.url_env_var)
 
 
 class DeploymentResources(TypedDict):
     """The resources every job and asset of the code location is given, by the names they ask for."""
 
-    queue_db: QueueDatabase
-    cache_db: CacheDatabase
+    databases: Databases
     zombie_policy: ZombiePolicyResource
     failure_webhook: FailureWebhook
     metrics_gateway: MetricsGateway
 
 
+def url_from_env(variable: str) -> str | None:
+    """The URL in ``$variable`` as Dagster config: an ``EnvVar`` (the UI names the variable, never shows its value),
+    or None for the embedded server when the variable is unset."""
+    return dg.EnvVar(variable) if config.setting(variable) else None
+
+
 def resources_from_env() -> DeploymentResources:
-    """The resources of the deployment, database names from the environment (URLs stay there)."""
+    """The resources of the deployment, from the environment (URLs stay there)."""
     config.mongo_timeout_ms(DEFAULT_TIMEOUT_MS)  # a malformed value is refused when the code location loads
     return {
-        "queue_db": QueueDatabase(database=config.queue_database()),
-        "cache_db": CacheDatabase(database=config.cache_database()),
+        "databases": Databases(
+            queue_url=url_from_env(config.QUEUE_URL_ENV),
+            cache_url=url_from_env(config.CACHE_URL_ENV),
+            queue_database=config.queue_database(),
+            cache_database=config.cache_database(),
+        ),
         "zombie_policy": ZombiePolicyResource(),
-        "failure_webhook": FailureWebhook(),
+        "failure_webhook": FailureWebhook(url=url_from_env(config.WEBHOOK_URL_ENV)),
         "metrics_gateway": metrics_gateway_from_env(),
     }

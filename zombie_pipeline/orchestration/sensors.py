@@ -29,13 +29,7 @@ from zombie_pipeline.orchestration import recency
 from zombie_pipeline.orchestration.cleanup import cleanup_in_flight, in_flight_reason, kill_zombies_job
 from zombie_pipeline.orchestration.failures import run_cause
 from zombie_pipeline.orchestration.health import cleanup_scope, queue_health, queue_health_job
-from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    FailureWebhook,
-    QueueDatabase,
-    ZombiePolicyResource,
-    store_of,
-)
+from zombie_pipeline.orchestration.resources import Databases, FailureWebhook, ZombiePolicyResource
 from zombie_pipeline.orchestration.tags import (
     CLEANUP_RUN_TAG,
     JOB_TYPE_PARTITIONS,
@@ -45,7 +39,6 @@ from zombie_pipeline.orchestration.tags import (
     TRIGGER_TAG,
     WILL_RETRY_TAG,
 )
-from zombie_pipeline.queue.connections import check_reachable
 from zombie_pipeline.queue.documents import utc_now
 from zombie_pipeline.queue.secrets import scrub
 
@@ -63,13 +56,10 @@ from zombie_pipeline.queue.secrets import scrub
     ),
 )
 def stale_jobs_sensor(
-    context: dg.SensorEvaluationContext,
-    queue_db: QueueDatabase,
-    cache_db: CacheDatabase,
-    zombie_policy: ZombiePolicyResource,
-):
-    store = store_of(queue_db, cache_db)
-    check_reachable(store.jobs.database, queue_db.url())
+    context: dg.SensorEvaluationContext, databases: Databases, zombie_policy: ZombiePolicyResource
+) -> dg.SkipReason | dg.RunRequest:
+    databases.check_reachable(cache=False)
+    store = databases.store()
     state = monitoring.stale_state(store.jobs, zombie_policy.in_force(store), utc_now())
     if state.count == 0:
         return dg.SkipReason("no started job is past its thresholds")
@@ -94,10 +84,9 @@ def stale_jobs_sensor(
         "(not a non-empty printable string, or containing '.' or a leading '$') are logged and skipped."
     ),
 )
-def job_types_sensor(context: dg.SensorEvaluationContext, queue_db: QueueDatabase):
-    database = queue_db.get_database()
-    check_reachable(database, queue_db.url())
-    found = monitoring.job_types_in_queue(database[queue_db.jobs_collection])
+def job_types_sensor(context: dg.SensorEvaluationContext, databases: Databases) -> dg.SensorResult:
+    databases.check_reachable(cache=False)
+    found = monitoring.job_types_in_queue(databases.store().jobs)
     if found.refused:
         context.log.warning(
             f"{len(found.refused)} job types cannot be partitions and were skipped: {found.refused[:10]!r}"
@@ -141,21 +130,20 @@ def cleanup_checks_sensor(context: dg.RunStatusSensorContext):
     ),
 )
 def pipeline_failure_sensor(
-    context: dg.RunFailureSensorContext, queue_db: QueueDatabase, failure_webhook: FailureWebhook
-):
+    context: dg.RunFailureSensorContext, databases: Databases, failure_webhook: FailureWebhook
+) -> None:
     if context.dagster_run.tags.get(WILL_RETRY_TAG) == "true":  # told once: by its retry, if that fails too
         context.log.info(f"run {context.dagster_run.run_id} failed and will be retried; its retry reports")
         return
-    record = failure_record(context, [queue_db.url(), failure_webhook.url()])
+    record = failure_record(context, [*databases.urls(), failure_webhook.url])
     context.log.error(record.log_line())
-    outcome = alerts.post_json(failure_webhook.url(), record.payload(), failure_webhook.timeout_seconds)
+    outcome = alerts.post_json(failure_webhook.url, record.payload(), failure_webhook.timeout_seconds)
     if outcome.startswith("failed"):
         context.log.warning(f"failure webhook: {outcome}")
     try:
-        database = queue_db.get_database()
-        alerts.record_failure(database[queue_db.failures_collection], record, outcome)
+        alerts.record_failure(databases.store().failures, record, outcome)
     except PyMongoError as error:  # the database may be why the run failed: the log line and webhook remain
-        context.log.error(f"could not record the failure: {scrub(str(error), [queue_db.url()])}")
+        context.log.error(f"could not record the failure: {scrub(str(error), databases.urls())}")
 
 
 def failure_record(context: dg.RunFailureSensorContext, secrets: list[str | None]) -> alerts.FailureRecord:
@@ -193,7 +181,7 @@ def cleanup_overdue_sensor(context: dg.SensorEvaluationContext, failure_webhook:
         return dg.SensorResult(skip_reason=verdict.message(), cursor=next_cursor)
     if verdict.overdue:
         context.log.error(verdict.message())
-        outcome = alerts.post_json(failure_webhook.url(), verdict.payload(), failure_webhook.timeout_seconds)
+        outcome = alerts.post_json(failure_webhook.url, verdict.payload(), failure_webhook.timeout_seconds)
         if outcome.startswith("failed"):
             context.log.warning(f"failure webhook: {outcome}")
     else:

@@ -24,15 +24,9 @@ from pydantic import Field
 
 from zombie_pipeline import config, metrics
 from zombie_pipeline.orchestration.metrics import MetricsGateway
-from zombie_pipeline.orchestration.resources import (
-    CacheDatabase,
-    QueueDatabase,
-    ZombiePolicyResource,
-    failing_in_one_line,
-    store_of,
-)
+from zombie_pipeline.orchestration.resources import Databases, ZombiePolicyResource
 from zombie_pipeline.orchestration.tags import PIPELINE_TAG, STATISTICS_GROUP
-from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
+from zombie_pipeline.policy import InvalidPolicy, SuggestionRules, SuggestionSettings, ZombiePolicy
 from zombie_pipeline.queue.documents import utc_now
 from zombie_pipeline.queue.evidence import GenerationUnknown, decide
 from zombie_pipeline.queue.generations import QueueGeneration
@@ -79,8 +73,8 @@ class DailyTalliesConfig(dg.Config):
     )
 
 
-class DurationStatisticsConfig(dg.Config, SuggestionRules):
-    """The suggestion rules (``policy.SuggestionRules``), the window, and where the report goes."""
+class DurationStatisticsConfig(dg.Config, SuggestionSettings):
+    """The suggestion rules (``policy.SuggestionSettings``), the window, and where the report goes."""
 
     window_days: int = Field(
         default=DEFAULT_WINDOW_DAYS,
@@ -97,16 +91,18 @@ class DurationStatisticsConfig(dg.Config, SuggestionRules):
     )
 
     def rules(self) -> SuggestionRules:
-        return SuggestionRules.of(self.model_dump())
+        """The rules, checked: a value out of bounds fails the step in one line, never retried."""
+        try:
+            return SuggestionRules.of(self)
+        except InvalidPolicy as error:
+            raise dg.Failure(description=str(error), allow_retries=False) from None
 
 
 @dg.asset(group_name=GROUP, partitions_def=DAILY_PARTITIONS, kinds={"mongodb", "pandas"})
-@failing_in_one_line("job_duration_tallies: reading a day of job history")
 def job_duration_tallies(
     context: dg.AssetExecutionContext,
     config: DailyTalliesConfig,
-    queue_db: QueueDatabase,
-    cache_db: CacheDatabase,
+    databases: Databases,
     zombie_policy: ZombiePolicyResource,
 ) -> dg.Output[Period]:
     """Per job type, one UTC day: final statuses, durations (float32) and audited zombies.
@@ -117,33 +113,35 @@ def job_duration_tallies(
     combine these instead of reading old documents again.
     """
     window = context.partition_time_window
-    store = store_of(queue_db, cache_db, check=True)
-    generation = _queue_generation(store, zombie_policy.policy())
-    try:
-        period = read_history(store, generation, window.start, window.end, config.batch_size, config.create_cache_index)
-    except CacheIndexMissing as error:
-        raise dg.Failure(
-            description=str(error), metadata={"to_create_it": "create_cache_index: true in this asset's config"}
-        ) from None
-    rows = ["| type | jobs | successful | zombies |", "|---|---|---|---|"]
-    for job_type, tally in sorted(period.tallies.items()):
-        rows.append(
-            f"| `{job_type}` | {sum(tally.statuses.values())} | {len(tally.success)} | {sum(tally.zombies.values())} |"
+    with databases.store_for(context, "job_duration_tallies: reading a day of job history") as store:
+        generation = _queue_generation(store, zombie_policy.policy())
+        try:
+            period = read_history(
+                store, generation, window.start, window.end, config.batch_size, config.create_cache_index
+            )
+        except CacheIndexMissing as error:
+            raise dg.Failure(
+                description=str(error), metadata={"to_create_it": "create_cache_index: true in this asset's config"}
+            ) from None
+        rows = ["| type | jobs | successful | zombies |", "|---|---|---|---|"]
+        for job_type, tally in sorted(period.tallies.items()):
+            rows.append(
+                f"| `{job_type}` | {sum(tally.statuses.values())} | {len(tally.success)} | {sum(tally.zombies.values())} |"
+            )
+        return dg.Output(
+            period,
+            metadata={
+                "source": period.source,
+                "queue_generation": generation.name,
+                "documents_read": period.jobs_read,
+                "zombie_events_read": period.events_read,
+                "successful_jobs": sum(len(tally.success) for tally in period.tallies.values()),
+                "skipped_documents": sum(period.bad_data.values()),
+                "bad_data": dg.MetadataValue.json(dict(period.bad_data)),
+                "types": dg.MetadataValue.md("\n".join(rows)),
+                **daily_metadata(period),
+            },
         )
-    return dg.Output(
-        period,
-        metadata={
-            "source": period.source,
-            "queue_generation": generation.name,
-            "documents_read": period.jobs_read,
-            "zombie_events_read": period.events_read,
-            "successful_jobs": sum(len(tally.success) for tally in period.tallies.values()),
-            "skipped_documents": sum(period.bad_data.values()),
-            "bad_data": dg.MetadataValue.json(dict(period.bad_data)),
-            "types": dg.MetadataValue.md("\n".join(rows)),
-            **daily_metadata(period),
-        },
-    )
 
 
 def _queue_generation(store: Store, policy: ZombiePolicy) -> QueueGeneration:
@@ -197,12 +195,10 @@ def window_days_of(partition_key: str, window_days: int) -> list[str]:
         )
     },
 )
-@failing_in_one_line("job_duration_statistics: reading the window's suggestions and history")
 def job_duration_statistics(
     context: dg.AssetExecutionContext,
     config: DurationStatisticsConfig,
-    queue_db: QueueDatabase,
-    cache_db: CacheDatabase,
+    databases: Databases,
     zombie_policy: ZombiePolicyResource,
     metrics_gateway: MetricsGateway,
     tallies: dict[str, Period],
@@ -216,68 +212,71 @@ def job_duration_statistics(
     section of the report. Suggestions are recorded for the cleanup's opt-in
     ``use_suggested_max_durations``. The window ending with the last day is pushed to the Pushgateway.
     """
-    store = store_of(queue_db, cache_db, check=True)
-    policy = zombie_policy.in_force(store)  # "current T2" is the one the cleanup applies
-    generation = _queue_generation(store, policy)
-    wanted = window_days_of(context.partition_key, config.window_days)
-    loaded = [tallies[day] for day in wanted if day in (tallies or {})]
-    missing = [day for day in wanted if day not in (tallies or {})]
-    window_end = context.partition_time_window.end
-    window_start = window_end - dt.timedelta(days=config.window_days)
-    report = window_report(store, generation, policy, loaded, window_start, window_end, config.rules(), missing)
-    # the report's section on repeat offenders: the window's datasets finalized at least DEFAULT_THRESHOLD times
-    offenders = offenders_markdown(
-        find_offenders(store, window_start, window_end, DEFAULT_THRESHOLD, limit=REPORT_OFFENDERS)
-    )
-    files = write_reports(report, config.reports_dir, sections=[offenders])
-    saved = save_suggestions(store.suggestions, report) if config.save_suggestions else False
-    if missing:
-        context.log.warning(
-            f"{len(missing)} of {len(wanted)} days have no tallies (not computed yet, or before the first partition): "
-            f"{', '.join(missing)}; the report says so and is named partial"
+    rules = config.rules()  # a value out of bounds is refused before anything is read
+    with databases.store_for(context, "job_duration_statistics: reading the window's suggestions and history") as store:
+        policy = zombie_policy.in_force(store)  # "current T2" is the one the cleanup applies
+        generation = _queue_generation(store, policy)
+        wanted = window_days_of(context.partition_key, config.window_days)
+        loaded = [tallies[day] for day in wanted if day in (tallies or {})]
+        missing = [day for day in wanted if day not in (tallies or {})]
+        window_end = context.partition_time_window.end
+        window_start = window_end - dt.timedelta(days=config.window_days)
+        report = window_report(store, generation, policy, loaded, window_start, window_end, rules, missing)
+        # the report's section on repeat offenders: the window's datasets finalized at least DEFAULT_THRESHOLD times
+        offenders = offenders_markdown(
+            find_offenders(store, window_start, window_end, DEFAULT_THRESHOLD, limit=REPORT_OFFENDERS)
         )
-    if config.save_suggestions and not saved:
-        context.log.info("the suggestions recorded for this window cover more of its days: kept")
-    suggested = {
-        SUGGESTED_T2_METADATA_PREFIX + entry.job_type.lstrip("/"): dg.MetadataValue.float(
-            float(entry.suggested_t2_seconds)
-        )
-        for entry in report.types
-        if entry.enough_data
-    }
-    charts = {
-        metadata_key("chart", job_type): dg.MetadataValue.md(chart)
-        for job_type, chart in duration_charts(report).items()
-    }
-    if window_end >= utc_now() - CURRENT_WINDOW:
-        pushed = metrics_gateway.push(context, partial(metrics.statistics_figures, report), queue_db.database)
-    else:
-        pushed = {"metrics_push": "not pushed: a past window (only the window ending with the last day is)"}
-    return dg.MaterializeResult(
-        metadata={
-            "window": window_text(report),
-            "statistics": dg.MetadataValue.md(markdown_table(report)),
-            **charts,
-            "zombie_policy_snippet": dg.MetadataValue.md("```yaml\n" + policy_snippet(report) + "```"),
-            "repeat_offenders": dg.MetadataValue.md(offenders),
-            **suggested,
-            "source": report.source,
-            "types": len(report.types),
-            "types_with_suggestion": sum(entry.enough_data for entry in report.types),
-            "censored_types": dg.MetadataValue.json([entry.job_type for entry in report.types if entry.censored]),
-            "days_present": report.days_present,
-            "days_expected": report.days_expected,
-            "days_missing": len(missing),
-            "suggestions_saved": saved,
-            "skipped_documents": sum(report.bad_data.values()),
-            "bad_data": dg.MetadataValue.json(report.bad_data),
-            "csv": dg.MetadataValue.path(str(files.csv)),
-            "json": dg.MetadataValue.path(str(files.json)),
-            "markdown": dg.MetadataValue.path(str(files.markdown)),
-            "chart": dg.MetadataValue.path(str(files.chart)),
-            **pushed,
+        files = write_reports(report, config.reports_dir, sections=[offenders])
+        saved = save_suggestions(store.suggestions, report) if config.save_suggestions else False
+        if missing:
+            context.log.warning(
+                f"{len(missing)} of {len(wanted)} days have no tallies (not computed yet, or before the first partition): "
+                f"{', '.join(missing)}; the report says so and is named partial"
+            )
+        if config.save_suggestions and not saved:
+            context.log.info("the suggestions recorded for this window cover more of its days: kept")
+        suggested = {
+            SUGGESTED_T2_METADATA_PREFIX + entry.job_type.lstrip("/"): dg.MetadataValue.float(
+                float(entry.suggested_t2_seconds)
+            )
+            for entry in report.types
+            if entry.enough_data
         }
-    )
+        charts = {
+            metadata_key("chart", job_type): dg.MetadataValue.md(chart)
+            for job_type, chart in duration_charts(report).items()
+        }
+        if window_end >= utc_now() - CURRENT_WINDOW:
+            pushed = metrics_gateway.push(
+                context, partial(metrics.statistics_figures, report), databases.queue_database
+            )
+        else:
+            pushed = {"metrics_push": "not pushed: a past window (only the window ending with the last day is)"}
+        return dg.MaterializeResult(
+            metadata={
+                "window": window_text(report),
+                "statistics": dg.MetadataValue.md(markdown_table(report)),
+                **charts,
+                "zombie_policy_snippet": dg.MetadataValue.md("```yaml\n" + policy_snippet(report) + "```"),
+                "repeat_offenders": dg.MetadataValue.md(offenders),
+                **suggested,
+                "source": report.source,
+                "types": len(report.types),
+                "types_with_suggestion": sum(entry.enough_data for entry in report.types),
+                "censored_types": dg.MetadataValue.json([entry.job_type for entry in report.types if entry.censored]),
+                "days_present": report.days_present,
+                "days_expected": report.days_expected,
+                "days_missing": len(missing),
+                "suggestions_saved": saved,
+                "skipped_documents": sum(report.bad_data.values()),
+                "bad_data": dg.MetadataValue.json(report.bad_data),
+                "csv": dg.MetadataValue.path(str(files.csv)),
+                "json": dg.MetadataValue.path(str(files.json)),
+                "markdown": dg.MetadataValue.path(str(files.markdown)),
+                "chart": dg.MetadataValue.path(str(files.chart)),
+                **pushed,
+            }
+        )
 
 
 duration_statistics_job = dg.define_asset_job(

@@ -1,6 +1,10 @@
 """Names shared across the code location: asset groups, run tags, partitions."""
 
+import json
+
 import dagster as dg
+
+from zombie_pipeline.cleanup.plan import CleanupOptions
 
 CLEANUP_GROUP = "zombie_cleanup"
 STATISTICS_GROUP = "duration_statistics"
@@ -12,6 +16,25 @@ TRIGGER_TAG = "zombie_pipeline/trigger"
 STALE_COUNT_TAG = "zombie_pipeline/stale_jobs"
 #: Dagster's own tag of a partitioned run.
 PARTITION_TAG = "dagster/partition"
+#: A cleanup run's scope, tagged by its first step: what ``queue_health``'s checks judge that cleanup by, and what the
+#: runs list shows (a dry run; the job types, a JSON list, absent for every type).
+DRY_RUN_TAG = "zombie_pipeline/dry_run"
+JOB_TYPES_TAG = "zombie_pipeline/job_types"
+
+
+def scope_tags(options: CleanupOptions) -> dict[str, str]:
+    """The tags that say a cleanup run's scope."""
+    tags = {DRY_RUN_TAG: str(options.dry_run).lower()}
+    if options.job_types is not None:
+        tags[JOB_TYPES_TAG] = json.dumps(list(options.job_types))
+    return tags
+
+
+def scope_of_tags(tags: dict[str, str]) -> tuple[tuple[str, ...] | None, bool]:
+    """The job types (None: every type) and whether it was a dry run, as a cleanup run's tags say them."""
+    job_types = tuple(json.loads(tags[JOB_TYPES_TAG])) if JOB_TYPES_TAG in tags else None
+    return job_types, tags.get(DRY_RUN_TAG) == "true"
+
 
 # --- what the production run queue, run monitoring and run retries read (deploy/dagster.yaml) ---------------
 #: Which part of the pipeline a run belongs to (value: CLEANUP_GROUP or STATISTICS_GROUP).

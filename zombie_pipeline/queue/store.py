@@ -16,10 +16,12 @@ from zombie_pipeline.queue.documents import (
     DEFAULT_FAILURES_COLLECTION,
     DEFAULT_JOBS_COLLECTION,
     DEFAULT_SUGGESTIONS_COLLECTION,
+    ID,
     JOB_METRICS_COLLECTION,
     LOCKS_COLLECTION,
     PAST_JOBS_COLLECTION,
     RETRIES_COLLECTION,
+    SIMULATIONS_COLLECTION,
     WORKER_SIZE_METRICS_COLLECTION,
 )
 from zombie_pipeline.queue.indexes import (
@@ -98,6 +100,13 @@ class Store:
     def ours(self) -> tuple[Collection, ...]:
         """The collections this project owns; the deployment never reads them."""
         return (self.events, self.failures, self.suggestions, self.retries)
+
+    def simulated_generation(self) -> str | None:
+        """The queue generation the simulator wrote these databases in (its mark in ``zombieSimulations``), or None
+        when it wrote none: a simulated queue is the simulator's to drop, its healthy jobs alive only while its
+        simulated workers run."""
+        marker = self.jobs.database[SIMULATIONS_COLLECTION].find_one(sort=[(ID, -1)])
+        return marker.get("generation") if marker else None
 
     def queue_collection_names(self) -> frozenset[str]:
         return frozenset(self.jobs.database.list_collection_names())

@@ -6,7 +6,6 @@ databases it writes, and anything else holding documents is left alone.
 
 from __future__ import annotations
 
-from zombie_pipeline.queue.documents import ID, SIMULATIONS_COLLECTION
 from zombie_pipeline.queue.store import Store
 
 
@@ -17,12 +16,6 @@ class NotOurs(RuntimeError):
 def _databases(store: Store) -> list:
     queue, cache = store.jobs.database, store.cache.database
     return [queue] if (queue.name, queue.client) == (cache.name, cache.client) else [queue, cache]
-
-
-def simulated_generation(store: Store) -> str | None:
-    """The generation of the simulation these databases hold, or None when they hold none."""
-    marker = store.jobs.database[SIMULATIONS_COLLECTION].find_one(sort=[(ID, -1)])
-    return marker.get("generation") if marker else None
 
 
 #: How a person gives a database up to the simulator, as ``zombie-pipeline simulate`` takes it ({name}: the database).
@@ -36,7 +29,7 @@ def check_ours(store: Store, overwrite: str | None = None, give_up: str = GIVE_U
     the one database the operator deliberately gives up; ``give_up`` says how, in the words of the command
     that asks (``{name}``: the database's name).
     """
-    if simulated_generation(store) is not None:
+    if store.simulated_generation() is not None:
         return
     for database in _databases(store):
         if overwrite == database.name:

@@ -46,7 +46,7 @@ from zombie_pipeline.queue.generations import DurationsSource, QueueGeneration
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.history import OFFENDER, PastCleanups, clean_past_days
-from zombie_pipeline.simulation.ownership import NotOurs, check_ours, simulated_generation
+from zombie_pipeline.simulation.ownership import NotOurs, check_ours
 from zombie_pipeline.simulation.shapes import cache_document, job_document
 from zombie_pipeline.simulation.workload import STARTED_KINDS, JobType, Workload
 
@@ -297,7 +297,7 @@ def simulate(
     A database holding documents the simulator did not write is refused (:func:`check_ours`).
     """
     check_ours(store, overwrite)
-    present = simulated_generation(store)
+    present = store.simulated_generation()
     if present is not None and present != workload.generation:
         raise NotOurs(
             f"these databases hold a simulated {present} queue; drop it first to simulate a {workload.generation} one (--drop)"
