@@ -17,6 +17,7 @@ from zombie_pipeline.orchestration.resources import (
 )
 from zombie_pipeline.orchestration.statistics import (
     DAILY_PARTITIONS,
+    DEPLOYMENT_LIMIT_METADATA,
     GROUP,
     SUGGESTED_T2_METADATA_PREFIX,
     duration_statistics_job,
@@ -83,7 +84,10 @@ def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources,
     metadata = _metadata(window, job_duration_statistics)
     generation = QUEUE_GENERATIONS[QUEUE_GENERATION]
     one_pass = analyze_window(store, generation, resources["zombie_policy"].policy(), end=end, window_days=2)
-    assert (metadata["days_present"], metadata["days_expected"], metadata["days_missing"]) == (2, 2, 0)
+    assert (metadata["days_present"], metadata["days_expected"], metadata["missing_days"]) == (2, 2, [])
+    assert metadata["window_complete"] and "to_complete_it" not in metadata
+    assert metadata["types_to_change"] == len(one_pass.t2_changes())
+    assert metadata[DEPLOYMENT_LIMIT_METADATA] == one_pass.deployment_limit.seconds
     suggested = {
         key[len(SUGGESTED_T2_METADATA_PREFIX) :]: value
         for key, value in metadata.items()
@@ -154,15 +158,60 @@ def test_days_not_computed_yet_are_listed_and_bad_data_counted(resources, store:
     assert (
         Path(metadata["markdown"]).name == "durations_2024-03-08_2024-03-10_partial-1of3.md"
     )  # never the full report's name
-    assert (
-        "(only 1 of its 3 days computed)" in metadata["window"]
-        and "(only 1 of its 3 days computed)" in metadata["statistics"]
+    partial = "(partial: 1 of its 3 days; lacks 2024-03-08 – 2024-03-09)"
+    assert partial in metadata["window"] and partial in metadata["statistics"]
+    assert (metadata["days_present"], metadata["days_expected"], metadata["missing_days"]) == (
+        1,
+        3,
+        ["2024-03-08", "2024-03-09"],
     )
-    assert (metadata["days_present"], metadata["days_expected"], metadata["days_missing"]) == (1, 3, 2)
+    assert not metadata["window_complete"]
     assert metadata["skipped_documents"] == 1
-    assert "2024-03-08, 2024-03-09" in metadata["statistics"]
     assert not any(key.startswith(SUGGESTED_T2_METADATA_PREFIX) for key in metadata)  # 1 job: not enough data
     assert store.suggestions.count_documents({}) == 0
+
+
+def test_in_a_backfill_each_report_says_whether_its_window_is_complete_and_what_a_partial_one_lacks(
+    resources, store: Store, tmp_path
+):
+    """A backfill of the statistics job over three days, oldest first: the window of three days ending with each."""
+    days = ["2024-01-01", "2024-01-02", "2024-01-03", "2024-01-04"]  # the daily partitions start on 2024-01-01
+    with dg.instance_for_test() as instance:
+        reports = {}
+        for day in days:
+            run = dg.materialize(
+                [job_duration_tallies, job_duration_statistics],
+                partition_key=day,
+                resources=resources,
+                instance=instance,
+                run_config=_statistics_config(tmp_path, window_days=3, save_suggestions=False),
+            )
+            reports[day] = _metadata(run, job_duration_statistics)
+
+    assert [reports[day]["window_complete"] for day in days] == [False, False, True, True]
+    assert reports["2024-01-02"]["missing_days"] == ["2023-12-31"]
+    assert reports["2024-01-02"]["to_complete_it"] == (
+        "2023-12-31 before the first daily partition (2024-01-01; ZOMBIE_STATISTICS_START moves it): this window "
+        "cannot be complete"
+    )
+    assert "(partial: 2 of its 3 days; lacks 2023-12-31)" in reports["2024-01-02"]["window"]
+    assert "(complete: 3 days)" in reports["2024-01-03"]["window"]
+    assert Path(reports["2024-01-03"]["markdown"]).name == "durations_2024-01-01_2024-01-03.md"
+
+
+def test_a_partial_window_says_which_days_to_compute_to_complete_it(resources, store: Store, tmp_path):
+    with dg.instance_for_test() as instance:
+        run = dg.materialize(
+            [job_duration_tallies, job_duration_statistics],
+            partition_key="2024-03-10",
+            resources=resources,
+            instance=instance,
+            run_config=_statistics_config(tmp_path, window_days=4, save_suggestions=False),
+        )
+
+    assert _metadata(run, job_duration_statistics)["to_complete_it"] == (
+        "2024-03-07 – 2024-03-09 not computed yet: materialize job_duration_tallies for them, then this partition again"
+    )
 
 
 def assert_plottable_per_type(metadata: dict, period) -> None:

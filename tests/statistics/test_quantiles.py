@@ -12,6 +12,8 @@ from zombie_pipeline.statistics.quantiles import (
     percentile_name,
     quantile_interval,
     readable_round_up,
+    runs_for_upper_bound,
+    runs_for_upper_bound_below,
 )
 
 
@@ -67,3 +69,26 @@ def test_binomial_cdf_matches_exact_sums():
 @pytest.mark.parametrize(("quantile", "name"), [(0.5, "p50"), (0.99, "p99"), (0.995, "p99.5")])
 def test_percentiles_are_named_as_operators_read_them(quantile, name):
     assert percentile_name(quantile) == name
+
+
+def test_runs_all_below_a_limit_bound_the_quantile_below_it_as_soon_as_it_has_an_upper_bound():
+    assert runs_for_upper_bound(0.99) == 368 and runs_for_upper_bound(0.95) == 72
+    assert runs_for_upper_bound_below(1.0, 0.99) == 368
+    assert runs_for_upper_bound_below(1.0, 0.95) == 72
+
+
+@pytest.mark.parametrize(("share_below", "quantile"), [(0.995, 0.99), (0.9999, 0.99), (0.95, 0.9), (0.6, 0.5)])
+def test_the_runs_a_bound_below_a_limit_needs_are_the_fewest_whose_upper_bound_lies_below_it(share_below, quantile):
+    def upper_bound(runs: int) -> float | None:  # runs with share_below of them at 1 s, the others at 1000 s
+        below = math.ceil(runs * share_below)
+        return quantile_interval(np.array([1.0] * below + [1000.0] * (runs - below)), quantile)[1]
+
+    runs = runs_for_upper_bound_below(share_below, quantile)
+
+    assert runs is not None and upper_bound(runs) == 1.0
+    assert upper_bound(runs // 2) != 1.0
+
+
+@pytest.mark.parametrize("share_below", [0.99, 0.5])
+def test_no_number_of_runs_bounds_the_quantile_below_a_limit_that_too_few_of_them_stay_under(share_below):
+    assert runs_for_upper_bound_below(share_below, 0.99) is None

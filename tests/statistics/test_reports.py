@@ -16,7 +16,7 @@ from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import Reason, Status
 from zombie_pipeline.statistics.analysis import analyze
 from zombie_pipeline.statistics.charts import CHART_EDGES, INLINE_MARKDOWN_LIMIT, duration_chart, duration_charts
-from zombie_pipeline.statistics.formatting import format_duration
+from zombie_pipeline.statistics.formatting import day_ranges, format_duration
 from zombie_pipeline.statistics.reports import markdown_table, policy_snippet, summary_text, write_reports
 from zombie_pipeline.statistics.tallies import BadData, Period, Tally
 
@@ -90,12 +90,37 @@ def test_the_policy_snippet_is_run_config_the_policy_resource_accepts(report):
     by_type = config["resources"]["zombie_policy"]["config"]["max_duration_seconds_by_type"]
     assert by_type == {
         "/fast": 300,
-        "/slow": report.type_report("/slow").suggested_t2_seconds,
+        "/slow": 1800,  # censored: raised to the lower bound of its p99 (20 min) x 1.5
         "/rare|odd": 2400,  # no suggestion: the override stays
         "/gone": 900,
     }
     policy = ZombiePolicyResource(**config["resources"]["zombie_policy"]["config"]).policy()
     assert policy.max_duration_of("/fast") == 300
+
+
+def test_the_policy_snippet_holds_the_changes_and_the_overrides_they_leave_never_a_type_kept_at_the_default():
+    steady = {"/steady": _tally([10.0] * 280)}  # points to 5 min, but 280 runs cannot lower T2: kept at 20 min
+    policy = ZombiePolicy(max_duration_seconds_by_type={"/configured": 2400})
+    changed = analyze(
+        Period(start=END - dt.timedelta(days=7), end=END, tallies={**steady, "/fast": _tally([10.0] * 400)}), policy
+    )
+    unchanged = analyze(Period(start=END - dt.timedelta(days=7), end=END, tallies=steady), policy)
+
+    snippet = policy_snippet(changed)
+
+    assert changed.t2_changes() == {"/fast": 300} and changed.suggested_max_durations() == {
+        "/fast": 300,
+        "/steady": 1200,
+    }
+    assert yaml.safe_load(snippet)["resources"]["zombie_policy"]["config"]["max_duration_seconds_by_type"] == {
+        "/fast": 300,
+        "/configured": 2400,  # left out, it would fall back to the default T2: the mapping replaces the configured one
+    }
+    assert snippet.startswith("# 1 T2 changes (0 raised, 1 lowered); the overrides they leave are kept")
+    assert '"/fast": 300  # 5 min, lowered from 20 min' in snippet
+    assert '"/configured": 2400  # 40 min, configured, kept' in snippet
+    assert policy_snippet(unchanged) == "# No change: every job type keeps its current T2.\n"
+    assert yaml.safe_load(policy_snippet(unchanged)) is None  # pasted, it changes nothing
 
 
 def test_report_files_hold_the_statistics_the_suggestions_and_a_chart(report, tmp_path):
@@ -107,6 +132,10 @@ def test_report_files_hold_the_statistics_the_suggestions_and_a_chart(report, tm
     assert frame.set_index("type").loc["/fast", "zombies_missing_heartbeat"] == 2
     document = json.loads(files.json.read_text())
     assert document["suggested_max_duration_seconds_by_type"] == report.suggested_max_durations()
+    assert document["t2_changes"] == {"/fast": 300, "/slow": 1800}
+    assert document["window_complete"] is True
+    assert document["deployment_max_job_duration"]["seconds"] == 1800
+    assert document["types"][0]["runs_to_lower"] is None and document["types"][3]["p99_at_least_seconds"] == 1200.0
     assert document["bad_data"] == {BadData.MISSING_STARTED_AT: 3}
     assert document["types"][0]["success_p99"] == pytest.approx(report.type_report("/fast").statistics["p99"])
     assert "max_duration_seconds_by_type" in document["zombie_policy_snippet"]
@@ -122,10 +151,8 @@ def test_an_empty_window_still_makes_a_report(tmp_path):
     frame = pd.read_csv(files.csv)
     assert frame.empty and {"type", "suggested_t2_seconds", "backtest_successes_stopped"} <= set(frame.columns)
     assert files.chart.exists()
-    assert "max_duration_seconds_by_type: {}" in policy_snippet(report)
-    assert yaml.safe_load(policy_snippet(report))["resources"]["zombie_policy"]["config"] == {
-        "max_duration_seconds_by_type": {}
-    }
+    assert policy_snippet(report) == "# No change: every job type keeps its current T2.\n"
+    assert "no value: no type has the 30 successful runs a suggestion needs" in markdown_table(report)
 
 
 def test_the_summary_gives_a_few_lines_per_type_and_the_snippet(report, tmp_path):
@@ -159,8 +186,42 @@ def test_a_partial_window_says_so_and_its_files_never_replace_the_full_reports(r
     assert {path.stem for path in tmp_path.iterdir()} == {full.markdown.stem, partial.markdown.stem}
     assert "/slow" in full.markdown.read_text()  # the fuller report, as it was
     assert (partial_report.days_present, partial_report.days_expected) == (5, 7)
-    assert "(only 5 of its 7 days computed)" in markdown_table(partial_report).splitlines()[0]
-    assert json.loads(partial.json.read_text())["days_present"] == 5
+    assert markdown_table(report).splitlines()[0].endswith("UTC (complete: 7 days)**")
+    table = markdown_table(partial_report)
+    assert table.splitlines()[0].endswith("UTC (partial: 5 of its 7 days; lacks 2024-03-01 – 2024-03-02)**")
+    assert "Partial window: it lacks 2024-03-01 – 2024-03-02" in table and "on its other 5 days" in table
+    document = json.loads(partial.json.read_text())
+    assert (document["days_present"], document["window_complete"]) == (5, False)
+
+
+def test_lacking_days_are_written_as_runs_of_consecutive_days():
+    assert day_ranges(["2024-03-05", "2024-03-01", "2024-03-02", "2024-03-03", "2024-03-08"]) == (
+        "2024-03-01 – 2024-03-03, 2024-03-05, 2024-03-08"
+    )
+    assert day_ranges(["2024-02-29", "2024-03-01"]) == "2024-02-29 – 2024-03-01"
+
+
+# --- the deployment's one T2 for every type ------------------------------------------------------------------------
+
+
+def test_the_report_gives_the_deployments_one_t2_with_the_types_it_would_cut_short(report):
+    table = markdown_table(report)
+    cut = analyze(
+        Period(
+            start=report.window_start,
+            end=report.window_end,
+            tallies={"/fast": _tally([10.0] * 400), "/rare": _tally([200.0] * 3 + [900.0] * 2)},
+        ),
+        ZombiePolicy(),
+    )
+
+    [section] = [line for line in table.splitlines() if line.startswith("**One T2 for every type**")]
+    assert "`MAX_JOB_DURATION_SECONDS`" in section and "its Helm chart sets 2400 s" in section
+    assert "the data supports **30 min** (`MAX_JOB_DURATION_SECONDS=1800`), the suggestion for `/slow`." in section
+    assert "It would cut no successful run of the window short." in section
+    assert "possibly cut short still: `/slow`" in section and "Too few runs to tell: `/gone`, `/rare|odd`." in section
+    assert "It would cut short `/rare` (not enough data): 2 of its 5 successful runs." in markdown_table(cut)
+    assert "supports 5 min (MAX_JOB_DURATION_SECONDS=300)" in summary_text(cut)
 
 
 # --- the chart in text, for the UI ------------------------------------------------------------------------------

@@ -274,7 +274,7 @@ def statistics_text(metadata: Mapping[str, Any]) -> str:
     report = json.loads(Path(metadata["json"].value).read_text())
     lines = [
         f"  {report['jobs_read']} runs read ({report['source']}), {report['events_read']} zombies finalized in the "
-        f"window; {metadata['types_with_suggestion'].value} of {len(report['types'])} job types with a suggestion:"
+        f"window; {metadata['types_to_change'].value} of {len(report['types'])} job types change their T2:"
     ]
     for entry in report["types"]:
         successes = entry.get("success_count") or 0

@@ -12,7 +12,9 @@ Two assets share one daily partitioning (UTC days):
 
 The window asset depends on the last :data:`MAX_WINDOW_DAYS` daily partitions
 (a partition mapping is fixed when the code location loads); its config picks
-how many of them to use. Days not computed yet are skipped and listed.
+how many of them to use. Days not computed yet are skipped and listed: each
+report of a backfill says whether its window is complete, and what a partial
+one lacks.
 """
 
 import datetime as dt
@@ -34,7 +36,7 @@ from zombie_pipeline.queue.store import Store
 from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS, window_report
 from zombie_pipeline.statistics.cache_source import CacheIndexMissing
 from zombie_pipeline.statistics.charts import duration_charts
-from zombie_pipeline.statistics.formatting import window_text
+from zombie_pipeline.statistics.formatting import day_ranges, window_text
 from zombie_pipeline.statistics.offenders import DEFAULT_THRESHOLD, find_offenders
 from zombie_pipeline.statistics.quantiles import success_statistics
 from zombie_pipeline.statistics.reports import markdown_table, offenders_markdown, policy_snippet, write_reports
@@ -46,6 +48,8 @@ GROUP = STATISTICS_GROUP
 PARTITIONS_START = config.statistics_start().isoformat()
 MAX_WINDOW_DAYS = 28
 SUGGESTED_T2_METADATA_PREFIX = "suggested_t2_seconds/"
+#: The one T2 for every type that the window supports: the deployment's MAX_JOB_DURATION_SECONDS, plotted per day.
+DEPLOYMENT_LIMIT_METADATA = "deployment_max_job_duration_seconds"
 #: Offending datasets listed in the statistics report (the repeat_offenders asset lists more).
 REPORT_OFFENDERS = 20
 #: Windows ending this recently are pushed to the Pushgateway: the daily schedule's (the day that just ended), not
@@ -176,6 +180,33 @@ def daily_metadata(period: Period) -> dict[str, dg.MetadataValue]:
     return metadata
 
 
+def completing(missing: list[str]) -> str:
+    """What a partial window lacks, and what makes it complete: the days' tallies, or nothing for days before the first
+    partition."""
+    never = [day for day in missing if day < PARTITIONS_START]
+    later = [day for day in missing if day >= PARTITIONS_START]
+    parts = []
+    if later:
+        parts.append(
+            f"{day_ranges(later)} not computed yet: materialize {job_duration_tallies.key.to_user_string()} for them, "
+            "then this partition again"
+        )
+    if never:
+        parts.append(
+            f"{day_ranges(never)} before the first daily partition ({PARTITIONS_START}; {config.STATISTICS_START_ENV} "
+            "moves it): this window cannot be complete"
+        )
+    return "; ".join(parts)
+
+
+def tallies_by_day(tallies: dict[str, Period] | Period | None) -> dict[str, Period]:
+    """The window's daily tallies by day. The IO manager hands one day over bare, not in a mapping: the window of
+    the first daily partition (a backfill's first day) holds only that one."""
+    if isinstance(tallies, Period):
+        return {f"{tallies.start:%Y-%m-%d}": tallies}
+    return tallies or {}
+
+
 def window_days_of(partition_key: str, window_days: int) -> list[str]:
     """The days of the window ending with ``partition_key``, oldest first (those before the first partition included:
     they are days the window lacks too)."""
@@ -192,6 +223,7 @@ def window_days_of(partition_key: str, window_days: int) -> list[str]:
             key=job_duration_tallies.key,
             partition_mapping=_WINDOW_MAPPING,
             metadata={"allow_missing_partitions": True},
+            dagster_type=dg.Any,  # a mapping of days, or one day bare (see tallies_by_day)
         )
     },
 )
@@ -201,15 +233,16 @@ def job_duration_statistics(
     databases: Databases,
     zombie_policy: ZombiePolicyResource,
     metrics_gateway: MetricsGateway,
-    tallies: dict[str, Period],
+    tallies: dict[str, Period] | Period | None,
 ) -> dg.MaterializeResult:
     """Duration statistics and suggested T2 per job type over the window ending with this day.
 
     Counts by final status, successful-duration percentiles, zombies per reason
     and their rate; the suggested T2 with its confidence interval, backtest and
-    censoring flag; CSV, JSON, Markdown and a chart in the reports directory; a
-    ready-to-use ``zombie_policy`` snippet; the window's repeat offenders as a
-    section of the report. Suggestions are recorded for the cleanup's opt-in
+    censoring flag; CSV, JSON, Markdown and a chart in the reports directory; the
+    T2 changes as a ready-to-paste ``zombie_policy`` snippet; the one T2 the data
+    supports for the deployment's ``MAX_JOB_DURATION_SECONDS``; whether the window
+    is complete; the window's repeat offenders as a section of the report. Suggestions are recorded for the cleanup's opt-in
     ``use_suggested_max_durations``. The window ending with the last day is pushed to the Pushgateway.
     """
     rules = config.rules()  # a value out of bounds is refused before anything is read
@@ -217,8 +250,9 @@ def job_duration_statistics(
         policy = zombie_policy.in_force(store)  # "current T2" is the one the cleanup applies
         generation = _queue_generation(store, policy)
         wanted = window_days_of(context.partition_key, config.window_days)
-        loaded = [tallies[day] for day in wanted if day in (tallies or {})]
-        missing = [day for day in wanted if day not in (tallies or {})]
+        by_day = tallies_by_day(tallies)
+        loaded = [by_day[day] for day in wanted if day in by_day]
+        missing = [day for day in wanted if day not in by_day]
         window_end = context.partition_time_window.end
         window_start = window_end - dt.timedelta(days=config.window_days)
         report = window_report(store, generation, policy, loaded, window_start, window_end, rules, missing)
@@ -228,55 +262,61 @@ def job_duration_statistics(
         )
         files = write_reports(report, config.reports_dir, sections=[offenders])
         saved = save_suggestions(store.suggestions, report) if config.save_suggestions else False
-        if missing:
-            context.log.warning(
-                f"{len(missing)} of {len(wanted)} days have no tallies (not computed yet, or before the first partition): "
-                f"{', '.join(missing)}; the report says so and is named partial"
-            )
-        if config.save_suggestions and not saved:
-            context.log.info("the suggestions recorded for this window cover more of its days: kept")
-        suggested = {
-            SUGGESTED_T2_METADATA_PREFIX + entry.job_type.lstrip("/"): dg.MetadataValue.float(
-                float(entry.suggested_t2_seconds)
-            )
-            for entry in report.types
-            if entry.enough_data
-        }
-        charts = {
-            metadata_key("chart", job_type): dg.MetadataValue.md(chart)
-            for job_type, chart in duration_charts(report).items()
-        }
-        if window_end >= utc_now() - CURRENT_WINDOW:
-            pushed = metrics_gateway.push(
-                context, partial(metrics.statistics_figures, report), databases.queue_database
-            )
-        else:
-            pushed = {"metrics_push": "not pushed: a past window (only the window ending with the last day is)"}
-        return dg.MaterializeResult(
-            metadata={
-                "window": window_text(report),
-                "statistics": dg.MetadataValue.md(markdown_table(report)),
-                **charts,
-                "zombie_policy_snippet": dg.MetadataValue.md("```yaml\n" + policy_snippet(report) + "```"),
-                "repeat_offenders": dg.MetadataValue.md(offenders),
-                **suggested,
-                "source": report.source,
-                "types": len(report.types),
-                "types_with_suggestion": sum(entry.enough_data for entry in report.types),
-                "censored_types": dg.MetadataValue.json([entry.job_type for entry in report.types if entry.censored]),
-                "days_present": report.days_present,
-                "days_expected": report.days_expected,
-                "days_missing": len(missing),
-                "suggestions_saved": saved,
-                "skipped_documents": sum(report.bad_data.values()),
-                "bad_data": dg.MetadataValue.json(report.bad_data),
-                "csv": dg.MetadataValue.path(str(files.csv)),
-                "json": dg.MetadataValue.path(str(files.json)),
-                "markdown": dg.MetadataValue.path(str(files.markdown)),
-                "chart": dg.MetadataValue.path(str(files.chart)),
-                **pushed,
-            }
+    if missing:
+        context.log.warning(f"a partial window: {completing(missing)}")
+    if config.save_suggestions and not saved:
+        context.log.info("the suggestions recorded for this window cover more of its days: kept")
+    suggested = {
+        SUGGESTED_T2_METADATA_PREFIX + entry.job_type.lstrip("/"): dg.MetadataValue.float(
+            float(entry.suggested_t2_seconds)
         )
+        for entry in report.types
+        if entry.enough_data
+    }
+    changes = report.t2_changes()
+    deployment = report.deployment_limit
+    limit = (
+        {DEPLOYMENT_LIMIT_METADATA: dg.MetadataValue.float(float(deployment.seconds))}
+        if deployment is not None and deployment.seconds is not None
+        else {}
+    )
+    charts = {
+        metadata_key("chart", job_type): dg.MetadataValue.md(chart)
+        for job_type, chart in duration_charts(report).items()
+    }
+    if window_end >= utc_now() - CURRENT_WINDOW:
+        pushed = metrics_gateway.push(context, partial(metrics.statistics_figures, report), databases.queue_database)
+    else:
+        pushed = {"metrics_push": "not pushed: a past window (only the window ending with the last day is)"}
+    return dg.MaterializeResult(
+        metadata={
+            "window": window_text(report),
+            "statistics": dg.MetadataValue.md(markdown_table(report)),
+            **charts,
+            "zombie_policy_snippet": dg.MetadataValue.md("```yaml\n" + policy_snippet(report) + "```"),
+            "repeat_offenders": dg.MetadataValue.md(offenders),
+            **suggested,
+            "source": report.source,
+            "types": len(report.types),
+            "types_to_change": len(changes),
+            "types_lowering_withheld": sum(entry.lowering_withheld for entry in report.types),
+            "censored_types": dg.MetadataValue.json([entry.job_type for entry in report.types if entry.censored]),
+            **limit,
+            "window_complete": report.complete,
+            "days_present": report.days_present,
+            "days_expected": report.days_expected,
+            "missing_days": dg.MetadataValue.json(report.missing_days),
+            **({"to_complete_it": completing(missing)} if missing else {}),
+            "suggestions_saved": saved,
+            "skipped_documents": sum(report.bad_data.values()),
+            "bad_data": dg.MetadataValue.json(report.bad_data),
+            "csv": dg.MetadataValue.path(str(files.csv)),
+            "json": dg.MetadataValue.path(str(files.json)),
+            "markdown": dg.MetadataValue.path(str(files.markdown)),
+            "chart": dg.MetadataValue.path(str(files.chart)),
+            **pushed,
+        }
+    )
 
 
 duration_statistics_job = dg.define_asset_job(

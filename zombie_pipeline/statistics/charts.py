@@ -187,6 +187,7 @@ def plot_durations(report: DurationReport, path: Path | str) -> Path:
                 linewidth=2.0,
                 label=f"suggested T2 {format_duration(entry.suggested_t2_seconds)}",
             )
+        if entry.enough_data and entry.quantile_seconds is not None:  # censored, a type may have no success
             ax.axvline(
                 entry.quantile_seconds,
                 color="0.35",

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from zombie_pipeline.statistics.analysis import DurationReport
+if TYPE_CHECKING:  # for annotations only: the analysis imports format_duration for its flags
+    from zombie_pipeline.statistics.analysis import DurationReport
 
 
 def format_duration(seconds: float | None) -> str:
@@ -25,8 +29,26 @@ def format_share(value: float | None) -> str:
 
 
 def window_text(report: DurationReport) -> str:
-    """The window, and how much of it the figures cover when days are missing."""
+    """The window and whether its figures cover all of it: in a backfill, which reports are the complete ones."""
     window = f"{report.window_start:%Y-%m-%d %H:%M} – {report.window_end:%Y-%m-%d %H:%M} UTC"
-    if not report.complete:
-        window += f" (only {report.days_present} of its {report.days_expected} days computed)"
-    return window
+    if report.complete:
+        return window + f" (complete: {_days(report.days_expected)})"
+    return window + (
+        f" (partial: {report.days_present} of its {_days(report.days_expected)}; lacks {day_ranges(report.missing_days)})"
+    )
+
+
+def _days(count: int) -> str:
+    return f"{count} day" if count == 1 else f"{count} days"
+
+
+def day_ranges(days: Sequence[str]) -> str:
+    """``2024-03-01 – 2024-03-03, 2024-03-05``: ISO days, runs of consecutive ones written as their first and last."""
+    dates = sorted(dt.date.fromisoformat(day) for day in days)
+    runs: list[list[dt.date]] = []
+    for date in dates:
+        if runs and date - runs[-1][-1] == dt.timedelta(days=1):
+            runs[-1].append(date)
+        else:
+            runs.append([date])
+    return ", ".join(f"{run[0]}" if len(run) == 1 else f"{run[0]} – {run[-1]}" for run in runs)

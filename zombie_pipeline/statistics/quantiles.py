@@ -83,10 +83,55 @@ def quantile_interval(
     cdf = binomial_cdf(n, quantile, counts)  # P(fewer than k+1 durations below the quantile), k in counts
     ranks = np.arange(counts.start, counts.stop)
     low_ranks = ranks[(ranks < n) & (cdf <= alpha / 2)]  # l - 1 with P(B <= l-1) <= alpha/2
-    high_ranks = ranks[(ranks < n) & (cdf >= 1 - alpha / 2)]  # u - 1 with P(B <= u-1) >= 1-alpha/2
     low = float(sorted_durations[low_ranks[-1]]) if len(low_ranks) else None
-    high = float(sorted_durations[high_ranks[0]]) if len(high_ranks) else None
+    high_rank = _upper_rank(n, quantile, confidence)
+    high = float(sorted_durations[high_rank]) if high_rank is not None else None
     return low, high
+
+
+def _upper_rank(n: int, quantile: float, confidence: float) -> int | None:
+    """The index (from 0) of the order statistic of ``n`` durations that bounds ``quantile`` from above; None: none does.
+
+    ``u - 1`` with ``P(B <= u-1) >= 1 - alpha/2``, ``B ~ Binomial(n, quantile)``.
+    """
+    counts = _likely_counts(n, quantile)
+    cdf = binomial_cdf(n, quantile, counts)
+    ranks = np.arange(counts.start, counts.stop)
+    high_ranks = ranks[(ranks < n) & (cdf >= 1 - (1.0 - confidence) / 2)]
+    return int(high_ranks[0]) if len(high_ranks) else None
+
+
+#: Beyond this many runs, :func:`runs_for_upper_bound_below` gives up: no window of a deployment holds them.
+MOST_RUNS = 10**9
+
+
+def runs_for_upper_bound_below(
+    share_below: float, quantile: float, confidence: float = DEFAULT_CONFIDENCE
+) -> int | None:
+    """About how many durations bound ``quantile`` from above below a limit, ``share_below`` of them lying below it.
+
+    The durations to come are taken to look like the ones seen (``share_below`` of them below the limit):
+    the upper bound of :func:`quantile_interval` is below the limit once the order statistic it picks is
+    among them. The fewest such counts, found by doubling then halving; None when no count would do
+    (``share_below`` not above ``quantile``), or only past :data:`MOST_RUNS`.
+    """
+    if share_below <= quantile:
+        return None
+
+    def enough(runs: int) -> bool:
+        rank = _upper_rank(runs, quantile, confidence)
+        return rank is not None and rank + 1 <= runs * share_below
+
+    low = runs_for_upper_bound(quantile, confidence) - 1  # fewer runs have no upper bound at all
+    high = low + 1
+    while not enough(high):
+        low, high = high, high * 2
+        if high > MOST_RUNS:
+            return None
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if enough(middle) else (middle, high)
+    return high
 
 
 def runs_for_upper_bound(quantile: float, confidence: float = DEFAULT_CONFIDENCE) -> int:

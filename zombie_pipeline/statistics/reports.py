@@ -11,7 +11,7 @@ import datetime as dt
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,14 @@ from zombie_pipeline import config
 from zombie_pipeline.queue.documents import REASONS, Status
 from zombie_pipeline.statistics.analysis import DurationReport, TypeReport
 from zombie_pipeline.statistics.charts import plot_durations
-from zombie_pipeline.statistics.formatting import format_duration, format_share, window_text
+from zombie_pipeline.statistics.formatting import day_ranges, format_duration, format_share, window_text
 from zombie_pipeline.statistics.offenders import RepeatOffenders
-from zombie_pipeline.statistics.quantiles import percentile_name
+from zombie_pipeline.statistics.quantiles import percentile_name, runs_for_upper_bound
 from zombie_pipeline.statistics.tallies import SOURCES
+
+#: The deployment's one maximum duration for every job, as its workers read it, and the value its Helm chart sets.
+DEPLOYMENT_MAX_DURATION_SETTING = "MAX_JOB_DURATION_SECONDS"
+DEPLOYMENT_CHART_MAX_DURATION_SECONDS = 2400
 
 
 @dataclass(frozen=True)
@@ -128,13 +132,70 @@ def markdown_table(report: DurationReport) -> str:
         "",
         f"**Maximum duration (T2)**: suggested = {q} × {report.rules.margin:g}, rounded up, at least the heartbeat "
         f"timeout ({format_duration(report.heartbeat_timeout_seconds)}); at least {report.rules.min_samples} successful "
-        "runs needed.",
+        f"runs needed. {_changes_text(report)}",
         "",
         *_table(t2_header, t2_rows),
+        "",
+        deployment_limit_text(report),
         "",
         _data_notes(report),
     ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _changes_text(report: DurationReport) -> str:
+    """How many types change T2, and why the others that point lower do not: the size of the window's data."""
+    raised = sum(entry.changes_t2 and entry.change == "raise" for entry in report.types)
+    lowered = sum(entry.changes_t2 and entry.change == "lower" for entry in report.types)
+    text = f"{raised + lowered} of {len(report.types)} types change T2 ({raised} raised, {lowered} lowered)."
+    withheld = [entry.job_type for entry in report.types if entry.lowering_withheld]
+    if withheld:
+        q = percentile_name(report.rules.quantile)
+        text += (
+            f" Lowering withheld for want of runs for {_names(withheld)}: lowering a T2 needs an upper bound of the {q} "
+            f"at {report.rules.confidence:.0%}, at least {runs_for_upper_bound(report.rules.quantile, report.rules.confidence)} "
+            "successful runs of the type in the window; each flag says how many, and what window holds them."
+        )
+    return text
+
+
+def _names(job_types: Sequence[str]) -> str:
+    return ", ".join(f"`{job_type}`" for job_type in job_types)
+
+
+def deployment_limit_text(report: DurationReport) -> str:
+    """The one T2 the deployment's workers apply to every job that the data supports, and what it would cut short."""
+    limit = report.deployment_limit
+    if limit is None:
+        return ""
+    text = (
+        f"**One T2 for every type**: the deployment's `{DEPLOYMENT_MAX_DURATION_SETTING}`, which its workers' "
+        f"`kill_long_job` applies to every job (its Helm chart sets {DEPLOYMENT_CHART_MAX_DURATION_SECONDS} s), judging "
+        f"every type against the policy's `max_duration_seconds` ({format_duration(limit.current_seconds)}): "
+    )
+    if limit.seconds is None:
+        return text + f"no value: no type has the {report.rules.min_samples} successful runs a suggestion needs."
+    text += (
+        f"the data supports **{format_duration(limit.seconds)}** (`{DEPLOYMENT_MAX_DURATION_SETTING}={limit.seconds}`), "
+        f"the suggestion for {_names(limit.set_by)}."
+    )
+    if limit.cut_short:
+        parts = [
+            f"`{cut.job_type}`{'' if cut.enough_data else ' (not enough data)'}: {cut.successes_longer} of its "
+            f"{cut.successes} successful runs"
+            for cut in limit.cut_short
+        ]
+        text += " It would cut short " + "; ".join(parts) + "."
+    else:
+        text += " It would cut no successful run of the window short."
+    if limit.censored:
+        text += (
+            f" Stopped at {format_duration(limit.current_seconds)} too often to know their tail, so possibly cut short "
+            f"still: {_names(limit.censored)}."
+        )
+    if limit.without_enough_data:
+        text += f" Too few runs to tell: {_names(limit.without_enough_data)}."
+    return text
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -156,23 +217,41 @@ def _data_notes(report: DurationReport) -> str:
             "Skipped documents: " + ", ".join(f"{name} {count}" for name, count in report.bad_data.items()) + "."
         )
     if report.missing_days:
-        notes.append(f"Days not computed yet, left out of the window: {', '.join(report.missing_days)}.")
+        notes.append(
+            f"Partial window: it lacks {day_ranges(report.missing_days)}, whose daily tallies were not computed when it "
+            f"ran; the figures and the suggestions rest on its other {report.days_present} days."
+        )
     return " ".join(notes)
 
 
 def policy_snippet(report: DurationReport) -> str:
-    """Dagster run config for the ``zombie_policy`` resource with the suggested T2 per type.
+    """Dagster run config for the ``zombie_policy`` resource with the T2 changes, or a comment that there are none.
 
-    The mapping replaces the configured one, so it carries the existing
-    overrides of types without a suggestion. Keys are JSON strings: valid YAML
-    whatever the type name holds.
+    The mapping replaces the configured one, so it carries the overrides the changes leave as they are
+    (without them, those types would fall back to the default T2); types at the default that keep it are
+    left out. Keys are JSON strings: valid YAML whatever the type name holds.
     """
-    lines = ["resources:", "  zombie_policy:", "    config:", "      max_duration_seconds_by_type:"]
-    mapping = report.policy_max_durations()
-    if not mapping:
-        lines[-1] += " {}"
-    for job_type, seconds in mapping.items():
-        lines.append(f"        {json.dumps(job_type)}: {seconds}  # {format_duration(seconds)}")
+    changes = report.t2_changes()
+    if not changes:
+        return "# No change: every job type keeps its current T2.\n"
+    kept = {
+        job_type: seconds
+        for job_type, seconds in sorted(report.configured_t2_by_type.items())
+        if job_type not in changes
+    }
+    raised = sum(seconds > report.type_report(job_type).current_t2_seconds for job_type, seconds in changes.items())
+    comment = f"# {len(changes)} T2 changes ({raised} raised, {len(changes) - raised} lowered)"
+    if kept:
+        comment += "; the overrides they leave are kept: the mapping replaces the configured one"
+    lines = [comment, "resources:", "  zombie_policy:", "    config:", "      max_duration_seconds_by_type:"]
+    for job_type, seconds in sorted(changes.items()):
+        entry = report.type_report(job_type)
+        lines.append(
+            f"        {json.dumps(job_type)}: {seconds}  # {format_duration(seconds)}, {'raised' if entry.change == 'raise' else 'lowered'} from "
+            f"{format_duration(entry.current_t2_seconds)}"
+        )
+    for job_type, seconds in kept.items():
+        lines.append(f"        {json.dumps(job_type)}: {seconds}  # {format_duration(seconds)}, configured, kept")
     return "\n".join(lines) + "\n"
 
 
@@ -207,6 +286,9 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
             )
         for flag in entry.flags:
             lines.append(f"    ! {flag}")
+    limit = deployment_limit_text(report)
+    if limit:
+        lines.append(limit.replace("**", "").replace("`", ""))
     notes = _data_notes(report)
     if notes:
         lines.append(notes)
@@ -293,6 +375,7 @@ def report_json(report: DurationReport) -> dict[str, Any]:
             "default_t2_seconds": report.default_t2_seconds,
             "bad_data": report.bad_data,
             "missing_days": report.missing_days,
+            "window_complete": report.complete,
             "days_present": report.days_present,
             "days_expected": report.days_expected,
             "source": report.source,
@@ -300,7 +383,9 @@ def report_json(report: DurationReport) -> dict[str, Any]:
             "events_read": report.events_read,
             "types": [{**record, "flags": entry.flags} for record, entry in zip(report.records(), report.types)],
             "suggested_max_duration_seconds_by_type": report.suggested_max_durations(),
+            "t2_changes": report.t2_changes(),
             "zombie_policy_snippet": policy_snippet(report),
+            "deployment_max_job_duration": asdict(report.deployment_limit) if report.deployment_limit else None,
         }
     )
 
