@@ -258,7 +258,7 @@ def code_state() -> dict[str, Any]:
 
     modules = [
         "zombie_pipeline/cleanup/run.py",
-        "zombie_pipeline/cleanup/finalize.py",
+        "zombie_pipeline/cleanup/finalizer.py",
         "zombie_pipeline/cleanup/strategies.py",
         "zombie_pipeline/cleanup/detection.py",
         "zombie_pipeline/statistics/jobs_source.py",

@@ -32,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE_ENV = "ZOMBIE_DEPLOYMENT_CACHE"
-DRIVER = REPO / "tests" / "deployment" / "driver.py"
+DRIVER = REPO / "tests" / "deployment_client" / "driver.py"
 LIBCOMMON_PATH = "libs/libcommon"
 MANIFEST = "deployment.json"
 

@@ -21,7 +21,7 @@ from zombie_pipeline.cleanup.finalizer import Finalizer
 from zombie_pipeline.cleanup.plan import CleanupOptions, CleanupPlan
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
-from zombie_pipeline.orchestration.metrics import MetricsGateway
+from zombie_pipeline.orchestration.pushgateway import MetricsGateway
 from zombie_pipeline.orchestration.resources import Databases
 from zombie_pipeline.orchestration.tags import JOB_TYPE_PARTITIONS, QUEUE_DATABASE_TAG
 from zombie_pipeline.policy import ZombiePolicy
@@ -214,7 +214,7 @@ def unregister(listener: monitoring.CommandListener) -> None:
 # --- kill_zombies_job in process ------------------------------------------------------------------------
 
 
-#: The metrics resource without a gateway: nothing is pushed (tests/orchestration/test_metrics.py pushes to a real one).
+#: The metrics resource without a gateway: nothing is pushed (tests/orchestration/test_pushgateway.py pushes to a real one).
 METRICS_OFF = {"metrics_gateway": MetricsGateway()}
 
 

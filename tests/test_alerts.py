@@ -19,16 +19,16 @@ class _Hanging(QuietHandler):
 
 
 def test_a_webhook_post_that_fails_or_hangs_is_an_outcome_not_an_exception():
-    assert alerts.post_json(None, {}, 1) == alerts.WEBHOOK_NOT_CONFIGURED
-    refused = alerts.post_json(f"http://127.0.0.1:{free_port()}/t0ken", {"a": 1}, 1)
+    assert alerts.post_alert(None, {}, 1) == alerts.WEBHOOK_NOT_CONFIGURED
+    refused = alerts.post_alert(f"http://127.0.0.1:{free_port()}/t0ken", {"a": 1}, 1)
     assert refused.startswith("failed:") and "t0ken" not in refused
-    assert alerts.post_json("not a url", {}, 1).startswith("failed:")
+    assert alerts.post_alert("not a url", {}, 1).startswith("failed:")
 
     _Hanging.release.clear()
     with http_server(_Hanging) as port:
         try:
             started = time.monotonic()
-            outcome = alerts.post_json(f"http://127.0.0.1:{port}/", {}, 0.5)
+            outcome = alerts.post_alert(f"http://127.0.0.1:{port}/", {}, 0.5)
             assert outcome.startswith("failed:") and time.monotonic() - started < 2.5
         finally:
             _Hanging.release.set()

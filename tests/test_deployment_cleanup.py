@@ -6,7 +6,7 @@ our cleanup runs; then the real client loads every collection through its strict
 models, recounts its counters, and starts the re-run. For today's queue the
 deployment's own finish is run on the same scenario in other databases, and both
 results are compared document by document. Skipped, with the command that sets it
-up, where the client's virtual environment is absent (see tests/deployment/).
+up, where the client's virtual environment is absent (see tests/deployment_client/).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from bson import ObjectId
 
-from tests.deployment import DeploymentClient
-from tests.deployment.fixtures import deployment, deployment_session  # noqa: F401  (fixtures)
+from tests.deployment_client import DeploymentClient
+from tests.deployment_client.fixtures import deployment, deployment_session  # noqa: F401  (fixtures)
 from zombie_pipeline.cleanup import run
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy

@@ -13,8 +13,8 @@ import datetime as dt
 import pytest
 from bson import ObjectId
 
-from tests.deployment import DriverError, deployment_dir
-from tests.deployment.fixtures import deployment, deployment_session  # noqa: F401  (fixtures)
+from tests.deployment_client import DriverError, deployment_dir
+from tests.deployment_client.fixtures import deployment, deployment_session  # noqa: F401  (fixtures)
 
 ONLY_2023 = pytest.mark.parametrize("deployment_session", ["2023"], indirect=True)
 ONLY_CURRENT = pytest.mark.parametrize("deployment_session", ["current"], indirect=True)

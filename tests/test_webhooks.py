@@ -12,7 +12,7 @@ import pytest
 from tests.servers import QuietHandler, http_server
 from zombie_pipeline import alerts
 from zombie_pipeline.simulation.embedded import free_port
-from zombie_pipeline.webhooks import WebhookError, masked_url, post_json
+from zombie_pipeline.webhooks import WebhookError, post_json
 
 SECRET_PATH = "/hooks/s3cr3t"
 
@@ -86,12 +86,11 @@ def test_a_url_that_is_not_http_is_refused_before_anything_is_sent():
         with pytest.raises(WebhookError, match="must start with http:// or https://") as raised:
             post_json(url, {}, 1)
         assert "t0ken" not in str(raised.value)
-    assert masked_url("https://user:t0ken@hooks.example:8443/s3cr3t?k=v") == "https://hooks.example:8443/…"
 
 
 def test_the_failure_webhook_delivers_to_a_url_with_credentials():
     with receiver(204) as (port, received):
-        outcome = alerts.post_json(f"http://ops:t0ken@127.0.0.1:{port}{SECRET_PATH}", {"text": "run failed"}, 5)
+        outcome = alerts.post_alert(f"http://ops:t0ken@127.0.0.1:{port}{SECRET_PATH}", {"text": "run failed"}, 5)
 
     assert outcome == "sent (HTTP 204)"
     assert received[0]["authorization"] == "Basic " + base64.b64encode(b"ops:t0ken").decode()

@@ -1,6 +1,6 @@
 """A failed run of the pipeline, told once: logged, recorded beside the queue, POSTed to a webhook.
 
-Every message is scrubbed of credentials before it leaves (``mongo.scrub``, by the sensor); the webhook's
+Every message is scrubbed of credentials before it leaves (``queue.secrets.scrub``, by the sensor); the webhook's
 own URL never appears beyond its scheme and host (``webhooks``).
 """
 
@@ -65,8 +65,9 @@ def record_failure(failures: Collection, record: FailureRecord, webhook_outcome:
 WEBHOOK_NOT_CONFIGURED = "not configured"
 
 
-def post_json(url: str | None, payload: Mapping[str, Any], timeout_seconds: float) -> str:
-    """POST ``payload``; the outcome as text, never an exception (an alert must not fail the sensor)."""
+def post_alert(url: str | None, payload: Mapping[str, Any], timeout_seconds: float) -> str:
+    """POST ``payload`` (``webhooks.post_json``); the outcome as text, never an exception: an alert must not fail
+    the sensor that sends it."""
     if not url:
         return WEBHOOK_NOT_CONFIGURED
     try:

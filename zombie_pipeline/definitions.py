@@ -9,7 +9,7 @@ then the automation that runs them.
 
 import dagster as dg
 
-from zombie_pipeline.orchestration import health, offenders, statistics
+from zombie_pipeline.orchestration import health, repeat_offenders, statistics
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import resources_from_env
 from zombie_pipeline.orchestration.schedules import (
@@ -41,7 +41,7 @@ defs = dg.Definitions.merge(
         jobs=[statistics.duration_statistics_job],
     ),
     dg.Definitions(  # the repeat offenders, with their check no_repeat_offenders
-        assets=[offenders.repeat_offenders],
+        assets=[repeat_offenders.repeat_offenders],
     ),
     dg.Definitions(  # the automation that runs them
         schedules=[kill_zombies_schedule, duration_stats_schedule],

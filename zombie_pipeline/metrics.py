@@ -1,7 +1,7 @@
 """The pipeline's figures as Prometheus metrics, for the dashboards and alerts operators already have.
 
 Cleanups, health checks and statistics are batch runs: their figures are pushed to a Pushgateway
-after each run (``orchestration/metrics.py``), not scraped. This module knows nothing of Dagster nor
+after each run (``orchestration/pushgateway.py``), not scraped. This module knows nothing of Dagster nor
 of the gateway. It declares every metric once (:data:`METRICS`: name, type, help, labels; the alert
 rules and the dashboard name nothing else) and turns what a run knows into :class:`Figures`, a
 ``prometheus_client`` collector.

@@ -16,25 +16,14 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 
+from zombie_pipeline.queue.secrets import scheme_and_host
+
 #: What a webhook URL may start with.
 SCHEMES = ("http", "https")
 
 
 class WebhookError(RuntimeError):
     """The POST failed or was refused; the message names the URL by scheme and host only."""
-
-
-def masked_url(url: str) -> str:
-    """Scheme, host and port only: a webhook's credentials, path and query often carry its secret token."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "(unparseable URL)"
-    if not parts.scheme or not host:
-        return "(not a URL)"
-    return f"{parts.scheme}://{host}{port}/…"
 
 
 def _without_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
@@ -51,7 +40,7 @@ def post_json(
     url: str, payload: Mapping[str, Any], timeout_seconds: float, headers: Mapping[str, str] | None = None
 ) -> int:
     """POST ``payload`` as JSON; the HTTP status of a 2xx answer. Anything else raises :class:`WebhookError`."""
-    where = masked_url(url)
+    where = scheme_and_host(url)
     try:
         scheme = urlsplit(url).scheme.lower()
     except ValueError:

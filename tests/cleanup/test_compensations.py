@@ -25,7 +25,6 @@ from zombie_pipeline.queue.documents import (
     Status,
 )
 from zombie_pipeline.simulation.shapes import cache_document
-from zombie_pipeline.webhooks import masked_url
 
 TOKEN_PATH = "/hooks/s3cr3t-token"
 
@@ -115,10 +114,6 @@ def test_a_webhook_whose_variable_is_unset_fails_with_its_name_and_no_zombie_wit
     marked = store.events.find_one({f"{Event.JOB}.{Job.DATASET}": "user/a"})
     assert "$UNSET_HOOK is not set" in marked[Event.COMPENSATIONS][0][CompensationEntry.LAST_ERROR]
     assert Event.COMPENSATION_STATE not in store.events.find_one({f"{Event.JOB}.{Job.DATASET}": "user/b"})
-
-
-def test_a_masked_url_keeps_only_the_scheme_and_host():
-    assert masked_url("https://user:pw@hooks.example.com:8443/t/abc?sig=1") == "https://hooks.example.com:8443/…"
 
 
 # --- actions registered by installed packages ---------------------------------------------------------

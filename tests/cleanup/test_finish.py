@@ -1,4 +1,4 @@
-"""Finishing zombies as each generation of the queue finishes a job (``finish.py``, ``finish_effects.py``).
+"""Finishing zombies as each generation of the queue finishes a job (``cleanup/strategies.py``, ``cleanup/effects.py``).
 
 Every test runs on a queue simulated exactly as that generation's deployment
 stores it (``simulate``), with and without transactions: a finished zombie is

@@ -9,12 +9,18 @@ import dagster as dg
 import pytest
 
 from tests.helpers import crashed_job, documents, opcounters, recorded_cleanup_run
-from zombie_pipeline.config import CACHE_DATABASE_ENV, CACHE_URL_ENV, KILL_CRON_ENV, QUEUE_DATABASE_ENV, QUEUE_URL_ENV
+from zombie_pipeline.config import (
+    CACHE_DATABASE_ENV,
+    CACHE_URL_ENV,
+    KILL_CRON_ENV,
+    QUEUE_DATABASE_ENV,
+    QUEUE_URL_ENV,
+    SettingError,
+)
 from zombie_pipeline.definitions import defs
 from zombie_pipeline.orchestration.cleanup import IN_FLIGHT_STATUSES, kill_zombies_job
 from zombie_pipeline.orchestration.schedules import (
     DEFAULT_KILL_CRON,
-    ScheduleConfigError,
     build_kill_zombies_schedule,
     kill_zombies_cron,
 )
@@ -41,7 +47,7 @@ def test_the_cleanup_cron_comes_from_the_environment(cron):
 
 @pytest.mark.parametrize("cron", BAD_CRONS)
 def test_an_invalid_cron_is_refused_with_the_variable_named(cron):
-    with pytest.raises(ScheduleConfigError) as raised:
+    with pytest.raises(SettingError) as raised:
         build_kill_zombies_schedule(cron)
     message = str(raised.value)
     assert KILL_CRON_ENV in message and repr(cron) in message and "five fields" in message

@@ -55,7 +55,7 @@ from zombie_pipeline.queue.connections import (
     check_reachable,
     close_clients,
 )
-from zombie_pipeline.queue.secrets import redact, redact_url
+from zombie_pipeline.queue.secrets import redact, redact_url, scheme_and_host
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.simulator import simulate
@@ -447,3 +447,9 @@ def test_the_search_would_see_a_leak(outputs: Outputs):
         planted.add("planted", f"error: could not connect with {form} as password")
         assert planted.leaks(), form
     assert redact(url(1), [url(1)]).count("***") >= 1
+
+
+def test_a_webhooks_url_is_shown_by_its_scheme_and_host_only():
+    """Its credentials, path and query often carry its token."""
+    assert scheme_and_host("https://user:t0ken@hooks.example:8443/s3cr3t?k=v") == "https://hooks.example:8443/…"
+    assert scheme_and_host("not a url") == "(not a URL)"

@@ -32,7 +32,7 @@ from zombie_pipeline.cleanup.detection import count_stale, started_filter
 from zombie_pipeline.cleanup.run import RunSummary
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.failures import result_cause
-from zombie_pipeline.orchestration.offenders import repeat_offenders
+from zombie_pipeline.orchestration.repeat_offenders import repeat_offenders
 from zombie_pipeline.orchestration.resources import DeploymentResources, resources_from_env
 from zombie_pipeline.orchestration.statistics import job_duration_statistics, job_duration_tallies
 from zombie_pipeline.policy import ZombiePolicy

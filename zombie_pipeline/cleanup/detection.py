@@ -80,8 +80,8 @@ class Candidate:
     def age_seconds(self) -> float:
         return (self.detected_at - self.started_at).total_seconds()
 
-    def evidence(self) -> dict[str, Any]:
-        """One row of the dry-run table."""
+    def row(self) -> dict[str, Any]:
+        """The candidate as one row of a table (a dry run's, a check's): the evidence it was judged on."""
         return job_row(
             self.id,
             self.job,
@@ -391,16 +391,6 @@ def brake_for(
         max_stale_fraction=policy.max_stale_fraction,
         min_started=policy.min_started_for_brake,
     )
-
-
-def engaged_brake(
-    jobs: Collection, detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None
-) -> Brake | None:
-    """The brake when it stops this detection's cleanup (too many of the started jobs look dead), else None."""
-    if not detection.candidates:
-        return None
-    brake = brake_for(jobs, detection, policy, job_types)
-    return brake if brake.engaged else None
 
 
 def unknown_job_types(jobs: Collection, job_types: Iterable[str]) -> list[str]:

@@ -168,7 +168,7 @@ class CleanupReport:
         return self.detection.malformed
 
     def candidate_rows(self) -> list[dict[str, Any]]:
-        return [candidate.evidence() for candidate in self.detection.candidates]
+        return [candidate.row() for candidate in self.detection.candidates]
 
 
 def run_cleanup(

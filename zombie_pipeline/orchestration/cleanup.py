@@ -25,7 +25,7 @@ from zombie_pipeline.orchestration.metadata import (
     malformed_metadata,
     table_metadata,
 )
-from zombie_pipeline.orchestration.metrics import MetricsGateway
+from zombie_pipeline.orchestration.pushgateway import MetricsGateway
 from zombie_pipeline.orchestration.resources import Databases, ZombiePolicyResource
 from zombie_pipeline.orchestration.tags import (
     CLEANUP_GROUP,
@@ -144,7 +144,7 @@ def find_zombies(
     if brake is not None and brake.engaged:  # the same queue would stop a retry too: failed at once, and only once
         message = brake.message() + (f" {SIMULATED_QUEUE_BRAKED}" if simulated else "")
         raise dg.Failure(description=message, metadata=brake.facts(), allow_retries=False)
-    rows = [candidate.evidence() for candidate in detection.candidates]
+    rows = [candidate.row() for candidate in detection.candidates]
     by_reason = detection.count_by("reason")
     metadata: dict[str, Any] = {f"candidates/{reason}": by_reason.get(reason, 0) for reason in REASONS}
     metadata["candidates"] = len(rows)

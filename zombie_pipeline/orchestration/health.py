@@ -35,7 +35,7 @@ from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.config import CLEANUP_OVERDUE_MINUTES_ENV, DEFAULT_CLEANUP_OVERDUE_MINUTES, cleanup_overdue_minutes
 from zombie_pipeline.orchestration import recency
 from zombie_pipeline.orchestration.metadata import malformed_metadata, table_metadata
-from zombie_pipeline.orchestration.metrics import MetricsGateway
+from zombie_pipeline.orchestration.pushgateway import MetricsGateway
 from zombie_pipeline.orchestration.resources import Databases, ZombiePolicyResource
 from zombie_pipeline.orchestration.tags import CLEANUP_GROUP, CLEANUP_RUN_TAG, scope_of_tags
 from zombie_pipeline.policy import ZombiePolicy
@@ -131,7 +131,7 @@ def no_zombies_left(
     job_types = scope.job_types if scope else None
     with databases.store_for(context, "no_zombies_left: looking for zombies left") as store:
         left = monitoring.zombies_left(store.jobs, zombie_policy.in_force(store), as_of, job_types)
-    rows = [candidate.evidence() for candidate in left.candidates[:SAMPLE_ROWS]]
+    rows = [candidate.row() for candidate in left.candidates[:SAMPLE_ROWS]]
     metadata: dict[str, Any] = {
         "as_of": dg.MetadataValue.timestamp(as_of),
         "job_types": dg.MetadataValue.json(list(job_types) if job_types else "all"),

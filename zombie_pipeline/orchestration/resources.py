@@ -1,5 +1,5 @@
 """Dagster resources: the deployment's databases, the cleanup policy, and the failure webhook (the metrics gateway is
-in ``orchestration/metrics.py``; its URL carries no credentials and is its config).
+in ``orchestration/pushgateway.py``; its URL carries no credentials and is its config).
 
 A MongoDB URL may carry a password, and Dagster shows resource config in its UI: the deployment's definitions give
 the URLs as ``dg.EnvVar`` (the UI shows the variable's name, never its value), or None for the embedded server.
@@ -19,7 +19,7 @@ from pymongo.errors import ConfigurationError
 
 from zombie_pipeline import config
 from zombie_pipeline.config import SettingError
-from zombie_pipeline.orchestration.metrics import MetricsGateway, metrics_gateway_from_env
+from zombie_pipeline.orchestration.pushgateway import MetricsGateway, metrics_gateway_from_env
 from zombie_pipeline.policy import InvalidPolicy, PolicySettings, ZombiePolicy, validated
 from zombie_pipeline.queue.connections import (
     DEFAULT_TIMEOUT_MS,

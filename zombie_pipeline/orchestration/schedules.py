@@ -20,17 +20,13 @@ if TYPE_CHECKING:  # what Dagster builds from an asset job's partitions; not exp
     from dagster._core.definitions.partitions.partitioned_schedule import UnresolvedPartitionedAssetScheduleDefinition
 
 from zombie_pipeline import config
-from zombie_pipeline.config import KILL_CRON_ENV
+from zombie_pipeline.config import KILL_CRON_ENV, SettingError
 from zombie_pipeline.orchestration.cleanup import cleanup_in_flight, in_flight_reason, kill_zombies_job
 from zombie_pipeline.orchestration.statistics import duration_statistics_job
 from zombie_pipeline.orchestration.tags import TRIGGER_TAG
 
 DEFAULT_KILL_CRON = "*/10 * * * *"
 TIMEZONE = "UTC"
-
-
-class ScheduleConfigError(ValueError):
-    """A schedule setting from the environment is invalid; the message names the variable."""
 
 
 def kill_zombies_cron(environ: Mapping[str, str] | None = None) -> str:
@@ -62,7 +58,7 @@ def build_kill_zombies_schedule(cron: str | None = None) -> dg.ScheduleDefinitio
             return dg.RunRequest(tags={TRIGGER_TAG: "kill_zombies_schedule"})
 
     except dg.DagsterInvalidDefinitionError:
-        raise ScheduleConfigError(
+        raise SettingError(
             f"{KILL_CRON_ENV}={cron!r} is not a valid cron schedule: use five fields "
             f"(minute hour day-of-month month day-of-week), e.g. {DEFAULT_KILL_CRON!r} for every 10 minutes, "
             f"or unset {KILL_CRON_ENV} for that default."

@@ -137,7 +137,7 @@ def pipeline_failure_sensor(
         return
     record = failure_record(context, [*databases.urls(), failure_webhook.url])
     context.log.error(record.log_line())
-    outcome = alerts.post_json(failure_webhook.url, record.payload(), failure_webhook.timeout_seconds)
+    outcome = alerts.post_alert(failure_webhook.url, record.payload(), failure_webhook.timeout_seconds)
     if outcome.startswith("failed"):
         context.log.warning(f"failure webhook: {outcome}")
     try:
@@ -181,7 +181,7 @@ def cleanup_overdue_sensor(context: dg.SensorEvaluationContext, failure_webhook:
         return dg.SensorResult(skip_reason=verdict.message(), cursor=next_cursor)
     if verdict.overdue:
         context.log.error(verdict.message())
-        outcome = alerts.post_json(failure_webhook.url, verdict.payload(), failure_webhook.timeout_seconds)
+        outcome = alerts.post_alert(failure_webhook.url, verdict.payload(), failure_webhook.timeout_seconds)
         if outcome.startswith("failed"):
             context.log.warning(f"failure webhook: {outcome}")
     else:

@@ -25,7 +25,7 @@ import dagster as dg
 from pydantic import Field
 
 from zombie_pipeline import config, metrics
-from zombie_pipeline.orchestration.metrics import MetricsGateway
+from zombie_pipeline.orchestration.pushgateway import MetricsGateway
 from zombie_pipeline.orchestration.resources import Databases, ZombiePolicyResource
 from zombie_pipeline.orchestration.tags import PIPELINE_TAG, STATISTICS_GROUP
 from zombie_pipeline.policy import InvalidPolicy, SuggestionRules, SuggestionSettings, ZombiePolicy

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import pymongo
-from bson.codec_options import CodecOptions
 from pymongo import MongoClient
 from pymongo.database import Database
 
@@ -87,10 +86,6 @@ def close_clients(url: str | None = None) -> None:
         for key in [key for key in _clients if url is None or key[0] == url]:
             with pymongo.timeout(CLOSE_TIMEOUT_SECONDS):
                 _clients.pop(key).close()
-
-
-def utc_codec_options() -> CodecOptions:
-    return CodecOptions(tz_aware=True, tzinfo=dt.UTC)
 
 
 class DatabaseUnavailable(RuntimeError):

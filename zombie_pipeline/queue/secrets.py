@@ -63,3 +63,17 @@ _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
 def scrub(text: str, urls: Iterable[str | None] = ()) -> str:
     """``text`` without the credentials of ``urls``, nor any ``user:password@`` of any URL in it."""
     return _USERINFO.sub(r"\g<scheme>***@", redact(text, urls))
+
+
+def scheme_and_host(url: str) -> str:
+    """Scheme, host and port only: what is shown of a webhook's URL, whose credentials, path and query often carry
+    its secret token."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(unparseable URL)"
+    if not parts.scheme or not host:
+        return "(not a URL)"
+    return f"{parts.scheme}://{host}{port}/…"

@@ -384,17 +384,6 @@ def _table_columns(period: Period, table: pa.Table, status: Any, audited: Audite
     return _Columns(types, type_names, np.zeros(rows, dtype=np.intp), [status], valid, seconds, zombies)
 
 
-def tally_table(period: Period, table: pa.Table, status: Any, audited: Audited | None = None) -> Period:
-    """Fold a table of jobs of one ``status`` (columns ``_id``, ``type``, ``started_at``, ``finished_at``) into the tallies."""
-    audited = audited or {}
-    pieces, found = _Pieces(), set[Any]()
-    period.jobs_read += table.num_rows
-    columns = _table_columns(period, table, status, audited, found)
-    if columns is not None:
-        _count(period, pieces, columns)
-    return _close(period, pieces, audited, found)
-
-
 def _milliseconds(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """A timestamp column as int64 milliseconds, and where it holds a value."""
     values = pc.cast(column.combine_chunks(), pa.int64())

@@ -17,7 +17,7 @@ from tests.helpers import ago, crashed_job, database_resources, run_kill_zombies
 from tests.pushgateway import running_pushgateway
 from zombie_pipeline import metrics
 from zombie_pipeline.orchestration.health import queue_health
-from zombie_pipeline.orchestration.metrics import PUSH_FAILED, PUSH_JOB, MetricsGateway
+from zombie_pipeline.orchestration.pushgateway import PUSH_FAILED, PUSH_JOB, MetricsGateway
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
 from zombie_pipeline.orchestration.statistics import (
     SUGGESTED_T2_METADATA_PREFIX,

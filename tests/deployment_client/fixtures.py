@@ -1,6 +1,6 @@
 """pytest fixtures for the deployment's real client; import them into a test module::
 
-    from tests.deployment.fixtures import deployment, deployment_session  # noqa: F401
+    from tests.deployment_client.fixtures import deployment, deployment_session  # noqa: F401
 
 ``deployment`` is a :class:`~deployment.DeploymentClient` connected to the test's fresh
 ``queue_db`` / ``cache_db`` (fixtures of tests/conftest.py), once per label of ``LABELS``; a test
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.deployment import LABELS, DeploymentClient, missing_reason
+from tests.deployment_client import LABELS, DeploymentClient, missing_reason
 
 
 @pytest.fixture(scope="session", params=LABELS)

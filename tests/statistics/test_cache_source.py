@@ -1,4 +1,4 @@
-"""Durations read from the cache where the queue deletes finished jobs (``statistics/cache_history.py``)."""
+"""Durations read from the cache where the queue deletes finished jobs (``statistics/cache_source.py``)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from bson import ObjectId
 
 from tests.helpers import QUEUE_GENERATION, database_resources
 from zombie_pipeline.orchestration.health import queue_health
-from zombie_pipeline.orchestration.offenders import CHECK_NAME, repeat_offenders
+from zombie_pipeline.orchestration.repeat_offenders import CHECK_NAME, repeat_offenders
 from zombie_pipeline.orchestration.resources import (
     Databases,
     ZombiePolicyResource,
