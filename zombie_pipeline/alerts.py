@@ -57,7 +57,7 @@ class FailureRecord:
         }
 
 
-def record_failure(failures: Collection, record: FailureRecord, webhook_outcome: str) -> None:
+def record_failure(failures: Collection[Any], record: FailureRecord, webhook_outcome: str) -> None:
     """Upsert by run id: a sensor tick evaluated twice leaves one document."""
     failures.replace_one({ID: record.run_id}, record.document(webhook_outcome), upsert=True)
 

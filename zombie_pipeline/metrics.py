@@ -23,7 +23,7 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.core import Metric as MetricFamily
@@ -41,10 +41,13 @@ from zombie_pipeline.queue.documents import (
     Event,
     EventState,
     Job,
+    JobDocument,
     RetryOutcome,
+    ZombieEvent,
     job_type_problem,
 )
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.store import aggregate_rows
 from zombie_pipeline.statistics.analysis import DurationReport
 from zombie_pipeline.statistics.quantiles import PERCENTILES, percentile_name
 
@@ -229,9 +232,9 @@ class Figures(Collector):
 class AuditTotals:
     """The audit trail's finalizations, counted by what the counters label them with."""
 
-    finalized: Counter = field(default_factory=Counter)  # (job type, reason, error code) -> events
-    fresher_kept: Counter = field(default_factory=Counter)  # job type -> events
-    retries: Counter = field(default_factory=Counter)  # (job type, retry outcome) -> events
+    finalized: Counter[Any] = field(default_factory=Counter)  # (job type, reason, error code) -> events
+    fresher_kept: Counter[Any] = field(default_factory=Counter)  # job type -> events
+    retries: Counter[Any] = field(default_factory=Counter)  # (job type, retry outcome) -> events
     skipped: int = 0  # events whose type, reason or code cannot be a label value (written by hand or an old version)
 
 
@@ -241,7 +244,7 @@ _RETRY_OUTCOMES = {str(outcome) for outcome in RetryOutcome}
 _TYPE, _REASON, _CODE, _CACHE, _RETRY, _COUNT = "type", "reason", "code", "cache", "retry", "count"
 
 
-def audit_totals(events: Collection) -> AuditTotals:
+def audit_totals(events: Collection[ZombieEvent]) -> AuditTotals:
     """One aggregation over the finalized events (on the ``(state, lease_until)`` index), grouped on the server.
 
     Finalized means completed (state ``done``), as the statistics read it: a claim that lost its race never gets
@@ -264,7 +267,7 @@ def audit_totals(events: Collection) -> AuditTotals:
         },
     )
     totals = AuditTotals()
-    for group in events.aggregate(pipeline):
+    for group in aggregate_rows(events, pipeline):
         key, count = group[ID], group[_COUNT]
         job_type, reason, code = key.get(_TYPE), key.get(_REASON), key.get(_CODE)
         if job_type_problem(job_type) or reason not in _REASONS or code not in _ERROR_CODES:
@@ -328,10 +331,10 @@ def brake_figures(engaged: bool, stale: int, started: int | None, max_stale_frac
 # --- what queue_health pushes ---------------------------------------------------------------------------------
 
 
-def started_by_type(jobs: Collection) -> dict[str, int]:
+def started_by_type(jobs: Collection[JobDocument]) -> dict[str, int]:
     """Started jobs per type: one aggregation on the ``(status, started_at)`` index (a few thousand jobs at most)."""
     pipeline = on_index(started_filter(), {}, {"$group": {ID: f"${Job.TYPE}", _COUNT: {"$sum": 1}}})
-    return {group[ID]: group[_COUNT] for group in jobs.aggregate(pipeline) if not job_type_problem(group[ID])}
+    return {group[ID]: group[_COUNT] for group in aggregate_rows(jobs, pipeline) if not job_type_problem(group[ID])}
 
 
 def health_figures(snapshot: QueueSnapshot, started: Mapping[str, int], repeat_offenders: int) -> Figures:

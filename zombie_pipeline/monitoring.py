@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,12 +30,15 @@ from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
 from zombie_pipeline.queue.documents import (
     ID,
     Cache,
+    CacheEntry,
     CacheOutcome,
     CompensationState,
     Event,
     EventState,
     Job,
+    JobDocument,
     Status,
+    ZombieEvent,
     as_utc,
     cache_key_of_job,
     job_row,
@@ -64,7 +67,7 @@ class StaleState:
 
 
 def stale_state(
-    jobs: Collection, policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None
+    jobs: Collection[JobDocument], policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None
 ) -> StaleState:
     """A count on the index; only when it is not zero, the ids (and nothing else) of the stale jobs."""
     if count_stale(jobs, policy, now, job_types) == 0:
@@ -84,7 +87,7 @@ class JobTypes:
     refused: tuple[Any, ...]  # values no query of ours would take as a type name
 
 
-def job_types_in_queue(jobs: Collection) -> JobTypes:
+def job_types_in_queue(jobs: Collection[JobDocument]) -> JobTypes:
     """The distinct ``type`` values of the jobs collection (one ``distinct``, served by any index led by type).
 
     A type is refused when detection would call a job of it malformed.
@@ -135,7 +138,7 @@ def queue_snapshot(store: Store, policy: ZombiePolicy, now: dt.datetime) -> Queu
 
 
 def zombies_left(
-    jobs: Collection, policy: ZombiePolicy, as_of: dt.datetime, job_types: Iterable[str] | None = None
+    jobs: Collection[JobDocument], policy: ZombiePolicy, as_of: dt.datetime, job_types: Iterable[str] | None = None
 ) -> Detection:
     """The jobs that were already zombies at ``as_of`` and are still started.
 
@@ -177,7 +180,7 @@ def audit_cache_errors(store: Store, since: dt.datetime, sample_size: int = 20) 
         Event.FINALIZED_AT: {"$gte": since},
     }
     projection = {Event.ERROR_CODE: 1, Event.FINALIZED_AT: 1} | {f"{Event.JOB}.{name}": 1 for name in _KEY_FIELDS}
-    batch: list[Mapping[str, Any]] = []
+    batch: list[ZombieEvent] = []
     for event in store.events.find(query, projection).sort(Event.FINALIZED_AT, 1).batch_size(_BATCH):
         batch.append(event)
         if len(batch) >= _BATCH:
@@ -192,7 +195,7 @@ _KEY_FIELDS = (Job.TYPE, Job.DATASET, Job.CONFIG, Job.SPLIT)
 
 
 def _audit_batch(
-    cache: Collection, events: Sequence[Mapping[str, Any]], audit: CacheErrorAudit, sample_size: int
+    cache: Collection[CacheEntry], events: Sequence[ZombieEvent], audit: CacheErrorAudit, sample_size: int
 ) -> None:
     """The cache entries of a batch of events: one query per job type among them."""
     entries = entries_of_jobs(cache, [event[Event.JOB] for event in events], {Cache.ERROR_CODE: 1, Cache.UPDATED_AT: 1})
@@ -209,12 +212,12 @@ def _audit_batch(
             audit.sample.append(_audit_row(event, entry))
 
 
-def _newer(entry: Mapping[str, Any], event: Mapping[str, Any]) -> bool:
+def _newer(entry: CacheEntry, event: ZombieEvent) -> bool:
     updated_at = as_utc(entry.get(Cache.UPDATED_AT))
     return updated_at is not None and updated_at > utc(event[Event.FINALIZED_AT])
 
 
-def _audit_row(event: Mapping[str, Any], entry: Mapping[str, Any] | None) -> dict[str, Any]:
+def _audit_row(event: ZombieEvent, entry: CacheEntry | None) -> dict[str, Any]:
     updated_at = as_utc(entry.get(Cache.UPDATED_AT)) if entry else None
     return job_row(
         event[ID],

@@ -45,14 +45,14 @@ class Bound:
 
     def problem(self, value: float) -> str | None:
         """What is wrong with ``value``, in the words pydantic uses for its own bounds; None when it lies within."""
-        for limit, broken, words in (
-            (self.gt, lambda limit: value <= limit, "greater than"),
-            (self.ge, lambda limit: value < limit, "greater than or equal to"),
-            (self.lt, lambda limit: value >= limit, "less than"),
-            (self.le, lambda limit: value > limit, "less than or equal to"),
-        ):
-            if limit is not None and broken(limit):
-                return f"should be {words} {limit:g}"
+        if self.gt is not None and not value > self.gt:
+            return f"should be greater than {self.gt:g}"
+        if self.ge is not None and not value >= self.ge:
+            return f"should be greater than or equal to {self.ge:g}"
+        if self.lt is not None and not value < self.lt:
+            return f"should be less than {self.lt:g}"
+        if self.le is not None and not value <= self.le:
+            return f"should be less than or equal to {self.le:g}"
         return None
 
 

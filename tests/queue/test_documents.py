@@ -12,13 +12,18 @@ import datetime as dt
 import pytest
 from bson import ObjectId
 
+from zombie_pipeline.queue import documents
 from zombie_pipeline.queue.documents import (
     ID,
     MAX_NAME_LENGTH,
     Cache,
+    CompensationEntry,
     ErrorCode,
+    Event,
     Job,
+    PreviousEntry,
     Reason,
+    ScheduledRetry,
     Status,
     as_utc,
     cache_key_of_job,
@@ -197,3 +202,31 @@ def test_a_job_row_names_the_job_and_carries_the_extras():
         "split": "train",
         "reason": Reason.MISSING_HEARTBEAT,
     }
+
+
+# --- the shapes, named once ---------------------------------------------------------------------------------
+
+
+def _names(vocabulary: type) -> set[str]:
+    return {value for name, value in vars(vocabulary).items() if name.isupper() and isinstance(value, str)}
+
+
+@pytest.mark.parametrize(
+    "shape, vocabulary, besides",
+    [
+        (documents.JobDocument, Job, {ID}),
+        (documents.CacheEntry, Cache, {ID}),
+        (documents.ZombieEvent, Event, {ID}),
+        (documents.RetryDocument, ScheduledRetry, {ID}),
+        (documents.CompensationRecord, CompensationEntry, set()),
+        (documents.PreviousEntrySummary, PreviousEntry, set()),
+    ],
+    ids=lambda value: getattr(value, "__name__", ""),
+)
+def test_each_document_shape_has_exactly_the_fields_its_vocabulary_names(shape, vocabulary, besides):
+    """A field is named once (the vocabulary's constant) and typed once (the shape): the two never drift apart."""
+    assert set(shape.__annotations__) == _names(vocabulary) | besides
+
+
+def test_an_events_cache_result_is_a_part_of_the_event():
+    assert set(documents.CacheResult.__annotations__) <= set(documents.ZombieEvent.__annotations__)

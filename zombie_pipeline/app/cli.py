@@ -6,7 +6,7 @@ import argparse
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zombie_pipeline import config
 from zombie_pipeline.app.errors import OptionRefused
@@ -23,10 +23,14 @@ from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 from zombie_pipeline.simulation.workload import STARTED_KINDS, Workload, WorkloadError, healthy_beside
 
+if TYPE_CHECKING:
+    from zombie_pipeline.orchestration.resources import DeploymentResources
+    from zombie_pipeline.queue.store import Store
+
 # Dagster is imported only by the commands that need it: `db` answers in a fraction of a second.
 
 
-def _store_and_resources():
+def _store_and_resources() -> tuple[Store, DeploymentResources]:
     """The configured databases, reachable: a refused or closed port fails now (within the resources' timeout), naming the URL."""
     from zombie_pipeline.orchestration.resources import resources_from_env
 
@@ -171,7 +175,7 @@ def cmd_db(args: argparse.Namespace) -> int:
         return 0
     info = embedded.running_server()
     if info is None:
-        print(f"no embedded server running (state in {embedded.home()})")
+        print(f"no embedded server running (state in {config.home()})")
         return 1
     print(f"embedded server running: pid {info.pid}, {info.url}, storage {info.storage_path}")
     return 0
@@ -387,7 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.handler(args)
+        status: int = args.handler(args)
+        return status
     except WorkloadError as error:  # the simulator names its fields: the person typed options
         print(f"zombie-pipeline: {as_typed(str(error), args.command_parser)}", file=sys.stderr)
         return 2

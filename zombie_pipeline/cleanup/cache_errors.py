@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from bson import ObjectId
 from pymongo import InsertOne, ReplaceOne, UpdateOne
@@ -32,6 +32,7 @@ from zombie_pipeline.cleanup.counters import CountersInDoubt
 from zombie_pipeline.queue.cache_entries import (
     DETAIL_JOB_ID,
     DETAIL_PREVIOUS,
+    CacheKey,
     entries_of_jobs,
     failed_runs_after_crash,
     is_fresher,
@@ -45,10 +46,16 @@ from zombie_pipeline.queue.documents import (
     ERROR_MESSAGE_OF_REASON,
     ID,
     Cache,
+    CacheEntry,
     CacheMetric,
     CacheOutcome,
+    CacheResult,
     Event,
     Job,
+    PreviousEntry,
+    PreviousEntrySummary,
+    Reason,
+    ZombieEvent,
     as_utc,
     cache_key_of_job,
     utc,
@@ -60,39 +67,40 @@ from zombie_pipeline.queue.transactions import Conflict
 
 @dataclass
 class CacheWrite:
-    """The cache errors of a batch: each event's outcome (by event id), and the ``cacheTotalMetric`` keys in doubt."""
+    """The cache errors of a batch: each event's result (by event id), and the ``cacheTotalMetric`` keys in doubt."""
 
-    outcomes: dict[Any, dict[str, Any]] = field(default_factory=dict)
+    outcomes: dict[Any, CacheResult] = field(default_factory=dict)
     in_doubt: CountersInDoubt = field(default_factory=CountersInDoubt)
 
-    def __getitem__(self, event_id: Any) -> dict[str, Any]:
+    def __getitem__(self, event_id: Any) -> CacheResult:
         return self.outcomes[event_id]
 
 
-def summary_of(entry: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """What an entry told users before our error replaced it: the small fields, never the content."""
+def summary_of(entry: Mapping[str, Any] | None) -> PreviousEntrySummary | None:
+    """What an entry told users before our error replaced it: the small fields, never the content (JSON-ready)."""
     if entry is None:
         return None
+    updated_at = as_utc(entry.get(Cache.UPDATED_AT))
     return {
-        Cache.UPDATED_AT: as_utc(entry.get(Cache.UPDATED_AT)),
-        Cache.HTTP_STATUS: entry.get(Cache.HTTP_STATUS),
-        Cache.ERROR_CODE: entry.get(Cache.ERROR_CODE),
-        Cache.FAILED_RUNS: stored_failed_runs(entry),
-        Cache.DATASET_GIT_REVISION: entry.get(Cache.DATASET_GIT_REVISION),
-        "runner_version": runner_version_of(entry),
+        PreviousEntry.UPDATED_AT: updated_at.isoformat() if updated_at else None,
+        PreviousEntry.HTTP_STATUS: entry.get(Cache.HTTP_STATUS),
+        PreviousEntry.ERROR_CODE: entry.get(Cache.ERROR_CODE),
+        PreviousEntry.FAILED_RUNS: stored_failed_runs(entry),
+        PreviousEntry.DATASET_GIT_REVISION: entry.get(Cache.DATASET_GIT_REVISION),
+        PreviousEntry.RUNNER_VERSION: runner_version_of(entry),
     }
 
 
 def error_entry(
-    event: Mapping[str, Any],
+    event: ZombieEvent,
     existing: Mapping[str, Any] | None,
     generation: CacheGeneration,
     http_status: int,
     failed_runs: int,
-) -> dict[str, Any]:
+) -> CacheEntry:
     """The cache entry telling users why the job failed, with only the generation's fields."""
     job = event[Event.JOB]
-    message = ERROR_MESSAGE_OF_REASON[event[Event.REASON]]
+    message = ERROR_MESSAGE_OF_REASON[Reason(event[Event.REASON])]
     finalized_at = event[Event.FINALIZED_AT]
     last_heartbeat = as_utc(job.get(Job.LAST_HEARTBEAT))
     details: dict[str, Any] = {  # the event's facts, under its own names
@@ -103,7 +111,7 @@ def error_entry(
         Event.PAST_MAX_DURATION: bool(event.get(Event.PAST_MAX_DURATION)),
         Event.RUN_ID: event[Event.RUN_ID],
         DETAIL_JOB_ID: str(event[ID]),
-        DETAIL_PREVIOUS: _jsonable(summary_of(existing)),
+        DETAIL_PREVIOUS: summary_of(existing),
     }
     entry: dict[str, Any] = {
         **cache_key_of_job(job),
@@ -123,14 +131,7 @@ def error_entry(
             entry[name] = value
         else:
             details[name] = value
-    return generation.keep_declared(entry)
-
-
-def _jsonable(summary: dict[str, Any] | None) -> dict[str, Any] | None:
-    if summary is None:
-        return None
-    updated_at = summary[Cache.UPDATED_AT]
-    return {**summary, Cache.UPDATED_AT: updated_at.isoformat() if updated_at else None}
+    return cast(CacheEntry, generation.keep_declared(entry))
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ class CacheErrors:
     http_status: int
     keeps_metrics: bool
 
-    def write(self, events: Sequence[Mapping[str, Any]], session: ClientSession | None = None) -> CacheWrite:
+    def write(self, events: Sequence[ZombieEvent], session: ClientSession | None = None) -> CacheWrite:
         """Write the error entries of a batch of events; each event's outcome, failed runs and previous entry.
 
         In a transaction (``session``) the entries and ``cacheTotalMetric`` change
@@ -153,10 +154,10 @@ class CacheErrors:
         existing = entries_of_jobs(self.store.cache, jobs, {Cache.CONTENT: 0}, session)
         written = CacheWrite()
         outcomes = written.outcomes
-        operations: list[ReplaceOne | InsertOne] = []
-        planned: dict[tuple[Any, ...], dict[str, Any]] = {}
-        expected: dict[Any, tuple[tuple[Any, ...], int, dict[str, Any] | None]] = {}
-        replaced: dict[tuple[Any, ...], Mapping[str, Any] | None] = {}
+        operations: list[ReplaceOne[CacheEntry] | InsertOne[CacheEntry]] = []
+        planned: dict[CacheKey, CacheEntry] = {}
+        expected: dict[Any, tuple[CacheKey, int, PreviousEntrySummary | None]] = {}
+        replaced: dict[CacheKey, CacheEntry | None] = {}
         for event in events:
             job = event[Event.JOB]
             key = key_of(cache_key_of_job(job))
@@ -168,19 +169,17 @@ class CacheErrors:
                     written.in_doubt.cache_metrics |= _metric_keys(entry, previous)
             elif entry is not None and is_fresher(entry, job):
                 outcomes[event[ID]] = _outcome(
-                    CacheOutcome.SKIPPED_FRESHER, stored_failed_runs(entry), _jsonable(summary_of(entry))
+                    CacheOutcome.SKIPPED_FRESHER, stored_failed_runs(entry), summary_of(entry)
                 )
             else:
                 failed_runs = failed_runs_after_crash(entry, job)
                 if key not in planned:  # two zombies of one key (a broken queue) share one entry
-                    document = {
-                        ID: entry[ID] if entry is not None else ObjectId(),
-                        **error_entry(event, entry, self.generation, self.http_status, failed_runs),
-                    }
+                    document = error_entry(event, entry, self.generation, self.http_status, failed_runs)
+                    document[ID] = entry[ID] if entry is not None else ObjectId()
                     operations.append(_write_operation(entry, document))
                     planned[key] = document
                     replaced[key] = entry
-                expected[event[ID]] = (key, failed_runs, _jsonable(summary_of(entry)))
+                expected[event[ID]] = (key, failed_runs, summary_of(entry))
         if not operations:
             return written
         if self._write(operations, session) == len(operations):  # every write took (one entry each): all ours
@@ -204,7 +203,9 @@ class CacheErrors:
             self._count_in_cache_metrics([(replaced[key], planned[key]) for key in ours], session)
         return written
 
-    def _write(self, operations: list[ReplaceOne | InsertOne], session: ClientSession | None) -> int:
+    def _write(
+        self, operations: list[ReplaceOne[CacheEntry] | InsertOne[CacheEntry]], session: ClientSession | None
+    ) -> int:
         """Run the writes; how many took (a replacement that matched, an insert that was accepted).
 
         An entry a worker inserted first refuses ours, and one a worker rewrote since our read fails our
@@ -220,7 +221,7 @@ class CacheErrors:
         return result.matched_count + result.inserted_count
 
     def _count_in_cache_metrics(
-        self, changes: list[tuple[Mapping[str, Any] | None, Mapping[str, Any]]], session: ClientSession | None
+        self, changes: list[tuple[CacheEntry | None, CacheEntry]], session: ClientSession | None
     ) -> None:
         """``cacheTotalMetric``: the old entry's (kind, http_status, error_code) -1, the new one's +1, as the deployment
         counts."""
@@ -242,7 +243,7 @@ class CacheErrors:
             self.store.cache_metrics.bulk_write(operations, ordered=False, session=session)
 
 
-def _metric_keys(entry: Mapping[str, Any], previous: Mapping[str, Any] | None) -> set[tuple[Any, Any, Any]]:
+def _metric_keys(entry: CacheEntry, previous: Mapping[str, Any] | None) -> set[tuple[Any, Any, Any]]:
     """The ``cacheTotalMetric`` keys writing ``entry`` moved: its own, and the one of the entry it replaced."""
     keys = {(entry[Cache.KIND], entry.get(Cache.HTTP_STATUS), entry.get(Cache.ERROR_CODE))}
     if previous is not None:
@@ -250,11 +251,13 @@ def _metric_keys(entry: Mapping[str, Any], previous: Mapping[str, Any] | None) -
     return keys
 
 
-def _outcome(outcome: CacheOutcome, failed_runs: int, previous: dict[str, Any] | None) -> dict[str, Any]:
+def _outcome(outcome: CacheOutcome, failed_runs: int, previous: PreviousEntrySummary | None) -> CacheResult:
     return {Event.CACHE_OUTCOME: outcome, Event.FAILED_RUNS: failed_runs, Event.PREVIOUS_ENTRY: previous}
 
 
-def _write_operation(existing: Mapping[str, Any] | None, document: dict[str, Any]) -> ReplaceOne | InsertOne:
+def _write_operation(
+    existing: CacheEntry | None, document: CacheEntry
+) -> ReplaceOne[CacheEntry] | InsertOne[CacheEntry]:
     if existing is not None:  # compare-and-set on the entry we read
         return ReplaceOne({ID: existing[ID], Cache.UPDATED_AT: existing.get(Cache.UPDATED_AT)}, document)
     # No entry was there: insert, with the _id chosen here; if one appeared meanwhile, the

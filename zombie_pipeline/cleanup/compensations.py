@@ -38,9 +38,13 @@ from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     ID,
     CompensationEntry,
+    CompensationRecord,
     CompensationState,
     Event,
     EventState,
+    JobSnapshot,
+    PreviousEntrySummary,
+    ZombieEvent,
     job_row,
     utc_now,
 )
@@ -62,17 +66,16 @@ class CompensationContext:
     """What an action knows of the zombie it undoes."""
 
     job_id: Any  # the idempotency key: the same for every attempt
-    job: Mapping[str, Any]  # the job as detection saw it
+    job: JobSnapshot  # the job as detection saw it
     reason: str
     error_code: str
     cache_outcome: str | None  # written, or kept because a fresher result was there
-    previous_entry: (
-        Mapping[str, Any] | None
-    )  # what the cache held before our error entry (revision, runner version ...)
+    previous_entry: PreviousEntrySummary | None  # what the cache held before our error entry (revision, runner version)
     attempt: int  # 1 for the first
 
     def as_json(self) -> dict[str, Any]:
-        return json.loads(json.dumps(dict(vars(self)), default=str))
+        as_json: dict[str, Any] = json.loads(json.dumps(dict(vars(self)), default=str))
+        return as_json
 
 
 @runtime_checkable
@@ -150,7 +153,7 @@ def registry(policy: ZombiePolicy) -> tuple[Compensation, ...]:
     return actions
 
 
-def pending_for(actions: Iterable[Compensation], job_type: str) -> dict[str, Any]:
+def pending_for(actions: Iterable[Compensation], job_type: str) -> ZombieEvent:
     """The event fields that ask for the actions applying to ``job_type``; none when none applies."""
     names = [action.name for action in actions if action.applies_to(job_type)]
     if not names:
@@ -192,7 +195,7 @@ def compensate(
                 result.counts.update(_compensate_one(store, event, policy, by_name, run_id))
 
 
-def _lease(store: Store, event_id: Any, run_id: str, now: dt.datetime) -> Mapping[str, Any] | None:
+def _lease(store: Store, event_id: Any, run_id: str, now: dt.datetime) -> ZombieEvent | None:
     """The event, held for this run; None when another run holds it or it is no longer pending."""
     free = {
         "$or": [{Event.COMPENSATION_LEASE_UNTIL: {"$exists": False}}, {Event.COMPENSATION_LEASE_UNTIL: {"$lt": now}}]
@@ -205,22 +208,23 @@ def _lease(store: Store, event_id: Any, run_id: str, now: dt.datetime) -> Mappin
 
 
 def _compensate_one(
-    store: Store, event: Mapping[str, Any], policy: ZombiePolicy, by_name: Mapping[str, Compensation], run_id: str
+    store: Store, event: ZombieEvent, policy: ZombiePolicy, by_name: Mapping[str, Compensation], run_id: str
 ) -> list[Count]:
-    entries = [dict(entry) for entry in event.get(Event.COMPENSATIONS) or []]
+    entries: list[CompensationRecord] = [CompensationRecord(**entry) for entry in event.get(Event.COMPENSATIONS) or []]
     outcomes = []
     for entry in entries:
         if entry.get(CompensationEntry.STATE) != CompensationState.PENDING:
             continue
         action = by_name.get(str(entry.get(CompensationEntry.NAME)))
-        entry[CompensationEntry.ATTEMPTS] = int(entry.get(CompensationEntry.ATTEMPTS) or 0) + 1
+        attempts = int(entry.get(CompensationEntry.ATTEMPTS) or 0) + 1
+        entry[CompensationEntry.ATTEMPTS] = attempts
         try:
             if action is None:
                 raise CompensationError("no longer registered: not run")
-            action.run(_context_of(event, entry[CompensationEntry.ATTEMPTS]))
+            action.run(_context_of(event, attempts))
         except Exception as error:  # one failing action never stops the others, nor the cleanup
             entry[CompensationEntry.LAST_ERROR] = scrub(f"{type(error).__name__}: {error}")[:ERROR_LENGTH]
-            exhausted = action is None or entry[CompensationEntry.ATTEMPTS] >= policy.compensation_max_attempts
+            exhausted = action is None or attempts >= policy.compensation_max_attempts
             entry[CompensationEntry.STATE] = CompensationState.FAILED if exhausted else CompensationState.PENDING
             outcomes.append(Count.COMPENSATION_FAILED if exhausted else Count.COMPENSATION_TO_RETRY)
         else:
@@ -243,7 +247,7 @@ def _compensate_one(
     return outcomes
 
 
-def _context_of(event: Mapping[str, Any], attempt: int) -> CompensationContext:
+def _context_of(event: ZombieEvent, attempt: int) -> CompensationContext:
     return CompensationContext(
         job_id=event[ID],
         job=event.get(Event.JOB) or {},

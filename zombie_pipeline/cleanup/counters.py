@@ -83,9 +83,9 @@ REPAIR_ROUNDS = 5
 SETTLE_SECONDS = 0.1
 
 
-def recount(store: Store, generation: QueueGeneration) -> dict[str, Counter]:
+def recount(store: Store, generation: QueueGeneration) -> dict[str, Counter[Any]]:
     """Every counter the generation keeps, recounted from the documents (zeros left out)."""
-    counts: dict[str, Counter] = {}
+    counts: dict[str, Counter[Any]] = {}
     if generation.keeps(JOB_METRICS_COLLECTION):
         counts[JOB_METRICS_COLLECTION] = _count(
             store.jobs.aggregate([_BY_TYPE_AND_STATUS]),
@@ -105,9 +105,9 @@ def recount(store: Store, generation: QueueGeneration) -> dict[str, Counter]:
     return counts
 
 
-def stored(store: Store, generation: QueueGeneration) -> dict[str, Counter]:
+def stored(store: Store, generation: QueueGeneration) -> dict[str, Counter[Any]]:
     """The counters as the deployment's collections hold them (zeros left out)."""
-    counts: dict[str, Counter] = {}
+    counts: dict[str, Counter[Any]] = {}
     if generation.keeps(JOB_METRICS_COLLECTION):
         counts[JOB_METRICS_COLLECTION] = +Counter(
             {(row[JobMetric.JOB_TYPE], row[JobMetric.STATUS]): row[JobMetric.TOTAL] for row in store.job_metrics.find()}
@@ -192,7 +192,7 @@ def _kind_status_and_code(key: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     return key["kind"], key["http"], key.get("code")
 
 
-def _count(rows: Any, key_of: Any) -> Counter:
+def _count(rows: Any, key_of: Any) -> Counter[Any]:
     return +Counter({key_of(row[ID]): row["n"] for row in rows})
 
 
@@ -228,12 +228,12 @@ class _Keys(Protocol):
 
     def stored(self) -> dict[Any, int]: ...
 
-    def counted(self) -> Counter: ...
+    def counted(self) -> Counter[Any]: ...
 
     def selector(self, key: Any) -> dict[str, Any]: ...
 
 
-def _repair(collection: Collection, keys: _Keys, rounds: int) -> int:
+def _repair(collection: Collection[Any], keys: _Keys, rounds: int) -> int:
     """Read, count, compare-and-set each counter that differs; again until a round finds none (or ``rounds`` ran)."""
     written = 0
     for _ in range(rounds):
@@ -272,7 +272,7 @@ class _JobMetrics(_Keys):
             if not self.side.by_dataset_status or row.get(JobMetric.DATASET_STATUS) == DATASET_STATUS_NORMAL
         }
 
-    def counted(self) -> Counter:
+    def counted(self) -> Counter[Any]:
         pipeline = on_index(
             {Job.STATUS: {"$in": self.statuses}},
             {Job.TYPE: {"$in": self.types}},
@@ -296,7 +296,7 @@ class _WorkerSizes(_Keys):
         rows = self.store.worker_size_metrics.find({WorkerSizeMetric.WORKER_SIZE: {"$in": sorted(self.keys)}})
         return {row[WorkerSizeMetric.WORKER_SIZE]: row.get(WorkerSizeMetric.JOBS_COUNT, 0) for row in rows}
 
-    def counted(self) -> Counter:
+    def counted(self) -> Counter[Any]:
         blocked = self.store.blockages.distinct(Blockage.DATASET) if BLOCKAGES_COLLECTION in self.side else []
         size = {
             "$switch": {
@@ -339,7 +339,7 @@ class _CacheMetrics(_Keys):
             for row in rows
         }
 
-    def counted(self) -> Counter:
+    def counted(self) -> Counter[Any]:
         statuses = sorted({http_status for _, http_status, _ in self.keys}, key=repr)
         pipeline = on_index(
             {Cache.KIND: {"$in": self.kinds}},

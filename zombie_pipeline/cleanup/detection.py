@@ -30,6 +30,7 @@ from zombie_pipeline.queue.documents import (
     ID,
     STATUSES,
     Job,
+    JobDocument,
     JobSnapshot,
     Reason,
     Status,
@@ -40,6 +41,7 @@ from zombie_pipeline.queue.documents import (
     utc,
 )
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.store import aggregate_rows
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ def is_past_max_duration(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.d
 
 
 def detect(
-    jobs: Collection,
+    jobs: Collection[JobDocument],
     policy: ZombiePolicy,
     now: dt.datetime,
     job_types: Iterable[str] | None = None,
@@ -256,15 +258,15 @@ def detect(
 
 
 def count_stale(
-    jobs: Collection, policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None
+    jobs: Collection[JobDocument], policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None
 ) -> int:
     """How many zombies there are, counted by the server without fetching them (for sensors)."""
-    counted = jobs.aggregate(stale_pipeline(policy, now, job_types) + [{"$count": "stale"}])
+    counted = aggregate_rows(jobs, stale_pipeline(policy, now, job_types) + [{"$count": "stale"}])
     found = next(counted, None)
     return found["stale"] if found else 0
 
 
-def explain_stale(jobs: Collection, policy: ZombiePolicy, now: dt.datetime) -> dict[str, Any]:
+def explain_stale(jobs: Collection[JobDocument], policy: ZombiePolicy, now: dt.datetime) -> dict[str, Any]:
     """The server's plan and execution statistics for detection's query, as detection sends it."""
     command = {"aggregate": jobs.name, "pipeline": stale_pipeline(policy, now), "cursor": {}}
     return query_plan_of(jobs.database.command("explain", command, verbosity="executionStats"))
@@ -283,7 +285,7 @@ def query_plan_of(explained: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def find_malformed_started(
-    jobs: Collection, job_types: Iterable[str] | None = None, limit: int = 1_000
+    jobs: Collection[JobDocument], job_types: Iterable[str] | None = None, limit: int = 1_000
 ) -> list[Malformed]:
     """Started jobs whose fields the stale query cannot read (dates as strings, ...).
 
@@ -319,7 +321,7 @@ def find_malformed_started(
 
 
 def find_unknown_statuses(
-    jobs: Collection, job_types: Iterable[str] | None = None, limit: int = 1_000
+    jobs: Collection[JobDocument], job_types: Iterable[str] | None = None, limit: int = 1_000
 ) -> list[Malformed]:
     """Jobs whose status is none of the queue's (or missing): no rule applies, an operator should look.
 
@@ -380,9 +382,9 @@ class Brake:
 
 
 def brake_for(
-    jobs: Collection, detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None
+    jobs: Collection[JobDocument], detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None
 ) -> Brake:
-    counted = jobs.aggregate(on_index(started_filter(), _of_types(job_types), {"$count": "started"}))
+    counted = aggregate_rows(jobs, on_index(started_filter(), _of_types(job_types), {"$count": "started"}))
     found = next(counted, None)
     started = found["started"] if found else 0
     return Brake(
@@ -393,7 +395,7 @@ def brake_for(
     )
 
 
-def unknown_job_types(jobs: Collection, job_types: Iterable[str]) -> list[str]:
+def unknown_job_types(jobs: Collection[JobDocument], job_types: Iterable[str]) -> list[str]:
     """Those of ``job_types`` that no job of the queue has: an override for one applies to nothing (a typo?)."""
     wanted = set(job_types)
     return sorted(wanted - set(jobs.distinct(Job.TYPE))) if wanted else []

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,9 @@ from zombie_pipeline.queue.documents import (
     Blockage,
     Effect,
     Job,
+    JobDocument,
     JobMetric,
+    JobSnapshot,
     Lock,
     PastJob,
     Status,
@@ -58,7 +60,7 @@ BLOCKAGE_THRESHOLD_SECONDS = 7_200
 COMPUTE_MULTIPLIER_BY_DATASET = {"HuggingFaceFW/fineweb-2": 100}
 
 
-def run_seconds(job: Mapping[str, Any], finished_at: dt.datetime) -> int:
+def run_seconds(job: JobSnapshot, finished_at: dt.datetime) -> int:
     """The whole seconds a run lasted, as ``pastJobs`` records them."""
     return int((finished_at - utc(job[Job.STARTED_AT])).total_seconds())
 
@@ -81,7 +83,7 @@ class AppliedEffects:
 class Finished:
     """A job just finished (by its worker, or by us for a zombie) and when: what the effects need."""
 
-    job: Mapping[str, Any]
+    job: JobSnapshot
     finished_at: dt.datetime
     status: str = Status.ERROR  # where finished jobs are kept, the status it was given
 
@@ -131,7 +133,7 @@ class DeploymentEffects:
                 effects.by_job[item.id].append(Effect.LOCKS_RELEASED)
         return effects
 
-    def after_insert(self, jobs: Sequence[Mapping[str, Any]], session: ClientSession | None = None) -> None:
+    def after_insert(self, jobs: Sequence[JobDocument], session: ClientSession | None = None) -> None:
         """The counters the deployment increments when it inserts waiting jobs (our retries)."""
         if not jobs:
             return
@@ -142,7 +144,7 @@ class DeploymentEffects:
             sizes = Counter(worker_size(job.get(Job.DIFFICULTY)) for job in jobs if job[Job.DATASET] not in blocked)
             self._add_to_worker_sizes(sizes, session)
 
-    def inserted_before(self, jobs: Sequence[Mapping[str, Any]]) -> CountersInDoubt:
+    def inserted_before(self, jobs: Sequence[JobDocument]) -> CountersInDoubt:
         """The counters :meth:`after_insert` moves for ``jobs``, found inserted by an earlier pass: in doubt."""
         doubt = CountersInDoubt()
         if jobs and JOB_METRICS_COLLECTION in self.side:
@@ -273,7 +275,7 @@ class DeploymentEffects:
             effects.by_job[event_id] = [Effect.BLOCKED_DATASET]
         return effects
 
-    def _release_locks(self, jobs: list[Mapping[str, Any]], now: dt.datetime, session: ClientSession | None) -> None:
+    def _release_locks(self, jobs: list[JobSnapshot], now: dt.datetime, session: ClientSession | None) -> None:
         """Free the lock keyed by each job's ``unicity_id``, as the deployment's finish does, so its re-run can start.
 
         Locks the job took for itself (a git branch) are left to their TTL, as the

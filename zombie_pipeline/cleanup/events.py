@@ -46,7 +46,7 @@ class Claims(StepResult):
 class EventLog:
     """One run's side of the audit trail: the events it claims, holds by lease, drives and completes."""
 
-    events: MongoCollection
+    events: MongoCollection[ZombieEvent]
     run_id: str
     policy: ZombiePolicy
 
@@ -117,7 +117,7 @@ class EventLog:
             yield batch
 
     def complete(
-        self, changes: Mapping[ObjectId, Mapping[str, Any]], forgotten: Collection[Any], session: ClientSession | None
+        self, changes: Mapping[ObjectId, ZombieEvent], forgotten: Collection[Any], session: ClientSession | None
     ) -> None:
         """Record each event's outcome in one command (one update per distinct outcome: a batch repeats a few), and
         forget the claims lost to a worker, so that their jobs may be judged again later."""

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from bson import ObjectId
 from pymongo.client_session import ClientSession
 
 from zombie_pipeline.cleanup import counters
@@ -170,14 +171,14 @@ class Finalizer:
     ) -> StepResult:
         """The retries, the counters in doubt set from a recount, then every event's outcome recorded at once."""
         now = self.clock()
-        finished = [{**event, **cached[event[ID]]} for event in outcome.finished]
+        finished: list[ZombieEvent] = [{**event, **cached[event[ID]]} for event in outcome.finished]
         retried = self.retries.enqueue(finished, now, session)
         if session is None:  # retries an earlier pass inserted may or may not have had their counters moved
             in_doubt = CountersInDoubt().merge(in_doubt).merge(retried.in_doubt)
         # Set from a recount before the events are completed, so that a pass dying here leaves them in doubt for the
         # next. Never in the queue's transaction: within one, only the cache's counters (another database) can be.
         repaired = counters.repair(self.store, self.effects.side, in_doubt)
-        done = {
+        done: dict[ObjectId, ZombieEvent] = {
             event[ID]: {
                 Event.STATE: EventState.DONE,
                 **cached[event[ID]],

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from zombie_pipeline.queue.documents import ID, Event, Job, job_row, utc
+from zombie_pipeline.queue.documents import ID, CacheResult, Event, Job, ZombieEvent, job_row, utc
 
 
 class Count(StrEnum):
@@ -59,7 +59,7 @@ def cache_generation_count(name: str) -> str:
 class StepResult:
     """What one step did, for run metadata: counts by name, and rows of a table."""
 
-    counts: Counter = field(default_factory=Counter)
+    counts: Counter[Any] = field(default_factory=Counter)
     rows: list[dict[str, Any]] = field(default_factory=list)
 
     def merge(self, other: StepResult) -> StepResult:
@@ -69,10 +69,10 @@ class StepResult:
 
 
 def batch_result(
-    finished: Sequence[Mapping[str, Any]],
+    finished: Sequence[ZombieEvent],
     lost: int,
     effects: Mapping[Any, Sequence[str]],
-    cached: Mapping[Any, Mapping[str, Any]],
+    cached: Mapping[Any, CacheResult],
     retried: Mapping[Any, tuple[str, dt.datetime | None]],
     repaired: int,
 ) -> StepResult:
@@ -92,7 +92,7 @@ def batch_result(
     return result
 
 
-def finalized_row(event: Mapping[str, Any]) -> dict[str, Any]:
+def finalized_row(event: ZombieEvent) -> dict[str, Any]:
     """A finalized zombie as one row of the run's table."""
     job = event[Event.JOB]
     return job_row(

@@ -22,9 +22,9 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from bson import ObjectId
 from pymongo import UpdateOne
@@ -43,10 +43,13 @@ from zombie_pipeline.queue.documents import (
     CacheOutcome,
     Event,
     Job,
+    JobDocument,
+    RetryDocument,
     RetryOutcome,
     ScheduledRetry,
     ScheduledState,
     Status,
+    ZombieEvent,
     truncate_ms,
     utc_now,
     without_none,
@@ -74,9 +77,7 @@ class Retries:
     #: Whether this cleanup re-enqueues crashed jobs at all (the policy's, else the generation's default).
     enabled: bool
 
-    def enqueue(
-        self, events: Sequence[Mapping[str, Any]], now: dt.datetime, session: ClientSession | None = None
-    ) -> Retried:
+    def enqueue(self, events: Sequence[ZombieEvent], now: dt.datetime, session: ClientSession | None = None) -> Retried:
         """Re-enqueue the finished jobs of ``events`` (their cache outcome known) below their retry limit, once each.
 
         A retry already inserted (or scheduled) by an earlier pass, under the
@@ -88,8 +89,10 @@ class Retries:
             event[ID]: (retry_decision(event, self.policy, self.enabled), None) for event in events
         }
         wanted = [event for event in events if outcomes[event[ID]][0] == RetryOutcome.ENQUEUED]
-        queued = _queued_unicity_ids(self.store, wanted, session)
-        new_jobs, scheduled, inserted_before = [], [], []
+        queued = _queued_unicity_ids(self.store, [event[Event.JOB] for event in wanted], session)
+        new_jobs: list[JobDocument] = []
+        scheduled: list[RetryDocument] = []
+        inserted_before: list[JobDocument] = []
         for event in wanted:
             holder = queued.get(event[Event.JOB][Job.UNICITY_ID])
             if holder is not None and holder != event[Event.RETRY_JOB_ID]:
@@ -124,9 +127,7 @@ def _spread(event_id: Any) -> float:
     return random.Random(str(event_id)).uniform(-1.0, 1.0)
 
 
-def _scheduled(
-    event: Mapping[str, Any], generation: QueueGeneration, now: dt.datetime, due_at: dt.datetime
-) -> dict[str, Any]:
+def _scheduled(event: ZombieEvent, generation: QueueGeneration, now: dt.datetime, due_at: dt.datetime) -> RetryDocument:
     return {
         ID: event[Event.RETRY_JOB_ID],
         ScheduledRetry.JOB: retry_job(event, generation, now),
@@ -137,7 +138,7 @@ def _scheduled(
     }
 
 
-def enqueue_due_retries(store: Store, policy: ZombiePolicy, now: dt.datetime | None = None) -> Counter:
+def enqueue_due_retries(store: Store, policy: ZombiePolicy, now: dt.datetime | None = None) -> Counter[Any]:
     """Insert the delayed retries that are due, once each, unless a twin already waits or runs; what was done.
 
     Two cleanups at once insert the same ``_id``: the server refuses the second,
@@ -145,7 +146,7 @@ def enqueue_due_retries(store: Store, policy: ZombiePolicy, now: dt.datetime | N
     pending; the next one finds its job by ``_id`` and only records the decision.
     """
     now = now or utc_now()
-    counts: Counter = Counter()
+    counts: Counter[Any] = Counter()
     while True:
         due = list(
             store.retries.find({ScheduledRetry.STATE: ScheduledState.PENDING, ScheduledRetry.DUE_AT: {"$lte": now}})
@@ -184,15 +185,17 @@ def pending_retries(store: Store) -> int:
 
 
 def _enqueue_due(
-    store: Store, due: list[Mapping[str, Any]], effects: DeploymentEffects, now: dt.datetime
+    store: Store, due: list[RetryDocument], effects: DeploymentEffects, now: dt.datetime
 ) -> tuple[dict[Any, ScheduledState], int, int]:
     """Each due retry's decision, how many jobs this call inserted (a retry inserted before is decided, not counted),
     and how many counters it set from a recount."""
-    jobs = [
+    jobs: list[JobDocument] = [
         {**item[ScheduledRetry.JOB], Job.CREATED_AT: now} for item in due
     ]  # it joins the queue now, not when it was scheduled
-    holders = _queued_unicity_ids(store, [{Event.JOB: job} for job in jobs], None)
-    decided, to_insert, inserted_by_a_dead_pass = {}, [], []
+    holders = _queued_unicity_ids(store, jobs, None)
+    decided: dict[Any, ScheduledState] = {}
+    to_insert: list[JobDocument] = []
+    inserted_by_a_dead_pass: list[JobDocument] = []
     for item, job in zip(due, jobs):
         holder = holders.get(job[Job.UNICITY_ID])
         if holder is not None and holder != item[ID]:
@@ -219,7 +222,7 @@ def _enqueue_due(
     return decided, 0, repaired
 
 
-def retry_decision(event: Mapping[str, Any], policy: ZombiePolicy, enabled: bool) -> RetryOutcome:
+def retry_decision(event: ZombieEvent, policy: ZombiePolicy, enabled: bool) -> RetryOutcome:
     if not enabled:
         return RetryOutcome.NOT_RETRIED  # the deployment's backfill re-creates it
     if event[Event.CACHE_OUTCOME] == CacheOutcome.SKIPPED_FRESHER:
@@ -230,12 +233,12 @@ def retry_decision(event: Mapping[str, Any], policy: ZombiePolicy, enabled: bool
 
 
 def _queued_unicity_ids(
-    store: Store, events: list[Mapping[str, Any]], session: ClientSession | None
+    store: Store, jobs: Sequence[JobDocument], session: ClientSession | None
 ) -> dict[str, ObjectId]:
-    """unicity_id -> _id of a waiting or started job that already holds it (our own retry included)."""
-    if not events:
+    """unicity_id -> _id of a waiting or started job that already holds one of ``jobs``' (our own retry included)."""
+    if not jobs:
         return {}
-    unicity_ids = sorted({event[Event.JOB][Job.UNICITY_ID] for event in events})
+    unicity_ids = sorted({job[Job.UNICITY_ID] for job in jobs})
     pipeline = on_index(
         {Job.UNICITY_ID: {"$in": unicity_ids}},
         {Job.STATUS: {"$in": [Status.WAITING, Status.STARTED]}},
@@ -245,9 +248,10 @@ def _queued_unicity_ids(
     return {job[Job.UNICITY_ID]: job[ID] for job in holders}
 
 
-def retry_job(event: Mapping[str, Any], generation: QueueGeneration, now: dt.datetime) -> dict[str, Any]:
+def retry_job(event: ZombieEvent, generation: QueueGeneration, now: dt.datetime) -> JobDocument:
     """A new waiting job with the declared fields of the one it retries, nothing of its run."""
     job = {
         name: value for name, value in event[Event.JOB].items() if name not in RUN_FIELDS and generation.declares(name)
     }
-    return without_none({ID: event[Event.RETRY_JOB_ID], **job, Job.STATUS: Status.WAITING, Job.CREATED_AT: now})
+    retry = {ID: event[Event.RETRY_JOB_ID], **job, Job.STATUS: Status.WAITING, Job.CREATED_AT: now}
+    return cast(JobDocument, without_none(retry))

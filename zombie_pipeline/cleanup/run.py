@@ -34,6 +34,7 @@ from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.cleanup.detection import (
     Candidate,
     Detection,
+    Malformed,
     brake_for,
     detect,
     find_malformed_started,
@@ -160,11 +161,11 @@ class CleanupReport:
     reconciled: StepResult = field(default_factory=StepResult)
 
     @property
-    def counts(self) -> Counter:
+    def counts(self) -> Counter[Any]:
         return self.steps.counts
 
     @property
-    def malformed(self) -> list:
+    def malformed(self) -> list[Malformed]:
         return self.detection.malformed
 
     def candidate_rows(self) -> list[dict[str, Any]]:
@@ -220,7 +221,7 @@ SUMMARY_COUNTS = (
 class RunSummary:
     """A run's work as the audit trail records it, plus the counts of the steps that left no event."""
 
-    counts: Counter
+    counts: Counter[Any]
     rows: list[dict[str, Any]]
 
     def one_line(self) -> str:
@@ -246,7 +247,7 @@ class RunSummary:
 
 def summarize(store: Store, run_id: str, step_counts: Mapping[str, int] | None = None) -> RunSummary:
     """Counts and a table of every finalization this run drove, read back from the audit trail."""
-    counts: Counter = Counter(step_counts or {})
+    counts: Counter[Any] = Counter(step_counts or {})
     for name in SUMMARY_COUNTS:
         counts.setdefault(name, 0)
     counts[Count.RETRIES_PENDING] = pending_retries(store)

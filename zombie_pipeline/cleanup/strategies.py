@@ -28,7 +28,7 @@ write, in the order the strategy gives.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -39,7 +39,17 @@ from pymongo.results import BulkWriteResult
 from zombie_pipeline.cleanup.detection import as_seen_expression, as_seen_filter, is_as_seen
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import entries_of_jobs, is_fresher, key_of, written_for
-from zombie_pipeline.queue.documents import ID, Cache, Event, Job, Status, ZombieEvent, as_utc, cache_key_of_job
+from zombie_pipeline.queue.documents import (
+    ID,
+    Cache,
+    Event,
+    Job,
+    JobDocument,
+    Status,
+    ZombieEvent,
+    as_utc,
+    cache_key_of_job,
+)
 from zombie_pipeline.queue.generations import FinishStyle, QueueGeneration
 from zombie_pipeline.queue.store import READ_BATCH, Store
 
@@ -122,13 +132,13 @@ class FinishStrategy(ABC):
         return {event[ID] for event in finished}
 
     @abstractmethod
-    def _finish_operation(self, event: Mapping[str, Any]) -> UpdateOne | DeleteOne: ...
+    def _finish_operation(self, event: ZombieEvent) -> UpdateOne | DeleteOne: ...
 
     @abstractmethod
     def _applied(self, written: BulkWriteResult) -> int: ...
 
     @abstractmethod
-    def _finished_by_us(self, job: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool: ...
+    def _finished_by_us(self, job: JobDocument | None, event: ZombieEvent) -> bool: ...
 
     def _won(
         self, events: list[ZombieEvent], written: BulkWriteResult, session: ClientSession | None
@@ -150,7 +160,7 @@ class KeptAsError(FinishStrategy):
             return SortedClaims(to_finish=list(events))
         return super().sort_claims(events, fresh)
 
-    def _finish_operation(self, event: Mapping[str, Any]) -> UpdateOne:
+    def _finish_operation(self, event: ZombieEvent) -> UpdateOne:
         """Selected by ``_id`` alone, compared in the update itself (an update pipeline's ``$cond``, atomic like a filter).
 
         A job no longer as seen is left exactly as it is and not counted as modified. The embedded
@@ -169,7 +179,7 @@ class KeptAsError(FinishStrategy):
     def _applied(self, written: BulkWriteResult) -> int:
         return written.modified_count
 
-    def _finished_by_us(self, job: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool:
+    def _finished_by_us(self, job: JobDocument | None, event: ZombieEvent) -> bool:
         return (
             job is not None
             and job.get(Job.STATUS) == Status.ERROR
@@ -192,13 +202,13 @@ class Deleted(FinishStrategy):
         """A job gone since an earlier pass was deleted by it unless its worker's own result is there instead."""
         return _deleted_by_us(self.store, finished)
 
-    def _finish_operation(self, event: Mapping[str, Any]) -> DeleteOne:
+    def _finish_operation(self, event: ZombieEvent) -> DeleteOne:
         return DeleteOne(as_seen_filter(event[Event.JOB]))
 
     def _applied(self, written: BulkWriteResult) -> int:
         return written.deleted_count
 
-    def _finished_by_us(self, job: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool:
+    def _finished_by_us(self, job: JobDocument | None, event: ZombieEvent) -> bool:
         return job is None
 
     def _won(
@@ -219,16 +229,14 @@ def strategy_for(store: Store, generation: QueueGeneration) -> FinishStrategy:
     return STRATEGIES[generation.finish](store, generation)
 
 
-def _jobs_of(
-    store: Store, events: Sequence[Mapping[str, Any]], session: ClientSession | None
-) -> dict[Any, dict[str, Any]]:
+def _jobs_of(store: Store, events: Sequence[ZombieEvent], session: ClientSession | None) -> dict[Any, JobDocument]:
     ids = [event[ID] for event in events]
     return {
         job[ID]: job for job in store.jobs.find({ID: {"$in": ids}}, _JOB_STATE, session=session).batch_size(READ_BATCH)
     }
 
 
-def _deleted_by_us(store: Store, events: Sequence[Mapping[str, Any]]) -> set[Any]:
+def _deleted_by_us(store: Store, events: Sequence[ZombieEvent]) -> set[Any]:
     """The events whose job, gone, was deleted by a pass of ours, told from the cache entry beside it.
 
     A worker writes its result before it deletes its job; we write our error entry before we delete a zombie,

@@ -272,7 +272,7 @@ CLEANUP_MAX_RUNTIME_SECONDS = 300
         RETRY_ON_STEP_FAILURE_TAG: "false",
     },
 )
-def kill_zombies_job():
+def kill_zombies_job() -> None:
     plan = reconcile()
     summarize(compensate_zombies(finalize_zombies(plan, find_zombies(plan))))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import dagster as dg
-from dagster._utils.error import SerializableErrorInfo
+from dagster_shared.error import SerializableErrorInfo
 
 #: The longest cause kept: a line, not a dump.
 MAX_CAUSE_CHARS = 1_000

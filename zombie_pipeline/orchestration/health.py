@@ -88,7 +88,7 @@ def queue_health(
     databases: Databases,
     zombie_policy: ZombiePolicyResource,
     metrics_gateway: MetricsGateway,
-) -> dg.MaterializeResult:
+) -> dg.MaterializeResult[None]:
     with databases.store_for(context, "queue_health: reading the queue") as store:
         policy = zombie_policy.in_force(store)
         now = utc_now()

@@ -47,7 +47,7 @@ from zombie_pipeline.statistics.suggestion_log import effective_policy
 StepContext = dg.OpExecutionContext | dg.AssetExecutionContext | dg.AssetCheckExecutionContext
 
 
-class Databases(dg.ConfigurableResource):
+class Databases(dg.ConfigurableResource["Databases"]):
     """The queue database (jobs, and our own collections beside them) and the cache database, on one MongoDB or two.
 
     :meth:`store_for` is how a step reaches them: checked first, and any database error within the step said in one
@@ -194,7 +194,7 @@ class PolicyRefused(dg.Failure, InvalidPolicy):
         super().__init__(description=str(error), allow_retries=False)
 
 
-class ZombiePolicyResource(dg.ConfigurableResource, PolicySettings):
+class ZombiePolicyResource(dg.ConfigurableResource["ZombiePolicyResource"], PolicySettings):
     """Thresholds and limits shared by the cleanup job, the sensors and the checks (``policy.PolicySettings``).
 
     Dagster checks the types before launch; :meth:`policy` checks the values (bounds, rules across fields), first
@@ -214,7 +214,7 @@ class ZombiePolicyResource(dg.ConfigurableResource, PolicySettings):
         return effective_policy(self.policy(), store.suggestions)
 
 
-class FailureWebhook(dg.ConfigurableResource):
+class FailureWebhook(dg.ConfigurableResource["FailureWebhook"]):
     """Where run failures are POSTed as JSON. Its URL often carries a token: an ``EnvVar`` in the deployment."""
 
     url: str | None = Field(default=None, description=f"The webhook's URL (${config.WEBHOOK_URL_ENV}); unset: no POST.")

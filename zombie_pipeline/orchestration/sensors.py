@@ -110,7 +110,7 @@ def job_types_sensor(context: dg.SensorEvaluationContext, databases: Databases) 
         "checks (no zombies left, every finalized zombie has its cache error) for that cleanup's start time and types."
     ),
 )
-def cleanup_checks_sensor(context: dg.RunStatusSensorContext):
+def cleanup_checks_sensor(context: dg.RunStatusSensorContext) -> dg.SkipReason | dg.RunRequest:
     run_id = context.dagster_run.run_id
     scope = cleanup_scope(context.instance, run_id)
     if scope is not None and scope.dry_run:
@@ -170,7 +170,7 @@ def failure_record(context: dg.RunFailureSensorContext, secrets: list[str | None
         "cleanup succeeds again, the check passes. Turn it on with kill_zombies_schedule."
     ),
 )
-def cleanup_overdue_sensor(context: dg.SensorEvaluationContext, failure_webhook: FailureWebhook):
+def cleanup_overdue_sensor(context: dg.SensorEvaluationContext, failure_webhook: FailureWebhook) -> dg.SensorResult:
     cursor = json.loads(context.cursor) if context.cursor else {}
     now = utc_now()
     watching_since = dt.datetime.fromisoformat(cursor["watching_since"]) if cursor.get("watching_since") else now

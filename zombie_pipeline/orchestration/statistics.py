@@ -234,7 +234,7 @@ def job_duration_statistics(
     zombie_policy: ZombiePolicyResource,
     metrics_gateway: MetricsGateway,
     tallies: dict[str, Period] | Period | None,
-) -> dg.MaterializeResult:
+) -> dg.MaterializeResult[None]:
     """Duration statistics and suggested T2 per job type over the window ending with this day.
 
     Counts by final status, successful-duration percentiles, zombies per reason

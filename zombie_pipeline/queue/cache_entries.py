@@ -8,26 +8,39 @@ from typing import Any
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 
-from zombie_pipeline.queue.documents import CACHE_KEY, ID, Cache, Event, Job, as_utc, cache_key_of_job, utc
+from zombie_pipeline.queue.documents import (
+    CACHE_KEY,
+    ID,
+    Cache,
+    CacheEntry,
+    Event,
+    Job,
+    ZombieEvent,
+    as_utc,
+    cache_key_of_job,
+    utc,
+)
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import READ_BATCH
 
+#: A cache entry's unique key, (kind, dataset, config, split): what a job writes to.
+CacheKey = tuple[Any, ...]
 #: Our own keys in an error entry's ``details`` (a free dictionary in every generation).
 DETAIL_JOB_ID = "job_id"
 DETAIL_PREVIOUS = "previous_entry"
 
 
-def key_of(document: Mapping[str, Any]) -> tuple:
+def key_of(document: Mapping[str, Any]) -> CacheKey:
     """The cache key of an entry, or of ``cache_key_of_job``'s result, as a tuple."""
     return tuple(document.get(name) for name in CACHE_KEY)
 
 
 def entries_of_jobs(
-    cache: Collection,
+    cache: Collection[CacheEntry],
     jobs: Iterable[Mapping[str, Any]],
     projection: Mapping[str, Any],
     session: ClientSession | None = None,
-) -> dict[tuple, dict[str, Any]]:
+) -> dict[CacheKey, CacheEntry]:
     """The current entry of each job that has one, by key: one read for the batch, whatever its job types.
 
     The datasets first, then the kinds (``mongo.on_index``): MongoDB plans the two as one range of the
@@ -45,7 +58,7 @@ def entries_of_jobs(
     pipeline = on_index(
         {Cache.DATASET: {"$in": datasets}}, {Cache.KIND: {"$in": kinds}}, {"$project": dict(projection)}
     )
-    found: dict[tuple, dict[str, Any]] = {}
+    found: dict[CacheKey, CacheEntry] = {}
     for entry in cache.aggregate(pipeline, session=session, batchSize=READ_BATCH):
         if key_of(entry) in keys:
             found[key_of(entry)] = entry
@@ -83,7 +96,7 @@ def failed_runs_after_crash(previous: Mapping[str, Any] | None, job: Mapping[str
     return (stored_failed_runs(previous) if same_revision else 0) + 1
 
 
-def written_for(entry: Mapping[str, Any] | None, event: Mapping[str, Any]) -> bool:
+def written_for(entry: Mapping[str, Any] | None, event: ZombieEvent) -> bool:
     """Whether ``entry`` is the error entry written for this event's job (by this or an earlier attempt)."""
     if entry is None:
         return False

@@ -38,7 +38,7 @@ def default_timeout_ms(embedded: bool) -> int:
     return EMBEDDED_TIMEOUT_MS if embedded else DEFAULT_TIMEOUT_MS
 
 
-_clients: dict[tuple[str, int, bool], MongoClient] = {}
+_clients: dict[tuple[str, int, bool], MongoClient[dict[str, Any]]] = {}
 _clients_lock = threading.Lock()
 
 
@@ -57,7 +57,9 @@ def timeouts(timeout_ms: int) -> dict[str, int]:
     }
 
 
-def client_for(url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, retry_writes: bool = True) -> MongoClient:
+def client_for(
+    url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, retry_writes: bool = True
+) -> MongoClient[dict[str, Any]]:
     """The process-wide client for ``url``, every wait bounded by ``timeout_ms``: pymongo pools connections, so reuse it.
 
     ``retry_writes=False`` for a server that applies a retried write twice (the embedded SecantusDB, when the
@@ -100,7 +102,7 @@ class DatabaseUnavailable(RuntimeError):
         self.transient = transient
 
 
-def check_reachable(database: Database, url: str | None, variable: str | None = None) -> None:
+def check_reachable(database: Database[Any], url: str | None, variable: str | None = None) -> None:
     """Fail fast, with one clean line naming the URL (and the variable it came from), when the server cannot be reached."""
     where = redact_url(url) + (f" (from ${variable})" if variable and url else "")
     timeout_ms = database.client.options.server_selection_timeout * 1000

@@ -11,7 +11,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final, TypedDict
+
+from bson import ObjectId
 
 # --- names -----------------------------------------------------------------
 
@@ -25,6 +27,16 @@ DEFAULT_FAILURES_COLLECTION = "zombiePipelineFailures"
 DEFAULT_SUGGESTIONS_COLLECTION = "zombieT2Suggestions"
 #: Written by the simulator: the proof that a database's documents are ours to drop or fill.
 SIMULATIONS_COLLECTION = "zombieSimulations"
+
+
+class SimulationMark:
+    """Field names of ``zombieSimulations``: one document per simulation written in these databases."""
+
+    GENERATION: Final = "generation"
+    SEED: Final = "seed"
+    AT: Final = "at"
+
+
 #: Retries waiting for their delay to pass (a field on the deployment's jobs could not hold it).
 RETRIES_COLLECTION = "zombieRetries"
 #: The deployment's collections beside the queue and the cache (which generation has which: ``generations``).
@@ -35,7 +47,7 @@ PAST_JOBS_COLLECTION = "pastJobs"
 BLOCKAGES_COLLECTION = "datasetBlockages"
 CACHE_METRICS_COLLECTION = "cacheTotalMetric"
 
-ID = "_id"
+ID: Final = "_id"
 #: The longest type, dataset or unicity id we accept (a longer one is not a name, it is an accident).
 MAX_NAME_LENGTH = 512
 
@@ -43,28 +55,51 @@ MAX_NAME_LENGTH = 512
 class Job:
     """Field names of a job document, across every generation (see ``generations.QUEUE_GENERATIONS``)."""
 
-    TYPE = "type"
-    DATASET = "dataset"
-    REVISION = "revision"
-    CONFIG = "config"
-    SPLIT = "split"
-    UNICITY_ID = "unicity_id"
-    NAMESPACE = "namespace"
-    FORCE = "force"
-    PRIORITY = "priority"
-    STATUS = "status"
-    DIFFICULTY = "difficulty"
-    CREATED_AT = "created_at"
-    STARTED_AT = "started_at"
-    FINISHED_AT = "finished_at"
-    LAST_HEARTBEAT = "last_heartbeat"
-    TERMINATED_AT = "terminated_at"  # the worker got SIGTERM
+    TYPE: Final = "type"
+    DATASET: Final = "dataset"
+    REVISION: Final = "revision"
+    CONFIG: Final = "config"
+    SPLIT: Final = "split"
+    UNICITY_ID: Final = "unicity_id"
+    NAMESPACE: Final = "namespace"
+    FORCE: Final = "force"
+    PRIORITY: Final = "priority"
+    STATUS: Final = "status"
+    DIFFICULTY: Final = "difficulty"
+    CREATED_AT: Final = "created_at"
+    STARTED_AT: Final = "started_at"
+    FINISHED_AT: Final = "finished_at"
+    LAST_HEARTBEAT: Final = "last_heartbeat"
+    TERMINATED_AT: Final = "terminated_at"  # the worker got SIGTERM
 
 
 #: Fields of one run of a job: a re-enqueued job never inherits them.
 RUN_FIELDS = frozenset(
     {Job.STATUS, Job.CREATED_AT, Job.STARTED_AT, Job.FINISHED_AT, Job.LAST_HEARTBEAT, Job.TERMINATED_AT}
 )
+
+
+class JobDocument(TypedDict, total=False):
+    """A job document, the fields of every generation (:class:`Job` names them; which ones a generation has:
+    ``generations.QUEUE_GENERATIONS``). Read with a projection, it holds only what was asked for."""
+
+    _id: ObjectId
+    type: str
+    dataset: str
+    revision: str
+    config: str | None
+    split: str | None
+    unicity_id: str
+    namespace: str
+    force: bool
+    priority: str
+    status: str
+    difficulty: int
+    created_at: dt.datetime
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+    last_heartbeat: dt.datetime | None
+    terminated_at: dt.datetime | None
 
 
 class Status(StrEnum):
@@ -89,21 +124,43 @@ class Priority(StrEnum):
 class Cache:
     """Field names of a cache entry (``cachedResponsesBlue``)."""
 
-    KIND = "kind"
-    DATASET = "dataset"
-    CONFIG = "config"
-    SPLIT = "split"
-    HTTP_STATUS = "http_status"
-    ERROR_CODE = "error_code"
-    CONTENT = "content"
-    DETAILS = "details"
-    WORKER_VERSION = "worker_version"
-    JOB_RUNNER_VERSION = "job_runner_version"
-    DATASET_GIT_REVISION = "dataset_git_revision"
-    PROGRESS = "progress"
-    UPDATED_AT = "updated_at"
-    DURATION = "duration"
-    FAILED_RUNS = "failed_runs"
+    KIND: Final = "kind"
+    DATASET: Final = "dataset"
+    CONFIG: Final = "config"
+    SPLIT: Final = "split"
+    HTTP_STATUS: Final = "http_status"
+    ERROR_CODE: Final = "error_code"
+    CONTENT: Final = "content"
+    DETAILS: Final = "details"
+    WORKER_VERSION: Final = "worker_version"
+    JOB_RUNNER_VERSION: Final = "job_runner_version"
+    DATASET_GIT_REVISION: Final = "dataset_git_revision"
+    PROGRESS: Final = "progress"
+    UPDATED_AT: Final = "updated_at"
+    DURATION: Final = "duration"
+    FAILED_RUNS: Final = "failed_runs"
+
+
+class CacheEntry(TypedDict, total=False):
+    """A cache entry, the fields of every generation (:class:`Cache` names them; which ones a generation has:
+    ``generations.CACHE_GENERATIONS``)."""
+
+    _id: ObjectId
+    kind: str
+    dataset: str
+    config: str | None
+    split: str | None
+    http_status: int
+    error_code: str | None
+    content: dict[str, Any]
+    details: dict[str, Any]
+    worker_version: str
+    job_runner_version: int
+    dataset_git_revision: str | None
+    progress: float
+    updated_at: dt.datetime
+    duration: float
+    failed_runs: int
 
 
 #: The unique key of a cache entry, in the order of the deployment's index.
@@ -115,21 +172,21 @@ CACHE_CONTENT_ERROR = "error"
 class Lock:
     """Field names of ``locks`` (2023-06 on): ``_id`` is the lock's key, a job's ``unicity_id`` for its start."""
 
-    OWNER = "owner"
-    TTL = "ttl"
-    JOB_ID = "job_id"  # the owner's name before 2023-06-26
-    CREATED_AT = "created_at"
-    UPDATED_AT = "updated_at"
+    OWNER: Final = "owner"
+    TTL: Final = "ttl"
+    JOB_ID: Final = "job_id"  # the owner's name before 2023-06-26
+    CREATED_AT: Final = "created_at"
+    UPDATED_AT: Final = "updated_at"
 
 
 class JobMetric:
     """Field names of ``jobTotalMetric``: started, waiting ... jobs per type, kept in step by the deployment."""
 
-    JOB_TYPE = "job_type"
-    STATUS = "status"
-    DATASET_STATUS = "dataset_status"  # from 2024-07-31; incremental updates always use "normal"
-    TOTAL = "total"
-    CREATED_AT = "created_at"
+    JOB_TYPE: Final = "job_type"
+    STATUS: Final = "status"
+    DATASET_STATUS: Final = "dataset_status"  # from 2024-07-31; incremental updates always use "normal"
+    TOTAL: Final = "total"
+    CREATED_AT: Final = "created_at"
 
 
 DATASET_STATUS_NORMAL = "normal"
@@ -138,9 +195,9 @@ DATASET_STATUS_NORMAL = "normal"
 class WorkerSizeMetric:
     """Field names of ``workerTypeJobCounts``: waiting jobs per worker size (the autoscaler reads it)."""
 
-    WORKER_SIZE = "worker_size"
-    JOBS_COUNT = "jobs_count"
-    CREATED_AT = "created_at"
+    WORKER_SIZE: Final = "worker_size"
+    JOBS_COUNT: Final = "jobs_count"
+    CREATED_AT: Final = "created_at"
 
 
 #: Worker sizes by job difficulty, as the deployment counts its waiting jobs: up to 40 light, up to 70 medium.
@@ -159,26 +216,26 @@ def worker_size(difficulty: Any) -> str:
 class PastJob:
     """Field names of ``pastJobs``: the runs of the last hour, for the deployment's rate limiter."""
 
-    DATASET = "dataset"
-    DURATION = "duration"  # whole seconds
-    FINISHED_AT = "finished_at"
+    DATASET: Final = "dataset"
+    DURATION: Final = "duration"  # whole seconds
+    FINISHED_AT: Final = "finished_at"
 
 
 class Blockage:
     """Field names of ``datasetBlockages``: datasets whose jobs are not picked for a while."""
 
-    DATASET = "dataset"
-    BLOCKED_AT = "blocked_at"
+    DATASET: Final = "dataset"
+    BLOCKED_AT: Final = "blocked_at"
 
 
 class CacheMetric:
     """Field names of ``cacheTotalMetric``: cache entries per (kind, http_status, error_code)."""
 
-    KIND = "kind"
-    HTTP_STATUS = "http_status"
-    ERROR_CODE = "error_code"
-    TOTAL = "total"
-    CREATED_AT = "created_at"
+    KIND: Final = "kind"
+    HTTP_STATUS: Final = "http_status"
+    ERROR_CODE: Final = "error_code"
+    TOTAL: Final = "total"
+    CREATED_AT: Final = "created_at"
 
 
 class ErrorCode(StrEnum):
@@ -221,6 +278,28 @@ ERROR_MESSAGE_OF_REASON = {
 # --- our audit trail ----------------------------------------------------------
 
 
+class PreviousEntry:
+    """Field names of what an event keeps of the cache entry our error replaced (its small fields, never its content)."""
+
+    UPDATED_AT: Final = "updated_at"  # ISO 8601, as JSON carries it
+    HTTP_STATUS: Final = "http_status"
+    ERROR_CODE: Final = "error_code"
+    FAILED_RUNS: Final = "failed_runs"
+    DATASET_GIT_REVISION: Final = "dataset_git_revision"
+    RUNNER_VERSION: Final = "runner_version"  # job_runner_version, or worker_version in early 2023
+
+
+class PreviousEntrySummary(TypedDict):
+    """What an event keeps of the cache entry our error replaced (:class:`PreviousEntry` names the fields)."""
+
+    updated_at: str | None
+    http_status: int | None
+    error_code: str | None
+    failed_runs: int
+    dataset_git_revision: str | None
+    runner_version: int | str | None
+
+
 class Event:
     """Field names of our audit collection: one document per zombie finalization.
 
@@ -228,31 +307,31 @@ class Event:
     makes a job ours to finalize, so two cleanups never finalize the same job.
     """
 
-    JOB = "job"  # snapshot of the job as detection saw it
-    REASON = "reason"
-    ERROR_CODE = "error_code"
-    THRESHOLD_SECONDS = "threshold_seconds"
-    PAST_MAX_DURATION = "past_max_duration"  # a dead job that had also run longer than its T2 (still a crash)
-    POLICY = "policy"
-    DETECTED_AT = "detected_at"
-    FINALIZED_AT = "finalized_at"  # also the job's new finished_at
-    RUN_ID = "run_id"  # the run that claimed the job
-    STATE = "state"
-    LEASE_OWNER = "lease_owner"  # the run driving the event now (a reconcile may take over)
-    LEASE_UNTIL = "lease_until"
-    CACHE_OUTCOME = "cache_outcome"
-    FAILED_RUNS = "failed_runs"
-    RETRY_JOB_ID = "retry_job_id"
-    RETRY_OUTCOME = "retry_outcome"
-    COMPLETED_AT = "completed_at"
-    QUEUE_GENERATION = "queue_generation"  # the generation the finalization follows, to its end
-    PREVIOUS_ENTRY = "previous_entry"  # what the cache knew before our error entry (small fields only)
-    EFFECTS = "effects"  # what was done around the finish, as the deployment does it (counters, locks, ...)
-    RETRY_DUE_AT = "retry_due_at"  # a retry scheduled after a delay: when it becomes due
-    COMPENSATION_STATE = "compensation_state"  # pending, done or failed: the zombie's side effects undone?
-    COMPENSATIONS = "compensations"  # one CompensationEntry per action
-    COMPENSATION_LEASE_UNTIL = "compensation_lease_until"  # a run is running its actions until then
-    COMPENSATION_LEASE_OWNER = "compensation_lease_owner"
+    JOB: Final = "job"  # snapshot of the job as detection saw it
+    REASON: Final = "reason"
+    ERROR_CODE: Final = "error_code"
+    THRESHOLD_SECONDS: Final = "threshold_seconds"
+    PAST_MAX_DURATION: Final = "past_max_duration"  # a dead job that had also run longer than its T2 (still a crash)
+    POLICY: Final = "policy"
+    DETECTED_AT: Final = "detected_at"
+    FINALIZED_AT: Final = "finalized_at"  # also the job's new finished_at
+    RUN_ID: Final = "run_id"  # the run that claimed the job
+    STATE: Final = "state"
+    LEASE_OWNER: Final = "lease_owner"  # the run driving the event now (a reconcile may take over)
+    LEASE_UNTIL: Final = "lease_until"
+    CACHE_OUTCOME: Final = "cache_outcome"
+    FAILED_RUNS: Final = "failed_runs"
+    RETRY_JOB_ID: Final = "retry_job_id"
+    RETRY_OUTCOME: Final = "retry_outcome"
+    COMPLETED_AT: Final = "completed_at"
+    QUEUE_GENERATION: Final = "queue_generation"  # the generation the finalization follows, to its end
+    PREVIOUS_ENTRY: Final = "previous_entry"  # what the cache knew before our error entry (small fields only)
+    EFFECTS: Final = "effects"  # what was done around the finish, as the deployment does it (counters, locks, ...)
+    RETRY_DUE_AT: Final = "retry_due_at"  # a retry scheduled after a delay: when it becomes due
+    COMPENSATION_STATE: Final = "compensation_state"  # pending, done or failed: the zombie's side effects undone?
+    COMPENSATIONS: Final = "compensations"  # one CompensationEntry per action
+    COMPENSATION_LEASE_UNTIL: Final = "compensation_lease_until"  # a run is running its actions until then
+    COMPENSATION_LEASE_OWNER: Final = "compensation_lease_owner"
 
 
 class EventState(StrEnum):
@@ -287,12 +366,12 @@ class RetryOutcome(StrEnum):
 class ScheduledRetry:
     """Field names of ``zombieRetries``: one document per delayed retry, ``_id`` = the retry job's ``_id``."""
 
-    JOB = "job"  # the waiting job to insert, exactly as it will be inserted
-    EVENT_ID = "event_id"
-    QUEUE_GENERATION = "queue_generation"
-    DUE_AT = "due_at"
-    STATE = "state"
-    DECIDED_AT = "decided_at"
+    JOB: Final = "job"  # the waiting job to insert, exactly as it will be inserted
+    EVENT_ID: Final = "event_id"
+    QUEUE_GENERATION: Final = "queue_generation"
+    DUE_AT: Final = "due_at"
+    STATE: Final = "state"
+    DECIDED_AT: Final = "decided_at"
 
 
 class ScheduledState(StrEnum):
@@ -310,28 +389,87 @@ class CompensationState(StrEnum):
 class CompensationEntry:
     """Field names of one action's record in an event's ``compensations``."""
 
-    NAME = "name"
-    STATE = "state"
-    ATTEMPTS = "attempts"
-    LAST_ERROR = "last_error"
-    DONE_AT = "done_at"
+    NAME: Final = "name"
+    STATE: Final = "state"
+    ATTEMPTS: Final = "attempts"
+    LAST_ERROR: Final = "last_error"
+    DONE_AT: Final = "done_at"
 
 
-#: A job document as detection read it: only the fields its generation has are present (the :class:`Job` names).
-JobSnapshot = dict[str, Any]
-#: One document of ``zombieEvents``: its keys are the :class:`Event` names, declared there once.
-ZombieEvent = dict[str, Any]
+#: A job document as detection read it: only the fields its generation has are present.
+JobSnapshot = JobDocument
+
+
+class CacheResult(TypedDict):
+    """What an event records of its cache entry: written or kept as fresher, the failed runs, the entry replaced."""
+
+    cache_outcome: str
+    failed_runs: int
+    previous_entry: PreviousEntrySummary | None
+
+
+class CompensationRecord(TypedDict, total=False):
+    """One action's record in an event's ``compensations`` (:class:`CompensationEntry` names the fields)."""
+
+    name: str
+    state: str
+    attempts: int
+    last_error: str
+    done_at: dt.datetime
+
+
+class ZombieEvent(TypedDict, total=False):
+    """One document of ``zombieEvents``, a finalization from its claim to its end (:class:`Event` names the fields)."""
+
+    _id: ObjectId
+    job: JobSnapshot
+    reason: str
+    error_code: str
+    threshold_seconds: int
+    past_max_duration: bool
+    policy: dict[str, Any]
+    detected_at: dt.datetime
+    finalized_at: dt.datetime
+    run_id: str
+    state: str
+    lease_owner: str
+    lease_until: dt.datetime
+    cache_outcome: str
+    failed_runs: int
+    retry_job_id: ObjectId
+    retry_outcome: str
+    completed_at: dt.datetime
+    queue_generation: str
+    previous_entry: PreviousEntrySummary | None
+    effects: list[str]
+    retry_due_at: dt.datetime
+    compensation_state: str
+    compensations: list[CompensationRecord]
+    compensation_lease_until: dt.datetime
+    compensation_lease_owner: str
+
+
+class RetryDocument(TypedDict, total=False):
+    """One document of ``zombieRetries``, a retry waiting for its delay (:class:`ScheduledRetry` names the fields)."""
+
+    _id: ObjectId
+    job: JobDocument
+    event_id: ObjectId
+    queue_generation: str
+    due_at: dt.datetime
+    state: str
+    decided_at: dt.datetime
 
 
 class Failure:
     """Field names of ``zombiePipelineFailures``: one document per failed pipeline run, ``_id`` = run id."""
 
-    JOB_NAME = "job_name"
-    PARTITION_KEY = "partition_key"
-    FAILED_AT = "failed_at"
-    MESSAGE = "message"
-    FAILED_STEPS = "failed_steps"
-    WEBHOOK_OUTCOME = "webhook_outcome"
+    JOB_NAME: Final = "job_name"
+    PARTITION_KEY: Final = "partition_key"
+    FAILED_AT: Final = "failed_at"
+    MESSAGE: Final = "message"
+    FAILED_STEPS: Final = "failed_steps"
+    WEBHOOK_OUTCOME: Final = "webhook_outcome"
 
 
 class T2Suggestion:
@@ -341,19 +479,19 @@ class T2Suggestion:
     hold characters MongoDB refuses in keys.
     """
 
-    WINDOW_START = "window_start"
-    WINDOW_END = "window_end"  # the _id: recomputing a window replaces its document, unless it covers fewer days
-    DAYS_PRESENT = "days_present"  # days of the window whose tallies were computed
-    DAYS_EXPECTED = "days_expected"
-    COMPUTED_AT = "computed_at"
-    SETTINGS = "settings"
-    BY_TYPE = "by_type"
-    TYPE = "type"
-    SUGGESTED_T2_SECONDS = "suggested_t2_seconds"
-    CURRENT_T2_SECONDS = "current_t2_seconds"
-    ENOUGH_DATA = "enough_data"
-    CENSORED = "censored"
-    SAMPLES = "samples"
+    WINDOW_START: Final = "window_start"
+    WINDOW_END: Final = "window_end"  # the _id: recomputing a window replaces its document, unless it covers fewer days
+    DAYS_PRESENT: Final = "days_present"  # days of the window whose tallies were computed
+    DAYS_EXPECTED: Final = "days_expected"
+    COMPUTED_AT: Final = "computed_at"
+    SETTINGS: Final = "settings"
+    BY_TYPE: Final = "by_type"
+    TYPE: Final = "type"
+    SUGGESTED_T2_SECONDS: Final = "suggested_t2_seconds"
+    CURRENT_T2_SECONDS: Final = "current_t2_seconds"
+    ENOUGH_DATA: Final = "enough_data"
+    CENSORED: Final = "censored"
+    SAMPLES: Final = "samples"
 
 
 # --- reading and writing values of any generation ------------------------------

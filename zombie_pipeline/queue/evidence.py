@@ -26,6 +26,7 @@ from zombie_pipeline.queue.documents import (
     PAST_JOBS_COLLECTION,
     WORKER_SIZE_METRICS_COLLECTION,
     Cache,
+    CacheEntry,
     Job,
     JobMetric,
     Status,
@@ -124,7 +125,7 @@ _SAMPLE = 200
 _ID_INDEX = [(ID, pymongo.ASCENDING)]
 
 
-def queue_clues(database: Database, jobs_collection: str) -> list[Clue]:
+def queue_clues(database: Database[Any], jobs_collection: str) -> list[Clue]:
     """What the queue database shows about its generation: a few small, indexed reads."""
     jobs = database[jobs_collection]
     clues = []
@@ -210,7 +211,9 @@ def _span(names: frozenset[str]) -> str:
     return ordered[0] if len(ordered) == 1 else f"{ordered[0]} to {ordered[-1]}"
 
 
-def detect_queue_generation(database: Database, jobs_collection: str, configured: str | None = None) -> QueueVerdict:
+def detect_queue_generation(
+    database: Database[Any], jobs_collection: str, configured: str | None = None
+) -> QueueVerdict:
     if configured is not None:
         return judge([], configured)
     return judge(queue_clues(database, jobs_collection))
@@ -235,7 +238,9 @@ class CacheVerdict:
         }
 
 
-def detect_cache_generation(cache: Collection, configured: str | None, queue: QueueGeneration | None) -> CacheVerdict:
+def detect_cache_generation(
+    cache: Collection[CacheEntry], configured: str | None, queue: QueueGeneration | None
+) -> CacheVerdict:
     """The configured generation, else the one the newest existing entries were written in.
 
     An empty cache tells nothing: the cache the queue's generation writes is assumed (for an early

@@ -61,7 +61,7 @@ class IndexSpec:
             return self.deployment_name or "_".join(f"{key}_{direction}" for key, direction in self.keys)
         return INDEX_PREFIX + self.name
 
-    def create(self, collection: Collection) -> str:
+    def create(self, collection: Collection[Any]) -> str:
         """Create the index under :attr:`full_name`; its name.
 
         One the deployment declares is created with the options its models send (mongoengine adds
@@ -151,7 +151,7 @@ RETRY_INDEXES = (
 )
 
 
-def ensure_indexes(collection: Collection, specs: Iterable[IndexSpec]) -> list[str]:
+def ensure_indexes(collection: Collection[Any], specs: Iterable[IndexSpec]) -> list[str]:
     """Create the missing indexes among ``specs``; return the names created.
 
     An index with the same keys already there (ours or the deployment's) is
@@ -171,7 +171,7 @@ def ensure_indexes(collection: Collection, specs: Iterable[IndexSpec]) -> list[s
     return created
 
 
-def _normalized(keys) -> tuple:
+def _normalized(keys: Iterable[tuple[str, Any]]) -> tuple[tuple[str, str], ...]:
     return tuple(
         (field, str(int(direction)) if isinstance(direction, (int, float)) else str(direction))
         for field, direction in keys

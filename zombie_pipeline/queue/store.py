@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from pymongo.collection import Collection
+from pymongo.command_cursor import CommandCursor
 from pymongo.database import Database
 from pymongo.errors import BulkWriteError
 
@@ -23,6 +26,11 @@ from zombie_pipeline.queue.documents import (
     RETRIES_COLLECTION,
     SIMULATIONS_COLLECTION,
     WORKER_SIZE_METRICS_COLLECTION,
+    CacheEntry,
+    JobDocument,
+    RetryDocument,
+    SimulationMark,
+    ZombieEvent,
 )
 from zombie_pipeline.queue.indexes import (
     CACHE_INDEXES,
@@ -31,6 +39,24 @@ from zombie_pipeline.queue.indexes import (
     RETRY_INDEXES,
     ensure_indexes,
 )
+
+#: A document of the deployment's side collections or of ours that has no shape of its own here.
+Document = dict[str, Any]
+Shape = TypeVar("Shape", bound=Mapping[str, Any])
+
+
+def typed(database: Database[Document], name: str, shape: type[Shape]) -> Collection[Shape]:
+    """``database[name]`` whose documents the type checker reads as ``shape`` (a ``TypedDict``): pymongo decodes
+    every document into a plain dict, of which such a shape is only a view."""
+    return cast(Collection[Shape], database[name])
+
+
+def aggregate_rows(
+    collection: Collection[Any], pipeline: Sequence[Mapping[str, Any]], **options: Any
+) -> CommandCursor[Document]:
+    """The rows of an aggregation over ``collection``: groups and counts of their own shape, not its documents'."""
+    return cast(CommandCursor[Document], collection.aggregate(pipeline, **options))
+
 
 #: The documents of a batch come back in one reply, not one ``getMore`` per 101.
 READ_BATCH = 10_000
@@ -57,24 +83,25 @@ class Store:
     those that exist.
     """
 
-    jobs: Collection
-    events: Collection
-    cache: Collection
-    failures: Collection
-    suggestions: Collection
-    retries: Collection
-    locks: Collection
-    job_metrics: Collection
-    worker_size_metrics: Collection
-    past_jobs: Collection
-    blockages: Collection
-    cache_metrics: Collection
+    jobs: Collection[JobDocument]
+    events: Collection[ZombieEvent]
+    cache: Collection[CacheEntry]
+    failures: Collection[Document]
+    suggestions: Collection[Document]
+    retries: Collection[RetryDocument]
+    locks: Collection[Document]
+    job_metrics: Collection[Document]
+    worker_size_metrics: Collection[Document]
+    past_jobs: Collection[Document]
+    blockages: Collection[Document]
+    cache_metrics: Collection[Document]
+    simulations: Collection[Document]
 
     @classmethod
     def of(
         cls,
-        queue_db: Database,
-        cache_db: Database,
+        queue_db: Database[Document],
+        cache_db: Database[Document],
         jobs_collection: str = DEFAULT_JOBS_COLLECTION,
         cache_collection: str = DEFAULT_CACHE_COLLECTION,
         events_collection: str = DEFAULT_EVENTS_COLLECTION,
@@ -82,22 +109,23 @@ class Store:
         suggestions_collection: str = DEFAULT_SUGGESTIONS_COLLECTION,
     ) -> Store:
         return cls(
-            jobs=queue_db[jobs_collection],
-            events=queue_db[events_collection],
-            cache=cache_db[cache_collection],
+            jobs=typed(queue_db, jobs_collection, JobDocument),
+            events=typed(queue_db, events_collection, ZombieEvent),
+            cache=typed(cache_db, cache_collection, CacheEntry),
             failures=queue_db[failures_collection],
             suggestions=queue_db[suggestions_collection],
-            retries=queue_db[RETRIES_COLLECTION],
+            retries=typed(queue_db, RETRIES_COLLECTION, RetryDocument),
             locks=queue_db[LOCKS_COLLECTION],
             job_metrics=queue_db[JOB_METRICS_COLLECTION],
             worker_size_metrics=queue_db[WORKER_SIZE_METRICS_COLLECTION],
             past_jobs=queue_db[PAST_JOBS_COLLECTION],
             blockages=queue_db[BLOCKAGES_COLLECTION],
             cache_metrics=cache_db[CACHE_METRICS_COLLECTION],
+            simulations=queue_db[SIMULATIONS_COLLECTION],
         )
 
     @property
-    def ours(self) -> tuple[Collection, ...]:
+    def ours(self) -> tuple[Collection[Any], ...]:
         """The collections this project owns; the deployment never reads them."""
         return (self.events, self.failures, self.suggestions, self.retries)
 
@@ -105,8 +133,8 @@ class Store:
         """The queue generation the simulator wrote these databases in (its mark in ``zombieSimulations``), or None
         when it wrote none: a simulated queue is the simulator's to drop, its healthy jobs alive only while its
         simulated workers run."""
-        marker = self.jobs.database[SIMULATIONS_COLLECTION].find_one(sort=[(ID, -1)])
-        return marker.get("generation") if marker else None
+        marker = self.simulations.find_one(sort=[(ID, -1)])
+        return str(marker[SimulationMark.GENERATION]) if marker else None
 
     def queue_collection_names(self) -> frozenset[str]:
         return frozenset(self.jobs.database.list_collection_names())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pymongo
 from pymongo import MongoClient
@@ -14,7 +14,7 @@ T = TypeVar("T")
 _transactions: dict[int, bool] = {}
 
 
-def supports_transactions(client: MongoClient) -> bool:
+def supports_transactions(client: MongoClient[Any]) -> bool:
     """Whether the server runs transactions: a replica set or a sharded cluster does, a standalone does not."""
     key = id(client)
     if key not in _transactions:
@@ -23,7 +23,7 @@ def supports_transactions(client: MongoClient) -> bool:
     return _transactions[key]
 
 
-def in_transactions(client: MongoClient, enabled: bool) -> bool:
+def in_transactions(client: MongoClient[Any], enabled: bool) -> bool:
     """Whether :func:`atomically` runs its work in a transaction on ``client``: asked for, and the server has them."""
     return enabled and supports_transactions(client)
 
@@ -33,7 +33,7 @@ class Conflict(Exception):
 
 
 def atomically(
-    client: MongoClient, work: Callable[[ClientSession | None], T], enabled: bool = True, attempts: int = 5
+    client: MongoClient[Any], work: Callable[[ClientSession | None], T], enabled: bool = True, attempts: int = 5
 ) -> T:
     """``work(session)`` in one transaction where asked and the server has them, else ``work(None)``.
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from zombie_pipeline.config import home
 
@@ -63,7 +64,8 @@ def find_executable() -> str | None:
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def _pid_alive(pid: int) -> bool:
@@ -84,7 +86,7 @@ def _answers(port: int, timeout: float = 1.0) -> bool:
     """True when a MongoDB-wire server answers ``ping`` on the port."""
     import pymongo
 
-    client: pymongo.MongoClient = pymongo.MongoClient(
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(
         "127.0.0.1", port, directConnection=True, serverSelectionTimeoutMS=int(timeout * 1000)
     )
     try:
@@ -125,7 +127,7 @@ def start_server(
     log_path: Path | None = None,
     timeout_seconds: float = 60.0,
     detach: bool = True,
-) -> tuple[subprocess.Popen, ServerInfo]:
+) -> tuple[subprocess.Popen[Any], ServerInfo]:
     """Start a SecantusDB server on 127.0.0.1 and wait until it answers."""
     executable = find_executable()
     if executable is None:
@@ -208,7 +210,7 @@ def stop_server(base: Path | None = None, timeout_seconds: float = 30.0) -> Serv
         return info
 
 
-def stop_process(process: subprocess.Popen, timeout_seconds: float = 30.0) -> None:
+def stop_process(process: subprocess.Popen[Any], timeout_seconds: float = 30.0) -> None:
     """Stop a server process this process started: SIGTERM, then SIGKILL if it lingers."""
     if process.poll() is not None:
         return

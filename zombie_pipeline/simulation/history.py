@@ -24,7 +24,6 @@ import datetime as dt
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.cleanup.detection import detect
@@ -37,6 +36,7 @@ from zombie_pipeline.queue.documents import (
     JOB_METRICS_COLLECTION,
     Event,
     Job,
+    JobDocument,
     JobMetric,
     PastJob,
     Status,
@@ -55,7 +55,7 @@ RUN_ID_PREFIX = "simulated-cleanup-"
 PAST_JOBS_TTL = dt.timedelta(hours=1)
 
 #: Makes a started job of a kind (``crashed``, ``overdue``, ...) as it stands at a moment: a zombie then.
-JobMaker = Callable[[str, dt.datetime], dict[str, Any]]
+JobMaker = Callable[[str, dt.datetime], JobDocument]
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def clean_past_days(
     days: int,
     now: dt.datetime,
     zombie: JobMaker,
-    offender: Callable[[dt.datetime], dict[str, Any]],
+    offender: Callable[[dt.datetime], JobDocument],
     rng: random.Random,
 ) -> PastCleanups:
     """On each of the ``days`` before ``now``'s, place that day's zombies and finalize them as its cleanup did."""
@@ -110,7 +110,7 @@ def clean_past_days(
     return PastCleanups(days=days, finalized=finalized, offender_finalized=offended, run_ids=tuple(run_ids))
 
 
-def _count_started(store: Store, side: Any, jobs: list[dict[str, Any]], generation: QueueGeneration) -> None:
+def _count_started(store: Store, side: SideCollections, jobs: list[JobDocument], generation: QueueGeneration) -> None:
     """The started-job counters the deployment moved when these jobs started (their finish moves them back)."""
     if JOB_METRICS_COLLECTION not in side:
         return

@@ -6,6 +6,10 @@ databases it writes, and anything else holding documents is left alone.
 
 from __future__ import annotations
 
+from typing import Any
+
+from pymongo.database import Database
+
 from zombie_pipeline.queue.store import Store
 
 
@@ -13,7 +17,7 @@ class NotOurs(RuntimeError):
     """A database holds documents the simulator did not write: it is never dropped nor filled."""
 
 
-def _databases(store: Store) -> list:
+def _databases(store: Store) -> list[Database[Any]]:
     queue, cache = store.jobs.database, store.cache.database
     return [queue] if (queue.name, queue.client) == (cache.name, cache.client) else [queue, cache]
 

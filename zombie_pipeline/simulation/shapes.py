@@ -7,7 +7,7 @@ leaves them out, so the deployment's strict models read what the tests write.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, cast
 
 from bson import ObjectId
 
@@ -16,7 +16,9 @@ from zombie_pipeline.queue.documents import (
     HTTP_OK,
     ID,
     Cache,
+    CacheEntry,
     Job,
+    JobDocument,
     Priority,
     Status,
     namespace_of,
@@ -49,7 +51,7 @@ def job_document(
     last_heartbeat: dt.datetime | None = None,
     terminated_at: dt.datetime | None = None,
     **extra: Any,
-) -> dict[str, Any]:
+) -> JobDocument:
     """One job exactly as ``generation``'s deployment stores it (None values omitted, as mongoengine does)."""
     generation = QUEUE_GENERATIONS[generation] if isinstance(generation, str) else generation
     created_at = truncate_ms(created_at or started_at or utc_now())
@@ -71,14 +73,14 @@ def job_document(
         Job.LAST_HEARTBEAT: truncate_ms(last_heartbeat) if last_heartbeat else None,
         Job.TERMINATED_AT: truncate_ms(terminated_at) if terminated_at else None,
     }
-    document = {ID: extra.pop(ID, None) or ObjectId()}
+    document: dict[str, Any] = {ID: extra.pop(ID, None) or ObjectId()}
     document.update(without_none({name: value for name, value in values.items() if generation.declares(name)}))
     document.update(extra)
-    return document
+    return cast(JobDocument, document)
 
 
 def cache_document(
-    job: dict[str, Any],
+    job: JobDocument,
     updated_at: dt.datetime,
     http_status: int = HTTP_OK,
     error_code: str | None = None,
@@ -86,7 +88,7 @@ def cache_document(
     failed_runs: int = 0,
     duration: float = 12.5,
     content: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> CacheEntry:
     """The cache entry a worker would have written for ``job``, in ``generation``'s fields."""
     failed = http_status != HTTP_OK
     entry = {
@@ -108,4 +110,4 @@ def cache_document(
         Cache.DURATION: duration,
         Cache.FAILED_RUNS: failed_runs,
     }
-    return CACHE_GENERATIONS[generation].keep_declared(entry)
+    return cast(CacheEntry, CACHE_GENERATIONS[generation].keep_declared(entry))

@@ -31,13 +31,15 @@ from zombie_pipeline.queue.documents import (
     DEFAULT_ZOMBIE_HTTP_STATUS,
     HTTP_OK,
     ID,
-    SIMULATIONS_COLLECTION,
     Cache,
+    CacheEntry,
     ErrorCode,
     Job,
+    JobDocument,
     Lock,
     PastJob,
     Priority,
+    SimulationMark,
     Status,
     truncate_ms,
     utc_now,
@@ -63,8 +65,8 @@ class Simulation:
 
     now: dt.datetime
     generation: str
-    jobs_by_status: Counter = field(default_factory=Counter)
-    jobs_by_type: Counter = field(default_factory=Counter)
+    jobs_by_status: Counter[Any] = field(default_factory=Counter)
+    jobs_by_type: Counter[Any] = field(default_factory=Counter)
     cache_entries: int = 0
     past_jobs: int = 0
     ids: dict[str, list[ObjectId]] = field(default_factory=lambda: {kind: [] for kind in STARTED_KINDS})
@@ -126,7 +128,7 @@ class _Generator:
         split = None if job_type.level != "split" else self.rng.choice(["train", "test", "validation"])
         return dataset, config, split
 
-    def job(self, job_type: JobType, status: str, unique: bool = False, **dates: dt.datetime | None) -> dict[str, Any]:
+    def job(self, job_type: JobType, status: str, unique: bool = False, **dates: dt.datetime | None) -> JobDocument:
         dataset, config, split = self.target(job_type, unique)
         created_at = dates.pop("created_at")
         assert created_at is not None, "a simulated job is always created at some time"
@@ -156,7 +158,7 @@ class _Generator:
             return None
         return started_at + dt.timedelta(seconds=beats * HEARTBEAT_INTERVAL_SECONDS)
 
-    def finished_jobs(self) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    def finished_jobs(self) -> Iterator[tuple[JobDocument, CacheEntry]]:
         """Finished jobs, each with the cache entry it wrote."""
         w = self.workload
         span = w.days * 86_400
@@ -182,8 +184,8 @@ class _Generator:
             yield job, self.cache_entry(job, finished_at, duration, error_code)
 
     def cache_entry(
-        self, job: dict[str, Any], updated_at: dt.datetime, duration: float, error_code: str | None
-    ) -> dict[str, Any]:
+        self, job: JobDocument, updated_at: dt.datetime, duration: float, error_code: str | None
+    ) -> CacheEntry:
         failed = error_code is not None
         return cache_document(
             job,
@@ -196,7 +198,7 @@ class _Generator:
             content={CACHE_CONTENT_ERROR: "simulated failure"} if failed else {"rows": self.rng.randrange(1000)},
         )
 
-    def started_job_at(self, kind: str, moment: dt.datetime) -> dict[str, Any]:
+    def started_job_at(self, kind: str, moment: dt.datetime) -> JobDocument:
         """A started job of ``kind`` as it stands at ``moment`` (a past day's zombie)."""
         present, self.now = self.now, moment
         try:
@@ -204,7 +206,7 @@ class _Generator:
         finally:
             self.now = present
 
-    def offender_job(self, moment: dt.datetime) -> dict[str, Any]:
+    def offender_job(self, moment: dt.datetime) -> JobDocument:
         """The repeat offender's job of a day: started 15 minutes before ``moment``, silent for the last 10."""
         job_type, dataset, config, split = OFFENDER
         created_at = truncate_ms(moment - dt.timedelta(minutes=17))
@@ -223,7 +225,7 @@ class _Generator:
             _id=self.object_id(created_at),
         )
 
-    def started_job(self, kind: str) -> dict[str, Any]:
+    def started_job(self, kind: str) -> JobDocument:
         w = self.workload
         job_type = self.rng.choice(w.job_types)
         limit = w.policy.max_duration_of(job_type.name)
@@ -259,11 +261,11 @@ class _Generator:
             job[Job.LAST_HEARTBEAT] = None  # an explicit null, as an update that set None writes it
         return job
 
-    def waiting_job(self) -> dict[str, Any]:
+    def waiting_job(self) -> JobDocument:
         job_type = self.rng.choice(self.workload.job_types)
         return self.job(job_type, Status.WAITING, created_at=self.seconds_ago(self.rng.uniform(0, 3_600)))
 
-    def start_lock(self, job: dict[str, Any]) -> dict[str, Any] | None:
+    def start_lock(self, job: JobDocument) -> dict[str, Any] | None:
         """The lock a start leaves behind: released as soon as the job started (2023-06-26 on)."""
         fields = self.generation.lock_fields
         if Lock.OWNER not in fields:
@@ -273,7 +275,7 @@ class _Generator:
             lock[Lock.TTL] = START_LOCK_TTL_SECONDS
         return lock
 
-    def git_branch_lock(self, job: dict[str, Any]) -> dict[str, Any]:
+    def git_branch_lock(self, job: JobDocument) -> dict[str, Any]:
         """A lock a job holds while it writes to its dataset's git branch (a crashed job never frees it)."""
         fields = self.generation.lock_fields
         owner = Lock.OWNER if Lock.OWNER in fields else Lock.JOB_ID
@@ -303,17 +305,24 @@ def simulate(
             f"these databases hold a simulated {present} queue; drop it first to simulate a {workload.generation} one (--drop)"
         )
     now = truncate_ms(now or utc_now())
-    markers = store.jobs.database[SIMULATIONS_COLLECTION]
+    markers = store.simulations
     run = markers.count_documents({})
-    markers.insert_one({ID: ObjectId(), "generation": workload.generation, "seed": workload.seed, "at": now})
+    markers.insert_one(
+        {
+            ID: ObjectId(),
+            SimulationMark.GENERATION: workload.generation,
+            SimulationMark.SEED: workload.seed,
+            SimulationMark.AT: now,
+        }
+    )
     generator = _Generator(workload, now, run)
     generation = workload.queue_generation
     result = Simulation(now=now, generation=generation.name, insert_commands=1)
-    job_batch: list[dict[str, Any]] = []
-    latest_entries: dict[tuple, dict[str, Any]] = {}
+    job_batch: list[JobDocument] = []
+    latest_entries: dict[tuple[Any, ...], CacheEntry] = {}
     past_jobs: list[dict[str, Any]] = []
     locks: list[dict[str, Any]] = []
-    holder: dict[str, Any] | None = None  # a crashed job that dies holding a git-branch lock
+    holder: JobDocument | None = None  # a crashed job that dies holding a git-branch lock
 
     def flush_jobs() -> None:
         if job_batch:
@@ -321,7 +330,7 @@ def simulate(
             result.insert_commands += 1
             job_batch.clear()
 
-    def add(job: dict[str, Any]) -> None:
+    def add(job: JobDocument) -> None:
         job_batch.append(job)
         result.jobs_by_status[job[Job.STATUS]] += 1
         result.jobs_by_type[job[Job.TYPE]] += 1
@@ -382,7 +391,7 @@ def simulate(
     return result
 
 
-def _past_job(job: dict[str, Any], finished_at: dt.datetime, now: dt.datetime) -> list[dict[str, Any]]:
+def _past_job(job: JobDocument, finished_at: dt.datetime, now: dt.datetime) -> list[dict[str, Any]]:
     """The ``pastJobs`` record of a run that finished within the last hour and lasted long enough."""
     seconds = int((finished_at - job[Job.STARTED_AT]).total_seconds())
     if (now - finished_at).total_seconds() > PAST_JOBS_WINDOW_SECONDS or seconds < PAST_JOB_MIN_SECONDS:

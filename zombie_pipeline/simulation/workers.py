@@ -67,6 +67,7 @@ from zombie_pipeline.queue.documents import (
     CacheMetric,
     ErrorCode,
     Job,
+    JobDocument,
     JobMetric,
     Lock,
     Status,
@@ -136,7 +137,7 @@ class Fate(enum.Enum):
 
 @dataclass
 class _Run:
-    job: dict[str, Any]
+    job: JobDocument
     ends_at: float  # clock seconds: when it finishes, or when its worker dies
     next_beat: float
     fate: Fate
@@ -155,7 +156,7 @@ class WorkerPool:
     job_types: tuple[JobType, ...] = JOB_TYPES
     clock: Callable[[], float] = time.monotonic
     now: Callable[[], dt.datetime] = utc_now
-    counts: Counter = field(default_factory=Counter)
+    counts: Counter[Any] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -165,7 +166,7 @@ class WorkerPool:
         self.effects = DeploymentEffects(self.store, self.side)
         self.cache_generation = CACHE_GENERATIONS[self.generation.cache_generation]
         self.types = {job_type.name: job_type for job_type in self.job_types}
-        self._openings: tuple[set, set, list] | None = None
+        self._openings: tuple[set[Any], set[Any], list[Any]] | None = None
         self.died: list[Any] = []  # the ids of the jobs whose worker died on them: zombies until a cleanup finds them
 
     @property
@@ -226,7 +227,7 @@ class WorkerPool:
             self.runs[index] = self._start(now)
         self._top_up()
 
-    def run(self, seconds: float, stop: Callable[[], bool] = lambda: False, interval: float = 0.5) -> Counter:
+    def run(self, seconds: float, stop: Callable[[], bool] = lambda: False, interval: float = 0.5) -> Counter[Any]:
         """Tick for ``seconds`` (or until ``stop()``), then :meth:`stop`."""
         deadline = self.clock() + seconds
         while self.clock() < deadline and not stop():
@@ -245,10 +246,10 @@ class WorkerPool:
 
     # --- a job's life, as the deployment lives it ----------------------------------------------------
 
-    def _seconds_run(self, job: dict[str, Any]) -> float:
+    def _seconds_run(self, job: JobDocument) -> float:
         return (self.now() - job[Job.STARTED_AT]).total_seconds()
 
-    def _plan(self, job: dict[str, Any], now: float, already_run: float = 0.0) -> _Run:
+    def _plan(self, job: JobDocument, now: float, already_run: float = 0.0) -> _Run:
         """How ``job`` will end, and when, in clock seconds from ``now``; ``already_run`` seconds are behind it."""
         job_type = self.types.get(job[Job.TYPE], self.job_types[0])
         limit = self.policy.max_duration_of(job[Job.TYPE]) - already_run
@@ -287,7 +288,7 @@ class WorkerPool:
         self.counts["crashed" if run.fate is Fate.CRASH else "started"] += 1
         return run
 
-    def _take_waiting(self) -> dict[str, Any] | None:
+    def _take_waiting(self) -> JobDocument | None:
         """The oldest waiting job whose user runs nothing and whose unicity id is not started, started; None if none."""
         if self._openings is None:
             self._openings = (
@@ -307,7 +308,7 @@ class WorkerPool:
                 return started
         return None
 
-    def _start_one(self, candidate: dict[str, Any]) -> dict[str, Any] | None:
+    def _start_one(self, candidate: JobDocument) -> JobDocument | None:
         owner = str(uuid.uuid4())
         lock = self.generation.keeps(LOCKS_COLLECTION) and Lock.OWNER in self.generation.lock_fields
         if lock:  # held only while starting, then released: the lock document stays
@@ -385,7 +386,7 @@ class WorkerPool:
         if fate is Fate.STOPPED_AT_T2:
             self.counts["stopped_at_max_duration"] += 1
 
-    def _write_result(self, job: dict[str, Any], finished_at: dt.datetime, error_code: str | None) -> None:
+    def _write_result(self, job: JobDocument, finished_at: dt.datetime, error_code: str | None) -> None:
         key = cache_key_of_job(job)
         previous = self.store.cache.find_one(key, {Cache.CONTENT: 0})
         failed = error_code is not None
@@ -448,7 +449,7 @@ class WorkerPool:
         self.effects.after_insert(new_jobs)
         self.counts["enqueued"] += len(new_jobs)
 
-    def _count_job(self, job: dict[str, Any], status: str, change: int) -> None:
+    def _count_job(self, job: JobDocument, status: str, change: int) -> None:
         if JOB_METRICS_COLLECTION in self.side:
             self.store.job_metrics.update_one(
                 self.side.job_metric_key(job[Job.TYPE], status), {"$inc": {JobMetric.TOTAL: change}}, upsert=True

@@ -17,6 +17,7 @@ from zombie_pipeline.queue.generations import (
     CACHE_GENERATIONS,
     NEWEST_QUEUE_GENERATION,
     QUEUE_GENERATIONS,
+    CacheGeneration,
     DurationsSource,
     QueueGeneration,
 )
@@ -148,7 +149,7 @@ class Workload:
         return QUEUE_GENERATIONS[self.generation]
 
     @property
-    def cache(self):
+    def cache(self) -> CacheGeneration:
         return CACHE_GENERATIONS[self.cache_generation or self.queue_generation.cache_generation]
 
     @property

@@ -37,12 +37,15 @@ from zombie_pipeline.queue.cache_entries import DETAIL_JOB_ID
 from zombie_pipeline.queue.documents import (
     HTTP_OK,
     Cache,
+    CacheEntry,
     ErrorCode,
     Reason,
     Status,
+    ZombieEvent,
     as_utc,
 )
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX, on_index
+from zombie_pipeline.queue.store import aggregate_rows
 from zombie_pipeline.statistics.tallies import (
     EVENT_PROJECTION,
     READ_BATCH_SIZE,
@@ -103,7 +106,7 @@ class CacheIndexMissing(RuntimeError):
     """The cache has no index to read a day by kind; the message says how to create it."""
 
 
-def updated_index(cache: Collection) -> str | None:
+def updated_index(cache: Collection[CacheEntry]) -> str | None:
     """The name of an index on ``(kind, updated_at, ...)``, if the cache has one."""
     for name, info in cache.index_information().items():
         if [key for key, _ in info["key"][:2]] == [Cache.KIND, Cache.UPDATED_AT]:
@@ -111,7 +114,7 @@ def updated_index(cache: Collection) -> str | None:
     return None
 
 
-def ensure_updated_index(cache: Collection, create: bool) -> str:
+def ensure_updated_index(cache: Collection[CacheEntry], create: bool) -> str:
     """The index the read needs: found, or created as the deployment declares it when the operator asked."""
     name = updated_index(cache)
     if name is not None:
@@ -127,8 +130,8 @@ def ensure_updated_index(cache: Collection, create: bool) -> str:
 
 
 def read_cache_period(
-    cache: Collection,
-    events: Collection,
+    cache: Collection[CacheEntry],
+    events: Collection[ZombieEvent],
     start: dt.datetime,
     end: dt.datetime,
     batch_size: int = READ_BATCH_SIZE,
@@ -149,7 +152,7 @@ def read_cache_period(
         table = aggregate_arrow_all(cache, [*entries_of(kind, start, end), {"$project": _ROW}], schema=_SCHEMA)
         _fold_table(period, kind, table)
     for value in [value for value in values if value is not None and not is_job_type(value)] + [None]:
-        counted = cache.aggregate([*entries_of(value, start, end), {"$count": "n"}])  # None: no kind, or null
+        counted = aggregate_rows(cache, [*entries_of(value, start, end), {"$count": "n"}])  # None: no kind, or null
         unnamed = next(counted, {"n": 0})["n"]
         period.jobs_read += unnamed
         period.bad_data.update(+Counter({BadData.INVALID_TYPE: unnamed}))
@@ -237,4 +240,5 @@ def _fold_table(period: Period, kind: str, table: pa.Table) -> None:
 
 def _flags(column: pa.Array) -> np.ndarray:
     """A boolean column as a numpy array, null read as False."""
-    return pc.fill_null(column, False).to_numpy(zero_copy_only=False)
+    flags: np.ndarray = pc.fill_null(column, False).to_numpy(zero_copy_only=False)
+    return flags

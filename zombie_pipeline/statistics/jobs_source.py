@@ -29,7 +29,17 @@ from pymongoarrow.api import Schema, find_arrow_all
 from pymongoarrow.types import ObjectIdType
 
 from zombie_pipeline.cleanup.events import finalized_between
-from zombie_pipeline.queue.documents import FINISHED_STATUSES, ID, STATUSES, Job, Status, as_utc, utc
+from zombie_pipeline.queue.documents import (
+    FINISHED_STATUSES,
+    ID,
+    STATUSES,
+    Job,
+    JobDocument,
+    Status,
+    ZombieEvent,
+    as_utc,
+    utc,
+)
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.statistics.tallies import (
     EVENT_PROJECTION,
@@ -183,12 +193,14 @@ class _Batch:
 
 def _holds(codes: np.ndarray, distinct: list[Any], rule: Callable[[Any], bool]) -> np.ndarray:
     """``rule`` of each value, asked once per distinct value."""
-    return np.fromiter(map(rule, distinct), dtype=bool, count=len(distinct))[codes]
+    held: np.ndarray = np.fromiter(map(rule, distinct), dtype=bool, count=len(distinct))[codes]
+    return held
 
 
 def _of_type(values: list[Any], kind: type) -> np.ndarray:
     """Which values are exactly of ``kind``; a subclass is left to :func:`classify_job`."""
-    return np.fromiter(map(type, values), dtype=object, count=len(values)) == kind
+    exactly: np.ndarray = np.fromiter(map(type, values), dtype=object, count=len(values)) == kind
+    return exactly
 
 
 def _seconds_between(started: list[dt.datetime], finished: list[dt.datetime]) -> np.ndarray | None:
@@ -211,7 +223,7 @@ def _seconds_between(started: list[dt.datetime], finished: list[dt.datetime]) ->
         return None
 
 
-def _classify(batch: _Batch) -> tuple[np.ndarray, np.ndarray, Counter]:
+def _classify(batch: _Batch) -> tuple[np.ndarray, np.ndarray, Counter[Any]]:
     """:func:`classify_job` over a batch: which documents count, their seconds (NaN: never started), the bad data.
 
     The common documents (a type, a finished status, and two dates, or no
@@ -337,7 +349,7 @@ _JOB_SCHEMA = Schema(
 )
 
 
-def _arrow_table(jobs: Collection, query: Mapping[str, Any], batch_size: int) -> pa.Table | None:
+def _arrow_table(jobs: Collection[JobDocument], query: Mapping[str, Any], batch_size: int) -> pa.Table | None:
     """The query's jobs decoded straight into columns, or None when a value does not fit them (a date stored
     as a string, a type that is a number ...): those documents then go through the rules one by one."""
     try:
@@ -392,8 +404,8 @@ def _milliseconds(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def read_period(
-    jobs: Collection,
-    events: Collection,
+    jobs: Collection[JobDocument],
+    events: Collection[ZombieEvent],
     start: dt.datetime,
     end: dt.datetime,
     batch_size: int = READ_BATCH_SIZE,
@@ -463,7 +475,7 @@ def _close(period: Period, pieces: _Pieces, audited: Audited, found: set[Any]) -
     return period
 
 
-def count_undated_jobs(jobs: Collection, generation: QueueGeneration | None = None) -> Counter:
+def count_undated_jobs(jobs: Collection[JobDocument], generation: QueueGeneration | None = None) -> Counter[Any]:
     """Jobs no daily read holds, over the whole collection: finished jobs without a date to place them in a day
     (no ``finished_at``, or a string), and jobs whose status ``generation`` does not declare.
 
@@ -472,7 +484,7 @@ def count_undated_jobs(jobs: Collection, generation: QueueGeneration | None = No
     partition: ``distinct`` walks the index on MongoDB (``DISTINCT_SCAN``), but
     the embedded SecantusDB scans the collection for it.
     """
-    counts: Counter = Counter()
+    counts: Counter[Any] = Counter()
     for status in statuses_to_read(generation):
         counts[BadData.MISSING_FINISHED_AT] += jobs.count_documents({Job.STATUS: status, Job.FINISHED_AT: None})
         counts[BadData.FINISHED_AT_AS_STRING] += jobs.count_documents(

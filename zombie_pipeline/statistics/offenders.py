@@ -21,7 +21,7 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from zombie_pipeline.cleanup.events import finalized_between
 from zombie_pipeline.queue.documents import (
@@ -40,7 +40,7 @@ from zombie_pipeline.queue.documents import (
     utc,
 )
 from zombie_pipeline.queue.indexes import on_index
-from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.store import Store, aggregate_rows
 
 #: Finalizations of one dataset in the window that make it an offender, unless told otherwise.
 DEFAULT_THRESHOLD = 3
@@ -76,7 +76,7 @@ class Offense:
 
     dataset: str
     job_type: str
-    reasons: Counter = field(default_factory=Counter)  # reason -> finalizations
+    reasons: Counter[Any] = field(default_factory=Counter)  # reason -> finalizations
     first_seen: dt.datetime | None = None
     last_seen: dt.datetime | None = None
     retry_limit_reached: bool = False
@@ -111,7 +111,7 @@ class Offender:
         return sum(offense.finalizations for offense in self.offenses)
 
     @property
-    def reasons(self) -> Counter:
+    def reasons(self) -> Counter[Any]:
         return sum((offense.reasons for offense in self.offenses), Counter())
 
     @property
@@ -143,7 +143,7 @@ class RepeatOffenders:
     offenders_total: int = 0  # every dataset at or over the threshold, kept or not
     events: int = 0  # finalizations counted (malformed events excepted)
     datasets: int = 0  # distinct datasets finalized in the window
-    malformed: Counter = field(default_factory=Counter)  # problem -> events left out
+    malformed: Counter[Any] = field(default_factory=Counter)  # problem -> events left out
 
     @property
     def truncated(self) -> bool:
@@ -304,7 +304,7 @@ def _first_problem(*tests: tuple[dict[str, Any], str]) -> Any:
     return expression
 
 
-def _offender_of(group: Mapping[str, Any], malformed: Counter) -> Offender | None:
+def _offender_of(group: Mapping[str, Any], malformed: Counter[Any]) -> Offender | None:
     """One dataset's groups as an :class:`Offender` (whatever its count), its malformed events counted aside."""
     key = group.get(ID) or {}
     problem, dataset = key.get(_PROBLEM), key.get(_DATASET)
@@ -332,7 +332,10 @@ def _most_finalized(offenders: list[Offender], limit: int) -> list[Offender]:
     return sorted(offenders, key=lambda offender: (-offender.finalizations, offender.dataset))[:limit]
 
 
-def _chunks(items: list, size: int) -> Iterator[list]:
+T = TypeVar("T")
+
+
+def _chunks(items: list[T], size: int) -> Iterator[list[T]]:
     for index in range(0, len(items), size):
         yield items[index : index + size]
 
@@ -344,7 +347,7 @@ def _attach_cache_errors(store: Store, offenders: Iterable[Offender]) -> None:
     """
     by_key = {(offense.dataset, offense.job_type): offense for offender in offenders for offense in offender.offenses}
     datasets = sorted({dataset for dataset, _ in by_key})
-    latest: dict[tuple[str, str], Mapping[str, Any]] = {}
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
     oldest = dt.datetime.min.replace(tzinfo=dt.UTC)
     for chunk in _chunks(datasets, CACHE_CHUNK):
         members = set(chunk)
@@ -363,7 +366,7 @@ def _attach_cache_errors(store: Store, offenders: Iterable[Offender]) -> None:
                 }
             },
         )
-        for entry in store.cache.aggregate(pipeline, batchSize=READ_BATCH):
+        for entry in aggregate_rows(store.cache, pipeline, batchSize=READ_BATCH):
             key = (entry.get(Cache.DATASET), entry.get(Cache.KIND))
             if key not in by_key:
                 continue

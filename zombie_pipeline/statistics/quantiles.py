@@ -51,7 +51,8 @@ def binomial_cdf(n: int, p: float, counts: range | None = None) -> np.ndarray:
     steps = np.log(n - k) - np.log(k + 1) + math.log(p) - math.log1p(-p)
     log_pmf = np.concatenate([[0.0], np.cumsum(steps)])  # up to a constant: normalized below
     pmf = np.exp(log_pmf - log_pmf.max())
-    return np.minimum(np.cumsum(pmf) / pmf.sum(), 1.0)
+    cumulative: np.ndarray = np.minimum(np.cumsum(pmf) / pmf.sum(), 1.0)
+    return cumulative
 
 
 def _likely_counts(n: int, p: float) -> range:

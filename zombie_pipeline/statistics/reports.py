@@ -365,7 +365,7 @@ def _jsonable(value: Any) -> Any:
 
 def report_json(report: DurationReport) -> dict[str, Any]:
     """The whole report as plain JSON values."""
-    return _jsonable(
+    as_json: dict[str, Any] = _jsonable(
         {
             "window_start": report.window_start,
             "window_end": report.window_end,
@@ -388,6 +388,7 @@ def report_json(report: DurationReport) -> dict[str, Any]:
             "deployment_max_job_duration": asdict(report.deployment_limit) if report.deployment_limit else None,
         }
     )
+    return as_json
 
 
 def report_stem(report: DurationReport) -> str:
@@ -430,5 +431,5 @@ def write_reports(
     return files
 
 
-def _stamp(moment) -> str:
+def _stamp(moment: dt.datetime) -> str:
     return f"{moment:%Y-%m-%d}" if (moment.hour, moment.minute) == (0, 0) else f"{moment:%Y-%m-%dT%H%M}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from typing import Any
 
 from zombie_pipeline.queue.generations import DurationsSource, QueueGeneration
 from zombie_pipeline.queue.store import Store
@@ -31,7 +32,7 @@ def read_history(
     return read_cache_period(store.cache, store.events, start, end, batch_size, create_cache_index)
 
 
-def left_out_of_every_day(store: Store, generation: QueueGeneration) -> Counter | None:
+def left_out_of_every_day(store: Store, generation: QueueGeneration) -> Counter[Any] | None:
     """Documents no day can hold, counted over the whole collection: where finished jobs are the source,
     jobs without a usable ``finished_at`` or of a status the generation does not declare; else none."""
     if generation.durations_source is DurationsSource.FINISHED_JOBS:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 
@@ -10,7 +12,7 @@ from zombie_pipeline.queue.documents import ID, T2Suggestion
 from zombie_pipeline.statistics.analysis import DurationReport
 
 
-def save_suggestions(collection: Collection, report: DurationReport) -> bool:
+def save_suggestions(collection: Collection[Any], report: DurationReport) -> bool:
     """Record the window's suggestions; False when a record of the same window covering more of its days is kept.
 
     Recomputing a window replaces its document, but a partial window (days not computed yet) never
@@ -52,7 +54,7 @@ def save_suggestions(collection: Collection, report: DurationReport) -> bool:
     return True
 
 
-def latest_suggested_max_durations(collection: Collection, minimum_seconds: int = 0) -> dict[str, int]:
+def latest_suggested_max_durations(collection: Collection[Any], minimum_seconds: int = 0) -> dict[str, int]:
     """T2 per job type from the most recent window with enough data; {} when there is none.
 
     Types without enough data are left out, so the policy's own value stays.
@@ -71,7 +73,7 @@ def latest_suggested_max_durations(collection: Collection, minimum_seconds: int 
     return suggestions
 
 
-def effective_policy(policy: ZombiePolicy, suggestions: Collection) -> ZombiePolicy:
+def effective_policy(policy: ZombiePolicy, suggestions: Collection[Any]) -> ZombiePolicy:
     """The policy a cleanup applies: ``policy``, with the latest suggested T2 per type when it opts in.
 
     A suggestion replaces the configured value of its type; types without one

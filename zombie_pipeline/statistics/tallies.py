@@ -33,7 +33,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from zombie_pipeline.queue.documents import ID, REASONS, Event, Job, Reason, as_utc, job_type_problem
+from zombie_pipeline.queue.documents import ID, REASONS, Event, Job, Reason, ZombieEvent, as_utc, job_type_problem
 
 READ_BATCH_SIZE = 5_000
 
@@ -82,14 +82,14 @@ def durations_array(values: Iterable[float] | np.ndarray) -> np.ndarray:
 class Tally:
     """One job type over one period; tallies of several periods add up exactly."""
 
-    statuses: Counter = field(default_factory=Counter)  # final status -> jobs
+    statuses: Counter[Any] = field(default_factory=Counter)  # final status -> jobs
     started: int = 0  # jobs that ran: a valid start, or an audited zombie whose job is gone
     success: np.ndarray = field(default_factory=lambda: EMPTY_DURATIONS)  # seconds, float32
     error: np.ndarray = field(default_factory=lambda: EMPTY_DURATIONS)  # errors not audited as exceeded
     stopped: np.ndarray = field(
         default_factory=lambda: EMPTY_DURATIONS
     )  # audited as stopped at T2: ran at least this long
-    zombies: Counter = field(default_factory=Counter)  # reason -> audited zombies
+    zombies: Counter[Any] = field(default_factory=Counter)  # reason -> audited zombies
 
     def __add__(self, other: Tally) -> Tally:
         return Tally.total([self, other])
@@ -118,7 +118,7 @@ class Period:
     start: dt.datetime
     end: dt.datetime
     tallies: dict[str, Tally] = field(default_factory=dict)
-    bad_data: Counter = field(default_factory=Counter)
+    bad_data: Counter[Any] = field(default_factory=Counter)
     jobs_read: int = 0  # finished jobs, or cache entries where those are the source
     events_read: int = 0
     source: str = "jobs"  # see SOURCES
@@ -162,7 +162,7 @@ def is_job_type(value: Any) -> TypeGuard[str]:
     return job_type_problem(value) is None
 
 
-def tally_events(period: Period, events: Iterable[Mapping[str, Any]]) -> Audited:
+def tally_events(period: Period, events: Iterable[ZombieEvent]) -> Audited:
     """Count the period's audited zombies; return ``job id -> (type, reason)`` for :func:`tally_jobs`.
 
     The duration of a job stopped for exceeding T2 comes from its event, which
