@@ -6,7 +6,14 @@ import re
 
 import pytest
 
-from zombie_pipeline.policy import InvalidPolicy, PolicyError, SuggestionRules, SuggestionSettings, ZombiePolicy
+from zombie_pipeline.policy import (
+    InvalidPolicy,
+    PolicyError,
+    SuggestionRules,
+    SuggestionSettings,
+    ZombiePolicy,
+    policy_from_file,
+)
 from zombie_pipeline.queue.documents import ErrorCode
 
 #: (values, the names the message must hold, whether it is a rule across fields: "invalid zombie policy: ...")
@@ -157,3 +164,46 @@ def test_the_rules_are_picked_out_of_a_larger_configuration_and_checked_in_one_l
     assert SuggestionRules.of(Configured(quantile=0.9)) == SuggestionRules(quantile=0.9)
     with pytest.raises(InvalidPolicy, match=r"^invalid suggestion rules: quantile=2\.0: should be less than 1$"):
         SuggestionRules.of(Configured(quantile=2.0))
+
+
+# --- the policy file of a location ----------------------------------------------------------------------------
+
+
+def test_a_policy_file_holds_the_settings_at_its_top_or_the_reports_snippet_pasted_whole(tmp_path):
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("heartbeat_timeout_seconds: 600\nmax_duration_seconds_by_type:\n  /splits: 2400\n")
+    snippet = tmp_path / "snippet.yaml"
+    snippet.write_text(
+        "resources:\n  zombie_policy:\n    config:\n      max_duration_seconds_by_type:\n        /splits: 2400\n"
+    )
+
+    assert policy_from_file(plain) == ZombiePolicy(
+        heartbeat_timeout_seconds=600, max_duration_seconds_by_type={"/splits": 2400}
+    )
+    assert policy_from_file(snippet) == ZombiePolicy(max_duration_seconds_by_type={"/splits": 2400})
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("heartbeat_timeout_seconds: 0\n", "heartbeat_timeout_seconds=0: should be greater than 0"),
+        ("no_such_setting: 1\n", "no_such_setting is not a policy field"),
+        ("- a list\n", "must hold a mapping of policy settings, got list"),
+        ("heartbeat_timeout_seconds: [unclosed\n", "cannot be read as YAML"),
+    ],
+    ids=["a bound", "an unknown field", "not a mapping", "not YAML"],
+)
+def test_a_policy_file_that_cannot_be_used_is_refused_in_one_line_naming_the_file(tmp_path, text, said):
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+
+    with pytest.raises(InvalidPolicy) as refused:
+        policy_from_file(path)
+
+    message = str(refused.value)
+    assert message.startswith(f"invalid zombie policy: {path}") and said in message and "\n" not in message
+
+
+def test_a_missing_policy_file_is_refused_naming_it(tmp_path):
+    with pytest.raises(InvalidPolicy, match="cannot be read"):
+        policy_from_file(tmp_path / "absent.yaml")

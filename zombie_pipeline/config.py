@@ -38,6 +38,8 @@ STATISTICS_DAYS_BACK = 56
 MONGO_TIMEOUT_ENV = "ZOMBIE_MONGO_TIMEOUT_MS"
 #: Minutes without a successful cleanup after which the queue is reported overdue (cleanup_overdue_sensor).
 CLEANUP_OVERDUE_MINUTES_ENV = "ZOMBIE_CLEANUP_OVERDUE_MINUTES"
+#: The cleanup policy of every run of the location (schedules, sensors, checks; the Launchpad's default): a YAML file.
+POLICY_FILE_ENV = "ZOMBIE_POLICY_FILE"
 DEFAULT_CLEANUP_OVERDUE_MINUTES = 30
 
 #: The project directory of a source checkout (editable install), else None.
@@ -53,6 +55,12 @@ def setting(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The value of an environment variable; None when unset or blank."""
     value = (os.environ if environ is None else environ).get(name, "").strip()
     return value or None
+
+
+def policy_file() -> Path | None:
+    """The policy file of the location, when one is set."""
+    configured = setting(POLICY_FILE_ENV)
+    return Path(configured) if configured else None
 
 
 def queue_url() -> str | None:

@@ -8,8 +8,10 @@ is read or written, with every offending field named at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from zombie_pipeline.queue.documents import (
@@ -246,6 +248,32 @@ class ZombiePolicy(PolicySettings):
             for job_type, seconds in sorted(self.max_duration_seconds_by_type.items())
         ]
         return document
+
+
+#: Where the report's ready-to-paste snippet puts the settings (``resources: zombie_policy: config:``).
+SNIPPET_PATH = ("resources", "zombie_policy", "config")
+
+
+def policy_from_file(path: Path) -> ZombiePolicy:
+    """The policy a YAML (or JSON) file holds: its settings at the top, or the statistics report's snippet pasted
+    whole (``resources: zombie_policy: config: ...``); :class:`InvalidPolicy` naming the file when it cannot be read
+    or a value is refused."""
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise InvalidPolicy(f"{INVALID_POLICY}{path} cannot be read as YAML: {' '.join(str(error).split())}") from None
+    settings = loaded if loaded is not None else {}
+    for key in SNIPPET_PATH:
+        if isinstance(settings, dict) and set(settings) == {key}:
+            settings = settings[key] or {}
+    if not isinstance(settings, dict):
+        raise InvalidPolicy(
+            f"{INVALID_POLICY}{path} must hold a mapping of policy settings, got {type(settings).__name__}"
+        )
+    try:
+        return validated(settings)
+    except InvalidPolicy as error:
+        raise InvalidPolicy(f"{INVALID_POLICY}{path}: {str(error).removeprefix(INVALID_POLICY)}") from None
 
 
 def validated(values: dict[str, Any]) -> ZombiePolicy:

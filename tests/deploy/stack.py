@@ -113,8 +113,10 @@ def deployment_stack(
     instance_changes: Mapping[str, Mapping[str, Any]] | None = None,
     pipeline_env: Mapping[str, str] | None = None,
     before_daemon: Callable[[Operator], None] = lambda ops: None,
+    prepare_queue: Callable[[Store], None] = lambda store: None,
 ) -> Iterator[Deployment]:
-    """The deployment, the daemon started once ``before_daemon`` has turned on what the test wants."""
+    """The deployment, the daemon started once ``before_daemon`` has turned on what the test wants; the simulated
+    queue completed by ``prepare_queue`` first."""
     home = base / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(instance_yaml(instance_changes))
@@ -124,6 +126,7 @@ def deployment_stack(
     with private_cluster() as cluster, dropped_after(store):
         store.ensure_indexes()
         simulation = simulate(store, workload)
+        prepare_queue(store)
         zombies = list(store.jobs.find({ID: {"$in": simulation.zombie_ids}}))
         cluster.create_database("dagster")
         port = free_port()

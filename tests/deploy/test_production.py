@@ -5,11 +5,13 @@ instance is deploy/dagster.yaml unchanged, on a private PostgreSQL cluster; the 
 Dockerfile's command; ``dagster-daemon run`` fires schedules and sensors. The queue is simulated, today's
 generation (finished jobs deleted), with zombies of every kind. kill_zombies_schedule is turned on with its cron
 overridden to every minute (ZOMBIE_KILL_CRON), and stale_jobs_sensor too. cleanup_checks_sensor is turned off
-to save a run after every cleanup (its checks are the end-to-end test's business).
+to save a run after every cleanup (its checks are the end-to-end test's business). The location's policy comes from a
+policy file (ZOMBIE_POLICY_FILE) that changes two settings: the sensor judges the queue by it and every run applies it.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from collections.abc import Iterator
 
 import dagster as dg
 import pytest
+from bson import ObjectId
 
 from tests.deploy import processes
 from tests.deploy.stack import (
@@ -30,17 +33,39 @@ from tests.deploy.stack import (
     assert_never_two_cleanups_at_once,
     deployment_stack,
 )
-from zombie_pipeline.orchestration.tags import QUEUE_DATABASE_TAG
-from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, Status, cache_key_of_job
+from zombie_pipeline.config import POLICY_FILE_ENV
+from zombie_pipeline.orchestration.tags import QUEUE_DATABASE_TAG, STALE_COUNT_TAG
+from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, Reason, Status, cache_key_of_job, utc_now
+from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.simulation.shapes import job_document
 from zombie_pipeline.simulation.workload import Workload
 
 pytestmark = pytest.mark.slow
+PROBE_TYPE = "/policy-probe"
+PROBE_ID = ObjectId()
 
 SCHEDULE = "kill_zombies_schedule"
 SENSOR = "stale_jobs_sensor"
 IN_FLIGHT = {dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED}
 FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+
+
+#: The location's policy file: a T2 of 330 s for the probe's type (the default, 1200 s, would not find it overdue), and
+#: the error entries' http_status.
+POLICY_FILE = f"http_status: 500\nmax_duration_seconds_by_type:\n  {PROBE_TYPE!r}: 330\n"
+
+
+def plant_probe(store: Store) -> None:
+    """A job alive (it beat 5 s ago) that started 400 s ago: overdue under the policy file, healthy under the defaults."""
+    now = utc_now()
+    probe = job_document(
+        PROBE_TYPE,
+        "probe/dataset",
+        started_at=now - dt.timedelta(seconds=400),
+        last_heartbeat=now - dt.timedelta(seconds=5),
+    )
+    store.jobs.insert_one({**probe, ID: PROBE_ID})
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +81,16 @@ def deployment(mongo_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         ops.stop_sensor("cleanup_checks_sensor")
         ops.start_sensor(SENSOR)
 
+    base = tmp_path_factory.mktemp("production")
+    policy_file = base / "policy.yaml"
+    policy_file.write_text(POLICY_FILE)
     with deployment_stack(
-        mongo_url, tmp_path_factory.mktemp("production"), workload, before_daemon=turn_on
+        mongo_url,
+        base,
+        workload,
+        pipeline_env={POLICY_FILE_ENV: str(policy_file)},
+        before_daemon=turn_on,
+        prepare_queue=plant_probe,
     ) as deployment:
         yield deployment
 
@@ -113,6 +146,19 @@ def test_a_sensor_tick_launches_a_cleanup_that_finalizes_every_zombie(deployment
     assert {event[Event.RUN_ID] for event in store.events.find({ID: {"$in": zombie_ids}})} == {sensor_run.run_id}
 
 
+def test_the_sensor_judges_the_queue_and_its_cleanup_works_by_the_locations_policy_file(deployment, sensor_run):
+    """The probe is overdue only by the file's T2, and is found by the sensor's first tick, long before its heartbeat
+    could go stale (300 s): the sensor counted it; the run it launched finalized it as exceeded, and wrote every error
+    with the file's http_status."""
+    assert deployment.wait_for_run(sensor_run.run_id) == dg.DagsterRunStatus.SUCCESS
+    assert int(sensor_run.tags[STALE_COUNT_TAG]) == len(deployment.zombies) + 1
+    probe = deployment.store.events.find_one({ID: PROBE_ID})
+    assert (probe[Event.RUN_ID], probe[Event.REASON]) == (sensor_run.run_id, Reason.EXCEEDED_MAX_DURATION)
+    entries = [deployment.store.cache.find_one(cache_key_of_job(job)) for job in deployment.zombies]
+    assert {entry[Cache.HTTP_STATUS] for entry in entries} == {500}
+    assert reconcile_metadata(deployment, sensor_run.run_id)["policy/http_status"] == 500
+
+
 def test_two_cleanups_of_one_queue_run_one_at_a_time_the_second_waiting_in_the_queue(deployment, sensor_run):
     first, second = deployment.ops.launch(CLEANUP), deployment.ops.launch(CLEANUP)
     seen: list[tuple] = []
@@ -151,7 +197,17 @@ def test_a_schedule_tick_launches_a_cleanup_that_succeeds(deployment, sensor_run
     assert finalizers <= tick_runs
     assert all(deployment.instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.SUCCESS for run_id in finalizers)
     assert deployment.store.failures.count_documents({}) == 0  # pipeline_failure_sensor recorded no failed run
+    assert reconcile_metadata(deployment, run.run_id)["policy/http_status"] == 500  # the location's policy file
     assert_never_two_cleanups_at_once(deployment)
+
+
+def reconcile_metadata(deployment: Deployment, run_id: str) -> dict:
+    """The output metadata of a cleanup run's first step, as the instance recorded it."""
+    records = deployment.instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_OUTPUT).records
+    [event] = [
+        record.event_log_entry.dagster_event for record in records if record.event_log_entry.step_key == "reconcile"
+    ]
+    return {key: value.value for key, value in event.step_output_data.metadata.items()}
 
 
 def test_old_finished_runs_are_purged_with_their_event_logs(deployment, sensor_run):

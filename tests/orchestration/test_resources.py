@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
+import sys
 from urllib.parse import quote_plus
 
 import dagster as dg
@@ -14,6 +17,7 @@ from zombie_pipeline.config import (
     CACHE_DATABASE_ENV,
     CACHE_URL_ENV,
     MONGO_TIMEOUT_ENV,
+    POLICY_FILE_ENV,
     QUEUE_DATABASE_ENV,
     QUEUE_URL_ENV,
     SettingError,
@@ -127,6 +131,57 @@ def test_resources_from_env_take_database_names_from_the_environment(monkeypatch
     assert resources["databases"].queue_database == "queue_prod"
     assert resources["databases"].cache_database == "datasets_server_cache"
     assert resources["zombie_policy"].policy() == ZombiePolicy()
+
+
+def test_the_locations_policy_comes_from_its_policy_file_read_when_it_loads(monkeypatch, tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text("heartbeat_timeout_seconds: 600\nmax_duration_seconds_by_type:\n  /splits: 2400\n")
+    monkeypatch.setenv(POLICY_FILE_ENV, str(path))
+
+    resource = resources_from_env()["zombie_policy"]
+
+    assert resource.policy() == ZombiePolicy(
+        heartbeat_timeout_seconds=600, max_duration_seconds_by_type={"/splits": 2400}
+    )
+    path.write_text("heartbeat_timeout_seconds: 5\n")  # read once, when the location loads
+    assert resource.policy().heartbeat_timeout_seconds == 600
+
+
+def test_a_bad_policy_file_fails_the_locations_load_in_one_line(monkeypatch, tmp_path):
+    """Refused before any run can write anything: Dagster shows the location's load error."""
+    path = tmp_path / "policy.yaml"
+    path.write_text("max_stale_fraction: 7\n")
+    env = {**os.environ, POLICY_FILE_ENV: str(path)}
+
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import zombie_pipeline.definitions"], env=env, capture_output=True, text=True
+    )
+
+    assert loaded.returncode != 0
+    assert f"InvalidPolicy: invalid zombie policy: {path}: max_stale_fraction=7: should be less than or equal to 1" in (
+        loaded.stderr
+    )
+
+
+def test_a_launchpad_run_overrides_one_setting_of_the_locations_policy_and_keeps_the_others(monkeypatch, tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text("heartbeat_timeout_seconds: 600\nhttp_status: 503\n")
+    monkeypatch.setenv(POLICY_FILE_ENV, str(path))
+    seen = []
+
+    @dg.op
+    def read_policy(zombie_policy: ZombiePolicyResource) -> None:
+        seen.append(zombie_policy.policy())
+
+    @dg.job
+    def reading():
+        read_policy()
+
+    resources = {"zombie_policy": resources_from_env()["zombie_policy"]}
+    run_config = {"resources": {"zombie_policy": {"config": {"http_status": 502}}}}
+    assert reading.execute_in_process(resources=resources, run_config=run_config).success
+
+    assert (seen[0].heartbeat_timeout_seconds, seen[0].http_status) == (600, 502)
 
 
 def test_a_step_gets_its_store_checked_from_the_resource(monkeypatch, mongo_url, queue_db, cache_db):

@@ -8,7 +8,9 @@ the URLs as ``dg.EnvVar`` (the UI shows the variable's name, never its value), o
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar, TypedDict
 
 import dagster as dg
@@ -20,7 +22,7 @@ from pymongo.errors import ConfigurationError
 from zombie_pipeline import config
 from zombie_pipeline.config import SettingError
 from zombie_pipeline.orchestration.pushgateway import MetricsGateway, metrics_gateway_from_env
-from zombie_pipeline.policy import InvalidPolicy, PolicySettings, ZombiePolicy, validated
+from zombie_pipeline.policy import InvalidPolicy, PolicySettings, ZombiePolicy, policy_from_file, validated
 from zombie_pipeline.queue.connections import (
     DEFAULT_TIMEOUT_MS,
     EMBEDDED_TIMEOUT_MS,
@@ -197,15 +199,20 @@ class PolicyRefused(dg.Failure, InvalidPolicy):
 class ZombiePolicyResource(dg.ConfigurableResource["ZombiePolicyResource"], PolicySettings):
     """Thresholds and limits shared by the cleanup job, the sensors and the checks (``policy.PolicySettings``).
 
+    The location's policy file is its base (:func:`policy_from_env`); the settings given here (a Launchpad run's
+    ``resources: zombie_policy: config:``) override those they name: Dagster builds the resource from a run's config
+    alone, so what the run does not name comes from the file, never from the code's defaults.
+
     Dagster checks the types before launch; :meth:`policy` checks the values (bounds, rules across fields), first
     thing in each step that uses it, before anything is read or written: a bad value fails that step with
     :class:`PolicyRefused`, a one-line ``dg.Failure`` that no retry repeats.
     """
 
     def policy(self) -> ZombiePolicy:
-        """The configured policy, as the core takes it; :class:`PolicyRefused` when a value is refused."""
+        """The policy in force, as the core takes it; :class:`PolicyRefused` when a value is refused."""
+        given = self.model_dump(include=self.model_fields_set & set(PolicySettings.model_fields))
         try:
-            return validated(self.model_dump(include=set(PolicySettings.model_fields)))
+            return validated({**location_settings(), **given})
         except InvalidPolicy as error:
             raise PolicyRefused(error) from None
 
@@ -236,6 +243,26 @@ def url_from_env(variable: str) -> str | None:
     return dg.EnvVar(variable) if config.setting(variable) else None
 
 
+def location_settings() -> dict[str, Any]:
+    """The settings of the location's policy file (``$ZOMBIE_POLICY_FILE``), those it changes from the defaults;
+    none without a file. Read once per process and file."""
+    path = config.policy_file()
+    return {} if path is None else dict(_settings_of_file(path))
+
+
+@functools.cache
+def _settings_of_file(path: Path) -> tuple[tuple[str, Any], ...]:
+    policy = policy_from_file(path)
+    return tuple(policy.model_dump(include=set(PolicySettings.model_fields), exclude_defaults=True).items())
+
+
+def policy_from_env() -> ZombiePolicyResource:
+    """The location's policy: ``$ZOMBIE_POLICY_FILE`` when set (read and checked now, when the location loads: a bad
+    file fails the load in one line, before any run writes anything), else the defaults. Every run of the location
+    takes it (schedules, sensors, checks); the UI shows its settings as the resource's config."""
+    return ZombiePolicyResource(**location_settings())
+
+
 def resources_from_env() -> DeploymentResources:
     """The resources of the deployment, from the environment (URLs stay there)."""
     config.mongo_timeout_ms(DEFAULT_TIMEOUT_MS)  # a malformed value is refused when the code location loads
@@ -246,7 +273,7 @@ def resources_from_env() -> DeploymentResources:
             queue_database=config.queue_database(),
             cache_database=config.cache_database(),
         ),
-        "zombie_policy": ZombiePolicyResource(),
+        "zombie_policy": policy_from_env(),
         "failure_webhook": FailureWebhook(url=url_from_env(config.WEBHOOK_URL_ENV)),
         "metrics_gateway": metrics_gateway_from_env(),
     }
