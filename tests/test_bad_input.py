@@ -31,7 +31,7 @@ from tests.helpers import (
 )
 from tests.test_policy import BAD_POLICIES, case_id
 from zombie_pipeline.cleanup.detection import stale_filter
-from zombie_pipeline.cleanup.run import run_cleanup
+from zombie_pipeline.cleanup.run import UnknownJobTypes, run_cleanup
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.failures import result_cause
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
@@ -342,6 +342,19 @@ def test_an_override_for_a_job_type_the_queue_does_not_know_warns(store: Store, 
     assert step_metadata(result, "summarize")["finalized"] == 2  # a warning, not a refusal
 
 
+def test_a_run_asked_for_a_job_type_the_deployment_never_had_is_refused_naming_the_known_ones(store: Store, resources):
+    store.jobs.insert_many([zombie("u/z1"), zombie("u/z2", job_type="/first-rows")])
+
+    result = run_kill_zombies(resources, job_types=["/no-such-type"])
+
+    assert not result.success
+    [cause] = [message for message in step_failure_messages(result) if "job_types" in message]
+    assert "job_types names types this deployment has never had: ['/no-such-type']" in cause
+    assert "its types: ['/first-rows', '/splits']" in cause
+    assert len([event for event in result.all_events if event.event_type_value == "STEP_UP_FOR_RETRY"]) == 0
+    assert store.events.count_documents({}) == 0  # refused before anything was written
+
+
 def test_overrides_for_known_types_do_not_warn(store: Store, resources):
     store.jobs.insert_many([zombie("u/z1"), zombie("u/z2", job_type="/first-rows")])
     resources["zombie_policy"] = ZombiePolicyResource(max_duration_seconds_by_type={"/first-rows": 3600})
@@ -422,10 +435,15 @@ def test_crafted_names_select_only_their_own_literal_jobs(recorded, store: Store
     assert finalized[Job.TYPE] == '{"$gt": ""}' and finalized[Job.DATASET] == "u/plain"
     assert store.jobs.find_one({Job.DATASET: "u/alive-2"})[Job.STATUS] == Status.STARTED  # same type, alive
 
-    for names in (["$ne"], ["$where"], ["a.b"], ["$gt", "$exists"], ['{"$ne": null}x']):
+    for names in (["$where"], ["a.b"], ["$exists"]):  # types of the queue, none of whose jobs is a zombie
         snapshot = documents(store)
         report = run_cleanup(recording_store, policy, f"run-{names[0]}", job_types=names, override_brake=True)
         assert report.counts["finalized"] == 0, names
+        assert documents(store) == snapshot, names
+    for names in (["$ne"], ["$gt", "$exists"], ['{"$ne": null}x']):  # a name no job has: refused, nothing written
+        snapshot = documents(store)
+        with pytest.raises(UnknownJobTypes, match="never had"):
+            run_cleanup(recording_store, policy, f"run-{names[0]}", job_types=names, override_brake=True)
         assert documents(store) == snapshot, names
     assert before  # (the first run changed exactly one job, checked above)
 

@@ -10,12 +10,13 @@ from zombie_pipeline.cleanup.detection import (
     count_stale,
     detect,
     explain_stale,
+    known_job_types,
     stale_filter,
-    unknown_job_types,
 )
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
 from zombie_pipeline.queue.documents import Job, Reason, Status, utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION
+from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
 
 POLICY = ZombiePolicy(heartbeat_timeout_seconds=300, max_duration_seconds=1200)
@@ -213,8 +214,9 @@ def test_the_brake_engages_only_when_more_than_the_fraction_of_enough_started_jo
         assert "override_brake" in brake.message()
 
 
-def test_override_types_the_queue_does_not_hold_are_named(store):
+def test_the_deployments_job_types_are_those_of_its_jobs_and_of_its_cache_entries(store):
+    """Where finished jobs are deleted, a step whose jobs all finished is known by its cache entries."""
     store.jobs.insert_many([job_document("/first-rows", "u/a"), job_document("/splits", "u/b", status=Status.WAITING)])
+    store.cache.insert_one(cache_document(job_document("/config-names", "u/c"), utc_now()))
 
-    assert unknown_job_types(store.jobs, ["/first-rows", "/frist-rows", "/splits"]) == ["/frist-rows"]
-    assert unknown_job_types(store.jobs, []) == []
+    assert known_job_types(store.jobs, store.cache) == {"/first-rows", "/splits", "/config-names"}

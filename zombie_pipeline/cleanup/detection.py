@@ -29,6 +29,8 @@ from zombie_pipeline.queue.documents import (
     ERROR_CODE_OF_REASON,
     ID,
     STATUSES,
+    Cache,
+    CacheEntry,
     Job,
     JobDocument,
     JobSnapshot,
@@ -395,10 +397,10 @@ def brake_for(
     )
 
 
-def unknown_job_types(jobs: Collection[JobDocument], job_types: Iterable[str]) -> list[str]:
-    """Those of ``job_types`` that no job of the queue has: an override for one applies to nothing (a typo?)."""
-    wanted = set(job_types)
-    return sorted(wanted - set(jobs.distinct(Job.TYPE))) if wanted else []
+def known_job_types(jobs: Collection[JobDocument], cache: Collection[CacheEntry]) -> set[str]:
+    """The job types the deployment has: those of its jobs, and the kinds of its cache entries (a step whose jobs
+    all finished, where finished jobs are deleted)."""
+    return {value for value in [*jobs.distinct(Job.TYPE), *cache.distinct(Cache.KIND)] if isinstance(value, str)}
 
 
 #: What must be unchanged for a job to be finalized: a worker that beat, finished or got SIGTERM since wins.

@@ -38,7 +38,7 @@ from zombie_pipeline.cleanup.detection import (
     brake_for,
     detect,
     find_malformed_started,
-    unknown_job_types,
+    known_job_types,
 )
 from zombie_pipeline.cleanup.events import EventLog
 from zombie_pipeline.cleanup.finalizer import Finalizer
@@ -70,6 +70,10 @@ class BrakeEngaged(RuntimeError):
     """Too many started jobs look dead at once; nothing was written."""
 
 
+class UnknownJobTypes(ValueError):
+    """A run asked for job types the deployment has never had (a typo?): refused, with the known ones."""
+
+
 @dataclass(frozen=True)
 class Preparation:
     """What :func:`prepare` found, beside the plan: for the run's metadata and warnings."""
@@ -81,15 +85,23 @@ class Preparation:
 
 
 def prepare(store: Store, policy: ZombiePolicy, run_id: str, options: CleanupOptions = CleanupOptions()) -> Preparation:
-    """Everything decided before the first write; a broken compensation raises ``CompensationError`` first."""
+    """Everything decided before the first write; a broken compensation raises ``CompensationError`` first, job types
+    the deployment has never had :class:`UnknownJobTypes`."""
     actions = compensations.registry(policy)
+    named = set(options.job_types or ()) | set(policy.max_duration_seconds_by_type)
+    known = known_job_types(store.jobs, store.cache) if named else set()
+    unknown = sorted(set(options.job_types or ()) - known)
+    if unknown:
+        raise UnknownJobTypes(
+            f"job_types names types this deployment has never had: {unknown}; its types: {sorted(known) or 'none yet'}"
+        )
     generations = decide(store, policy)
     created = store.ensure_indexes() if not options.dry_run and generations.queue is not None else []
     plan = CleanupPlan(run_id=run_id, policy=policy, options=options, generations=generations, started_at=utc_now())
     return Preparation(
         plan=plan,
         compensations=tuple(action.name for action in actions),
-        unknown_override_types=tuple(unknown_job_types(store.jobs, policy.max_duration_seconds_by_type)),
+        unknown_override_types=tuple(sorted(set(policy.max_duration_seconds_by_type) - known)),
         indexes_created=tuple(created),
     )
 

@@ -91,7 +91,7 @@ def reconcile(
         policy = zombie_policy.in_force(store)
         try:
             prepared = run.prepare(store, policy, context.run_id, config.options(context))
-        except CompensationError as error:  # refused before anything is written
+        except (CompensationError, run.UnknownJobTypes) as error:  # refused before anything is written
             raise dg.Failure(description=str(error), allow_retries=False) from None
         plan = prepared.plan
         context.instance.add_run_tags(context.run_id, scope_tags(plan.options))
@@ -112,7 +112,7 @@ def reconcile(
         if prepared.unknown_override_types:
             metadata["unknown_override_types"] = dg.MetadataValue.json(list(prepared.unknown_override_types))
             context.log.warning(
-                f"max_duration_seconds_by_type names job types the queue does not hold: "
+                f"max_duration_seconds_by_type names job types this deployment has never had: "
                 f"{list(prepared.unknown_override_types)}; their maximum duration applies to no job (a misspelt type?)"
             )
         result = run.reconcile(store, plan)
