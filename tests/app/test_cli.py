@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,67 @@ def test_cli_db_start_status_stop(tmp_path, monkeypatch, capsys):
         assert cli.main(["db", "status"]) == 1
     finally:
         kill_recorded_server(home)
+
+
+def test_the_embedded_server_keeps_its_port_across_restarts_and_takes_the_one_asked_for(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    monkeypatch.setenv(HOME_ENV, str(home))
+    asked = free_port()
+    try:
+        assert cli.main(["db", "start"]) == 0
+        first = ServerInfo(**json.loads((home / "server.json").read_text()))
+        assert cli.main(["db", "stop"]) == 0 and wait_until_gone(first.pid)
+        assert cli.main(["db", "start"]) == 0
+        again = ServerInfo(**json.loads((home / "server.json").read_text()))
+        assert again.pid != first.pid and again.url == first.url  # the URL a person copied still works
+
+        assert cli.main(["db", "start", "--port", str(asked)]) == 2  # it runs elsewhere: said, nothing stopped
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and f"already runs on port {first.port}" in error and "db stop" in error
+        assert cli.main(["db", "stop"]) == 0 and wait_until_gone(again.pid)
+        assert cli.main(["db", "start", "--port", str(asked)]) == 0
+        assert cli.main(["db", "stop"]) == 0
+        assert cli.main(["db", "start"]) == 0  # the port asked for is the one remembered
+        assert ServerInfo(**json.loads((home / "server.json").read_text())).port == asked
+        assert f"127.0.0.1:{asked}" in capsys.readouterr().out
+    finally:
+        kill_recorded_server(home)
+
+
+def test_a_port_taken_by_another_process_is_refused_in_one_line_saying_how_to_choose_another(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+
+        assert cli.main(["db", "start", "--port", str(port)]) == 2
+
+    error = capsys.readouterr().err
+    assert (
+        error.startswith(f"zombie-pipeline: port {port} (asked for) is taken by another process")
+        and error.count("\n") == 1
+    )
+    assert "zombie-pipeline db start --port PORT" in error
+    assert not (tmp_path / "home" / "server.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["db", "status", "--port", "4000"], "--port applies to db start only"),
+        (["db", "start", "--port", "70000"], "--port must be a TCP port (1 to 65535), got 70000"),
+    ],
+)
+def test_a_port_where_it_means_nothing_is_refused(args, expected, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+
+    assert cli.main(args) == 2
+
+    error = capsys.readouterr().err
+    assert error.startswith(f"zombie-pipeline: {expected}") and error.count("\n") == 1
 
 
 def test_cli_without_server_or_url_prints_what_to_do_not_a_traceback(tmp_path):
@@ -332,6 +394,35 @@ def test_a_refused_option_is_named_as_typed_in_one_line_before_anything_is_done(
     assert not [field for field in fields if "_" in field and field in captured.err]  # the option, not the field
     assert_hints_exist(captured.err, args[0])
     assert not (tmp_path / "home" / "server.json").exists()
+
+
+#: (arguments, what the one line must say): command lines argparse cannot read.
+UNREADABLE = [
+    (
+        ["simulate", "--jobs", "many"],
+        "argument --jobs: invalid int value: 'many' (see zombie-pipeline simulate --help)",
+    ),
+    ([], "the following arguments are required: command (see zombie-pipeline --help)"),
+    (["simulte"], "argument command: invalid choice: 'simulte'"),
+    (["db"], "the following arguments are required: action (see zombie-pipeline db --help)"),
+    (["workers", "--speed"], "argument --speed: expected one argument (see zombie-pipeline workers --help)"),
+    (["demo", "--fast"], "unrecognized arguments: --fast (see zombie-pipeline demo --help)"),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), UNREADABLE, ids=[" ".join(args) or "nothing" for args, _ in UNREADABLE])
+def test_a_command_line_that_cannot_be_read_is_one_line_with_where_the_options_are_not_the_usage(
+    args, expected, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+
+    assert cli.main(args) == 2
+
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("zombie-pipeline: ") and captured.err.count("\n") == 1
+    assert expected in captured.err and "usage:" not in captured.err, captured.err
+    hint = re.search(r"\(see zombie-pipeline( \w+)? --help\)$", captured.err.strip())
+    assert hint and (hint.group(1) is None or hint.group(1).strip() in ("simulate", "workers", "db", "demo"))
 
 
 def test_a_demo_option_that_a_url_makes_pointless_is_refused_naming_it(mongo_url, tmp_path, monkeypatch, capsys):

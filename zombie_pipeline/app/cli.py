@@ -6,7 +6,7 @@ import argparse
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from zombie_pipeline import config
 from zombie_pipeline.app.errors import OptionRefused
@@ -165,8 +165,12 @@ def cmd_workers(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
+    if args.port is not None and args.action != "start":
+        raise OptionRefused(f"--port applies to db start only: db {args.action} finds the server wherever it runs")
+    if args.port is not None and not 0 < args.port < 65_536:
+        raise OptionRefused(f"--port must be a TCP port (1 to 65535), got {args.port}")
     if args.action == "start":
-        started = embedded.ensure_server()
+        started = embedded.ensure_server(port=args.port)
         print(f"embedded server running: pid {started.pid}, {started.url}, storage {started.storage_path}")
         return 0
     if args.action == "stop":
@@ -200,8 +204,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+class UsageError(OptionRefused):
+    """A command line argparse cannot read: said in one line, with where the options are listed."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a command line it cannot read is one line naming where the options are listed, not its usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zombie-pipeline", description=__doc__)
+    parser = _Parser(prog="zombie-pipeline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     sim = commands.add_parser(
@@ -327,8 +342,19 @@ def build_parser() -> argparse.ArgumentParser:
     workers.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     workers.set_defaults(handler=cmd_workers, command_parser=workers)
 
-    db = commands.add_parser("db", help="the embedded MongoDB-compatible server")
+    db = commands.add_parser(
+        "db",
+        help="the embedded MongoDB-compatible server",
+        description="Start, stop or show the embedded server of the project home. Started again, it takes the port "
+        "it had last, so its URL stays the same.",
+    )
     db.add_argument("action", choices=["start", "stop", "status"])
+    db.add_argument(
+        "--port",
+        type=int,
+        help="with start: the port on 127.0.0.1 to serve on, remembered for the next starts (default: the port it "
+        "had last, else a free one)",
+    )
     db.set_defaults(handler=cmd_db, command_parser=db)
 
     demo = commands.add_parser(
@@ -389,7 +415,13 @@ def as_typed(message: str, command: argparse.ArgumentParser) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # said by the command they were given to, whose options the hint lists
+            args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    except UsageError as error:
+        print(f"zombie-pipeline: {error}", file=sys.stderr)
+        return 2
     try:
         return args.handler(args)
     except WorkloadError as error:  # the simulator names its fields: the person typed options
