@@ -329,7 +329,7 @@ def test_simulate_drop_makes_sure_the_server_takes_a_write_before_it_drops_anyth
     assert cli.main(["simulate", "--drop", "--finished", "30"]) == 2
 
     error = capsys.readouterr().err
-    assert error.startswith(f"zombie-pipeline: zombie-pipeline simulate: checking that {queue.name} takes writes: ")
+    assert error.startswith(f"zombie-pipeline: simulate: checking that {queue.name} takes writes: ")
     assert "did not answer within 1.5 s" in error and f"${MONGO_TIMEOUT_ENV} bounds every wait" in error, error
     assert error.rstrip().endswith("zombie-pipeline simulate --drop starts again") and error.count("\n") == 1
     assert contents(queue, cache) == before  # nothing dropped, nothing written
@@ -349,7 +349,7 @@ def test_a_simulation_cut_short_by_a_timeout_names_what_it_was_writing_and_simul
     assert cli.main(["simulate", "--finished", "30", "--past-days", "0"]) == 2
 
     error = capsys.readouterr().err
-    assert re.match(r"zombie-pipeline: zombie-pipeline simulate: writing \d+ cache entries: MongoDB at ", error), error
+    assert re.match(r"zombie-pipeline: simulate: writing \d+ cache entries: MongoDB at ", error), error
     assert f"${MONGO_TIMEOUT_ENV} bounds every wait on the database (1500 ms)" in error
     assert (
         "what the databases hold stays marked as the simulator's: zombie-pipeline simulate --drop starts again" in error

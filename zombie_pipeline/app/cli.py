@@ -153,7 +153,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
     progress = progress_of("workers", resources)
 
     def explain(error: pymongo.errors.PyMongoError, doing: str) -> str:
-        return str(database_error(error, f"zombie-pipeline workers: {doing}", progress.urls, progress.timeout_ms, ""))
+        return str(database_error(error, f"workers: {doing}", progress.urls, progress.timeout_ms, ""))
 
     with progress.watching():
         progress("reading what the databases hold")
@@ -200,9 +200,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
         )
         return 130
     except pymongo.errors.PyMongoError as error:
-        raise database_error(
-            error, f"zombie-pipeline workers: {pool.doing}", progress.urls, progress.timeout_ms, ""
-        ) from None
+        raise database_error(error, f"workers: {pool.doing}", progress.urls, progress.timeout_ms, "") from None
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -500,7 +498,7 @@ def _database_error(error: pymongo.errors.PyMongoError, command: str) -> Databas
         timeout_ms = config.mongo_timeout_ms(default_timeout_ms(embedded=not any(config.configured_urls())))
     except SettingError:
         timeout_ms = default_timeout_ms(embedded=not any(config.configured_urls()))
-    return database_error(error, f"zombie-pipeline {command}", config.configured_urls(), timeout_ms, "")
+    return database_error(error, command, config.configured_urls(), timeout_ms, "")
 
 
 if __name__ == "__main__":

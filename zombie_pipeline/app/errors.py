@@ -39,7 +39,7 @@ class Progress:
             yield self
         except pymongo.errors.PyMongoError as error:
             raise database_error(
-                error, f"zombie-pipeline {self.command}: {self.doing}", self.urls, self.timeout_ms, then=self.then
+                error, f"{self.command}: {self.doing}", self.urls, self.timeout_ms, then=self.then
             ) from None
 
 
