@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_kill_zombies, step_failure_messages
+from tests.helpers import documents, run_kill_zombies, step_failure_messages
 from tests.servers import REPO_ROOT, kill_recorded_server
 from zombie_pipeline.app import cli
-from zombie_pipeline.app.demo import run_demo
+from zombie_pipeline.app.demo import _living_queue, run_demo
 from zombie_pipeline.config import (
     CACHE_URL_ENV,
     DAGSTER_HOME_ENV,
@@ -32,11 +32,12 @@ from zombie_pipeline.orchestration.resources import (
     resources_from_env,
     store_of,
 )
+from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.simulation.history import OFFENDER
 from zombie_pipeline.simulation.simulator import simulate
-from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates
 from zombie_pipeline.simulation.workload import Workload
 
 #: The heartbeat timeout of the test's policy: the workers beat every second, and a loaded host (two cores, four
@@ -164,3 +165,18 @@ def test_the_demo_and_a_cleanup_from_the_ui_succeed_after_the_workers_ran_past_t
     assert "no zombies left from earlier demos" in printed and "kill_zombies_job: succeeded" in printed
     assert store.jobs.count_documents({Job.STATUS: Status.STARTED}) == 0
     assert store.events.count_documents({Event.STATE: {"$ne": EventState.DONE}}) == 0
+
+
+def test_the_demos_workers_stay_off_beside_a_workers_process_already_on_the_queue(store, capsys):
+    simulate(
+        store, Workload(finished=0, crashed=1, never_heartbeated=0, terminated=0, overdue=0, running=20, waiting=5)
+    )
+    QueueClaim.of(store).take()  # zombie-pipeline workers, running
+    before = documents(store)
+
+    with _living_queue(store, NEWEST_QUEUE_GENERATION, ZombiePolicy(), 0, RATES, enabled=True) as pool:
+        assert pool is None
+
+    printed = capsys.readouterr().out
+    assert "simulated workers already run on this queue" in printed and "the demo's own workers stay off" in printed
+    assert documents(store) == before  # no second process adopting, beating and finishing the same jobs

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pymongo
 
 from zombie_pipeline import config
 from zombie_pipeline.app.errors import OptionRefused, Progress, cut_short, progress_of
@@ -49,7 +50,7 @@ from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GEN
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.ownership import check_ours, drop_simulation, simulated_generation
 from zombie_pipeline.simulation.simulator import simulate
-from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning
 from zombie_pipeline.simulation.workload import Workload, healthy_beside
 from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS
 
@@ -249,12 +250,25 @@ def _living_queue(
     store: Store, generation: str, policy: ZombiePolicy, seed: int, rates: WorkerRates, enabled: bool
 ) -> Iterator[WorkerPool | None]:
     """Simulated workers take the healthy started jobs over and move the queue while the statistics run; stopped,
-    they finish what they hold."""
+    they finish what they hold. Not beside a ``zombie-pipeline workers`` already on the queue: one process of workers
+    per queue (:class:`QueueClaim`)."""
     if not enabled:
         yield None
         return
-    pool = WorkerPool(store, QUEUE_GENERATIONS[generation], policy, rates, seed=seed)
-    pool.adopt_running()
+    claim = QueueClaim.of(store)
+    try:
+        claim.take()
+    except WorkersRunning as running:
+        print(f"\n{running}: the demo's own workers stay off")
+        yield None
+        return
+    pool = WorkerPool(store, QUEUE_GENERATIONS[generation], policy, rates, seed=seed, claim=claim)
+    try:
+        pool.adopt_running()
+    except BaseException:
+        with contextlib.suppress(pymongo.errors.PyMongoError):
+            claim.release()
+        raise
     stopping = threading.Event()
     thread = threading.Thread(target=pool.run, args=(3_600, stopping.is_set), daemon=True, name="simulated-workers")
     thread.start()
