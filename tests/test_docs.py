@@ -1,5 +1,7 @@
 """The README says what the code does: the policy's fields and defaults, every environment variable, every
-command and option, and the one choice every page states (the transactions default)."""
+command and option, and the one choice every page states (the transactions default); docs/deploy.md quotes the
+cleanup's runtime limit as the code sets it, one figure for a cleanup of 1,000 zombies, and a Secret holding every
+variable the pipeline reads."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 
 from zombie_pipeline import config
 from zombie_pipeline.app import cli
+from zombie_pipeline.orchestration.cleanup import CLEANUP_MAX_RUNTIME_SECONDS
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.connections import DEFAULT_TIMEOUT_MS, EMBEDDED_TIMEOUT_MS
 
@@ -94,3 +97,47 @@ def test_every_page_says_transactions_are_off_by_default_as_the_policy():
 def test_the_readme_documents_the_database_timeout_with_its_default():
     rows = {cells[0].strip("`"): cells[1] for cells in table_rows(section("## Pointing it at a real MongoDB"))}
     assert rows[config.MONGO_TIMEOUT_ENV] == f"`{DEFAULT_TIMEOUT_MS}`, `{EMBEDDED_TIMEOUT_MS}` on the embedded default"
+
+
+# --- docs/deploy.md: the figures the code defines, quoted as it defines them ------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY_DOCS = (REPO / "docs" / "deploy.md").read_text()
+INSTANCE_FILE = (REPO / "deploy" / "dagster.yaml").read_text()
+
+
+def one_line(text: str) -> str:
+    """Markdown and YAML comments wrap lines: a figure and its unit may sit on two."""
+    return " ".join(line.strip().lstrip("#").strip() for line in text.splitlines())
+
+
+def test_the_deploy_docs_quote_one_runtime_limit_for_the_cleanup_the_one_the_code_sets():
+    text = one_line(DEPLOY_DOCS)
+    quoted = [int(minutes) * 60 for minutes in re.findall(r"(\d+)-minute `dagster/max_runtime`", text)]
+    quoted += [int(seconds) for seconds in re.findall(r"(\d+) s `dagster/max_runtime`", text)]
+    for minutes, seconds in re.findall(r"own `dagster/max_runtime` is (\d+) minutes \((\d+) s\)", text):
+        quoted += [int(minutes) * 60, int(seconds)]
+    assert len(quoted) >= 3 and set(quoted) == {CLEANUP_MAX_RUNTIME_SECONDS}, quoted
+
+
+def test_the_deploy_docs_give_one_figure_for_a_cleanup_of_1000_zombies_and_the_headroom_it_leaves():
+    texts = [one_line(DEPLOY_DOCS), one_line(INSTANCE_FILE)]
+    figures = {
+        float(seconds) for text in texts for seconds in re.findall(r"([\d.]+) s(?: of [a-z ]+)? for 1,000\b", text)
+    }
+    figures |= {float(seconds) for text in texts for seconds in re.findall(r"1,000 zombies takes ([\d.]+) s", text)}
+    [figure] = figures
+    ratios = {int(times) for times in re.findall(r"some (\d+) times (?:that|what)", one_line(DEPLOY_DOCS))}
+    assert ratios == {round(CLEANUP_MAX_RUNTIME_SECONDS / figure)}, (figure, ratios)
+
+
+def test_the_kubectl_secret_holds_every_variable_the_pipeline_reads_but_those_the_image_sets():
+    command = DEPLOY_DOCS[DEPLOY_DOCS.index("kubectl -n datasets-server create secret generic zombie-pipeline-env") :]
+    command = command[: command.index("\nkubectl")]
+    in_secret = set(re.findall(r"--from-literal=(\w+)=", command))
+    variables = {value for name, value in vars(config).items() if name.endswith("_ENV") and isinstance(value, str)}
+    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
+    set_by_the_image = {name for name in variables if re.search(rf"^\s+{name}=", dockerfile, re.MULTILINE)}
+
+    assert set_by_the_image == {config.DAGSTER_HOME_ENV, config.HOME_ENV}
+    assert in_secret == variables - set_by_the_image

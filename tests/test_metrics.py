@@ -16,7 +16,7 @@ from zombie_pipeline import metrics
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.monitoring import QueueSnapshot
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Event, EventState, Job, RetryOutcome
+from zombie_pipeline.queue.documents import ID, REASONS, Event, EventState, Job, RetryOutcome
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.statistics.quantiles import PERCENTILES
 
@@ -132,6 +132,35 @@ def test_a_cleanups_figures_are_the_audit_totals_and_the_runs_own_counts():
     assert {name for name, _ in values} == {metric.name for metric in metrics.CLEANUP_METRICS}
 
 
+def test_a_cleanup_that_found_nothing_pushes_zeros_for_every_job_type_reason_and_outcome_it_knows():
+    """A series absent is a blank panel, not a zero; a counter first seen at 1 hides its first increase."""
+    totals = metrics.AuditTotals(finalized=Counter({("/splits", "missing_heartbeat", "JobManagerCrashedError"): 4}))
+    started = dt.datetime(2026, 5, 1, 12, tzinfo=UTC)
+
+    values = exposed(metrics.cleanup_figures(totals, {}, {}, started, started))
+
+    def series(name: str) -> dict[tuple, float]:
+        return {labels: value for (sample, labels), value in values.items() if sample == name}
+
+    found = series("zombie_pipeline_cleanup_zombies_found")
+    assert found == {(("job_type", "/splits"), ("reason", str(reason))): 0 for reason in REASONS}
+    assert series("zombie_pipeline_fresher_cache_entries_kept_total") == {(("job_type", "/splits"),): 0}
+    retries = series("zombie_pipeline_retries_total")
+    assert retries == {(("job_type", "/splits"), ("outcome", str(outcome))): 0 for outcome in RetryOutcome}
+    finalized = series("zombie_pipeline_zombies_finalized_total")
+    assert len(finalized) == len(REASONS) and sum(finalized.values()) == 4  # the 4 counted, the other reasons at 0
+    assert (
+        finalized[
+            (
+                ("error_code", "JobManagerExceededMaximumDurationError"),
+                ("job_type", "/splits"),
+                ("reason", "exceeded_max_duration"),
+            )
+        ]
+        == 0
+    )
+
+
 @pytest.mark.parametrize(
     ("engaged", "stale", "started", "ratio"),
     [(True, 30, 40, 0.75), (False, 2, 40, 0.05), (False, 0, None, 0.0), (False, 3, None, None)],
@@ -180,6 +209,7 @@ def test_the_statistics_figures_are_the_reports_suggestions_and_the_runs_behind_
         assert values[("zombie_pipeline_configured_max_duration_seconds", labels)] == 1200
         assert values[("zombie_pipeline_suggestion_successful_runs", labels)] == entry.successes == 400
         assert values[("zombie_pipeline_suggestion_censored", labels)] == 0
+        assert values[("zombie_pipeline_suggestion_made", labels)] == 1
         quantiles = {
             dict(key)["quantile"]
             for name, key in values
@@ -195,3 +225,4 @@ def test_a_type_without_enough_runs_has_no_suggestion_pushed():
     values = exposed(metrics.statistics_figures(report))
     assert not any(name == "zombie_pipeline_suggested_max_duration_seconds" for name, _ in values)
     assert values[("zombie_pipeline_configured_max_duration_seconds", (("job_type", "/splits"),))] == 1200
+    assert values[("zombie_pipeline_suggestion_made", (("job_type", "/splits"),))] == 0  # said, not left blank

@@ -156,8 +156,11 @@ def mongo_timeout_ms(default: int) -> int:
     return value
 
 
-def dagster_home_is_set() -> bool:
-    return setting(DAGSTER_HOME_ENV) is not None
+def dagster_home() -> Path:
+    """Where the demo keeps its Dagster runs: ``$DAGSTER_HOME``, else ``dagster/`` in the project home, which
+    ``dagster dev`` reads when given it as its ``DAGSTER_HOME`` (unset, it keeps its runs in a temporary directory)."""
+    configured = setting(DAGSTER_HOME_ENV)
+    return Path(configured).resolve() if configured else home() / "dagster"
 
 
 def cleanup_overdue_minutes(environ: Mapping[str, str] | None = None) -> int:

@@ -15,6 +15,11 @@ database is not a label here either: the push's grouping key adds it.
 Counters are the audit trail's totals (``zombieEvents`` keeps every finalization): they only grow,
 survive a gateway restart and equal what the database holds. What only a run knows (the zombies it
 found, the races it lost, its duration) is a gauge of the last run.
+
+A series absent is not a zero: a panel of it stays blank, a rate over it is empty, and a counter that
+first appears at 1 never shows its first increase. So every labelled series a push knows the labels of
+is pushed, at 0 where nothing happened: the reasons and retry outcomes of every job type the audit trail
+or the run has seen, a 0 or 1 per type for whether the statistics had a suggestion.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from zombie_pipeline.cleanup.detection import started_filter
 from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.monitoring import QueueSnapshot
 from zombie_pipeline.queue.documents import (
+    ERROR_CODE_OF_REASON,
     ID,
     REASONS,
     CacheOutcome,
@@ -157,6 +163,11 @@ SUGGESTED_MAX_DURATION = _gauge(
     "Suggested maximum duration (T2) per job type, where the window had enough successful runs.",
     "job_type",
 )
+SUGGESTION_MADE = _gauge(
+    "suggestion_made",
+    "1 when the window had enough successful runs of the job type for a suggested T2 (then pushed), else 0.",
+    "job_type",
+)
 CONFIGURED_MAX_DURATION = _gauge(
     "configured_max_duration_seconds",
     "Maximum duration (T2) per job type in force when the statistics ran.",
@@ -190,7 +201,7 @@ HEALTH_METRICS = (
     COMPENSATIONS_FAILED, REPEAT_OFFENDERS,
 )  # fmt: skip
 STATISTICS_METRICS = (
-    SUGGESTED_MAX_DURATION, CONFIGURED_MAX_DURATION, SUGGESTION_RUNS, SUCCESSFUL_RUN_DURATION, SUGGESTION_CENSORED,
+    SUGGESTED_MAX_DURATION, SUGGESTION_MADE, CONFIGURED_MAX_DURATION, SUGGESTION_RUNS, SUCCESSFUL_RUN_DURATION, SUGGESTION_CENSORED,
     STATISTICS_WINDOW_END,
 )  # fmt: skip
 #: Every metric the pipeline pushes: the one list the alert rules and the dashboard are checked against.
@@ -290,17 +301,23 @@ def cleanup_figures(
 ) -> Figures:
     """A successful cleanup: the audit trail's totals, and this run's own counts (``cleanup.RunSummary.counts``).
 
-    ``found``: the zombies detection returned, by (job type, reason).
+    ``found``: the zombies detection returned, by (job type, reason). Every job type the audit trail or this run
+    has seen gets each reason and retry outcome, at 0 where nothing happened (a blank panel is not a zero).
     """
     figures = Figures()
-    for (job_type, reason, code), count in totals.finalized.items():
+    job_types = sorted({job_type for job_type, _, _ in totals.finalized} | {job_type for job_type, _ in found})
+    finalized = {
+        (job_type, str(reason), str(ERROR_CODE_OF_REASON[reason])): 0 for job_type in job_types for reason in REASONS
+    }
+    finalized.update(totals.finalized)
+    for (job_type, reason, code), count in finalized.items():
         figures.set(ZOMBIES_FINALIZED, count, job_type=job_type, reason=reason, error_code=code)
-    for job_type, count in totals.fresher_kept.items():
-        figures.set(FRESHER_ENTRIES_KEPT, count, job_type=job_type)
-    for (job_type, outcome), count in totals.retries.items():
-        figures.set(RETRIES, count, job_type=job_type, outcome=outcome)
-    for (job_type, reason), count in found.items():
-        figures.set(ZOMBIES_FOUND, count, job_type=job_type, reason=reason)
+    for job_type in job_types:
+        figures.set(FRESHER_ENTRIES_KEPT, totals.fresher_kept.get(job_type, 0), job_type=job_type)
+        for retry in _RETRY_OUTCOMES:
+            figures.set(RETRIES, totals.retries.get((job_type, retry), 0), job_type=job_type, outcome=retry)
+        for reason in REASONS:
+            figures.set(ZOMBIES_FOUND, found.get((job_type, str(reason)), 0), job_type=job_type, reason=reason)
     figures.set(RACES_LOST, run_counts.get(Count.LOST_TO_LIVE_WORKER, 0))
     figures.set(DELAYED_RETRIES_ENQUEUED, run_counts.get(Count.DUE_RETRY_ENQUEUED, 0))
     for outcome, name in _COMPENSATION_OUTCOMES.items():
@@ -362,6 +379,7 @@ def statistics_figures(report: DurationReport) -> Figures:
         figures.set(CONFIGURED_MAX_DURATION, entry.current_t2_seconds, job_type=job_type)
         figures.set(SUGGESTION_RUNS, entry.successes, job_type=job_type)
         figures.set(SUGGESTION_CENSORED, int(entry.censored), job_type=job_type)
+        figures.set(SUGGESTION_MADE, int(entry.enough_data), job_type=job_type)
         if entry.enough_data:
             figures.set(SUGGESTED_MAX_DURATION, entry.suggested_t2_seconds, job_type=job_type)
         for quantile in PERCENTILES:

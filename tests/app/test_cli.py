@@ -8,8 +8,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,7 @@ import pytest
 from pymongo import MongoClient
 from pymongo.database import Database
 
+from tests.faults.proxy import WRITES, FaultProxy, Trigger
 from tests.servers import child_env, kill_recorded_server, wait_until_gone
 from zombie_pipeline.app import cli
 from zombie_pipeline.config import (
@@ -35,15 +40,20 @@ from zombie_pipeline.queue.documents import (
     ID,
     LOCKS_COLLECTION,
     PAST_JOBS_COLLECTION,
+    SIMULATED_WORKERS_COLLECTION,
     Cache,
     Job,
     Lock,
     PastJob,
+    Status,
     utc_now,
 )
+from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation import embedded
 from zombie_pipeline.simulation.embedded import INSTALL_HINT, ServerInfo, free_port
 from zombie_pipeline.simulation.shapes import cache_document, job_document
+from zombie_pipeline.simulation.simulator import simulate
+from zombie_pipeline.simulation.workload import Workload
 
 PYTHON = sys.executable
 _CONSOLE_SCRIPT = Path(sys.executable).parent / "zombie-pipeline"
@@ -78,6 +88,67 @@ def test_cli_db_start_status_stop(tmp_path, monkeypatch, capsys):
         assert cli.main(["db", "status"]) == 1
     finally:
         kill_recorded_server(home)
+
+
+def test_the_embedded_server_keeps_its_port_across_restarts_and_takes_the_one_asked_for(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    monkeypatch.setenv(HOME_ENV, str(home))
+    asked = free_port()
+    try:
+        assert cli.main(["db", "start"]) == 0
+        first = ServerInfo(**json.loads((home / "server.json").read_text()))
+        assert cli.main(["db", "stop"]) == 0 and wait_until_gone(first.pid)
+        assert cli.main(["db", "start"]) == 0
+        again = ServerInfo(**json.loads((home / "server.json").read_text()))
+        assert again.pid != first.pid and again.url == first.url  # the URL a person copied still works
+
+        assert cli.main(["db", "start", "--port", str(asked)]) == 2  # it runs elsewhere: said, nothing stopped
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and f"already runs on port {first.port}" in error and "db stop" in error
+        assert cli.main(["db", "stop"]) == 0 and wait_until_gone(again.pid)
+        assert cli.main(["db", "start", "--port", str(asked)]) == 0
+        assert cli.main(["db", "stop"]) == 0
+        assert cli.main(["db", "start"]) == 0  # the port asked for is the one remembered
+        assert ServerInfo(**json.loads((home / "server.json").read_text())).port == asked
+        assert f"127.0.0.1:{asked}" in capsys.readouterr().out
+    finally:
+        kill_recorded_server(home)
+
+
+def test_a_port_taken_by_another_process_is_refused_in_one_line_saying_how_to_choose_another(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+
+        assert cli.main(["db", "start", "--port", str(port)]) == 2
+
+    error = capsys.readouterr().err
+    assert (
+        error.startswith(f"zombie-pipeline: port {port} (asked for) is taken by another process")
+        and error.count("\n") == 1
+    )
+    assert "zombie-pipeline db start --port PORT" in error
+    assert not (tmp_path / "home" / "server.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["db", "status", "--port", "4000"], "--port applies to db start only"),
+        (["db", "start", "--port", "70000"], "--port must be a TCP port (1 to 65535), got 70000"),
+    ],
+)
+def test_a_port_where_it_means_nothing_is_refused(args, expected, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+
+    assert cli.main(args) == 2
+
+    error = capsys.readouterr().err
+    assert error.startswith(f"zombie-pipeline: {expected}") and error.count("\n") == 1
 
 
 def test_cli_without_server_or_url_prints_what_to_do_not_a_traceback(tmp_path):
@@ -226,6 +297,156 @@ def test_simulating_twice_refuses_the_second_cleanly_and_drop_replaces_it(
     assert cli.main(["simulate", "--drop", "--finished", "30"]) == 0
 
 
+# --- a database that stops answering: nothing dropped before a write went through, each wait named -----------------
+
+
+@pytest.fixture
+def proxy(mongo_url):
+    """A proxy to the session's server that the test stalls at a chosen command (tests/faults/proxy.py)."""
+    port = pymongo.uri_parser.parse_uri(mongo_url)["nodelist"][0][1]
+    with FaultProxy(port) as proxy:
+        yield proxy
+        proxy.reset()  # what it held is lost, never delivered late
+
+
+def stalled_at(proxy: FaultProxy, trigger: Trigger) -> None:
+    proxy.on(trigger, proxy.stall)
+
+
+def test_simulate_drop_makes_sure_the_server_takes_a_write_before_it_drops_anything(
+    mongo_url, proxy, fresh_database, own_client, tmp_path, monkeypatch, capsys
+):
+    queue, cache = (own_client[fresh_database(prefix).name] for prefix in ("probe_queue", "probe_cache"))
+    point_at(monkeypatch, mongo_url, queue, cache, tmp_path / "home")
+    assert cli.main(["simulate", "--finished", "30", "--past-days", "1"]) == 0
+    before = contents(queue, cache)
+    capsys.readouterr()
+    monkeypatch.setenv(QUEUE_URL_ENV, proxy.url())
+    monkeypatch.setenv(CACHE_URL_ENV, proxy.url())
+    monkeypatch.setenv(MONGO_TIMEOUT_ENV, "1500")
+    stalled_at(proxy, Trigger(WRITES))  # the server reads, but no write of ours reaches it
+
+    assert cli.main(["simulate", "--drop", "--finished", "30"]) == 2
+
+    error = capsys.readouterr().err
+    assert error.startswith(f"zombie-pipeline: simulate: checking that {queue.name} takes writes: ")
+    assert "did not answer within 1.5 s" in error and f"${MONGO_TIMEOUT_ENV} bounds every wait" in error, error
+    assert error.rstrip().endswith("zombie-pipeline simulate --drop starts again") and error.count("\n") == 1
+    assert contents(queue, cache) == before  # nothing dropped, nothing written
+    assert [command.name for command in proxy.commands if command.name in ("delete", "dropDatabase")] == []
+
+
+def test_a_simulation_cut_short_by_a_timeout_names_what_it_was_writing_and_simulate_drop_starts_again(
+    mongo_url, proxy, fresh_database, own_client, tmp_path, monkeypatch, capsys
+):
+    queue, cache = (own_client[fresh_database(prefix).name] for prefix in ("cut_queue", "cut_cache"))
+    point_at(monkeypatch, mongo_url, queue, cache, tmp_path / "home")
+    for variable in (QUEUE_URL_ENV, CACHE_URL_ENV):
+        monkeypatch.setenv(variable, proxy.url())
+    monkeypatch.setenv(MONGO_TIMEOUT_ENV, "1500")
+    stalled_at(proxy, Trigger("insert", DEFAULT_CACHE_COLLECTION))
+
+    assert cli.main(["simulate", "--finished", "30", "--past-days", "0"]) == 2
+
+    error = capsys.readouterr().err
+    assert re.match(r"zombie-pipeline: simulate: writing \d+ cache entries: MongoDB at ", error), error
+    assert f"${MONGO_TIMEOUT_ENV} bounds every wait on the database (1500 ms)" in error
+    assert (
+        "what the databases hold stays marked as the simulator's: zombie-pipeline simulate --drop starts again" in error
+    )
+    proxy.reset()
+    proxy.clear()
+    proxy.resume()
+
+    assert cli.main(["simulate", "--drop", "--finished", "30", "--past-days", "0"]) == 0
+
+    assert queue[DEFAULT_JOBS_COLLECTION].count_documents({}) > 0 and cache[DEFAULT_CACHE_COLLECTION].count_documents(
+        {}
+    )
+
+
+# --- zombie-pipeline workers: one process per queue, stopped within seconds ------------------------------------------
+
+#: SIGINT to exit, the jobs held finished: some 2 to 5 s on two cores, most of it the interpreter's own exit.
+STOP_WITHIN_SECONDS = 20
+
+
+def read_lines(stream, into: list[str]) -> threading.Thread:
+    """Collect the lines of a process's output as they come (a thread of its own)."""
+
+    def collect() -> None:
+        for line in stream:
+            into.append(line)
+
+    thread = threading.Thread(target=collect, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_workers_refuse_a_second_process_on_their_queue_and_stop_on_sigint_within_seconds_finishing_their_jobs(
+    mongo_url, fresh_database, own_client, tmp_path
+):
+    queue, cache = (own_client[fresh_database(prefix).name] for prefix in ("workers_queue", "workers_cache"))
+    store = Store.of(queue, cache)
+    store.ensure_indexes()
+    simulation = simulate(
+        store, Workload(finished=0, crashed=2, never_heartbeated=0, terminated=0, overdue=0, running=30, waiting=10)
+    )
+    env = child_env(
+        tmp_path / "home",
+        **{QUEUE_URL_ENV: mongo_url, CACHE_URL_ENV: mongo_url, QUEUE_DATABASE_ENV: queue.name},
+        **{CACHE_DATABASE_ENV: cache.name},
+    )
+    quiet = ["--crashes-per-worker-hour", "0", "--overruns-per-worker-hour", "0", "--heartbeat-seconds", "1"]
+    # SIGINT ignored from the start, as a shell script's background job (`zombie-pipeline workers &`) has it
+    first = subprocess.Popen(
+        ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *CLI, "workers", *quiet],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out: list[str] = []
+    reading = read_lines(first.stdout, out)
+    try:
+        deadline = time.monotonic() + 120
+        while not out and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert out and "30 running jobs adopted" in out[0], (out, first.poll())
+
+        second = subprocess.run(
+            [*CLI, "workers", "--duration", "1"], env=env, capture_output=True, text=True, timeout=120
+        )
+
+        time.sleep(2)  # the first one beats and moves the queue meanwhile
+        signalled = time.monotonic()
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=120)
+        took = time.monotonic() - signalled
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        reading.join(timeout=10)
+
+    assert second.returncode == 2 and second.stdout == "", second
+    assert (
+        second.stderr.startswith(f"zombie-pipeline: simulated workers already run on this queue (pid {first.pid} on ")
+        and second.stderr.count("\n") == 1
+    ), second.stderr
+    assert "stop them first (Ctrl-C where they run)" in second.stderr and "Traceback" not in second.stderr
+    assert first.returncode == 0 and took < STOP_WITHIN_SECONDS, (first.returncode, took, first.stderr.read())
+    held = next(
+        re.fullmatch(r"stopping: finishing the (\d+) jobs the workers hold\n", line)
+        for line in out
+        if "stopping" in line
+    )
+    assert int(held.group(1)) >= 30
+    started = {job[ID] for job in queue[DEFAULT_JOBS_COLLECTION].find({Job.STATUS: Status.STARTED}, {ID: 1})}
+    assert started == set(simulation.zombie_ids)  # every job a worker held was finished: no false zombie left
+    assert queue[SIMULATED_WORKERS_COLLECTION].count_documents({}) == 0  # its claim released: the next one may run
+
+
 # --- errors a person reads ---------------------------------------------------------------------------------------
 
 PASSWORD = "Sup3r-s3cret-Pw"
@@ -332,6 +553,35 @@ def test_a_refused_option_is_named_as_typed_in_one_line_before_anything_is_done(
     assert not [field for field in fields if "_" in field and field in captured.err]  # the option, not the field
     assert_hints_exist(captured.err, args[0])
     assert not (tmp_path / "home" / "server.json").exists()
+
+
+#: (arguments, what the one line must say): command lines argparse cannot read.
+UNREADABLE = [
+    (
+        ["simulate", "--jobs", "many"],
+        "argument --jobs: invalid int value: 'many' (see zombie-pipeline simulate --help)",
+    ),
+    ([], "the following arguments are required: command (see zombie-pipeline --help)"),
+    (["simulte"], "argument command: invalid choice: 'simulte'"),
+    (["db"], "the following arguments are required: action (see zombie-pipeline db --help)"),
+    (["workers", "--speed"], "argument --speed: expected one argument (see zombie-pipeline workers --help)"),
+    (["demo", "--fast"], "unrecognized arguments: --fast (see zombie-pipeline demo --help)"),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), UNREADABLE, ids=[" ".join(args) or "nothing" for args, _ in UNREADABLE])
+def test_a_command_line_that_cannot_be_read_is_one_line_with_where_the_options_are_not_the_usage(
+    args, expected, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+
+    assert cli.main(args) == 2
+
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("zombie-pipeline: ") and captured.err.count("\n") == 1
+    assert expected in captured.err and "usage:" not in captured.err, captured.err
+    hint = re.search(r"\(see zombie-pipeline( \w+)? --help\)$", captured.err.strip())
+    assert hint and (hint.group(1) is None or hint.group(1).strip() in ("simulate", "workers", "db", "demo"))
 
 
 def test_a_demo_option_that_a_url_makes_pointless_is_refused_naming_it(mongo_url, tmp_path, monkeypatch, capsys):

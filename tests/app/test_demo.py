@@ -7,17 +7,20 @@ offenders' table): the figures printed are checked against those files and table
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_kill_zombies, step_failure_messages
-from tests.servers import kill_recorded_server
+from tests.helpers import documents, run_kill_zombies, step_failure_messages
+from tests.servers import REPO_ROOT, kill_recorded_server
 from zombie_pipeline.app import cli
-from zombie_pipeline.app.demo import run_demo
+from zombie_pipeline.app.demo import _living_queue, run_demo
 from zombie_pipeline.config import (
     CACHE_URL_ENV,
     DAGSTER_HOME_ENV,
@@ -28,14 +31,19 @@ from zombie_pipeline.orchestration.resources import (
     ZombiePolicyResource,
     resources_from_env,
 )
+from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.simulation.history import OFFENDER
 from zombie_pipeline.simulation.simulator import simulate
-from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates
 from zombie_pipeline.simulation.workload import Workload
 
-TIMEOUT = 4
+#: The heartbeat timeout of the test's policy: the workers beat every second, and a loaded host (two cores, four
+#: CPU-bound processes beside, this process running the cleanup too) delayed their beats by up to 1.8 s, up to 5.4 s
+#: before the beats were written between the jobs a tick finishes and starts (tests/simulation/test_workers.py): 12 s
+#: leaves six times the worst delay measured, and the test still waits out a whole timeout.
+TIMEOUT = 12
 #: Jobs of seconds to minutes, beating every second, never crashing: the test decides who dies.
 RATES = WorkerRates(heartbeat_seconds=1, crashes_per_worker_hour=0, overruns_per_worker_hour=0)
 
@@ -79,6 +87,25 @@ def test_a_first_demo_shows_the_cleanup_the_statistics_and_a_repeat_offender_fro
     assert "repeat offenders (" in printed and "1 dataset finalized at least 3 times" in printed
     assert f"- {OFFENDER[1]} {OFFENDER[0]}: 7 times" in printed
     assert "simulated workers, while the statistics ran:" in printed
+    # the runs outlive the demo, where the command it prints opens the UI: Dagster's own CLI lists them from there
+    [kept, command] = re.findall(r"These runs are kept in (\S+); the Dagster UI shows them: (.+)", printed)[0]
+    assert Path(kept) == embedded_home / "dagster"
+    variable, dagster, dev, *workspace = shlex.split(command)
+    assert (
+        variable == f"{DAGSTER_HOME_ENV}={kept}"
+        and dev == "dev"
+        and workspace == ["-w", str(REPO_ROOT / "workspace.yaml")]
+    )
+    listed = subprocess.run(
+        [dagster, "run", "list"],
+        env={**os.environ, DAGSTER_HOME_ENV: kept},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    for run in re.findall(r"\(run ([0-9a-f]{8})\)", printed):  # the cleanup's, the statistics'
+        assert f"Run: {run}" in listed.stdout, (run, listed.stdout[:2_000])
 
 
 def test_the_demo_refuses_a_size_for_a_simulation_it_would_not_make(embedded_home, capsys):
@@ -98,7 +125,7 @@ def test_the_demo_refuses_a_size_for_a_simulation_it_would_not_make(embedded_hom
 def test_the_demo_and_a_cleanup_from_the_ui_succeed_after_the_workers_ran_past_the_heartbeat_timeout(
     embedded_home, capsys
 ):
-    """Time is shortened, not faked: a heartbeat timeout of 4 s and workers beating every second, so the workers
+    """Time is shortened, not faked: a heartbeat timeout of 12 s and workers beating every second, so the workers
     run past the timeout in seconds. Without their heartbeats every healthy job would look dead by then, and the
     brake would stop the cleanup."""
     resources = {**resources_from_env(), "zombie_policy": ZombiePolicyResource(heartbeat_timeout_seconds=TIMEOUT)}
@@ -137,3 +164,18 @@ def test_the_demo_and_a_cleanup_from_the_ui_succeed_after_the_workers_ran_past_t
     assert "no zombies left from earlier demos" in printed and "kill_zombies_job: succeeded" in printed
     assert store.jobs.count_documents({Job.STATUS: Status.STARTED}) == 0
     assert store.events.count_documents({Event.STATE: {"$ne": EventState.DONE}}) == 0
+
+
+def test_the_demos_workers_stay_off_beside_a_workers_process_already_on_the_queue(store, capsys):
+    simulate(
+        store, Workload(finished=0, crashed=1, never_heartbeated=0, terminated=0, overdue=0, running=20, waiting=5)
+    )
+    QueueClaim.of(store).take()  # zombie-pipeline workers, running
+    before = documents(store)
+
+    with _living_queue(store, NEWEST_QUEUE_GENERATION, ZombiePolicy(), 0, RATES, enabled=True) as pool:
+        assert pool is None
+
+    printed = capsys.readouterr().out
+    assert "simulated workers already run on this queue" in printed and "the demo's own workers stay off" in printed
+    assert documents(store) == before  # no second process adopting, beating and finishing the same jobs

@@ -5,7 +5,8 @@ test_crash.py run the same commands (the image's code server, ``dagster-daemon r
 same instance file natively. This checks that the file runs those commands, gives every Dagster process the
 instance and its variables, keeps what runs write in volumes, restarts the code location, and reads everything
 from the environment file, whose template holds no secret; and, where Docker Compose is installed (``docker
-compose`` or Debian's ``docker-compose``; .ci/run installs the latter), that Compose itself accepts the file.
+compose``, v2, and Debian's ``docker-compose``, v1, each where it is installed; .ci/run installs the latter), that
+Compose itself accepts the file once filled in, and refuses it, naming the variable, while one it needs is empty.
 """
 
 from __future__ import annotations
@@ -95,9 +96,10 @@ def test_every_variable_is_in_the_template_and_no_secret_is():
     workspace = yaml.safe_load((DEPLOY / "workspace.yaml").read_text())
     from tests.deploy.test_files import env_names
 
-    for name in [*env_names(instance), *env_names(workspace), config.QUEUE_URL_ENV, config.CACHE_URL_ENV,
-                 config.QUEUE_DATABASE_ENV, config.CACHE_DATABASE_ENV, config.KILL_CRON_ENV, config.WEBHOOK_URL_ENV,
-                 config.CLEANUP_OVERDUE_MINUTES_ENV]:  # fmt: skip
+    pipeline = {value for name, value in vars(config).items() if name.endswith("_ENV") and isinstance(value, str)}
+    set_by_the_image = {name for name in pipeline if re.search(rf"^\s+{name}=", DOCKERFILE, re.MULTILINE)}
+    assert set_by_the_image == {config.DAGSTER_HOME_ENV, config.HOME_ENV}
+    for name in [*env_names(instance), *env_names(workspace), *sorted(pipeline - set_by_the_image)]:
         assert name in env, f"{name} is not in {ENV_TEMPLATE.name}"
     assert all(env[name] == "" for name in ("DAGSTER_PG_PASSWORD", config.QUEUE_URL_ENV, config.CACHE_URL_ENV))
     interpolated = set(re.findall(r"(?<!\$)\$\{(\w+)", (DEPLOY / "docker-compose.yaml").read_text()))
@@ -111,16 +113,21 @@ def test_every_variable_is_in_the_template_and_no_secret_is():
     assert "deploy/zombie-pipeline.env" in (REPO_ROOT / ".gitignore").read_text().splitlines()
 
 
-def compose_command() -> list[str]:
-    docker = shutil.which("docker")
-    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
-        return [docker, "compose"]
-    if shutil.which("docker-compose"):
-        return [shutil.which("docker-compose")]
-    pytest.skip("neither `docker compose` nor `docker-compose` is installed (apt-get install docker-compose)")
+#: Compose v2 (the ``docker compose`` plugin) and v1 (``docker-compose``, Debian's package): the docs give both.
+COMPOSES = {"v2": ["docker", "compose"], "v1": ["docker-compose"]}
 
 
-def compose_config(directory: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+@pytest.fixture(params=list(COMPOSES))
+def compose(request) -> list[str]:
+    """Each Compose the docs give, where it is installed (no container engine is needed to resolve a file)."""
+    program, *rest = COMPOSES[request.param]
+    found = shutil.which(program)
+    if found and subprocess.run([found, *rest, "version"], capture_output=True).returncode == 0:
+        return [found, *rest]
+    pytest.skip(f"Compose {request.param} (`{' '.join(COMPOSES[request.param])}`) is not installed")
+
+
+def compose_config(compose: list[str], directory: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     """``compose config`` on a copy of deploy/ with ``env`` as its environment file: no engine needed."""
     deploy = directory / "deploy"
     deploy.mkdir()
@@ -128,24 +135,44 @@ def compose_config(directory: Path, env: dict[str, str]) -> subprocess.Completed
         shutil.copy(DEPLOY / name, deploy / name)
     (deploy / "zombie-pipeline.env").write_text("".join(f"{name}={value}\n" for name, value in env.items()))
     return subprocess.run(
-        [*compose_command(), "-p", "zombie-pipeline", "-f", str(deploy / "docker-compose.yaml"),
+        [*compose, "-p", "zombie-pipeline", "-f", str(deploy / "docker-compose.yaml"),
          "--env-file", str(deploy / "zombie-pipeline.env"), "config"],
         cwd=directory, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
 
-def test_compose_accepts_the_file_once_the_environment_file_is_filled_in(tmp_path):
-    env = template_env() | {"ZOMBIE_PIPELINE_IMAGE": "zombie-pipeline:0123abc", "DAGSTER_PG_PASSWORD": "not-a-secret"}
-    done = compose_config(tmp_path, env)
+#: The template filled in as the docs say: the image, the password, the two URLs (no server answers them here).
+FILLED_IN = {
+    "ZOMBIE_PIPELINE_IMAGE": "zombie-pipeline:0123abc",
+    "DAGSTER_PG_PASSWORD": "not-a-secret",
+    config.QUEUE_URL_ENV: "mongodb://queue.example:27017/",
+    config.CACHE_URL_ENV: "mongodb://cache.example:27017/",
+}
+
+
+def test_compose_accepts_the_file_once_the_environment_file_is_filled_in(compose, tmp_path):
+    done = compose_config(compose, tmp_path, template_env() | FILLED_IN)
     assert done.returncode == 0, done.stderr
     resolved = yaml.safe_load(done.stdout)
     assert set(resolved["services"]) == {"postgresql", *DAGSTER_SERVICES}
     assert resolved["services"]["postgresql"]["environment"]["POSTGRES_PASSWORD"] == "not-a-secret"
     for name in DAGSTER_SERVICES:
         assert resolved["services"][name]["environment"]["DAGSTER_PG_HOST"] == "postgresql", name
+    code_location = resolved["services"][CODE_LOCATION]["environment"]
+    assert code_location[config.QUEUE_URL_ENV] == FILLED_IN[config.QUEUE_URL_ENV]
+    assert code_location[config.CACHE_URL_ENV] == FILLED_IN[config.CACHE_URL_ENV]
 
 
-def test_compose_refuses_the_template_as_it_is_naming_what_to_set(tmp_path):
-    done = compose_config(tmp_path, template_env())
+def test_compose_refuses_the_template_as_it_is_naming_what_to_set(compose, tmp_path):
+    done = compose_config(compose, tmp_path, template_env())
     assert done.returncode != 0
     assert "ZOMBIE_PIPELINE_IMAGE" in done.stderr or "DAGSTER_PG_PASSWORD" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("url", [config.QUEUE_URL_ENV, config.CACHE_URL_ENV])
+def test_compose_refuses_a_code_location_without_its_mongo_urls_the_image_having_no_embedded_server(
+    compose, tmp_path, url
+):
+    done = compose_config(compose, tmp_path, template_env() | FILLED_IN | {url: ""})
+    assert done.returncode != 0
+    assert f"set {url} in deploy/zombie-pipeline.env (the image has no embedded server)" in done.stderr, done.stderr

@@ -24,7 +24,17 @@ from zombie_pipeline.orchestration.statistics import (
     job_duration_statistics,
     job_duration_tallies,
 )
-from zombie_pipeline.queue.documents import ID, CompensationState, Event, EventState, Job, Status, utc_now
+from zombie_pipeline.queue.documents import (
+    ID,
+    REASONS,
+    CompensationState,
+    Event,
+    EventState,
+    Job,
+    RetryOutcome,
+    Status,
+    utc_now,
+)
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.shapes import cache_document
@@ -69,6 +79,11 @@ def values(series: dict, *label_names: str) -> dict:
     return keyed
 
 
+def nonzero(keyed: dict) -> dict:
+    """What happened, without the zeros pushed for what did not (a series absent is a blank panel, not a zero)."""
+    return {key: value for key, value in keyed.items() if value}
+
+
 def the_value(series: dict) -> float:
     [value] = series.values()
     return value
@@ -93,18 +108,21 @@ def test_a_cleanup_and_its_health_check_push_what_the_databases_hold(store, reso
     done = list(store.events.find({Event.STATE: EventState.DONE}))
     assert len(done) == summary["finalized"] == 6 + 2 + 3 + 1 + 3
     finalized = Counter((e[Event.JOB][Job.TYPE], e[Event.REASON], e[Event.ERROR_CODE]) for e in done)
-    assert (
-        values(gateway.series(metrics.ZOMBIES_FINALIZED.name, **cleanup), "job_type", "reason", "error_code")
-        == finalized
-    )
+    pushed = values(gateway.series(metrics.ZOMBIES_FINALIZED.name, **cleanup), "job_type", "reason", "error_code")
+    assert nonzero(pushed) == finalized
+    job_types = {job_type for job_type, _, _ in finalized}  # each seen: every reason pushed, at 0 where none
+    assert {(job_type, reason) for job_type, reason, _ in pushed} == {(t, str(r)) for t in job_types for r in REASONS}
     # the queue keeps finished jobs (2023-01): each finalized zombie is an error job now
     assert store.jobs.count_documents({ID: {"$in": [e[ID] for e in done]}, Job.STATUS: Status.ERROR}) == len(done)
     found = Counter((e[Event.JOB][Job.TYPE], e[Event.REASON]) for e in done)  # no race lost: found = finalized
-    assert values(gateway.series(metrics.ZOMBIES_FOUND.name, **cleanup), "job_type", "reason") == found
+    found_pushed = values(gateway.series(metrics.ZOMBIES_FOUND.name, **cleanup), "job_type", "reason")
+    assert nonzero(found_pushed) == found and len(found_pushed) == len(job_types) * len(REASONS)
     assert the_value(gateway.series(metrics.RACES_LOST.name, **cleanup)) == summary["lost_to_live_worker"] == 0
-    assert values(gateway.series(metrics.FRESHER_ENTRIES_KEPT.name, **cleanup), "job_type") == {"/first-rows": 1}
+    fresher_pushed = values(gateway.series(metrics.FRESHER_ENTRIES_KEPT.name, **cleanup), "job_type")
+    assert nonzero(fresher_pushed) == {"/first-rows": 1} and set(fresher_pushed) == job_types
     retries = Counter((e[Event.JOB][Job.TYPE], e[Event.RETRY_OUTCOME]) for e in done)
-    assert values(gateway.series(metrics.RETRIES.name, **cleanup), "job_type", "outcome") == retries
+    retries_pushed = values(gateway.series(metrics.RETRIES.name, **cleanup), "job_type", "outcome")
+    assert nonzero(retries_pushed) == retries and len(retries_pushed) == len(job_types) * len(RetryOutcome)
     assert {outcome for _, outcome in retries} == {"scheduled", "limit_reached", "not_retried"}
     compensations = values(gateway.series(metrics.COMPENSATION_RUNS.name, **cleanup), "outcome")
     assert compensations == {"done": 0, "to_retry": summary["compensation_to_retry"], "failed": 0}

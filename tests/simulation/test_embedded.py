@@ -25,6 +25,7 @@ from zombie_pipeline.simulation.embedded import (
     ServerInfo,
     ensure_server,
     free_port,
+    remembered_port,
     running_server,
     start_server,
     stop_server,
@@ -156,6 +157,37 @@ def test_stop_server_stops_it_and_the_data_survives_a_restart(home):
     finally:
         stop_server()
     assert wait_until_gone(second.pid)
+
+
+def test_a_server_started_again_takes_the_port_it_had_and_one_started_elsewhere_is_remembered(home):
+    first = ensure_server()
+    stop_server()
+    assert wait_until_gone(first.pid) and remembered_port() == first.port
+    assert ensure_server().port == first.port
+    stop_server()
+
+    asked = free_port()
+    moved = ensure_server(port=asked)
+    assert moved.port == asked == remembered_port()
+    with pytest.raises(EmbeddedServerError, match=f"already runs on port {asked}"):
+        ensure_server(port=free_port())  # never a second server on the same storage
+    assert running_server() == moved
+
+
+def test_a_remembered_port_another_process_took_meanwhile_is_refused_not_silently_changed(home):
+    first = ensure_server()
+    stop_server()
+    assert wait_until_gone(first.pid)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", first.port))
+        holder.listen()
+        with pytest.raises(EmbeddedServerError) as raised:
+            ensure_server()
+
+    assert str(raised.value).startswith(f"port {first.port} (where the embedded server of this home ran last) is taken")
+    assert "zombie-pipeline db start --port PORT" in str(raised.value)
+    assert not (home / "server.json").exists()
 
 
 @pytest.fixture

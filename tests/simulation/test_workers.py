@@ -8,26 +8,38 @@ are real for every party.
 from __future__ import annotations
 
 import datetime as dt
+import os
+import re
+import socket
+import threading
+import time
+from dataclasses import replace
 
 import pytest
+from pymongo import MongoClient, monitoring
 
 from tests.helpers import workload
+from tests.servers import running_server
 from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.detection import detect
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.connections import client_for, close_clients
 from zombie_pipeline.queue.documents import (
     ID,
     LOCKS_COLLECTION,
+    SIMULATED_WORKERS_COLLECTION,
     Job,
+    Lock,
     Reason,
     Status,
+    WorkersClaim,
     utc_now,
 )
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import simulate
-from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning
 from zombie_pipeline.simulation.workload import WorkloadError
 
 #: Jobs of a few seconds (their type's duration times 0.02), dead after 10 s of silence, overdue after 30 s.
@@ -178,3 +190,199 @@ def test_workers_move_the_queue_as_the_generation_does_and_their_crashes_and_ove
 def test_a_bad_rate_is_refused_naming_it(rates: dict, named: str):
     with pytest.raises(WorkloadError, match=named):
         WorkerRates(**rates)
+
+
+# --- run for hours: a line a minute, a database outage, one process per queue, a lock another worker holds ---------
+
+#: The policy the steady queue is simulated with, and judged by: jobs of the default durations and thresholds.
+DEFAULT_POLICY = ZombiePolicy()
+#: Jobs of a minute or more, beating every second, never crashing nor overrunning: who holds what stays known.
+STEADY = WorkerRates(workers=2, crashes_per_worker_hour=0, overruns_per_worker_hour=0, heartbeat_seconds=1)
+
+
+def steady_queue(store: Store) -> None:
+    """A simulated queue of today: 4 healthy started jobs, 6 waiting, beside the simulator's marker."""
+    simulate(
+        store,
+        workload(
+            finished=0, crashed=0, never_heartbeated=0, terminated=0, overdue=0, running=4, waiting=6,
+            generation=NEWEST, cache_generation=None,
+        ),
+    )  # fmt: skip
+
+
+NEWEST = list(QUEUE_GENERATIONS)[-1]
+#: What a pool says it was doing when a database error meets it.
+STEPS = (
+    "heartbeating the jobs in flight",
+    "finishing a job",
+    "starting a job",
+    "letting a worker die",
+    "topping the waiting jobs up",
+)
+STARTED = {Job.STATUS: Status.STARTED}
+
+
+def test_a_pool_run_for_long_says_what_its_workers_did_once_a_period(store: Store):
+    steady_queue(store)
+    lines: list[str] = []
+    pool = WorkerPool(store, QUEUE_GENERATIONS[NEWEST], DEFAULT_POLICY, STEADY, say=lines.append, report_seconds=1.0)
+    pool.adopt_running()
+
+    pool.run(3.6, interval=0.2)
+
+    reports = [line for line in lines if " UTC, the last 1 s: " in line]
+    assert 2 <= len(reports) <= 4, lines
+    assert all(re.fullmatch(REPORT_LINE, line) for line in reports), reports
+    assert all(f" jobs in flight on {pool.workers} workers" in line for line in reports)
+    assert sum(int(re.search(r"(\d+) enqueued", line).group(1)) for line in reports) <= pool.counts["enqueued"]
+
+
+#: What a report line says: what the workers did in the period, and what they hold.
+REPORT_LINE = (
+    r"\d\d:\d\d:\d\d UTC, the last 1 s: \d+ started, \d+ finished \(\d+ in error, \d+ stopped at their maximum "
+    r"duration\), \d+ died, \d+ finalized by a cleanup, \d+ enqueued; \d+ jobs in flight on \d+ workers"
+)
+
+
+def test_a_pool_outlives_a_database_outage_saying_so_once_and_beats_again_once_it_answers(tmp_path):
+    """The test's own server is stopped for 6 s and started again on the same port and storage."""
+    with running_server(tmp_path / "server") as server:
+        client = client_for(server.url, timeout_ms=1_000, retry_writes=False)
+        store = Store.of(client["queue"], client["cache"])
+        store.ensure_indexes()
+        steady_queue(store)
+        lines: list[str] = []
+        pool = WorkerPool(store, QUEUE_GENERATIONS[NEWEST], DEFAULT_POLICY, STEADY, say=lines.append)
+        assert pool.adopt_running() == 4
+        stopping = threading.Event()
+        running = threading.Thread(target=pool.run, args=(300, stopping.is_set, 0.2), daemon=True)
+        running.start()
+        try:
+            time.sleep(2)
+            server.stop()
+            time.sleep(6)
+            assert running.is_alive()  # not a traceback: the pool waits for the database
+            server.start()
+            back = utc_now()
+            deadline = time.monotonic() + 60  # attempts 1, 2, 4, 8 ... s apart: the next one within 16 s of the start
+            while time.monotonic() < deadline and not any("answers again" in line for line in lines):
+                time.sleep(0.2)
+            time.sleep(2)  # heartbeats every second from then on
+            # a job held since before the outage was beaten since; one started since has its start. (A start whose
+            # reply the outage cut is not known to the pool: its job is left started, as by a worker that died.)
+            held = [run.job[ID] for run in pool.runs if run is not None]
+            beats = [job.get(Job.LAST_HEARTBEAT) or job[Job.STARTED_AT] for job in store.jobs.find({ID: {"$in": held}})]
+        finally:
+            stopping.set()
+            running.join(timeout=60)
+            close_clients(server.url)
+
+    outages = [line for line in lines if "try again" in line]
+    assert len(outages) == 1 and len([line for line in lines if "answers again" in line]) == 1, lines
+    assert re.match(rf"({'|'.join(STEPS)}): \w+: ", outages[0]), outages[0]  # what it was doing, then the error
+    assert re.search(r"; the workers hold \d jobs and try again, waiting up to 30 s between attempts$", outages[0])
+    assert len(beats) >= 2 and all(beat >= back for beat in beats)  # none silent since the outage
+    assert not running.is_alive()
+
+
+def test_a_second_claim_on_a_queue_is_refused_naming_the_process_and_an_expired_one_is_taken_over(store: Store):
+    first = QueueClaim.of(store, renew_seconds=0)  # renewed at every tick
+    first.take()
+
+    with pytest.raises(WorkersRunning) as refused:
+        QueueClaim.of(store).take()
+    assert f"simulated workers already run on this queue (pid {os.getpid()} on {socket.gethostname()}, since " in str(
+        refused.value
+    )
+    assert "\n" not in str(refused.value)
+
+    claims = store.jobs.database[SIMULATED_WORKERS_COLLECTION]
+    claims.update_one({}, {"$set": {WorkersClaim.RENEWED_AT: utc_now() - dt.timedelta(seconds=61)}})  # killed
+    second = QueueClaim.of(store)
+    second.take()
+    with pytest.raises(WorkersRunning, match="took this queue over"):
+        first.renew()  # the first one, back after an outage longer than its claim: it stops
+    second.release()
+    assert claims.count_documents({}) == 0
+
+
+def test_a_start_lock_another_worker_holds_makes_a_worker_look_further_not_crash(store: Store):
+    simulate(
+        store,
+        workload(
+            finished=0, crashed=0, never_heartbeated=0, terminated=0, overdue=0, running=0, waiting=2,
+            generation=NEWEST, cache_generation=None,
+        ),
+    )  # fmt: skip
+    first, second = store.jobs.find({Job.STATUS: Status.WAITING}).sort(Job.CREATED_AT, 1)
+    store.locks.replace_one(
+        {ID: first[Job.UNICITY_ID]},
+        {Lock.OWNER: "another worker", Lock.UPDATED_AT: utc_now(), Lock.TTL: 600},
+        upsert=True,
+    )
+    pool = WorkerPool(store, QUEUE_GENERATIONS[NEWEST], DEFAULT_POLICY, replace(STEADY, workers=1, waiting_target=0))
+
+    pool.tick()
+
+    started = [job[ID] for job in store.jobs.find({Job.STATUS: Status.STARTED})]
+    assert started == [second[ID]]
+
+
+class SlowServer(monitoring.CommandListener):
+    """A server whose every command costs ``seconds`` of the pool's virtual time; the heartbeats written, with when."""
+
+    def __init__(self, clock: VirtualClock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
+        self.beats: list[tuple[float, list]] = []  # (virtual seconds, the jobs it beat)
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.clock.advance(self.seconds)
+        if event.command_name == "update":
+            for update in event.command["updates"]:
+                if Job.LAST_HEARTBEAT in update["u"].get("$set", {}):
+                    self.beats.append((self.clock.seconds, list(update["q"][ID]["$in"])))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def test_heartbeats_are_never_held_behind_a_ticks_finishes_and_starts_on_a_slow_server(mongo_url, store: Store):
+    """Every command takes 100 ms: a tick finishing and starting a few jobs lasts seconds, as on a loaded host, and
+    the jobs it does not touch must still beat every second (a cleanup meanwhile would take them for dead)."""
+    clock = VirtualClock()
+    slow = SlowServer(clock, 0.1)
+    with MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC, event_listeners=[slow]) as client:
+        slow_store = Store.of(client[store.jobs.database.name], client[store.cache.database.name])
+        simulate(
+            slow_store,
+            workload(
+                finished=0, crashed=0, never_heartbeated=0, terminated=0, overdue=0, running=20, waiting=30,
+                generation=NEWEST, cache_generation=None,
+            ),
+            now=clock.now(),
+        )  # fmt: skip
+        rates = replace(STEADY, speed=0.05, waiting_target=30)  # jobs of seconds: several end in every tick
+        pool = WorkerPool(
+            slow_store, QUEUE_GENERATIONS[NEWEST], DEFAULT_POLICY, rates, clock=clock.monotonic, now=clock.now
+        )
+        pool.adopt_running()
+        ticks = []
+        for _ in range(8):
+            started = clock.seconds
+            pool.tick()
+            ticks.append(clock.seconds - started)
+            clock.advance(0.25)
+
+    last: dict = {}
+    gaps = []
+    for moment, ids in slow.beats:
+        gaps += [moment - last[job] for job in ids if job in last]
+        last.update(dict.fromkeys(ids, moment))
+    assert max(ticks) > 10 * STEADY.heartbeat_seconds  # each finishes and starts every worker's job: long ticks
+    assert pool.counts["finished_success"] + pool.counts["finished_error"] > 10
+    # a beat interval, and at most one job's finish or start (about a dozen commands) before the beats due are written
+    assert gaps and max(gaps) < STEADY.heartbeat_seconds + 15 * slow.seconds, max(gaps)

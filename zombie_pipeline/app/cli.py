@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import signal
 import sys
+import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import pymongo
 
 from zombie_pipeline import config
-from zombie_pipeline.app.errors import OptionRefused
+from zombie_pipeline.app.errors import OptionRefused, cut_short, progress_of
 from zombie_pipeline.config import SettingError
 from zombie_pipeline.policy import InvalidPolicy, ZombiePolicy
-from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients
+from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients, database_error, default_timeout_ms
 from zombie_pipeline.queue.documents import Job
 from zombie_pipeline.queue.evidence import GenerationUnknown
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
@@ -20,7 +25,7 @@ from zombie_pipeline.queue.secrets import redact
 from zombie_pipeline.simulation import embedded
 from zombie_pipeline.simulation.ownership import NotOurs, check_ours, drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
-from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning
 from zombie_pipeline.simulation.workload import STARTED_KINDS, Workload, WorkloadError, healthy_beside
 
 if TYPE_CHECKING:
@@ -96,15 +101,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             counts["running"] = healthy_beside(dead, ZombiePolicy())
         workload = Workload(**counts, **options)
     store, resources = _store_and_resources()
-    check_ours(store, args.overwrite_database)  # before the first write, an index included
-    if args.drop:
-        drop_simulation(store, args.overwrite_database)
-    elif (
-        store.simulated_generation() is not None
-    ):  # a second queue over the first would share its datasets' locks and keys
-        raise NotOurs("these databases already hold a simulated queue; --drop replaces it (nothing was written)")
-    store.ensure_indexes()
-    result = simulate(store, workload, overwrite=args.overwrite_database)
+    progress = progress_of("simulate", resources)
+    with progress.watching():
+        progress("reading what the databases hold")
+        check_ours(store, args.overwrite_database)  # before the first write, an index included
+        if not args.drop and store.simulated_generation() is not None:
+            # a second queue over the first would share its datasets' locks and keys
+            raise NotOurs("these databases already hold a simulated queue; --drop replaces it (nothing was written)")
+        progress.then = cut_short("zombie-pipeline simulate --drop")
+        if args.drop:  # only once the server took a write (drop_simulation checks), the simulator's marker last
+            drop_simulation(store, args.overwrite_database, progress)
+        progress("creating the indexes")
+        store.ensure_indexes()
+        result = simulate(store, workload, overwrite=args.overwrite_database, progress=progress)
     print("  ".join(f"{role}: {where}" for role, where in resources["databases"].describe().items()))
     print(
         f"a {workload.generation} queue (cache {workload.cache.name}): {workload.total} jobs, {result.cache_entries} cache "
@@ -130,7 +139,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_workers(args: argparse.Namespace) -> int:
     from zombie_pipeline.queue.evidence import decide
-    from zombie_pipeline.simulation.workers import WorkerRates
 
     rates = WorkerRates(
         workers=args.workers,
@@ -142,31 +150,76 @@ def cmd_workers(args: argparse.Namespace) -> int:
         waiting_target=args.waiting_target,
     )
     store, resources = _store_and_resources()
-    if store.simulated_generation() is None:  # workers write: only into a queue the simulator wrote
-        raise NotOurs(
-            f"{resources['databases'].describe()['queue']} holds no simulated queue: simulated workers only run on a queue "
-            "zombie-pipeline simulated (zombie-pipeline simulate first)"
-        )
-    policy = resources["zombie_policy"].policy()
-    generation = decide(store, policy).required_queue()
-    pool = WorkerPool(store, generation, policy, rates, seed=args.seed)
-    adopted = pool.adopt_running()
+    progress = progress_of("workers", resources)
+
+    def explain(error: pymongo.errors.PyMongoError, doing: str) -> str:
+        return str(database_error(error, f"workers: {doing}", progress.urls, progress.timeout_ms, ""))
+
+    with progress.watching():
+        progress("reading what the databases hold")
+        if store.simulated_generation() is None:  # workers write: only into a queue the simulator wrote
+            raise NotOurs(
+                f"{resources['databases'].describe()['queue']} holds no simulated queue: simulated workers only run on a queue "
+                "zombie-pipeline simulated (zombie-pipeline simulate first)"
+            )
+        policy = resources["zombie_policy"].policy()
+        progress("deciding the queue's generation")
+        generation = decide(store, policy).required_queue()
+        progress("claiming the queue for these workers")
+        claim = QueueClaim.of(store)
+        claim.take()  # before any job is adopted: a second process is refused here
+        try:
+            pool = WorkerPool(store, generation, policy, rates, seed=args.seed, say=_say, explain=explain, claim=claim)
+            progress("adopting the healthy started jobs")
+            adopted = pool.adopt_running()
+        except BaseException:
+            with contextlib.suppress(pymongo.errors.PyMongoError):
+                claim.release()
+            raise
     print(
         f"{pool.workers} simulated workers on a {generation.name} queue ({adopted} running jobs adopted); "
         f"{rates.crashes_per_worker_hour:g} crashes and {rates.overruns_per_worker_hour:g} overruns per worker-hour; "
-        "Ctrl-C stops them"
+        "a line a minute of what they do; Ctrl-C (or SIGTERM) stops them, finishing the jobs they hold (twice: at once)",
+        flush=True,
     )
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:  # the second one stops at once, leaving the jobs held
+        if stopping.is_set():
+            raise KeyboardInterrupt
+        stopping.set()
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        pool.run(args.duration if args.duration is not None else float("inf"))
+        pool.run(args.duration if args.duration is not None else float("inf"), stopping.is_set)
     except KeyboardInterrupt:
-        pool.stop()
+        _say(
+            f"stopped at once: {pool.held()} jobs left started, which look dead after the heartbeat timeout (a cleanup "
+            "finalizes them); the workers' claim on the queue expires in "
+            f"{claim.expires_seconds:g} s"
+        )
+        return 130
+    except pymongo.errors.PyMongoError as error:
+        raise database_error(error, f"workers: {pool.doing}", progress.urls, progress.timeout_ms, "") from None
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     print(", ".join(f"{count} {name.replace('_', ' ')}" for name, count in sorted(pool.counts.items())))
     return 0
 
 
+def _say(line: str) -> None:
+    """A line of a long-running command, at once (its output may be a file or a pipe)."""
+    print(line, flush=True)
+
+
 def cmd_db(args: argparse.Namespace) -> int:
+    if args.port is not None and args.action != "start":
+        raise OptionRefused(f"--port applies to db start only: db {args.action} finds the server wherever it runs")
+    if args.port is not None and not 0 < args.port < 65_536:
+        raise OptionRefused(f"--port must be a TCP port (1 to 65535), got {args.port}")
     if args.action == "start":
-        started = embedded.ensure_server()
+        started = embedded.ensure_server(port=args.port)
         print(f"embedded server running: pid {started.pid}, {started.url}, storage {started.storage_path}")
         return 0
     if args.action == "stop":
@@ -200,8 +253,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+class UsageError(OptionRefused):
+    """A command line argparse cannot read: said in one line, with where the options are listed."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a command line it cannot read is one line naming where the options are listed, not its usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zombie-pipeline", description=__doc__)
+    parser = _Parser(prog="zombie-pipeline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     sim = commands.add_parser(
@@ -327,8 +391,19 @@ def build_parser() -> argparse.ArgumentParser:
     workers.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     workers.set_defaults(handler=cmd_workers, command_parser=workers)
 
-    db = commands.add_parser("db", help="the embedded MongoDB-compatible server")
+    db = commands.add_parser(
+        "db",
+        help="the embedded MongoDB-compatible server",
+        description="Start, stop or show the embedded server of the project home. Started again, it takes the port "
+        "it had last, so its URL stays the same.",
+    )
     db.add_argument("action", choices=["start", "stop", "status"])
+    db.add_argument(
+        "--port",
+        type=int,
+        help="with start: the port on 127.0.0.1 to serve on, remembered for the next starts (default: the port it "
+        "had last, else a free one)",
+    )
     db.set_defaults(handler=cmd_db, command_parser=db)
 
     demo = commands.add_parser(
@@ -366,6 +441,7 @@ REFUSALS = (
     SettingError,
     InvalidPolicy,
     OptionRefused,
+    WorkersRunning,
 )
 
 
@@ -389,7 +465,13 @@ def as_typed(message: str, command: argparse.ArgumentParser) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # said by the command they were given to, whose options the hint lists
+            args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    except UsageError as error:
+        print(f"zombie-pipeline: {error}", file=sys.stderr)
+        return 2
     try:
         status: int = args.handler(args)
         return status
@@ -399,6 +481,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except REFUSALS as error:
         print(f"zombie-pipeline: {error}", file=sys.stderr)
         return 2
+    except pymongo.errors.PyMongoError as error:  # met where no step named itself: the command, still in one line
+        print(f"zombie-pipeline: {_database_error(error, args.command)}", file=sys.stderr)
+        return 2
     except Exception as error:  # keep credentials out of whatever reaches the terminal
         print(
             f"zombie-pipeline: {type(error).__name__}: {redact(str(error), config.configured_urls())}", file=sys.stderr
@@ -406,6 +491,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         close_clients()
+
+
+def _database_error(error: pymongo.errors.PyMongoError, command: str) -> DatabaseUnavailable:
+    """A database error no step of ``command`` caught, in the one line of :func:`database_error`."""
+    try:
+        timeout_ms = config.mongo_timeout_ms(default_timeout_ms(embedded=not any(config.configured_urls())))
+    except SettingError:
+        timeout_ms = default_timeout_ms(embedded=not any(config.configured_urls()))
+    return database_error(error, command, config.configured_urls(), timeout_ms, "")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ On the embedded server it simulates a deployment (a week of history cleaned dail
 its worker every day, and today's zombies beside healthy started jobs), runs ``kill_zombies_job``, then the
 statistics and ``repeat_offenders`` of the week ending yesterday, through Dagster, and prints what those runs
 recorded: the cleanup's summary from its ``summarize`` step, the statistics from the report files their
-materialization names, the offenders from their materialization's table.
+materialization names, the offenders from their materialization's table. The runs are kept in a Dagster instance
+that outlives the demo (``config.dagster_home``), and the demo prints the command that opens the UI on it.
 
 The cleanup sees the queue the simulator meant, on any machine: the simulated workers only start once it is
 done, and the healthy started jobs are sized so that the dead are at most half the brake's threshold
@@ -17,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import shlex
+import sys
 import threading
 import time
 from collections import Counter
@@ -25,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pymongo
 
 from zombie_pipeline import config
-from zombie_pipeline.app.errors import OptionRefused
+from zombie_pipeline.app.errors import OptionRefused, Progress, cut_short, progress_of
 from zombie_pipeline.cleanup.detection import count_stale, started_filter
 from zombie_pipeline.cleanup.run import RunSummary
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
@@ -41,7 +45,7 @@ from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GEN
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.ownership import check_ours, drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
-from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
+from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning
 from zombie_pipeline.simulation.workload import Workload, healthy_beside
 from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS
 
@@ -58,10 +62,24 @@ DEFAULT_FINISHED = 8_000  # some types get the 368 successful runs in the window
 
 
 def _instance() -> dg.DagsterInstance:
-    """The Dagster instance of ``$DAGSTER_HOME`` (runs then show in the UI), else a throwaway one."""
-    if config.dagster_home_is_set():
-        return dg.DagsterInstance.get()
-    return dg.DagsterInstance.ephemeral()
+    """The Dagster instance of :func:`config.dagster_home`: the runs outlive the demo, for ``dagster dev`` to show."""
+    path = config.dagster_home()
+    path.mkdir(parents=True, exist_ok=True)
+    settings = path / "dagster.yaml"
+    if not config.setting(config.DAGSTER_HOME_ENV) and not settings.exists():  # ours: say so, not Dagster's warning
+        settings.write_text("# The demo's Dagster instance (zombie-pipeline demo): Dagster's defaults, kept here.\n")
+    return dg.DagsterInstance.from_config(str(path))
+
+
+def ui_command() -> str:
+    """The command that opens the Dagster UI on the demo's runs: ``dagster dev`` with the demo's ``DAGSTER_HOME``."""
+    beside = Path(sys.executable).parent / "dagster"
+    dagster = shlex.quote(str(beside)) if beside.exists() else "dagster"
+    workspace = config.SOURCE_CHECKOUT / "workspace.yaml" if config.SOURCE_CHECKOUT else None
+    where = (
+        f"-w {shlex.quote(str(workspace))}" if workspace and workspace.exists() else "-m zombie_pipeline.definitions"
+    )
+    return f"{config.DAGSTER_HOME_ENV}={shlex.quote(str(config.dagster_home()))} {dagster} dev {where}"
 
 
 def run_demo(
@@ -84,31 +102,43 @@ def run_demo(
     store = databases.store()
     policy = policy_resource.policy()
     print("\n".join(f"{role}: {where}" for role, where in databases.describe().items()))
+    progress = progress_of("demo", resources)
 
-    if real_database:
-        print("A MongoDB URL is set: the demo simulates nothing and writes nothing (the cleanup runs as a dry run).")
-    else:
-        check_ours(store, give_up=GIVE_UP)  # the embedded server may hold a database loaded by hand: never written to
-        if fresh or store.simulated_generation() not in (None, generation):
-            drop_simulation(store)
-        elif refuse_finished and store.simulated_generation() is not None:
-            raise OptionRefused(
-                "--finished sizes a new simulation, and these databases already hold one, kept as it is: add --fresh "
-                "to simulate again"
+    with progress.watching():
+        if real_database:
+            print(
+                "A MongoDB URL is set: the demo simulates nothing and writes nothing (the cleanup runs as a dry run)."
             )
-        store.ensure_indexes()
-        _prepare_queue(store, finished, seed, policy, generation)
+        else:
+            progress("reading what the databases hold")
+            check_ours(store, give_up=GIVE_UP)  # the embedded server may hold a database loaded by hand: never written
+            present = store.simulated_generation()
+            if refuse_finished and present is not None and not fresh and present == generation:
+                raise OptionRefused(
+                    "--finished sizes a new simulation, and these databases already hold one, kept as it is: add "
+                    "--fresh to simulate again"
+                )
+            progress.then = cut_short("zombie-pipeline demo --fresh")
+            if fresh or present not in (None, generation):  # only once the server took a write, the marker last
+                drop_simulation(store, progress=progress)
+            progress("creating the indexes")
+            store.ensure_indexes()
+            _prepare_queue(store, finished, seed, policy, generation, progress)
 
-    run_config = {"ops": {"reconcile": {"config": {"dry_run": real_database}}}, "loggers": QUIET}
-    with _instance() as instance:
-        if not _cleanup(resources, run_config, instance, real_database):
-            return 1
-        with _living_queue(store, generation, policy, seed, rates or WorkerRates(), enabled=not real_database):
-            _statistics(resources, instance, save_suggestions=not real_database)
-    return 0
+        run_config = {"ops": {"reconcile": {"config": {"dry_run": real_database}}}, "loggers": QUIET}
+        with _instance() as instance:
+            succeeded = _cleanup(resources, run_config, instance, real_database)
+            if succeeded:
+                progress("starting the simulated workers")
+                with _living_queue(store, generation, policy, seed, rates or WorkerRates(), enabled=not real_database):
+                    _statistics(resources, instance, save_suggestions=not real_database)
+    print(f"\nThese runs are kept in {config.dagster_home()}; the Dagster UI shows them: {ui_command()}")
+    return 0 if succeeded else 1
 
 
-def _prepare_queue(store: Store, finished: int, seed: int, policy: ZombiePolicy, generation: str) -> None:
+def _prepare_queue(
+    store: Store, finished: int, seed: int, policy: ZombiePolicy, generation: str, progress: Progress
+) -> None:
     """A simulated queue as the cleanup should meet it: zombies, beside enough healthy started jobs."""
     if store.simulated_generation() is None:
         zombies = Workload(finished=0, generation=generation)
@@ -126,14 +156,19 @@ def _prepare_queue(store: Store, finished: int, seed: int, policy: ZombiePolicy,
             f"{workload.days:.0f} days, cleaned daily; today {workload.zombies} zombies beside {workload.running} "
             "healthy started jobs ..."
         )
-        simulate(store, workload)
+        simulate(store, workload, progress=progress)
         return
+    progress("counting the zombies left from earlier demos")
     now = utc_now()
     dead = count_stale(store.jobs, policy, now)
     if dead == 0:
         zombies = Workload(finished=0, waiting=20, seed=seed, generation=generation, policy=policy)
         print(f"no zombies left from earlier demos: simulating {zombies.zombies} workers that crashed since ...")
-        simulate(store, Workload(**{**zombies.__dict__, "running": healthy_beside(zombies.zombies, policy)}))
+        simulate(
+            store,
+            Workload(**{**zombies.__dict__, "running": healthy_beside(zombies.zombies, policy)}),
+            progress=progress,
+        )
         return
     healthy = store.jobs.count_documents(started_filter()) - dead
     missing = healthy_beside(dead, policy) - healthy
@@ -156,6 +191,7 @@ def _prepare_queue(store: Store, finished: int, seed: int, policy: ZombiePolicy,
                 generation=generation,
                 policy=policy,
             ),
+            progress=progress,
         )
 
 
@@ -187,7 +223,7 @@ def _cleanup(
     for row in summary.rows[:8]:
         print(f"  - {row['type']:<32} {row['dataset']:<28} {row['reason']:<22} ran {row['ran_seconds']:>7.0f} s")
     if len(summary.rows) > 8:
-        print(f"  ... and {len(summary.rows) - 8} more (see the run's metadata in the Dagster UI)")
+        print(f"  ... and {len(summary.rows) - 8} more (in the run's metadata: the Dagster UI, below)")
     return True
 
 
@@ -209,12 +245,25 @@ def _living_queue(
     store: Store, generation: str, policy: ZombiePolicy, seed: int, rates: WorkerRates, enabled: bool
 ) -> Iterator[WorkerPool | None]:
     """Simulated workers take the healthy started jobs over and move the queue while the statistics run; stopped,
-    they finish what they hold."""
+    they finish what they hold. Not beside a ``zombie-pipeline workers`` already on the queue: one process of workers
+    per queue (:class:`QueueClaim`)."""
     if not enabled:
         yield None
         return
-    pool = WorkerPool(store, QUEUE_GENERATIONS[generation], policy, rates, seed=seed)
-    pool.adopt_running()
+    claim = QueueClaim.of(store)
+    try:
+        claim.take()
+    except WorkersRunning as running:
+        print(f"\n{running}: the demo's own workers stay off")
+        yield None
+        return
+    pool = WorkerPool(store, QUEUE_GENERATIONS[generation], policy, rates, seed=seed, claim=claim)
+    try:
+        pool.adopt_running()
+    except BaseException:
+        with contextlib.suppress(pymongo.errors.PyMongoError):
+            claim.release()
+        raise
     stopping = threading.Event()
     thread = threading.Thread(target=pool.run, args=(3_600, stopping.is_set), daemon=True, name="simulated-workers")
     thread.start()

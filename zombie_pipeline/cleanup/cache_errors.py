@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from bson import ObjectId
 from pymongo import InsertOne, ReplaceOne, UpdateOne
@@ -131,7 +131,7 @@ def error_entry(
             entry[name] = value
         else:
             details[name] = value
-    return cast(CacheEntry, generation.keep_declared(entry))
+    return generation.keep_declared(entry)
 
 
 @dataclass(frozen=True)

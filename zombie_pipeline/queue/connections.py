@@ -126,16 +126,25 @@ def check_reachable(database: Database[Any], url: str | None, variable: str | No
         ) from None
 
 
+#: What follows a cleanup step's database error: the audit trail is the cleanup's log.
+NEXT_RUN_COMPLETES = "the next run completes what this one left"
+
+
 def database_error(
-    error: pymongo.errors.PyMongoError, doing: str, urls: Sequence[str | None], timeout_ms: int
+    error: pymongo.errors.PyMongoError,
+    doing: str,
+    urls: Sequence[str | None],
+    timeout_ms: int,
+    then: str = NEXT_RUN_COMPLETES,
 ) -> DatabaseUnavailable:
     """One line for a database error met in the middle of a step: where, doing what, and which setting bounds the wait.
 
     ``urls``: the URLs the step works with (None: the embedded default); the one
     the error names is shown if it names one of them, else all of them, masked.
     A lost connection, a stall past the timeout, a command the server refused:
-    each is said in its own words, never as pymongo's traceback. The next run
-    completes what the failed one left (the audit trail is the cleanup's log).
+    each is said in its own words, never as pymongo's traceback. ``then`` says
+    what the databases hold after it and how to go on (a cleanup's next run
+    completes what the failed one left; a command says its own; empty: nothing).
     """
     cause = f"{type(error).__name__.lstrip('_')}: {_first_words(error, *urls)}"
     where = " and ".join(redact_url(url) for url in _named_by(error, urls))
@@ -155,7 +164,7 @@ def database_error(
         "variable": MONGO_TIMEOUT_ENV,
         "timeout_ms": timeout_ms,
     }
-    return DatabaseUnavailable(f"{doing}: {what}; {bound}; the next run completes what this one left", facts)
+    return DatabaseUnavailable(f"{doing}: {what}; {bound}" + (f"; {then}" if then else ""), facts)
 
 
 def _named_by(error: Exception, urls: Sequence[str | None]) -> list[str | None]:

@@ -39,6 +39,8 @@ class SimulationMark:
 
 #: Retries waiting for their delay to pass (a field on the deployment's jobs could not hold it).
 RETRIES_COLLECTION = "zombieRetries"
+#: Written by the simulated workers while they run: the one process of them a simulated queue has.
+SIMULATED_WORKERS_COLLECTION = "zombieSimulatedWorkers"
 #: The deployment's collections beside the queue and the cache (which generation has which: ``generations``).
 LOCKS_COLLECTION = "locks"
 JOB_METRICS_COLLECTION = "jobTotalMetric"
@@ -177,6 +179,16 @@ class Lock:
     JOB_ID: Final = "job_id"  # the owner's name before 2023-06-26
     CREATED_AT: Final = "created_at"
     UPDATED_AT: Final = "updated_at"
+
+
+class WorkersClaim:
+    """Field names of ``zombieSimulatedWorkers``: which process runs a simulated queue's workers, renewed meanwhile."""
+
+    OWNER = "owner"
+    PID = "pid"
+    HOST = "host"
+    STARTED_AT = "started_at"
+    RENEWED_AT = "renewed_at"
 
 
 class JobMetric:

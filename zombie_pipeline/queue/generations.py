@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from zombie_pipeline.queue.documents import (
     BLOCKAGES_COLLECTION,
@@ -26,6 +26,7 @@ from zombie_pipeline.queue.documents import (
     PAST_JOBS_COLLECTION,
     WORKER_SIZE_METRICS_COLLECTION,
     Cache,
+    CacheEntry,
     Job,
     Lock,
     Status,
@@ -280,11 +281,12 @@ class CacheGeneration:
     def declares(self, field_name: str) -> bool:
         return field_name in self.fields
 
-    def keep_declared(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+    def keep_declared(self, entry: Mapping[str, Any]) -> CacheEntry:
         """``entry`` without the fields this generation does not declare, nor None values."""
-        return {
+        declared = {
             name: value for name, value in entry.items() if value is not None and (name == ID or name in self.fields)
         }
+        return cast(CacheEntry, declared)
 
 
 CACHE_GENERATIONS: dict[str, CacheGeneration] = {

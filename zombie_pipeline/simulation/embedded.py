@@ -5,7 +5,9 @@ subprocess call :func:`ensure_server`. The first one starts a SecantusDB server
 as a separate process (it is GPL software, kept out of our runtime
 dependencies); the others find it through a state file and reuse it, so data
 written by one run is seen by the next. A file lock keeps two processes from
-starting two servers on the same storage.
+starting two servers on the same storage. A server started again takes the port
+the home's server had last (or the one asked for), so a URL copied from
+``db status`` stays right across restarts.
 """
 
 from __future__ import annotations
@@ -52,6 +54,30 @@ class ServerInfo:
 
 def _state_file(base: Path) -> Path:
     return base / "server.json"
+
+
+def _port_file(base: Path) -> Path:
+    """The port the home's server had last: kept when it stops, taken again when it starts."""
+    return base / "server.port"
+
+
+def remembered_port(base: Path | None = None) -> int | None:
+    """The port the home's server was last started on, or None before its first start."""
+    try:
+        return int(_port_file(base or home()).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def port_in_use(port: int) -> bool:
+    """True when something listens on 127.0.0.1:``port`` (a socket binds there only if nothing does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: past connections do not count
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def find_executable() -> str | None:
@@ -173,15 +199,29 @@ def start_server(
     )
 
 
-def ensure_server(base: Path | None = None) -> ServerInfo:
-    """Reuse the project's running server, or start one. Safe to call from many processes."""
+def ensure_server(base: Path | None = None, port: int | None = None) -> ServerInfo:
+    """Reuse the project's running server, or start one on ``port``, else on the port it had last, else on a free
+    one. Safe to call from many processes."""
     base = base or home()
     with _locked(base):
         info = running_server(base)
         if info is not None:
+            if port is not None and port != info.port:
+                raise EmbeddedServerError(
+                    f"the embedded server of {base} already runs on port {info.port} (pid {info.pid}): stop it first "
+                    f"(zombie-pipeline db stop), then start it on port {port}"
+                )
             return info
-        _, info = start_server(base / "data", log_path=base / "server.log")
+        chosen = port or remembered_port(base)
+        if chosen is not None and port_in_use(chosen):
+            why = "asked for" if port else "where the embedded server of this home ran last"
+            raise EmbeddedServerError(
+                f"port {chosen} ({why}) is taken by another process on 127.0.0.1: free it, or start the server on "
+                "another port: zombie-pipeline db start --port PORT"
+            )
+        _, info = start_server(base / "data", port=chosen, log_path=base / "server.log")
         _state_file(base).write_text(json.dumps(info.__dict__))
+        _port_file(base).write_text(str(info.port))
         return info
 
 

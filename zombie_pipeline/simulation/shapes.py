@@ -110,4 +110,4 @@ def cache_document(
         Cache.DURATION: duration,
         Cache.FAILED_RUNS: failed_runs,
     }
-    return cast(CacheEntry, CACHE_GENERATIONS[generation].keep_declared(entry))
+    return CACHE_GENERATIONS[generation].keep_declared(entry)

@@ -17,7 +17,7 @@ import datetime as dt
 import math
 import random
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,12 +292,18 @@ class _Generator:
 
 
 def simulate(
-    store: Store, workload: Workload = Workload(), now: dt.datetime | None = None, overwrite: str | None = None
+    store: Store,
+    workload: Workload = Workload(),
+    now: dt.datetime | None = None,
+    overwrite: str | None = None,
+    progress: Callable[[str], None] = lambda doing: None,
 ) -> Simulation:
     """Write ``workload`` into the store's collections, as its generation's deployment would, and say what was written.
 
-    A database holding documents the simulator did not write is refused (:func:`check_ours`).
+    A database holding documents the simulator did not write is refused (:func:`check_ours`). ``progress`` is told
+    each step, for a database error to name it. The marker goes first: a simulation cut short is still ours.
     """
+    progress("reading what the databases hold")
     check_ours(store, overwrite)
     present = store.simulated_generation()
     if present is not None and present != workload.generation:
@@ -307,6 +313,7 @@ def simulate(
     now = truncate_ms(now or utc_now())
     markers = store.simulations
     run = markers.count_documents({})
+    progress("marking the databases as the simulator's")
     markers.insert_one(
         {
             ID: ObjectId(),
@@ -337,6 +344,7 @@ def simulate(
         if len(job_batch) >= INSERT_BATCH_SIZE:
             flush_jobs()
 
+    progress(f"writing the finished history ({workload.finished} jobs)")
     for job, entry in generator.finished_jobs():
         if generation.durations_source is DurationsSource.FINISHED_JOBS:  # the queue keeps its history
             add(job)
@@ -347,6 +355,7 @@ def simulate(
             latest_entries[key] = entry
     if workload.past_cleanups:  # the cleanups of the past days, by the cleanup's own code, before today's jobs
         flush_jobs()
+        progress(f"cleaning the {workload.past_cleanups} days before today, as their daily cleanups did")
         _create_side(store, generation)
         result.past = clean_past_days(
             store,
@@ -359,6 +368,7 @@ def simulate(
             generator.offender_job,
             generator.rng,
         )
+    progress("writing today's started and waiting jobs")
     for kind in STARTED_KINDS:
         count = workload.terminated_jobs if kind == "terminated" else getattr(workload, kind)
         for _ in range(count):
@@ -381,11 +391,14 @@ def simulate(
 
     entries = list(latest_entries.values())
     if generation.cache_updated_index:  # before the entries: built on thousands of them, it took 20x longer under load
+        progress(f"creating the cache's index {CACHE_UPDATED_INDEX.name}")
         CACHE_UPDATED_INDEX.create(store.cache)
+    progress(f"writing {len(entries)} cache entries")
     for start in range(0, len(entries), INSERT_BATCH_SIZE):
         store.cache.insert_many(entries[start : start + INSERT_BATCH_SIZE], ordered=False)
         result.insert_commands += 1
     result.cache_entries = len(entries)
+    progress("writing the locks, pastJobs and counters")
     result.insert_commands += _write_side(store, generation, locks, past_jobs)
     result.past_jobs = len(past_jobs)
     return result

@@ -33,7 +33,14 @@ Time is real: heartbeats and thresholds are the policy's; ``speed`` shortens
 the jobs' durations only. The pool reads time through ``clock`` (seconds, for
 its schedule) and ``now`` (the dates it writes), so a test can drive it through
 an hour in a moment. :meth:`WorkerPool.stop` finishes the jobs still in flight,
-so a pool that is stopped leaves no false zombie behind.
+in a few commands for all of them, so a pool that is stopped leaves no false
+zombie behind, within seconds.
+
+Run for hours (:meth:`WorkerPool.run`), a pool says once a minute what it did,
+outlives a database that stops answering (it tries again, waiting up to
+:data:`OUTAGE_MAX_WAIT_SECONDS` between attempts, and says so once an outage),
+and is the only one on its queue when given a :class:`QueueClaim`: a second
+process is refused, and the claim of a process that was killed expires.
 """
 
 from __future__ import annotations
@@ -41,15 +48,20 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import math
+import os
 import random
+import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pymongo import ReturnDocument
+import pymongo
+from pymongo import ReplaceOne, ReturnDocument, UpdateOne
+from pymongo.collection import Collection
+from pymongo.errors import DuplicateKeyError
 
 from zombie_pipeline.cleanup.effects import DeploymentEffects, Finished
 from zombie_pipeline.cleanup.side_collections import SideCollections
@@ -62,8 +74,10 @@ from zombie_pipeline.queue.documents import (
     ID,
     JOB_METRICS_COLLECTION,
     LOCKS_COLLECTION,
+    SIMULATED_WORKERS_COLLECTION,
     WORKER_SIZE_METRICS_COLLECTION,
     Cache,
+    CacheEntry,
     CacheMetric,
     ErrorCode,
     Job,
@@ -71,6 +85,7 @@ from zombie_pipeline.queue.documents import (
     JobMetric,
     Lock,
     Status,
+    WorkersClaim,
     WorkerSizeMetric,
     cache_key_of_job,
     utc_now,
@@ -90,6 +105,12 @@ WORKER_ERROR_CODE = "UnexpectedError"
 MIN_WAITING = 20
 #: The users new jobs come from: enough that the queue's one started job per user rarely leaves a worker idle.
 USERS = 5_000
+#: How often a pool run for long says what it did.
+REPORT_SECONDS = 60.0
+#: While the database does not answer, the pool tries again 1 s later, then twice as long each time, up to this.
+OUTAGE_MAX_WAIT_SECONDS = 30.0
+#: Jobs finished per round of commands when the pool stops (a longer list of ids costs the embedded server more).
+FINISH_BATCH_SIZE = 100
 
 
 @dataclass(frozen=True)
@@ -125,6 +146,106 @@ class WorkerRates:
             raise WorkloadError("invalid worker rates: " + "; ".join(problems))
 
 
+def passing(error: pymongo.errors.PyMongoError) -> bool:
+    """Whether waiting may help: a connection lost or refused, a server not chosen, an answer that did not come in
+    time. A command the server refused (a right missing, a document refused) would be refused again."""
+    return isinstance(error, pymongo.errors.ConnectionFailure) or error.timeout
+
+
+class WorkersRunning(RuntimeError):
+    """Another process runs the simulated workers of this queue: the message says which, and how to go on."""
+
+
+@dataclass
+class QueueClaim:
+    """The one process of simulated workers a queue has: a document in our own collection, renewed while it runs.
+
+    Two processes of workers on one queue would both adopt its started jobs, heartbeat and finish them twice and
+    race for its locks. A claim not renewed for :attr:`expires_seconds` is that of a process that was killed: the
+    next one takes it over.
+    """
+
+    collection: Collection[dict[str, Any]]
+    now: Callable[[], dt.datetime] = utc_now
+    expires_seconds: float = 60.0
+    renew_seconds: float = 10.0
+    owner: str = field(default_factory=lambda: uuid.uuid4().hex)
+    renewed: float = -math.inf  # time.monotonic() of the last renewal
+
+    KEY = "workers"  # the claim's _id: one per queue database
+
+    @classmethod
+    def of(cls, store: Store, **options: Any) -> QueueClaim:
+        return cls(store.simulations.database[SIMULATED_WORKERS_COLLECTION], **options)
+
+    def take(self) -> None:
+        """Claim the queue, or raise :class:`WorkersRunning` naming the process that has it."""
+        now = self.now()
+        claim = {
+            ID: self.KEY,
+            WorkersClaim.OWNER: self.owner,
+            WorkersClaim.PID: os.getpid(),
+            WorkersClaim.HOST: socket.gethostname(),
+            WorkersClaim.STARTED_AT: now,
+            WorkersClaim.RENEWED_AT: now,
+        }
+        for _ in range(2):  # a claim released between the insert and the take-over: the insert again
+            try:
+                self.collection.insert_one(claim)
+                break
+            except DuplicateKeyError:
+                expired = {
+                    ID: self.KEY,
+                    WorkersClaim.RENEWED_AT: {"$lt": now - dt.timedelta(seconds=self.expires_seconds)},
+                }
+                if self.collection.find_one_and_replace(expired, claim) is not None:
+                    break
+                holder = self.collection.find_one({ID: self.KEY})
+                if holder is not None:
+                    raise WorkersRunning(
+                        f"simulated workers already run on this queue (pid {holder.get(WorkersClaim.PID)} on "
+                        f"{holder.get(WorkersClaim.HOST)}, since {holder[WorkersClaim.STARTED_AT]:%Y-%m-%d %H:%M:%S} "
+                        f"UTC): stop them first (Ctrl-C where they run); a process killed without stopping is taken "
+                        f"over {self.expires_seconds:g} s after it last renewed its claim"
+                    ) from None
+        self.renewed = time.monotonic()
+
+    def renew(self) -> None:
+        """Say the claim is alive, every :attr:`renew_seconds`; :class:`WorkersRunning` if another process took it
+        over meanwhile (this one could not renew it for :attr:`expires_seconds`: the database was out of reach)."""
+        if time.monotonic() - self.renewed < self.renew_seconds:
+            return
+        renewed = self.collection.update_one(
+            {ID: self.KEY, WorkersClaim.OWNER: self.owner}, {"$set": {WorkersClaim.RENEWED_AT: self.now()}}
+        )
+        if renewed.matched_count == 0:
+            raise WorkersRunning(
+                "another process of simulated workers took this queue over while this one could not renew its claim "
+                f"(for {self.expires_seconds:g} s): stopping, leaving the jobs it held to that one"
+            )
+        self.renewed = time.monotonic()
+
+    def release(self) -> None:
+        self.collection.delete_one({ID: self.KEY, WorkersClaim.OWNER: self.owner})
+
+
+def plain_error(error: pymongo.errors.PyMongoError, doing: str) -> str:
+    """A database error in one line, for a pool whose caller gives no better words (``WorkerPool.explain``)."""
+    return f"{doing}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
+def _duration(seconds: float) -> str:
+    """``60`` -> ``minute``, ``90`` -> ``90 s``: the span a report line covers."""
+    return "minute" if seconds == 60 else f"{seconds:g} s"
+
+
+def _sleep(seconds: float, stop: Callable[[], bool]) -> None:
+    """Sleep ``seconds``, or less once ``stop()`` says so (it is asked every 0.1 s)."""
+    deadline = time.monotonic() + seconds
+    while not stop() and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.1))
+
+
 class Fate(enum.Enum):
     """How a started job ends."""
 
@@ -157,6 +278,10 @@ class WorkerPool:
     clock: Callable[[], float] = time.monotonic
     now: Callable[[], dt.datetime] = utc_now
     counts: Counter[Any] = field(default_factory=Counter)
+    say: Callable[[str], None] = lambda line: None  # a line a minute of what they did, and each outage
+    explain: Callable[[pymongo.errors.PyMongoError, str], str] = plain_error  # a database error, and what was done
+    claim: QueueClaim | None = None  # renewed while :meth:`run` runs, released by :meth:`stop`
+    report_seconds: float = REPORT_SECONDS  # how often :meth:`run` says what the workers did
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -168,6 +293,7 @@ class WorkerPool:
         self.types = {job_type.name: job_type for job_type in self.job_types}
         self._openings: tuple[set[Any], set[Any], list[Any]] | None = None
         self.died: list[Any] = []  # the ids of the jobs whose worker died on them: zombies until a cleanup finds them
+        self.doing = "starting"  # what the pool is doing, for a database error to name it
 
     @property
     def workers(self) -> int:
@@ -203,46 +329,118 @@ class WorkerPool:
     # --- the loop ---------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """One step of every worker: start, heartbeat, finish or die; then top the waiting jobs up."""
-        now = self.clock()
+        """One step of every worker: heartbeat, then finish or die, start; then top the waiting jobs up.
+
+        A deployment's worker heartbeats from a thread of its own, whatever its job does. Here one thread plays every
+        worker, so the heartbeats due are written first, then again between any two finishes or starts (each a few
+        commands): a tick that finishes and starts many jobs on a slow server never holds the others' beats for
+        longer than one of them. A slot changes only once its write went through, so a tick that a database error
+        cut short is taken up again by the next one.
+        """
         self._openings = None  # the waiting jobs and the busy users, read once a tick, when a worker looks for work
-        beating = []
+        self._beat_due()
+        now = self.clock()
         for index, run in enumerate(self.runs):
-            if run is None:
-                if now >= self.restart_at[index]:
-                    self.runs[index] = self._start(now)
-            elif now >= run.ends_at:
-                self.runs[index] = None
+            if run is not None and now >= run.ends_at:
                 if run.fate is Fate.CRASH:
+                    self.doing = "letting a worker die"
                     self._die(run)
+                    self.runs[index] = None
                     self.restart_at[index] = now + self.rates.restart_seconds
-                else:
-                    self._finish(run)
-                    self.runs[index] = self._start(now)  # the worker takes its next job at once
-            elif now >= run.next_beat:
-                beating.append(run)
-        for gone in self._beat(beating, now):  # a cleanup finalized its job (an overrun, say): take another
-            index = next(index for index, run in enumerate(self.runs) if run is gone)
-            self.counts["finished_by_someone_else"] += 1
-            self.runs[index] = self._start(now)
+                    continue
+                self.doing = "finishing a job"
+                self._finish_all([run], [run.fate])
+                self.runs[index] = None  # the worker takes its next job at once
+                self._beat_due()
+            if self.runs[index] is None and now >= self.restart_at[index]:
+                self.doing = "starting a job"
+                self.runs[index] = self._start(now)
+                self._beat_due()
+        self.doing = "topping the waiting jobs up"
         self._top_up()
 
+    def _beat_due(self) -> None:
+        """The heartbeats due now, in one command; the workers whose job a cleanup finalized drop it."""
+        now = self.clock()
+        beating = [run for run in self.runs if run is not None and run.next_beat <= now < run.ends_at]
+        if not beating:
+            return
+        self.doing = "heartbeating the jobs in flight"
+        for gone in self._beat(beating, now):  # a cleanup finalized its job (an overrun, say): take another
+            self.runs[next(index for index, run in enumerate(self.runs) if run is gone)] = None
+            self.counts["finished_by_someone_else"] += 1
+
     def run(self, seconds: float, stop: Callable[[], bool] = lambda: False, interval: float = 0.5) -> Counter[Any]:
-        """Tick for ``seconds`` (or until ``stop()``), then :meth:`stop`."""
+        """Tick for ``seconds`` (or until ``stop()``), then :meth:`stop`; through a database outage, and saying what
+        it did every :attr:`report_seconds`."""
         deadline = self.clock() + seconds
+        outage_since: float | None = None
+        wait = 1.0
+        reported, next_report = Counter(self.counts), self.clock() + self.report_seconds
         while self.clock() < deadline and not stop():
-            self.tick()
-            time.sleep(interval)
+            try:
+                self.tick()
+                if self.claim is not None:
+                    self.doing = "renewing the workers' claim on the queue"
+                    self.claim.renew()
+            except pymongo.errors.PyMongoError as error:
+                if not passing(error):
+                    raise
+                if outage_since is None:
+                    outage_since = self.clock()
+                    self.say(
+                        f"{self.explain(error, self.doing)}; the workers hold {self.held()} jobs and try again, "
+                        f"waiting up to {OUTAGE_MAX_WAIT_SECONDS:g} s between attempts"
+                    )
+                _sleep(min(wait, max(deadline - self.clock(), 0.0)), stop)
+                wait = min(wait * 2, OUTAGE_MAX_WAIT_SECONDS)
+                continue
+            if outage_since is not None:
+                self.say(f"the database answers again after {self.clock() - outage_since:.0f} s: the workers go on")
+                outage_since, wait = None, 1.0
+            if self.clock() >= next_report:
+                self.say(self.report(self.counts - reported))
+                reported, next_report = Counter(self.counts), self.clock() + self.report_seconds
+            _sleep(interval, stop)
         self.stop()
         return self.counts
 
+    def held(self) -> int:
+        """The jobs the living workers hold."""
+        return sum(1 for run in self.runs if run is not None)
+
+    def report(self, done: Counter[Any]) -> str:
+        """One line of what the workers did (``done``: counts since the last line), and what they hold now."""
+        finished = done["finished_success"] + done["finished_error"]
+        return (
+            f"{self.now():%H:%M:%S} UTC, the last {_duration(self.report_seconds)}: {done['started']} started, {finished} finished "
+            f"({done['finished_error']} in error, {done['stopped_at_max_duration']} stopped at their maximum "
+            f"duration), {done['died']} died, {done['finished_by_someone_else']} finalized by a cleanup, "
+            f"{done['enqueued']} enqueued; {self.held()} jobs in flight on {self.workers} workers"
+        )
+
     def stop(self) -> None:
-        """Finish the jobs in flight (their workers shut down cleanly, a crash to come included); the jobs of workers
-        that died stay zombies."""
-        for index, run in enumerate(self.runs):
-            if run is not None:  # short of its end: as it would have ended, unstopped
-                self._finish(run, Fate.ERROR if run.fate is Fate.ERROR else Fate.SUCCESS)
-            self.runs[index] = None
+        """Finish the jobs in flight (their workers shut down cleanly, a crash to come included), in a few commands for
+        all; the jobs of workers that died stay zombies. Then release the queue's claim. A database out of reach is
+        said, after the client's timeout (``$ZOMBIE_MONGO_TIMEOUT_MS``), and the jobs are left as they are."""
+        held = [run for run in self.runs if run is not None]
+        self.runs = [None] * len(self.runs)
+        self.doing = f"finishing the {len(held)} jobs the workers held"
+        if held:
+            self.say(f"stopping: finishing the {len(held)} jobs the workers hold")
+        try:
+            for start in range(0, len(held), FINISH_BATCH_SIZE):  # short of their end: as they would have ended
+                batch = held[start : start + FINISH_BATCH_SIZE]
+                self._finish_all(batch, [Fate.ERROR if run.fate is Fate.ERROR else Fate.SUCCESS for run in batch])
+            if self.claim is not None:
+                self.claim.release()
+        except pymongo.errors.PyMongoError as error:
+            if not passing(error):
+                raise
+            self.say(
+                f"{self.explain(error, self.doing)}; the jobs left started look dead after the heartbeat timeout, and "
+                "a cleanup finalizes them"
+            )
 
     # --- a job's life, as the deployment lives it ----------------------------------------------------
 
@@ -315,7 +513,12 @@ class WorkerPool:
             taken = {Lock.OWNER: owner, Lock.UPDATED_AT: self.now()}
             if Lock.TTL in self.generation.lock_fields:
                 taken[Lock.TTL] = START_LOCK_TTL_SECONDS
-            self.store.locks.update_one({ID: candidate[Job.UNICITY_ID], Lock.OWNER: None}, {"$set": taken}, upsert=True)
+            try:
+                self.store.locks.update_one(
+                    {ID: candidate[Job.UNICITY_ID], Lock.OWNER: None}, {"$set": taken}, upsert=True
+                )
+            except DuplicateKeyError:  # another worker holds it, starting the same step: this one looks further
+                return None
         started = self.store.jobs.find_one_and_update(
             {ID: candidate[ID], Job.STATUS: Status.WAITING},
             {"$set": {Job.STATUS: Status.STARTED, Job.STARTED_AT: self.now()}},
@@ -357,36 +560,67 @@ class WorkerPool:
 
     def _die(self, run: _Run) -> None:
         """The worker dies: no more heartbeats; after a SIGTERM, the job records it (the deployment's handler)."""
-        self.counts["died"] += 1
-        self.died.append(run.job[ID])
         if run.terminated:
             moment = self.now() - dt.timedelta(seconds=self.rng.uniform(0, min(5.0, self.rates.heartbeat_seconds)))
             self.store.jobs.update_one(
                 {ID: run.job[ID], Job.STATUS: Status.STARTED}, {"$set": {Job.TERMINATED_AT: moment}}
             )
             self.counts["terminated"] += 1
+        self.counts["died"] += 1
+        self.died.append(run.job[ID])
 
-    def _finish(self, run: _Run, fate: Fate | None = None) -> None:
-        """The cache entry first, then the job finished as the generation finishes one (if it is still ours)."""
-        current = self.store.jobs.find_one({ID: run.job[ID]})
-        if current is None or current.get(Job.STATUS) != Status.STARTED:
-            self.counts["finished_by_someone_else"] += 1  # the cleanup took it for a zombie
-            return
-        fate = fate or run.fate
+    def _finish_all(self, runs: list[_Run], fates: list[Fate]) -> None:
+        """The cache entries first, then the jobs finished as the generation finishes them (those still ours), in a
+        few commands for all of ``runs`` (each ending as its ``fates`` says)."""
+        current = {job[ID]: job for job in self.store.jobs.find({ID: {"$in": [run.job[ID] for run in runs]}})}
         finished_at = self.now()
-        error_code = {Fate.ERROR: WORKER_ERROR_CODE, Fate.STOPPED_AT_T2: ErrorCode.EXCEEDED_MAX_DURATION}.get(fate)
-        self._write_result(current, finished_at, error_code)
-        status = Status.SUCCESS if error_code is None else Status.ERROR
+        finished: list[Finished] = []
+        results: list[ReplaceOne[CacheEntry]] = []
+        metrics: Counter[tuple[tuple[str, Any], ...]] = Counter()
+        for run, fate in zip(runs, fates):
+            job = current.get(run.job[ID])
+            if job is None or job.get(Job.STATUS) != Status.STARTED:
+                self.counts["finished_by_someone_else"] += 1  # the cleanup took it for a zombie
+                continue
+            error_code = {Fate.ERROR: WORKER_ERROR_CODE, Fate.STOPPED_AT_T2: ErrorCode.EXCEEDED_MAX_DURATION}.get(fate)
+            key, entry, previous = self._result(job, finished_at, error_code)
+            results.append(ReplaceOne(key, entry, upsert=True))
+            for old_or_new, change in ((previous, -1), (entry, +1)):
+                if old_or_new is not None:
+                    metrics[self._cache_metric_key(old_or_new)] += change
+            finished.append(Finished(job, finished_at, Status.SUCCESS if error_code is None else Status.ERROR))
+            if fate is Fate.STOPPED_AT_T2:
+                self.counts["stopped_at_max_duration"] += 1
+        if not finished:
+            return
+        self.store.cache.bulk_write(results, ordered=False)
+        if self.side.cache_metrics and any(metrics.values()):
+            self.store.cache_metrics.bulk_write(
+                [
+                    UpdateOne(dict(key), {"$inc": {CacheMetric.TOTAL: change}}, upsert=True)
+                    for key, change in metrics.items()
+                    if change
+                ],
+                ordered=False,
+            )
+        ids = [item.job[ID] for item in finished]
         if self.generation.keeps_finished_jobs:
-            self.store.jobs.update_one({ID: current[ID]}, {"$set": {Job.STATUS: status, Job.FINISHED_AT: finished_at}})
+            self.store.jobs.bulk_write(
+                [
+                    UpdateOne({ID: item.job[ID]}, {"$set": {Job.STATUS: item.status, Job.FINISHED_AT: finished_at}})
+                    for item in finished
+                ],
+                ordered=False,
+            )
         else:
-            self.store.jobs.delete_one({ID: current[ID]})
-        self.effects.after_finish([Finished(current, finished_at, status)], finished_at)
-        self.counts[f"finished_{status}"] += 1
-        if fate is Fate.STOPPED_AT_T2:
-            self.counts["stopped_at_max_duration"] += 1
+            self.store.jobs.delete_many({ID: {"$in": ids}})
+        self.effects.after_finish(finished, finished_at)
+        self.counts.update(f"finished_{item.status}" for item in finished)
 
-    def _write_result(self, job: JobDocument, finished_at: dt.datetime, error_code: str | None) -> None:
+    def _result(
+        self, job: JobDocument, finished_at: dt.datetime, error_code: str | None
+    ) -> tuple[dict[str, Any], CacheEntry, CacheEntry | None]:
+        """The cache entry a job writes as it ends, with its key and the entry it replaces."""
         key = cache_key_of_job(job)
         previous = self.store.cache.find_one(key, {Cache.CONTENT: 0})
         failed = error_code is not None
@@ -407,20 +641,16 @@ class WorkerPool:
             Cache.DURATION: round((finished_at - job[Job.STARTED_AT]).total_seconds(), 3),
             Cache.FAILED_RUNS: failed_runs,
         }
-        document = self.cache_generation.keep_declared(entry)
-        self.store.cache.replace_one(key, document, upsert=True)
-        if self.side.cache_metrics:
-            for old_or_new, change in ((previous, -1), (document, +1)):
-                if old_or_new is not None:
-                    self.store.cache_metrics.update_one(
-                        {
-                            CacheMetric.KIND: old_or_new[Cache.KIND],
-                            CacheMetric.HTTP_STATUS: old_or_new[Cache.HTTP_STATUS],
-                            CacheMetric.ERROR_CODE: old_or_new.get(Cache.ERROR_CODE),
-                        },
-                        {"$inc": {CacheMetric.TOTAL: change}},
-                        upsert=True,
-                    )
+        return key, self.cache_generation.keep_declared(entry), previous
+
+    @staticmethod
+    def _cache_metric_key(entry: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+        """The ``cacheTotalMetric`` counter an entry counts in (a tuple of its fields, to sum changes by)."""
+        return (
+            (CacheMetric.KIND, entry[Cache.KIND]),
+            (CacheMetric.HTTP_STATUS, entry[Cache.HTTP_STATUS]),
+            (CacheMetric.ERROR_CODE, entry.get(Cache.ERROR_CODE)),
+        )
 
     def _top_up(self) -> None:
         target = self.rates.waiting_target if self.rates.waiting_target is not None else max(MIN_WAITING, self.workers)
