@@ -57,7 +57,7 @@ GROWTH_PNG = "benchmarks-growth.png"
 SECTIONS = ("cleanup", "compute", "history", "detection")
 #: The results keys each section writes: a run of some sections keeps the others' from the file already there.
 SECTION_KEYS = {
-    "cleanup": ("cleanup_cases", "cleanup_runs"),
+    "cleanup": ("cleanup_cases", "cleanup_runs", "cleanup", "cleanup_models"),
     "compute": ("compute",),
     "history": ("detection", "plans", "statistics"),
     "detection": ("replay",),
@@ -154,6 +154,7 @@ class Results:
         self.log = log
         self._chart_written = -1e9
         self.meta = meta  # this run's; the file's own when this run only replays (its other figures are kept)
+        self.measures_cleanup = "cleanup" in sections  # else its summaries are kept as the file holds them
         self.data: dict[str, Any] = {
             "meta": meta,
             "cleanup_cases": [],
@@ -200,9 +201,10 @@ class Results:
         meta["written_at"] = now_iso()
         meta["complete"] = complete
         meta.setdefault("machine", {})["load_average_now"] = list(os.getloadavg())
-        runs = self.data["cleanup_runs"]
-        self.data["cleanup"] = summaries(runs)  # computed from the runs alone: a partial run still renders
-        self.data["cleanup_models"] = models(runs)
+        if self.measures_cleanup:
+            runs = self.data["cleanup_runs"]
+            self.data["cleanup"] = summaries(runs)  # computed from the runs alone: a partial run still renders
+            self.data["cleanup_models"] = models(runs)
         self.data["targets"] = report.targets(self.data)
         self.data["growth"] = report.growth_rows(self.data)
         (self.out_dir / RESULTS_JSON).write_text(json.dumps(self.data, indent=1, default=str) + "\n")
