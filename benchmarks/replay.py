@@ -42,6 +42,7 @@ from benchmarks.replay_figures import (
     targets_table,
 )
 from benchmarks.replay_trace import DAY, Cause, Outcome, Trace, TraceSettings, constant, generate, lifecycle
+from benchmarks.servers import Running
 from zombie_pipeline.policy import ZombiePolicy
 
 CONTENDERS = ("a", "b", "c", "d")
@@ -108,6 +109,7 @@ def _one_contender(trace_settings: TraceSettings, pipeline: PipelineSettings, ur
     """A contender built on the cleanup, in a process of its own: its trace (the same: seeded), its database."""
     with exit_on_sigterm(), contextlib.ExitStack() as stack:
         trace = generate(trace_settings)
+        server: Running | None = None
         if url is None:
             from zombie_pipeline.simulation.embedded import start_server, stop_process
 
@@ -116,13 +118,20 @@ def _one_contender(trace_settings: TraceSettings, pipeline: PipelineSettings, ur
             process, info = start_server(base / "data", log_path=base / "server.log", detach=False)
             stack.callback(stop_process, process, 60)
             url = info.url
+            server = Running(url=url, direct_url=url, rtt_ms=0.0, pid=process.pid)
 
         def log(line: str) -> None:
             print(line, flush=True)
 
-        return replay_pipeline(
+        cpu = time.process_time()
+        outcome = replay_pipeline(
             trace, pipeline, url, f"replay_{pipeline.name}_queue", f"replay_{pipeline.name}_cache", log=log
         )
+        outcome.cpu_seconds = {"client": round(time.process_time() - cpu, 1)}
+        server_cpu = server.cpu_seconds() if server is not None else None
+        if server_cpu is not None:
+            outcome.cpu_seconds["server"] = round(server_cpu, 1)
+        return outcome
 
 
 def replay_section(
@@ -223,12 +232,21 @@ def markdown(replay: dict[str, Any], command: str) -> str:
     rows = replay["contenders"]
     trace = replay["trace"]
     s = replay["settings"]
-    wall = ", ".join(f"{labels[row['contender']]} {row['wall_seconds']:.0f} s" for row in rows)
+    wall = ", ".join(
+        f"{labels[row['contender']]} {row['wall_seconds']:.0f} s"
+        + (
+            f" (CPU {' + '.join(f'{v:.0f} s {k}' for k, v in row['cpu_seconds'].items())})"
+            if row["cpu_seconds"]
+            else ""
+        )
+        for row in rows
+    )
     suggestions = replay["suggestions"]
     parts = [
         "## 6. Detection: a replay with ground truth (issue 29)",
         "",
-        f"Command: `{command}` ({replay['total_seconds']:.0f} s in all on {replay['cpu_count']} cores; per contender: {wall}).",
+        f"Command: `{command}` ({replay['total_seconds']:.0f} s in all on {replay['cpu_count']} cores shared with "
+        f"other sessions, load average {replay.get('load_average_1m', '?')} at the end; per contender: {wall}).",
         "",
         f"Trace (seed {s['trace']['seed']}): {trace['jobs']:,} jobs over {s['trace']['days']:g} days "
         f"(+{s['trace']['tail_hours']:g} h without arrivals), {trace['pods']:,} pod incarnations, fleet "

@@ -179,6 +179,7 @@ def figures(trace: Trace, outcome: Outcome) -> dict[str, Any]:
         "first_finalized_by": dict(finalized_by),
         "counts": dict(outcome.counts),
         "wall_seconds": round(outcome.wall_seconds, 1),
+        "cpu_seconds": dict(outcome.cpu_seconds),
         "settings": outcome.settings,
     }
     result["per_10k_runs"] = {name: value * PER_RUNS / runs for name, value in result["mistakes"].items()}
