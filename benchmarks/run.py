@@ -46,7 +46,7 @@ from benchmarks.harness import (
     server_version,
 )
 from benchmarks.history_bench import HistoryBench, HistorySettings
-from benchmarks.replay import ReplaySettings, replay_section
+from benchmarks.replay import CONTENDERS, ReplaySettings, replay_section
 from benchmarks.replay_cleanup import RunStart
 from benchmarks.servers import HistoryServer, Servers
 
@@ -430,6 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.stats_sizes:
         config.history.stats_sizes = args.stats_sizes
     _replay_options(args, config)
+    unknown_contenders = set(config.replay.contenders) - set(CONTENDERS)
+    if unknown_contenders:
+        parser.error(f"unknown contenders {sorted(unknown_contenders)}: among {', '.join(CONTENDERS)}")
     if args.only:
         sections = tuple(part.strip() for part in args.only.split(",") if part.strip())
         unknown = set(sections) - set(SECTIONS)
