@@ -277,9 +277,12 @@ def markdown(replay: dict[str, Any], command: str) -> str:
         "",
         targets_table(replay["targets"]),
         "",
-        f"(d)'s T2s, from `statistics.analysis.analyze` over the first {suggestions['window_days']:g} days "
-        f"(kill_long_job at the chart's 2400 s then): per type for the cleanup {suggestions['t2_by_type']}; "
-        f"for kill_long_job {suggestions['kill_long_job_seconds']:.0f} s (the largest: one value for every type).",
-        "",
     ]
+    if "d" in labels:
+        parts += [
+            f"(d)'s T2s, from `statistics.analysis.analyze` over the first {suggestions['window_days']:g} days "
+            f"(kill_long_job at the chart's 2400 s then): per type for the cleanup {suggestions['t2_by_type']}; "
+            f"for kill_long_job {suggestions['kill_long_job_seconds']:.0f} s (the largest: one value for every type).",
+            "",
+        ]
     return "\n".join(parts)
