@@ -332,7 +332,16 @@ def markdown(results: dict[str, Any]) -> str:
         parts += ["## 4. Statistics read from the server", "", statistics_table(results["statistics"]), ""]
     if results.get("growth"):
         parts += ["## 5. Growth", "", growth_table(results), "", "![growth](benchmarks-growth.png)", ""]
+    if results.get("replay"):
+        parts += [replay_markdown(results["replay"])]
     return "\n".join(parts)
+
+
+def replay_markdown(replay: dict[str, Any]) -> str:
+    """The detection replay's section (issue 29), with the command of the run that made it."""
+    from benchmarks.replay import markdown as replay_section_markdown
+
+    return replay_section_markdown(replay, replay.get("meta", {}).get("command", "?"))
 
 
 def targets_table(results: dict[str, Any]) -> str:

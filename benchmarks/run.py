@@ -2,7 +2,10 @@
 
 Sections: ``cleanup`` (ours and the 2023 baseline, a fresh server per run, interleaved, at injected
 round-trip times), ``compute`` (the statistics step at 1M jobs without the server, the documents path
-and the Arrow path) and ``history`` (detection and statistics as the finished history grows).
+and the Arrow path), ``history`` (detection and statistics as the finished history grows) and
+``detection`` (issue 29: a week's trace with ground truth replayed against the deployment's own killer
+and the cleanup, ``benchmarks/replay.py``). A run of some sections keeps the others' figures already
+in the output directory.
 Prints each figure as it is measured and, after every measure, rewrites
 ``benchmarks-results.json``, ``benchmarks-results.md`` and
 ``benchmarks-growth.png`` in the output directory (``docs/`` by default,
@@ -18,7 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +46,22 @@ from benchmarks.harness import (
     server_version,
 )
 from benchmarks.history_bench import HistoryBench, HistorySettings
+from benchmarks.replay import CONTENDERS, ReplaySettings, replay_section
+from benchmarks.replay_cleanup import RunStart
 from benchmarks.servers import HistoryServer, Servers
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_JSON = "benchmarks-results.json"
 RESULTS_MD = "benchmarks-results.md"
 GROWTH_PNG = "benchmarks-growth.png"
-SECTIONS = ("cleanup", "compute", "history")
+SECTIONS = ("cleanup", "compute", "history", "detection")
+#: The results keys each section writes: a run of some sections keeps the others' from the file already there.
+SECTION_KEYS = {
+    "cleanup": ("cleanup_cases", "cleanup_runs", "cleanup", "cleanup_models"),
+    "compute": ("compute",),
+    "history": ("detection", "plans", "statistics"),
+    "detection": ("replay",),
+}
 
 
 def default_cases() -> tuple[CleanupCase, ...]:
@@ -72,6 +84,7 @@ class Config:
     #: statistics step fed from memory (``compute_bench``): its targets are at 1M jobs
     compute_sizes: tuple[int, ...] = (1_000_000,)
     compute_repeats: int = 5
+    replay: ReplaySettings = field(default_factory=ReplaySettings)
     sections: tuple[str, ...] = SECTIONS
 
     @classmethod
@@ -95,6 +108,7 @@ class Config:
             ),
             compute_sizes=(100_000,),
             compute_repeats=2,
+            replay=ReplaySettings.quick(),
         )
 
     @classmethod
@@ -122,16 +136,25 @@ class Config:
             ),
             compute_sizes=(2_000,),
             compute_repeats=1,
+            sections=tuple(section for section in SECTIONS if section != "detection"),  # its own test: test_replay.py
         )
 
 
 class Results:
     """The results dictionary, rewritten to disk (JSON, Markdown, PNG) after every measure."""
 
-    def __init__(self, out_dir: Path, meta: dict[str, Any], log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        meta: dict[str, Any],
+        log: Callable[[str], None],
+        sections: tuple[str, ...] = SECTIONS,
+    ) -> None:
         self.out_dir = out_dir
         self.log = log
         self._chart_written = -1e9
+        self.meta = meta  # this run's; the file's own when this run only replays (its other figures are kept)
+        self.measures_cleanup = "cleanup" in sections  # else its summaries are kept as the file holds them
         self.data: dict[str, Any] = {
             "meta": meta,
             "cleanup_cases": [],
@@ -142,22 +165,46 @@ class Results:
             "plans": [],
             "statistics": [],
             "compute": [],
+            "replay": {},
         }
         out_dir.mkdir(parents=True, exist_ok=True)
+        self._keep_other_sections(sections)
+
+    def _keep_other_sections(self, sections: tuple[str, ...]) -> None:
+        """The figures of the sections this run does not measure, as the results file there holds them."""
+        path = self.out_dir / RESULTS_JSON
+        if set(sections) == set(SECTIONS) or not path.exists():
+            return
+        try:
+            previous = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            self.log(f"the results there cannot be read, only this run's are written: {error!r}")
+            return
+        for section, keys in SECTION_KEYS.items():
+            if section not in sections:
+                self.data.update({key: previous[key] for key in keys if key in previous})
+        if "detection" in sections and not set(sections) - {"detection"} and "meta" in previous:
+            self.data["meta"] = previous["meta"]  # the other sections' run, described as it was
+            self.meta["only"] = "detection"
 
     def emit(self, section: str, rows: list[dict[str, Any]]) -> None:
         load = round(os.getloadavg()[0], 2)  # the machine is shared: say how busy it was
         self.data[section].extend({**row, "load_average_1m": load} for row in rows)
         self.write()
 
+    def replay(self, replay: dict[str, Any]) -> None:
+        self.data["replay"] = {**replay, "meta": self.meta, "load_average_1m": round(os.getloadavg()[0], 2)}
+        self.write()
+
     def write(self, complete: bool = False) -> None:
-        meta = self.data["meta"]
+        meta = self.meta
         meta["written_at"] = now_iso()
         meta["complete"] = complete
         meta.setdefault("machine", {})["load_average_now"] = list(os.getloadavg())
-        runs = self.data["cleanup_runs"]
-        self.data["cleanup"] = summaries(runs)  # computed from the runs alone: a partial run still renders
-        self.data["cleanup_models"] = models(runs)
+        if self.measures_cleanup:
+            runs = self.data["cleanup_runs"]
+            self.data["cleanup"] = summaries(runs)  # computed from the runs alone: a partial run still renders
+            self.data["cleanup_models"] = models(runs)
         self.data["targets"] = report.targets(self.data)
         self.data["growth"] = report.growth_rows(self.data)
         (self.out_dir / RESULTS_JSON).write_text(json.dumps(self.data, indent=1, default=str) + "\n")
@@ -208,7 +255,7 @@ def run(
                 },
                 "notes": servers.notes,
             }
-            results = Results(out_dir, meta, log)
+            results = Results(out_dir, meta, log, config.sections)
             log(
                 f"servers: {'a fresh embedded SecantusDB per run' if servers.embedded else 'QUEUE_MONGO_URL'}; results in {out_dir}"
             )
@@ -224,6 +271,8 @@ def run(
             if "history" in config.sections and config.history.sizes:
                 log("detection and statistics as the history grows (one long-lived server)")
                 _history(servers, config, results, log)
+            if "detection" in config.sections:
+                results.replay(replay_section(config.replay, url, out_dir, log))
             meta["servers_started"] = servers.started
             meta["total_seconds"] = round(time.perf_counter() - started, 1)
             results.write(complete=True)
@@ -292,6 +341,9 @@ def _print_summary(data: dict[str, Any], log: Callable[[str], None]) -> None:
     if data["statistics"]:
         log(report.statistics_table(data["statistics"]))
         log("")
+    if data.get("replay"):
+        log(report.replay_markdown(data["replay"]))
+        log("")
     log(report.targets_table(data))
 
 
@@ -329,6 +381,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", type=_sizes, help="finished-history sizes, e.g. 10000,100000,1000000")
     parser.add_argument("--stats-sizes", type=_sizes, help="history sizes at which statistics are read from the server")
     parser.add_argument("--only", help=f"comma-separated sections among {', '.join(SECTIONS)}")
+    replay = parser.add_argument_group("detection (the replay of issue 29)")
+    replay.add_argument("--replay-days", type=float, help="simulated days (default 7)")
+    replay.add_argument("--replay-jobs", type=int, help="expected jobs in the trace (default 16000)")
+    replay.add_argument("--replay-seed", type=int, help="the trace's seed (default 29)")
+    replay.add_argument("--replay-contenders", help="among a,b,c,d (default all)")
+    replay.add_argument("--replay-parallel", type=int, help="contenders (b)-(d) replayed at once (default 3)")
+    replay.add_argument("--heartbeat-timeout", type=int, help="(b)-(d): the cleanup's heartbeat timeout (default 300)")
+    replay.add_argument("--max-duration", type=int, help="(b)-(d): the cleanup's T2 for every type (default 2400)")
+    replay.add_argument("--sensor-tick", type=float, help="(c), (d): seconds between sensor ticks (default 60)")
+    replay.add_argument(
+        "--run-start", type=_floats, help="a run's start latency MIN,MEDIAN,MAX seconds (default 20,30,103)"
+    )
+    replay.add_argument("--sigterm-grace", type=float, help="the pods' terminationGracePeriodSeconds (default 30)")
+    replay.add_argument("--statistics-days", type=float, help="(d): days the suggestions are computed from (default 2)")
+    replay.add_argument("--t2-by-type", help="(d): TYPE=SECONDS,... instead of the suggestions")
+    replay.add_argument(
+        "--kill-long-job", type=float, help="(d): kill_long_job's maximum duration instead of the suggestion"
+    )
+    replay.add_argument(
+        "--policy",
+        type=json.loads,
+        help="(b)-(d): other ZombiePolicy fields as JSON, e.g. a SIGTERM rule once it exists",
+    )
     parser.add_argument(
         "--out", type=Path, help="output directory (default docs/, or build/benchmarks-quick with --quick)"
     )
@@ -354,6 +429,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.history.stats_sizes = args.stats_sizes or tuple(s for s in config.history.stats_sizes if s in args.sizes)
     if args.stats_sizes:
         config.history.stats_sizes = args.stats_sizes
+    _replay_options(args, config)
+    unknown_contenders = set(config.replay.contenders) - set(CONTENDERS)
+    if unknown_contenders:
+        parser.error(f"unknown contenders {sorted(unknown_contenders)}: among {', '.join(CONTENDERS)}")
     if args.only:
         sections = tuple(part.strip() for part in args.only.split(",") if part.strip())
         unknown = set(sections) - set(SECTIONS)
@@ -363,6 +442,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir = args.out or (REPO / "build" / "benchmarks-quick" if args.quick else REPO / "docs")
     run(config, out_dir, args.url)
     return 0
+
+
+def _replay_options(args: argparse.Namespace, config: Config) -> None:
+    replay = config.replay
+    trace = replay.trace
+    trace = replace(trace, days=args.replay_days) if args.replay_days else trace
+    trace = replace(trace, jobs=args.replay_jobs) if args.replay_jobs else trace
+    trace = replace(trace, seed=args.replay_seed) if args.replay_seed is not None else trace
+    trace = replace(trace, grace_seconds=args.sigterm_grace) if args.sigterm_grace is not None else trace
+    replay.trace = trace
+    if args.replay_contenders:
+        replay.contenders = tuple(part.strip() for part in args.replay_contenders.split(",") if part.strip())
+    if args.replay_parallel:
+        replay.parallel = args.replay_parallel
+    if args.heartbeat_timeout:
+        replay.heartbeat_timeout_seconds = args.heartbeat_timeout
+    if args.max_duration:
+        replay.max_duration_seconds = args.max_duration
+    if args.sensor_tick:
+        replay.sensor_tick_seconds = args.sensor_tick
+    if args.run_start:
+        minimum, median, maximum = args.run_start
+        replay.run_start = RunStart(minimum, median, maximum)
+    if args.statistics_days:
+        replay.statistics_days = args.statistics_days
+    if args.t2_by_type:
+        pairs = (part.rsplit("=", 1) for part in args.t2_by_type.split(",") if part.strip())
+        replay.t2_by_type = {name.strip(): int(seconds) for name, seconds in pairs}
+    if args.kill_long_job:
+        replay.kill_long_job_seconds = args.kill_long_job
+    if args.policy:
+        replay.policy_overrides = dict(args.policy)
 
 
 if __name__ == "__main__":
