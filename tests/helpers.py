@@ -6,9 +6,9 @@ import contextlib
 import dataclasses
 import datetime as dt
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import dagster as dg
 import numpy as np
@@ -63,6 +63,28 @@ def job_document(*args: Any, **fields: Any) -> JobDocument:
 def workload(**fields: Any) -> Workload:
     """``simulator.Workload`` in :data:`QUEUE_GENERATION` and :data:`CACHE_GENERATION` unless told otherwise."""
     return Workload(**{"generation": QUEUE_GENERATION, "cache_generation": CACHE_GENERATION, **fields})
+
+
+T = TypeVar("T")
+
+
+def found(value: T | None) -> T:
+    """A document (or any value) the test knows is there: ``find_one``'s None would fail the test anyway."""
+    assert value is not None
+    return value
+
+
+def raw(collection: Collection[Any]) -> Collection[Mapping[str, Any]]:
+    """``collection`` written and read as documents of any shape: the malformed ones a test writes on purpose, which
+    the collection's shape does not describe."""
+    return cast("Collection[Mapping[str, Any]]", collection)
+
+
+def text(value: dg.MetadataValue[Any]) -> str:
+    """A metadata value that holds text (markdown, a path, a text): Dagster types ``.value`` as any value metadata
+    may hold."""
+    assert isinstance(value.value, str)
+    return value.value
 
 
 def ago(seconds: float) -> dt.datetime:
@@ -252,6 +274,11 @@ class LoggedResult(dg.ExecuteInProcessResult):
     (a type for the checker only: the object is Dagster's own result)."""
 
     logs: list[EventLogEntry]
+
+
+def level(record: EventLogEntry) -> int:
+    """A log record's level: Dagster stores the number (``coerce_valid_log_level``) where its type says ``str | int``."""
+    return cast(int, record.level)
 
 
 def run_kill_zombies(
