@@ -361,8 +361,8 @@ def error_text(result: dg.ExecuteInProcessResult) -> str:
     return "\n".join(messages)
 
 
-def failed_steps(result: dg.ExecuteInProcessResult) -> list[str | None]:
-    return [event.step_key for event in result.all_events if event.is_step_failure]
+def failed_steps(result: dg.ExecuteInProcessResult) -> list[str]:
+    return [found(event.step_key) for event in result.all_events if event.is_step_failure]
 
 
 # --- a process that dies between two writes ---------------------------------------------------------------------
