@@ -115,7 +115,7 @@ def test_cli_db_start_reports_the_missing_server_in_process(tmp_path, monkeypatc
 @pytest.fixture
 def own_client(mongo_url):
     """A client of the test's own: the CLI closes the process's shared clients when it exits."""
-    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC)
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC)
     yield client
     client.close()
 
@@ -363,7 +363,7 @@ def test_the_demo_refusing_a_database_it_did_not_write_hints_only_at_what_exists
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv(HOME_ENV, str(home))
     try:
-        client = MongoClient(embedded.ensure_server().url)
+        client: MongoClient[dict[str, Any]] = MongoClient(embedded.ensure_server().url)
         client["datasets_server_queue"]["sentinel"].insert_one({ID: "a document of its own"})
         client.close()
 

@@ -8,6 +8,8 @@ are real for every party.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -79,7 +81,7 @@ def both_kinds_of_zombie(store: Store, pool: WorkerPool, now: dt.datetime) -> bo
     return overdue and dead
 
 
-def silent_since(job: dict) -> dt.datetime:
+def silent_since(job: Mapping[str, Any]) -> dt.datetime:
     """Since when a dead worker's job has said nothing: its SIGTERM, else its last heartbeat, else its start."""
     return job.get(Job.TERMINATED_AT) or job.get(Job.LAST_HEARTBEAT) or job[Job.STARTED_AT]
 
