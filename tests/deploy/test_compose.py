@@ -115,8 +115,9 @@ def compose_command() -> list[str]:
     docker = shutil.which("docker")
     if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
         return [docker, "compose"]
-    if shutil.which("docker-compose"):
-        return [shutil.which("docker-compose")]
+    compose = shutil.which("docker-compose")
+    if compose:
+        return [compose]
     pytest.skip("neither `docker compose` nor `docker-compose` is installed (apt-get install docker-compose)")
 
 

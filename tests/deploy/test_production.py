@@ -30,6 +30,7 @@ from tests.deploy.stack import (
     assert_never_two_cleanups_at_once,
     deployment_stack,
 )
+from tests.helpers import found
 from zombie_pipeline.orchestration.tags import QUEUE_DATABASE_TAG
 from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, Status, cache_key_of_job
 from zombie_pipeline.simulation.embedded import free_port
@@ -73,7 +74,7 @@ def sensor_run(deployment: Deployment) -> dg.DagsterRun:
     [tick] = deployment.wait("a stale_jobs_sensor tick that requests a run", requested, RUN_TIMEOUT)
     ops.start_schedule(SCHEDULE)
     [run_id] = tick.run_ids
-    return deployment.instance.get_run_by_id(run_id)
+    return found(deployment.instance.get_run_by_id(run_id))
 
 
 def test_the_instance_is_postgresql_with_the_production_queue_and_the_cron_comes_from_the_environment(deployment):
