@@ -34,7 +34,7 @@ from bson.codec_options import CodecOptions
 from pymongoarrow.context import PyMongoArrowContext
 
 from benchmarks.data import _finished_jobs, history_for
-from benchmarks.harness import measure, median, spread
+from benchmarks.harness import measure, median, present, spread
 from benchmarks.history_bench import Clock, days_of
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Job
@@ -42,7 +42,7 @@ from zombie_pipeline.statistics import jobs_source, tallies
 from zombie_pipeline.statistics.analysis import analyze
 
 #: what ``zombie_pipeline.queue.connections.client_for`` decodes with
-CODEC_OPTIONS = CodecOptions(tz_aware=True, tzinfo=dt.UTC)
+CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(tz_aware=True, tzinfo=dt.UTC)
 PROJECTED = (Job.TYPE, Job.STATUS, Job.STARTED_AT, Job.FINISHED_AT)
 
 
@@ -103,7 +103,8 @@ def _arrow_period(
 ) -> tallies.Period:
     """``jobs_source.read_period`` without the server (and without audit events: the simulator's history has none)."""
     period = tallies.Period(start=start, end=end)
-    pieces, found = jobs_source._Pieces(), set()
+    pieces = jobs_source._Pieces()
+    found: set[Any] = set()
     for status, batches in by_status.items():
         started = time.perf_counter()
         context = PyMongoArrowContext(jobs_source._JOB_SCHEMA, codec_options=CODEC_OPTIONS)
@@ -186,9 +187,9 @@ def compute_case(size: int, repeats: int, log: Callable[[str], None]) -> list[di
             "jobs_read": traced[path].result.jobs_read,
             "runs": len(computes[path]),
             "bson_mb": round(sizes_mb[path], 1),
-            "decode_median_seconds": round(median(decodes[path]), 3),
-            "compute_median_seconds": round(median(computes[path]), 3),
-            "total_median_seconds": round(median(totals), 3),
+            "decode_median_seconds": round(present(median(decodes[path])), 3),
+            "compute_median_seconds": round(present(median(computes[path])), 3),
+            "total_median_seconds": round(present(median(totals)), 3),
             "decode": spread(decodes[path]),
             "compute": spread(computes[path]),
             "total": spread(totals),

@@ -32,8 +32,10 @@ from zombie_pipeline.queue.documents import (
     CACHE_KEY,
     ID,
     Cache,
+    CacheEntry,
     Event,
     Job,
+    JobDocument,
     Priority,
     Status,
     cache_key_of_job,
@@ -252,9 +254,9 @@ def _key_filter(key: dict[str, Any]) -> dict[str, Any]:
 class Snapshot:
     """The documents a cleanup may change, as they were before any contender ran."""
 
-    zombie_jobs: list[dict[str, Any]]
+    zombie_jobs: list[JobDocument]
     cache_keys: list[dict[str, Any]]  # the cache key of every zombie
-    cache_entries: list[dict[str, Any]]  # the entries that existed for those keys
+    cache_entries: list[CacheEntry]  # the entries that existed for those keys
     started: int  # started jobs before a run
 
     @classmethod

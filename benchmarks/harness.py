@@ -95,7 +95,7 @@ class CommandCounter(monitoring.CommandListener):
         if self.measure_bytes:
             self.bytes_received += len(bson.encode(reply))
 
-    def failed(self, event: monitoring.CommandFailedEvent) -> None:  # type: ignore[override]
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
         self.failed_commands += 1
         self._writes.pop(event.request_id, None)
         self.micros[self._names.pop(event.request_id, event.command_name)] += event.duration_micros
@@ -150,7 +150,7 @@ def documents_written(command: str, reply: Any) -> int:
     return int(reply.get("n", 0))
 
 
-def new_client(url: str, counter: CommandCounter | None = None) -> MongoClient:
+def new_client(url: str, counter: monitoring.CommandListener | None = None) -> MongoClient:
     """A client of its own (never the pipeline's cached one), tz-aware like the pipeline's."""
     listeners = [counter] if counter is not None else []
     return MongoClient(url, tz_aware=True, tzinfo=dt.UTC, event_listeners=listeners)
@@ -215,6 +215,12 @@ def measure(
 
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+def present(value: float | None) -> float:
+    """A figure a section always has (the median of its runs, a traced peak): never None where it is read."""
+    assert value is not None
+    return value
 
 
 def spread(values: list[float], digits: int = 3) -> dict[str, Any]:

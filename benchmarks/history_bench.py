@@ -25,10 +25,11 @@ import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 from pymongo import MongoClient
+from pymongo.collection import Collection
 from pymongo.cursor import Cursor
 
 from benchmarks.cleanup_bench import CleanupSettings
@@ -47,6 +48,7 @@ from benchmarks.harness import (
     explain_find,
     measure,
     median,
+    present,
 )
 from zombie_pipeline.cleanup.detection import detect, stale_filter, stale_pipeline
 from zombie_pipeline.policy import ZombiePolicy
@@ -148,6 +150,11 @@ class TimedCollection:
         return timed
 
 
+def timed_collection(collection: Any, clock: Clock) -> Collection[Any]:
+    """``collection`` as a :class:`TimedCollection`, typed as the collection it stands in for."""
+    return cast("Collection[Any]", TimedCollection(collection, clock))
+
+
 def day_filters(start: dt.datetime, end: dt.datetime) -> list[dict[str, Any]]:
     """The queries ``read_period`` sends for the jobs of ``[start, end)``: one per finished status of the generation."""
     return [jobs_source.finished_jobs_filter(status, start, end) for status in jobs_source.statuses_to_read(GENERATION)]
@@ -165,7 +172,7 @@ def days_of(history: History) -> list[tuple[dt.datetime, dt.datetime]]:
 
 def statistics_ours(jobs: Any, events: Any, history: History, policy: ZombiePolicy, clock: Clock) -> dict[str, Any]:
     """The window as the assets compute it: a ``read_period`` per day, then ``combine`` and ``analyze``."""
-    timed_jobs, timed_events = TimedCollection(jobs, clock), TimedCollection(events, clock)
+    timed_jobs, timed_events = timed_collection(jobs, clock), timed_collection(events, clock)
     periods = [
         jobs_source.read_period(timed_jobs, timed_events, start, end, generation=GENERATION)
         for start, end in days_of(history)
@@ -192,7 +199,7 @@ def statistics_naive(jobs: Any, history: History, clock: Clock) -> dict[str, Any
 
 def statistics_day(jobs: Any, events: Any, start: dt.datetime, end: dt.datetime, clock: Clock) -> dict[str, Any]:
     period = jobs_source.read_period(
-        TimedCollection(jobs, clock), TimedCollection(events, clock), start, end, generation=GENERATION
+        timed_collection(jobs, clock), timed_collection(events, clock), start, end, generation=GENERATION
     )
     return {"jobs_read": period.jobs_read}
 
@@ -285,12 +292,12 @@ class HistoryBench:
             "zombies_found": candidates,
             "runs": len(walls),
             "wall_seconds": [round(w, 3) for w in walls],
-            "wall_median_seconds": round(median(walls), 3),
+            "wall_median_seconds": round(present(median(walls)), 3),
             "commands": traced.counts["commands"],
             "docs_returned": traced.counts["docs_returned"],
             "bytes_received": traced.counts["bytes_received"],
             "round_trip_seconds_by_command": traced.counts["round_trip_seconds_by_command"],
-            "peak_python_mb": round(traced.peak_python_mb, 2),
+            "peak_python_mb": round(present(traced.peak_python_mb), 2),
             "docs_examined": explained["docs_examined"],
             "keys_examined": explained["keys_examined"],
             "plan": explained["plan"],
@@ -314,7 +321,7 @@ class HistoryBench:
         unicity_ids = sorted(job[Job.UNICITY_ID] for job in zombies)
         day_start, day_end = days_of(self.history)[len(days_of(self.history)) // 2]
         day_queries = day_filters(day_start, day_end)
-        shapes = [
+        shapes: list[tuple[str, Any, Any, Any, Any]] = [
             (
                 "detection: stale query as detect sends it (two $match stages)",
                 jobs,
@@ -440,11 +447,11 @@ class HistoryBench:
                 "variant": name,
                 "jobs_read": traced.result["jobs_read"],
                 "runs": len(walls),
-                "wall_median_seconds": round(median(walls), 3),
-                "read_median_seconds": round(median(reads), 3),
-                "compute_median_seconds": round(median(computes), 3),
+                "wall_median_seconds": round(present(median(walls)), 3),
+                "read_median_seconds": round(present(median(reads)), 3),
+                "compute_median_seconds": round(present(median(computes)), 3),
                 "compute_seconds": [round(c, 3) for c in computes],
-                "peak_python_mb": round(traced.peak_python_mb, 1),
+                "peak_python_mb": round(present(traced.peak_python_mb), 1),
                 "commands": traced.counts["commands"],
                 "commands_by_name": traced.counts["commands_by_name"],
                 "round_trip_seconds_by_command": traced.counts["round_trip_seconds_by_command"],

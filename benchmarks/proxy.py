@@ -152,7 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     host, _, port = args.target.rpartition(":")
     proxy = DelayProxy((host, int(port)), args.delay_ms / 1000, args.host, args.port)
-    signal.signal(signal.SIGTERM, lambda *_: (proxy.close(), sys.exit(0)))
+
+    def stop(*_: object) -> None:
+        proxy.close()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
     print(f"listening {proxy.address[0]}:{proxy.address[1]}", flush=True)
     proxy.serve_forever()
     return 0

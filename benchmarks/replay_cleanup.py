@@ -59,7 +59,7 @@ from benchmarks.replay_trace import (
 from zombie_pipeline import monitoring
 from zombie_pipeline.cleanup import run
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Event, EventState, Reason, Status
+from zombie_pipeline.queue.documents import ID, Event, EventState, JobDocument, Reason, Status
 from zombie_pipeline.queue.documents import Job as JobField
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.shapes import job_document
@@ -200,7 +200,8 @@ class QueueWorkers:
                 gone = self.present.pop(index, None)
                 if gone is not None and gone.written:
                     deletes.append(DeleteOne({ID: self.ids[index]}))
-        inserts, updates = [], []
+        inserts: list[InsertOne[JobDocument]] = []
+        updates: list[UpdateOne] = []
         for index, stored in self.present.items():
             job, life = self.trace.jobs[index], self.lives[index]
             stale_at = t - self.exact_within
@@ -236,7 +237,7 @@ class QueueWorkers:
         for index in indices:
             self.present.pop(index, None)
 
-    def _document(self, job: Job, stored: _Stored) -> dict[str, Any]:
+    def _document(self, job: Job, stored: _Stored) -> JobDocument:
         return job_document(
             job.job_type,
             job.dataset,

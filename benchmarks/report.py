@@ -187,7 +187,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "held": row["compute_median_seconds"] < STATS_COMPUTE_SECONDS_TARGET if not partial else None,
             }
         )
-    compute = {}
+    compute: dict[int, dict[str, dict[str, Any]]] = {}
     for row in results.get("compute", []):
         compute.setdefault(row["finished_jobs"], {})[row.get("path", "documents")] = row
     for size, paths in sorted(compute.items()):
@@ -613,7 +613,7 @@ def growth_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     sizes = sorted({r["finished_jobs"] for r in results.get("detection", [])})
     out = []
     for size in sizes:
-        det = next((r for r in results.get("detection", []) if r["finished_jobs"] == size), {})
+        det: dict[str, Any] = next((r for r in results.get("detection", []) if r["finished_jobs"] == size), {})
         stats = {r["variant"].split(" ")[0]: r for r in results.get("statistics", []) if r["finished_jobs"] == size}
         out.append(
             {

@@ -227,7 +227,7 @@ def run(
     with exit_on_sigterm():
         servers = Servers(url, log=log)
         try:
-            meta = {
+            meta: dict[str, Any] = {
                 "command": python_command() if config.mode != "smoke" else "benchmarks.run.run(Config.smoke())",
                 "mode": config.mode,
                 "started_at": now_iso(),

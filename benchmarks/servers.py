@@ -210,6 +210,7 @@ class Servers:
         return template
 
     def _rebuild(self, template: Template) -> dict[str, Any]:
+        assert self.url is not None  # an external server's
         client = new_client(self.url)
         try:
             existing = set(client.list_database_names())
@@ -257,6 +258,7 @@ class Servers:
                 stack.callback(shutil.rmtree, storage, True)
                 direct_url, pid = stack.enter_context(self._embedded(storage))
             else:
+                assert self.url is not None  # an external server
                 if not template.pristine and template.reset is not None:
                     client = new_client(self.url)
                     try:
@@ -286,7 +288,7 @@ class HistoryServer:
         self.servers = servers
         self.storage = servers.workdir / "history"
         self.port = free_port()
-        self.process = None
+        self.process: subprocess.Popen[Any] | None = None
         self.pid: int | None = None
 
     @property

@@ -40,18 +40,19 @@ def main() -> None:
 
 def measure(zombies: int, repeats: int) -> None:
     from zombie_pipeline.orchestration.cleanup import kill_zombies_job
-    from zombie_pipeline.orchestration.metrics import MetricsGateway
-    from zombie_pipeline.orchestration.resources import resources_from_env, store_of
+    from zombie_pipeline.orchestration.pushgateway import MetricsGateway
+    from zombie_pipeline.orchestration.resources import resources_from_env
     from zombie_pipeline.policy import ZombiePolicy
-    from zombie_pipeline.simulation.ownership import drop_simulation, simulated_generation
+    from zombie_pipeline.simulation.ownership import drop_simulation
     from zombie_pipeline.simulation.simulator import simulate
     from zombie_pipeline.simulation.workload import Workload, healthy_beside
 
-    resources = {**resources_from_env(), "metrics_gateway": MetricsGateway()}
-    store = store_of(resources["queue_db"], resources["cache_db"])
+    deployment = resources_from_env()
+    store = deployment["databases"].store()
+    resources = {**deployment, "metrics_gateway": MetricsGateway()}
     runs, steps = [], []
     for repeat in range(repeats):
-        if simulated_generation(store) is not None:
+        if store.simulated_generation() is not None:
             drop_simulation(store)
         store.ensure_indexes()
         workload = Workload(

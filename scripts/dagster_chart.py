@@ -31,6 +31,7 @@ import tarfile
 import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -46,6 +47,7 @@ class SetupError(RuntimeError):
 
 def pinned_version() -> str:
     """The Dagster version of pyproject.toml: the chart is released with the same number."""
+    requirement: str
     for requirement in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
         name, _, version = requirement.partition("==")
         if name.strip() == "dagster" and version:
@@ -109,7 +111,7 @@ def from_directory(directory: Path, destination: Path) -> dict[str, str]:
     return {"source": f"directory {directory.resolve()}"}
 
 
-def setup(options: argparse.Namespace) -> dict:
+def setup(options: argparse.Namespace) -> dict[str, Any]:
     version = pinned_version()
     directory = version_dir(version)
     if directory.exists():

@@ -29,6 +29,7 @@ import time
 import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE_ENV = "ZOMBIE_DEPLOYMENT_CACHE"
@@ -144,7 +145,7 @@ def canonical(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def declared_dependencies(pyproject: dict) -> tuple[set[str], str | None]:
+def declared_dependencies(pyproject: dict[str, Any]) -> tuple[set[str], str | None]:
     poetry = pyproject.get("tool", {}).get("poetry", {})
     if "dependencies" in poetry:
         dependencies = poetry["dependencies"]
@@ -160,17 +161,17 @@ def declared_dependencies(pyproject: dict) -> tuple[set[str], str | None]:
     return names, project.get("requires-python")
 
 
-def locked_versions(lock: dict) -> dict[str, dict]:
+def locked_versions(lock: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {canonical(package["name"]): package for package in lock.get("package", [])}
 
 
-def pinned_requirements(source: Path, extra: list[str]) -> tuple[list[str], list[dict], str | None]:
+def pinned_requirements(source: Path, extra: list[str]) -> tuple[list[str], list[dict[str, Any]], str | None]:
     """The requirement lines to install, the deviations from the lock (with reasons), python."""
     pyproject = tomllib.loads((source / "pyproject.toml").read_text())
     declared, python = declared_dependencies(pyproject)
     lock_path = source / "poetry.lock"
     locked = locked_versions(tomllib.loads(lock_path.read_text())) if lock_path.exists() else {}
-    deviations: list[dict] = []
+    deviations: list[dict[str, Any]] = []
     requirements: dict[str, str] = {}
     for name in NEEDED + NEEDED_IF_LOCKED:
         if name in NEEDED and name not in declared:
@@ -227,7 +228,7 @@ def directory_size(path: Path) -> int:
     return total
 
 
-def setup(git_dir: Path, label: str, commit: str | None, python: str, extra: list[str], force: bool) -> dict:
+def setup(git_dir: Path, label: str, commit: str | None, python: str, extra: list[str], force: bool) -> dict[str, Any]:
     started = time.monotonic()
     if commit is None:
         if label not in KNOWN_LABELS:
@@ -238,7 +239,7 @@ def setup(git_dir: Path, label: str, commit: str | None, python: str, extra: lis
     directory = label_dir(label)
     manifest_path = directory / MANIFEST
     if manifest_path.exists() and not force:
-        existing = json.loads(manifest_path.read_text())
+        existing: dict[str, Any] = json.loads(manifest_path.read_text())
         if existing.get("commit") == resolved["commit"]:
             log(f"{label}: already set up at {resolved['commit'][:9]} in {directory} (--force to redo)")
             return existing

@@ -40,6 +40,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test suite's dagster dev harness and server helper
@@ -153,13 +154,13 @@ class DevTools:
         self.ids = itertools.count(1)
         self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
 
-    def _targets(self):
+    def _targets(self) -> Any:
         try:
             return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{self.port}/json/list", timeout=2).read())
         except OSError:
             return None
 
-    def call(self, method: str, **params):
+    def call(self, method: str, **params: Any) -> Any:
         request_id = next(self.ids)
         self.socket.send(json.dumps({"id": request_id, "method": method, "params": params}))
         while True:
@@ -169,7 +170,7 @@ class DevTools:
                     raise RuntimeError(f"{method}: {message['error']}")
                 return message["result"]
 
-    def js(self, expression: str):
+    def js(self, expression: str) -> Any:
         return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
 
     def dialog(self, url: str, link_text: str, path: Path, nth: int = 0) -> None:
@@ -213,7 +214,7 @@ class DevTools:
 
 
 def launch_and_wait(
-    dev: harness.DagsterDev, job: str, run_config: dict | None = None, expect: str = "SUCCESS", **options
+    dev: harness.DagsterDev, job: str, run_config: dict[str, Any] | None = None, expect: str = "SUCCESS", **options: Any
 ) -> str:
     run_id = harness.launch(dev, job, run_config or {}, **options)
     status = harness.wait_for_run(dev, run_id, timeout=300)

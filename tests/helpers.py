@@ -6,14 +6,17 @@ import contextlib
 import dataclasses
 import datetime as dt
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import dagster as dg
 import numpy as np
+from dagster._core.events.log import EventLogEntry
 from dagster._core.remote_origin import GrpcServerCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+from dagster_shared.error import SerializableErrorInfo
 from pymongo import MongoClient, monitoring
+from pymongo.collection import Collection
 
 from zombie_pipeline.cleanup import compensations, run
 from zombie_pipeline.cleanup.detection import Detection
@@ -25,7 +28,7 @@ from zombie_pipeline.orchestration.pushgateway import MetricsGateway
 from zombie_pipeline.orchestration.resources import Databases
 from zombie_pipeline.orchestration.tags import JOB_TYPE_PARTITIONS, QUEUE_DATABASE_TAG
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, utc_now
+from zombie_pipeline.queue.documents import ID, JobDocument, utc_now
 from zombie_pipeline.queue.evidence import detect_cache_generation
 from zombie_pipeline.queue.generations import (
     NEWEST_CACHE_GENERATION,
@@ -33,8 +36,9 @@ from zombie_pipeline.queue.generations import (
     QUEUE_GENERATIONS,
     CacheGeneration,
 )
-from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation import simulator
+from zombie_pipeline.queue.store import Document, Store
+from zombie_pipeline.simulation import shapes
+from zombie_pipeline.simulation.workload import Workload
 from zombie_pipeline.statistics.analysis import DurationReport, analyze
 from zombie_pipeline.statistics.tallies import Period, Tally
 
@@ -51,26 +55,48 @@ QUEUE_GENERATION = OLDEST_QUEUE_GENERATION
 CACHE_GENERATION = NEWEST_CACHE_GENERATION
 
 
-def job_document(*args: Any, **fields: Any) -> dict[str, Any]:
+def job_document(*args: Any, **fields: Any) -> JobDocument:
     """``simulator.job_document`` in :data:`QUEUE_GENERATION` unless ``generation`` says otherwise."""
-    return simulator.job_document(*args, **{"generation": QUEUE_GENERATION, **fields})
+    return shapes.job_document(*args, **{"generation": QUEUE_GENERATION, **fields})
 
 
-def workload(**fields: Any) -> simulator.Workload:
+def workload(**fields: Any) -> Workload:
     """``simulator.Workload`` in :data:`QUEUE_GENERATION` and :data:`CACHE_GENERATION` unless told otherwise."""
-    return simulator.Workload(**{"generation": QUEUE_GENERATION, "cache_generation": CACHE_GENERATION, **fields})
+    return Workload(**{"generation": QUEUE_GENERATION, "cache_generation": CACHE_GENERATION, **fields})
+
+
+T = TypeVar("T")
+
+
+def found(value: T | None) -> T:
+    """A document (or any value) the test knows is there: ``find_one``'s None would fail the test anyway."""
+    assert value is not None
+    return value
+
+
+def raw(collection: Collection[Any]) -> Collection[Mapping[str, Any]]:
+    """``collection`` written and read as documents of any shape: the malformed ones a test writes on purpose, which
+    the collection's shape does not describe."""
+    return cast("Collection[Mapping[str, Any]]", collection)
+
+
+def text(value: dg.MetadataValue[Any]) -> str:
+    """A metadata value that holds text (markdown, a path, a text): Dagster types ``.value`` as any value metadata
+    may hold."""
+    assert isinstance(value.value, str)
+    return value.value
 
 
 def ago(seconds: float) -> dt.datetime:
     return utc_now() - dt.timedelta(seconds=seconds)
 
 
-def crashed_job(dataset: str = "user/crashed", job_type: str = "/splits", **fields: Any) -> dict[str, Any]:
+def crashed_job(dataset: str = "user/crashed", job_type: str = "/splits", **fields: Any) -> JobDocument:
     """Started 15 minutes ago, its worker silent for 800 s: a zombie under the default policy (300 s timeout)."""
     return job_document(job_type=job_type, dataset=dataset, started_at=ago(900), last_heartbeat=ago(800), **fields)
 
 
-def healthy_job(dataset: str = "user/healthy", job_type: str = "/splits", **fields: Any) -> dict[str, Any]:
+def healthy_job(dataset: str = "user/healthy", job_type: str = "/splits", **fields: Any) -> JobDocument:
     """Started two minutes ago, beating every minute."""
     return job_document(job_type=job_type, dataset=dataset, started_at=ago(120), last_heartbeat=ago(30), **fields)
 
@@ -186,7 +212,7 @@ class CommandLog(monitoring.CommandListener):
 def logged_store(mongo_url: str, store: Store) -> Iterator[tuple[Store, CommandLog]]:
     """``store``'s collections through a client of their own whose every command is logged."""
     log = CommandLog()
-    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC, event_listeners=[log])
+    client: MongoClient[Document] = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC, event_listeners=[log])
     try:
         yield Store.of(client[store.jobs.database.name], client[store.cache.database.name]), log
     finally:
@@ -243,13 +269,25 @@ def database_resources(store: Store, url_env: str, **options: Any) -> dict[str, 
     return {"databases": databases, **METRICS_OFF}
 
 
+class LoggedResult(dg.ExecuteInProcessResult):
+    """What :func:`run_kill_zombies` returns: ``execute_in_process``'s result, the run's log records attached as ``logs``
+    (a type for the checker only: the object is Dagster's own result)."""
+
+    logs: list[EventLogEntry]
+
+
+def level(record: EventLogEntry) -> int:
+    """A log record's level: Dagster stores the number (``coerce_valid_log_level``) where its type says ``str | int``."""
+    return cast(int, record.level)
+
+
 def run_kill_zombies(
     resources: dict[str, Any],
     partition_key: str | None = None,
     instance: dg.DagsterInstance | None = None,
     run_config: dict[str, Any] | None = None,
     **config: Any,
-) -> dg.ExecuteInProcessResult:
+) -> LoggedResult:
     """kill_zombies_job in process, with ``config`` as the cleanup options, never raising.
 
     Without ``instance``, an in-memory one (0.1 s, where a temporary sqlite one takes 1.8 s); without a
@@ -261,13 +299,17 @@ def run_kill_zombies(
         if instance is None:
             instance = stack.enter_context(dg.DagsterInstance.ephemeral())
         if partition_key is not None:
+            assert JOB_TYPE_PARTITIONS.name is not None
             instance.add_dynamic_partitions(JOB_TYPE_PARTITIONS.name, [partition_key])
-        result = kill_zombies_job.execute_in_process(
-            run_config=run_config,
-            resources=resources,
-            instance=instance,
-            partition_key=partition_key,
-            raise_on_error=False,
+        result = cast(
+            LoggedResult,
+            kill_zombies_job.execute_in_process(
+                run_config=run_config,
+                resources=resources,
+                instance=instance,
+                partition_key=partition_key,
+                raise_on_error=False,
+            ),
         )
         result.logs = list(instance.all_logs(result.run_id))
         return result
@@ -299,7 +341,8 @@ def step_failure_messages(result: dg.ExecuteInProcessResult) -> list[str]:
     messages = []
     for event in result.all_events:
         if event.is_step_failure and event.step_failure_data.error is not None:
-            error, chain = event.step_failure_data.error, []
+            error: SerializableErrorInfo | None = event.step_failure_data.error
+            chain: list[str] = []
             while error is not None:
                 chain.append(error.message)
                 error = error.cause or error.context
@@ -319,7 +362,7 @@ def error_text(result: dg.ExecuteInProcessResult) -> str:
 
 
 def failed_steps(result: dg.ExecuteInProcessResult) -> list[str]:
-    return [event.step_key for event in result.all_events if event.is_step_failure]
+    return [found(event.step_key) for event in result.all_events if event.is_step_failure]
 
 
 # --- a process that dies between two writes ---------------------------------------------------------------------
@@ -374,5 +417,8 @@ def crashing(store: Store, writes: int | None) -> Store:
     """``store`` with every collection sharing one budget of writes."""
     budget = Budget(writes)
     return Store(
-        **{part.name: CrashingCollection(getattr(store, part.name), budget) for part in dataclasses.fields(Store)}
+        **{
+            part.name: cast("Collection[Any]", CrashingCollection(getattr(store, part.name), budget))
+            for part in dataclasses.fields(Store)
+        }
     )

@@ -77,7 +77,7 @@ class LocalServer:
             self.base / "data", port=self.port, log_path=self.base / "server.log", detach=False
         )
         try:
-            with MongoClient(info.url) as client:
+            with MongoClient(info.url, document_class=dict) as client:
                 for user, password in self.users.items():
                     client.admin.command("createUser", user, pwd=password, roles=[{"role": "root", "db": "admin"}])
         finally:

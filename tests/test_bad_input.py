@@ -7,7 +7,7 @@ Runs on the session server (conftest ``mongo_url``), each test in fresh database
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import dagster as dg
 import pytest
@@ -21,10 +21,13 @@ from tests.helpers import (
     database_resources,
     documents,
     error_text,
+    found,
     job_document,
+    level,
     logged_store,
     logging_every_client,
     opcounters,
+    raw,
     run_kill_zombies,
     step_failure_messages,
     step_metadata,
@@ -43,6 +46,7 @@ from zombie_pipeline.queue.documents import (
     Event,
     EventState,
     Job,
+    JobDocument,
     ScheduledRetry,
     Status,
     cache_key_of_job,
@@ -50,18 +54,18 @@ from zombie_pipeline.queue.documents import (
     utc_now,
 )
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
-from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.store import Document, Store
 from zombie_pipeline.simulation.shapes import cache_document
 
 URL_ENV = "ZOMBIE_TEST_BAD_INPUT_URL"
 
 
-def zombie(dataset: str, job_type: str = "/splits", **fields: Any) -> dict[str, Any]:
+def zombie(dataset: str, job_type: str = "/splits", **fields: Any) -> JobDocument:
     """A started job whose worker stopped beating 15 minutes ago (default policy: a zombie)."""
     return job_document(job_type=job_type, dataset=dataset, started_at=ago(1000), last_heartbeat=ago(900), **fields)
 
 
-def healthy(dataset: str, job_type: str = "/splits", **fields: Any) -> dict[str, Any]:
+def healthy(dataset: str, job_type: str = "/splits", **fields: Any) -> JobDocument:
     return job_document(job_type=job_type, dataset=dataset, started_at=ago(1000), last_heartbeat=ago(10), **fields)
 
 
@@ -83,9 +87,9 @@ def make_resources(store: Store, timeout_ms: int = 10_000, **policy: Any) -> dic
 LONG = "/" + "x" * 600
 
 
-def malformed_jobs() -> dict[str, dict[str, Any]]:
+def malformed_jobs() -> dict[str, Document]:
     """Started jobs that would be zombies if they were well formed; each must be left alone."""
-    base = lambda dataset, **fields: zombie(dataset, **fields)  # noqa: E731
+    base = lambda dataset, **fields: cast(Document, zombie(dataset, **fields))  # noqa: E731
     cases = {
         "missing type": base("u/no-type"),
         "missing dataset": base("u/no-dataset"),
@@ -138,10 +142,10 @@ UNKNOWN_STATUSES = {
 }
 
 
-def unknown_status_jobs() -> dict[str, dict[str, Any]]:
-    cases = {}
+def unknown_status_jobs() -> dict[str, Document]:
+    cases: dict[str, Document] = {}
     for name, status in UNKNOWN_STATUSES.items():
-        job = zombie(f"u/status-{len(cases)}")
+        job = cast(Document, zombie(f"u/status-{len(cases)}"))
         if status is None:
             del job[Job.STATUS]
         else:
@@ -150,7 +154,7 @@ def unknown_status_jobs() -> dict[str, dict[str, Any]]:
     return cases
 
 
-def good_jobs() -> list[dict[str, Any]]:
+def good_jobs() -> list[JobDocument]:
     """Well-formed zombies (including names that are legal on the Hub) and a healthy job."""
     return [
         zombie("u/good-1"),
@@ -164,7 +168,7 @@ def good_jobs() -> list[dict[str, Any]]:
 def test_malformed_jobs_are_skipped_and_reported_with_their_ids_and_the_rest_is_processed(store: Store, resources):
     malformed = malformed_jobs()
     good = good_jobs()
-    store.jobs.insert_many(list(malformed.values()) + good)
+    raw(store.jobs).insert_many([*malformed.values(), *good])
     before = {job[ID]: job for job in store.jobs.find({ID: {"$in": [j[ID] for j in malformed.values()]}})}
 
     result = run_kill_zombies(resources, override_brake=True)
@@ -213,7 +217,7 @@ def test_malformed_jobs_are_skipped_and_reported_with_their_ids_and_the_rest_is_
 
 def test_reported_problems_name_the_field(store: Store, resources):
     malformed = malformed_jobs()
-    store.jobs.insert_many(list(malformed.values()))
+    raw(store.jobs).insert_many(list(malformed.values()))
     result = run_kill_zombies(resources, override_brake=True, dry_run=True)
     reported = {
         ObjectId(item["id"]): item["problem"] for item in step_metadata(result, "find_zombies")["malformed_jobs"]
@@ -250,7 +254,7 @@ def test_reported_problems_name_the_field(store: Store, resources):
 def test_jobs_with_unknown_statuses_are_never_touched(store: Store, resources):
     odd = unknown_status_jobs()
     good = good_jobs()
-    store.jobs.insert_many(list(odd.values()) + good)
+    raw(store.jobs).insert_many([*odd.values(), *good])
     before = {job[ID]: job for job in store.jobs.find({ID: {"$in": [j[ID] for j in odd.values()]}})}
     result = run_kill_zombies(resources, override_brake=True)
     assert result.success
@@ -261,7 +265,7 @@ def test_jobs_with_unknown_statuses_are_never_touched(store: Store, resources):
 
 def test_jobs_with_unknown_statuses_are_reported_in_the_run_metadata(store: Store, resources):
     odd = unknown_status_jobs()
-    store.jobs.insert_many(list(odd.values()) + good_jobs())
+    raw(store.jobs).insert_many([*odd.values(), *good_jobs()])
     result = run_kill_zombies(resources, override_brake=True, dry_run=True)
     reported = {ObjectId(item["id"]) for item in step_metadata(result, "find_zombies").get("malformed_jobs", [])}
     assert {job[ID] for job in odd.values()} <= reported
@@ -335,8 +339,8 @@ def test_an_override_for_a_job_type_the_queue_does_not_know_warns(store: Store, 
     )
     result = run_kill_zombies(resources, override_brake=True)
     assert result.success
-    warnings = [r.user_message for r in result.logs if r.level >= 30 and "/frist-rows" in (r.user_message or "")]
-    assert warnings, [r.user_message for r in result.logs if r.level >= 30]
+    warnings = [r.user_message for r in result.logs if level(r) >= 30 and "/frist-rows" in (r.user_message or "")]
+    assert warnings, [r.user_message for r in result.logs if level(r) >= 30]
     assert "/first-rows'" not in warnings[0].split("/frist-rows")[0][-40:]  # the known type is not named
     assert step_metadata(result, "reconcile")["unknown_override_types"] == ["/frist-rows"]
     assert step_metadata(result, "summarize")["finalized"] == 2  # a warning, not a refusal
@@ -360,7 +364,7 @@ def test_overrides_for_known_types_do_not_warn(store: Store, resources):
     resources["zombie_policy"] = ZombiePolicyResource(max_duration_seconds_by_type={"/first-rows": 3600})
     result = run_kill_zombies(resources, override_brake=True)
     assert result.success
-    assert not [r for r in result.logs if r.level >= 30 and "job type" in (r.user_message or "").lower()]
+    assert not [r for r in result.logs if level(r) >= 30 and "job type" in (r.user_message or "").lower()]
 
 
 # --- no query injection through job type or dataset names ----------------------------------------------------
@@ -388,7 +392,7 @@ def recorded(mongo_url: str, store: Store) -> Iterator[tuple[Store, CommandLog]]
         yield logged
 
 
-def crafted_queue(store: Store) -> dict[str, list[dict[str, Any]]]:
+def crafted_queue(store: Store) -> dict[str, list[JobDocument]]:
     """Zombies with crafted but well-formed names, malformed crafted ones, and bystanders with fresh results."""
     crafted_zombies = [
         zombie("u/plain", job_type='{"$gt": ""}'),
@@ -433,7 +437,7 @@ def test_crafted_names_select_only_their_own_literal_jobs(recorded, store: Store
     assert report.counts["finalized"] == 1
     [finalized] = store.jobs.find({Job.STATUS: Status.ERROR})
     assert finalized[Job.TYPE] == '{"$gt": ""}' and finalized[Job.DATASET] == "u/plain"
-    assert store.jobs.find_one({Job.DATASET: "u/alive-2"})[Job.STATUS] == Status.STARTED  # same type, alive
+    assert found(store.jobs.find_one({Job.DATASET: "u/alive-2"}))[Job.STATUS] == Status.STARTED  # same type, alive
 
     for names in (["$where"], ["a.b"], ["$exists"]):  # types of the queue, none of whose jobs is a zombie
         snapshot = documents(store)

@@ -8,11 +8,13 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import cast
 from urllib.parse import quote_plus
 
 import dagster as dg
 import yaml
 
+from tests.helpers import found
 from zombie_pipeline.config import (
     CACHE_URL_ENV,
     DAGSTER_HOME_ENV,
@@ -34,13 +36,13 @@ def test_the_whole_definitions_object_is_loadable():
 
 
 def test_the_location_carries_the_database_and_policy_resources():
-    resources = defs.resources
+    resources = found(defs.resources)
     assert isinstance(resources["databases"], Databases)
     assert isinstance(resources["zombie_policy"], ZombiePolicyResource)
 
 
 def test_the_location_pushes_metrics_to_the_gateway_its_environment_names(monkeypatch):
-    assert isinstance(defs.resources["metrics_gateway"], MetricsGateway)
+    assert isinstance(found(defs.resources)["metrics_gateway"], MetricsGateway)
     monkeypatch.setenv(PUSHGATEWAY_URL_ENV, "pushgateway.monitoring:9091")
     assert metrics_gateway_from_env().gateway == "pushgateway.monitoring:9091"
     monkeypatch.delenv(PUSHGATEWAY_URL_ENV)
@@ -97,7 +99,7 @@ def test_the_jobs_schedules_and_sensors_are_the_pipelines():
 
 
 def test_everything_an_operator_sees_has_a_description():
-    described = [
+    described: list[dg.JobDefinition | dg.ScheduleDefinition | dg.SensorDefinition] = [
         *(job for job in REPOSITORY.get_all_jobs() if not job.name.startswith("__")),
         *REPOSITORY.schedule_defs,
         *REPOSITORY.sensor_defs,
@@ -152,7 +154,7 @@ def test_cleanup_is_partitioned_by_the_job_types_the_sensor_registers():
 
 def test_no_resource_config_holds_a_url(monkeypatch):
     """Resource config is shown in the UI: URLs (and their passwords) stay in the environment."""
-    assert {"databases", "zombie_policy", "failure_webhook"} <= set(defs.resources)
+    assert {"databases", "zombie_policy", "failure_webhook"} <= set(found(defs.resources))
     secret_urls = {
         "QUEUE_MONGO_URL": "mongodb://admin:pa55word@queue.example:27017",
         "CACHE_MONGO_URL": "mongodb://admin:pa55word@cache.example:27017",
@@ -162,6 +164,6 @@ def test_no_resource_config_holds_a_url(monkeypatch):
         monkeypatch.setenv(name, value)
     resources = resources_from_env()
     for name, resource in resources.items():
-        shown = str(resource.model_dump())
+        shown = str(cast(dg.ConfigurableResource, resource).model_dump())
         assert "://" not in shown and "pa55word" not in shown and "T0KEN" not in shown, name
     assert "pa55word" not in repr(resources["databases"].describe())

@@ -19,6 +19,7 @@ from bson import ObjectId
 
 from tests.deployment_client import DeploymentClient
 from tests.deployment_client.fixtures import deployment, deployment_session  # noqa: F401  (fixtures)
+from tests.helpers import found
 from zombie_pipeline.cleanup import run
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
@@ -118,7 +119,7 @@ def test_todays_deployment_would_leave_what_our_cleanup_leaves(deployment, queue
     # kill_stuck_jobs finishes it as crashed whatever its age, and so do we
     report = run_cleanup(Store.of(queue_db, cache_db), ZombiePolicy(), run_id="ours")
 
-    assert report.generations.queue.name == "2026-05"
+    assert found(report.generations.queue).name == "2026-05"
     assert report.counts["finalized"] == 1 and report.counts["effect:blocked_dataset"] == 1
     assert report.counts["reason:missing_heartbeat"] == 1
     assert comparable(deployment.run("state")) == comparable(expected)
@@ -230,7 +231,7 @@ def test_the_retry_of_an_early_2023_zombie_is_a_job_the_real_client_starts(deplo
 
     report = run_cleanup(Store.of(queue_db, cache_db), ZombiePolicy(), run_id="ours")
 
-    assert report.generations.queue.name == "2023-01" and report.counts["retry_enqueued"] == 1
+    assert found(report.generations.queue).name == "2023-01" and report.counts["retry_enqueued"] == 1
     assert deployment.run("load_all")["ok"]
     started = deployment.run("start_job", max_jobs_per_namespace=1)
     assert started["started"] and started["info"]["dataset"] == "alice/a" and started["job_id"] != zombie

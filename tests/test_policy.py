@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from zombie_pipeline.policy import (
 from zombie_pipeline.queue.documents import ErrorCode
 
 #: (values, the names the message must hold, whether it is a rule across fields: "invalid zombie policy: ...")
-BAD_POLICIES = [
+BAD_POLICIES: list[tuple[dict[str, Any], list[str], bool]] = [
     ({"heartbeat_timeout_seconds": 0}, ["heartbeat_timeout_seconds"], False),
     ({"heartbeat_timeout_seconds": -1}, ["heartbeat_timeout_seconds"], False),
     ({"heartbeat_timeout_seconds": -300}, ["heartbeat_timeout_seconds"], False),

@@ -19,7 +19,6 @@ import datetime as dt
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from bson import ObjectId
 from hypothesis import HealthCheck, given, settings
@@ -27,7 +26,7 @@ from hypothesis import strategies as st
 
 from tests import helpers
 from tests.figures import report_figures
-from tests.helpers import Crash, crashing, job_document
+from tests.helpers import Crash, crashing, found, job_document
 from zombie_pipeline.cleanup import run
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
@@ -37,10 +36,12 @@ from zombie_pipeline.queue.documents import (
     HTTP_OK,
     ID,
     Cache,
+    CacheEntry,
     CacheOutcome,
     Event,
     EventState,
     Job,
+    JobDocument,
     Status,
     cache_key_of_job,
     utc_now,
@@ -100,7 +101,7 @@ queues = st.lists(
 @dataclass
 class World:
     store: Store
-    jobs: list[dict[str, Any]]
+    jobs: list[JobDocument]
     started_at: dict[ObjectId, dt.datetime]
     prior_failed_runs: dict[ObjectId, int]
     succeeded: set = field(default_factory=set)  # the worker marked the job success
@@ -110,15 +111,16 @@ class World:
     trace: list = field(default_factory=list)
     figures: Counter = field(default_factory=Counter)
 
-    def key_of(self, job: dict[str, Any]) -> tuple:
+    def key_of(self, job: JobDocument) -> tuple:
         return tuple(cache_key_of_job(job).values())
 
 
-def build(store: Store, queue: list[tuple[str, str]]) -> World:
+def build(store: Store, queue: list[tuple[str, str, bool]]) -> World:
     for collection in (store.jobs, store.cache, store.events):
         collection.delete_many({})
     now = utc_now()
-    jobs, entries = [], []
+    jobs: list[JobDocument] = []
+    entries: list[CacheEntry] = []
     world = World(store=store, jobs=jobs, started_at={}, prior_failed_runs={})
     for i, (kind, cache, shared) in enumerate(queue):
         started, beat = KINDS[kind]
@@ -215,11 +217,11 @@ def act(world: World, action: tuple) -> None:
 # --- invariants ------------------------------------------------------------------------------------
 
 
-def cache_entries(world: World) -> dict[tuple, dict[str, Any]]:
+def cache_entries(world: World) -> dict[tuple, CacheEntry]:
     return {tuple(entry.get(name) for name in CACHE_KEY): entry for entry in world.store.cache.find()}
 
 
-def check_cache_changes(world: World, before: dict[tuple, dict[str, Any]]) -> None:
+def check_cache_changes(world: World, before: dict[tuple, CacheEntry]) -> None:
     """What one cleanup step did to the cache: only error entries replacing entries older than their zombie."""
     after = cache_entries(world)
     where = f"after {world.trace}"
@@ -255,7 +257,7 @@ def check(world: World) -> None:
         if finalized:
             # the job is the cleanup's error, stamped with its event's instant
             assert current[Job.STATUS] == Status.ERROR, where
-            assert current[Job.FINISHED_AT] == event[Event.FINALIZED_AT], where
+            assert current[Job.FINISHED_AT] == found(event)[Event.FINALIZED_AT], where
             assert job[ID] not in world.worker_finished, where
         if job[ID] in world.finalized_stamp:  # finalized at most once: the stamp never moves
             assert current[Job.STATUS] == Status.ERROR and current[Job.FINISHED_AT] == world.finalized_stamp[job[ID]], (

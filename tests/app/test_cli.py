@@ -23,6 +23,7 @@ from pymongo import MongoClient
 from pymongo.database import Database
 
 from tests.faults.proxy import WRITES, FaultProxy, Trigger
+from tests.helpers import found
 from tests.servers import child_env, kill_recorded_server, wait_until_gone
 from zombie_pipeline.app import cli
 from zombie_pipeline.config import (
@@ -186,7 +187,7 @@ def test_cli_db_start_reports_the_missing_server_in_process(tmp_path, monkeypatc
 @pytest.fixture
 def own_client(mongo_url):
     """A client of the test's own: the CLI closes the process's shared clients when it exits."""
-    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC)
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC)
     yield client
     client.close()
 
@@ -435,13 +436,13 @@ def test_the_workers_refuse_a_second_process_on_their_queue_and_stop_on_sigint_w
         and second.stderr.count("\n") == 1
     ), second.stderr
     assert "stop them first (Ctrl-C where they run)" in second.stderr and "Traceback" not in second.stderr
-    assert first.returncode == 0 and took < STOP_WITHIN_SECONDS, (first.returncode, took, first.stderr.read())
+    assert first.returncode == 0 and took < STOP_WITHIN_SECONDS, (first.returncode, took, found(first.stderr).read())
     held = next(
         re.fullmatch(r"stopping: finishing the (\d+) jobs the workers hold\n", line)
         for line in out
         if "stopping" in line
     )
-    assert int(held.group(1)) >= 30
+    assert int(found(held).group(1)) >= 30
     started = {job[ID] for job in queue[DEFAULT_JOBS_COLLECTION].find({Job.STATUS: Status.STARTED}, {ID: 1})}
     assert started == set(simulation.zombie_ids)  # every job a worker held was finished: no false zombie left
     assert queue[SIMULATED_WORKERS_COLLECTION].count_documents({}) == 0  # its claim released: the next one may run
@@ -613,7 +614,7 @@ def test_the_demo_refusing_a_database_it_did_not_write_hints_only_at_what_exists
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv(HOME_ENV, str(home))
     try:
-        client = MongoClient(embedded.ensure_server().url)
+        client: MongoClient[dict[str, Any]] = MongoClient(embedded.ensure_server().url)
         client["datasets_server_queue"]["sentinel"].insert_one({ID: "a document of its own"})
         client.close()
 

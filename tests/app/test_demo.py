@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,7 +129,10 @@ def test_the_demo_and_a_cleanup_from_the_ui_succeed_after_the_workers_ran_past_t
     """Time is shortened, not faked: a heartbeat timeout of 12 s and workers beating every second, so the workers
     run past the timeout in seconds. Without their heartbeats every healthy job would look dead by then, and the
     brake would stop the cleanup."""
-    resources = {**resources_from_env(), "zombie_policy": ZombiePolicyResource(heartbeat_timeout_seconds=TIMEOUT)}
+    resources: dict[str, Any] = {
+        **resources_from_env(),
+        "zombie_policy": ZombiePolicyResource(heartbeat_timeout_seconds=TIMEOUT),
+    }
     policy = resources["zombie_policy"].policy()
     store = resources["databases"].store()  # starts the embedded server
     # zombie-pipeline simulate: 40 healthy jobs and 5 zombies

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,7 @@ def test_ten_demos_in_fresh_homes_beside_four_cpu_bound_processes_all_succeed(tm
         subprocess.Popen([sys.executable, "-c", "while True: pass"], stdout=subprocess.DEVNULL)
         for _ in range(BUSY_PROCESSES)
     ]
-    outcomes = []
+    outcomes: list[dict[str, Any]] = []
     try:
         time.sleep(3)  # the load is there before the first demo starts
         for number in range(DEMOS):

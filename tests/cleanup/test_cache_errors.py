@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import ago
+from tests.helpers import ago, found
 from tests.helpers import crashed_job as crashed_2023_job
 from zombie_pipeline.cleanup.cache_errors import CacheErrors, error_entry
 from zombie_pipeline.policy import ZombiePolicy
@@ -17,7 +17,9 @@ from zombie_pipeline.queue.documents import (
     CacheOutcome,
     ErrorCode,
     Event,
+    JobDocument,
     Reason,
+    ZombieEvent,
     cache_key_of_job,
     utc_now,
 )
@@ -27,7 +29,7 @@ from zombie_pipeline.simulation.shapes import cache_document
 POLICY = ZombiePolicy()
 
 
-def crashed_job(dataset: str = "user/crashed", **fields) -> dict:
+def crashed_job(dataset: str = "user/crashed", **fields) -> JobDocument:
     """A zombie of today's queue, whose jobs carry their dataset's revision."""
     return crashed_2023_job(dataset, generation=NEWEST_QUEUE_GENERATION, **fields)
 
@@ -35,7 +37,7 @@ def crashed_job(dataset: str = "user/crashed", **fields) -> dict:
 NEWEST = CACHE_GENERATIONS["2024-07"]
 
 
-def event_of(job: dict, reason: str = Reason.MISSING_HEARTBEAT, code: str = ErrorCode.CRASHED) -> dict:
+def event_of(job: JobDocument, reason: str = Reason.MISSING_HEARTBEAT, code: str = ErrorCode.CRASHED) -> ZombieEvent:
     """A claimed zombie's event, as the write-ahead log holds it."""
     return {
         ID: job[ID],
@@ -106,7 +108,7 @@ def test_a_batch_writes_each_error_once_counting_failed_runs_as_the_deployment_d
         entry = store.cache.find_one(cache_key_of_job(job))
         assert entry[Cache.ERROR_CODE] == ErrorCode.CRASHED and entry[Cache.DETAILS][DETAIL_JOB_ID] == str(job[ID])
     assert metrics(store) == {("/splits", 500, "UnexpectedError"): -1, ("/splits", 501, ErrorCode.CRASHED): 2}
-    previous = outcomes[failed_before[ID]][Event.PREVIOUS_ENTRY]
+    previous = found(outcomes[failed_before[ID]][Event.PREVIOUS_ENTRY])
     assert (previous[Cache.HTTP_STATUS], previous[Cache.ERROR_CODE], previous[Cache.FAILED_RUNS]) == (
         500,
         "UnexpectedError",

@@ -4,7 +4,7 @@ import contextlib
 import json
 import socket
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -120,7 +120,7 @@ def test_a_webhook_whose_variable_is_unset_fails_with_its_name_and_no_zombie_wit
 
 
 @pytest.fixture
-def installed_package(tmp_path: Path, monkeypatch) -> Iterator[Path]:
+def installed_package(tmp_path: Path, monkeypatch) -> Iterator[Callable[[str, str], Path]]:
     """A package installed in a directory on ``sys.path``, with its dist-info declaring our entry point group."""
 
     def install(module: str, target: str) -> Path:

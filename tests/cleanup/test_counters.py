@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from pymongo import MongoClient, monitoring
 
-from tests.helpers import CommandLog
+from tests.helpers import CommandLog, found
 from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.counters import CountersInDoubt
 from zombie_pipeline.cleanup.side_collections import SideCollections
@@ -19,12 +18,13 @@ from zombie_pipeline.queue.documents import (
     WORKER_SIZE_METRICS_COLLECTION,
     CacheMetric,
     Job,
+    JobDocument,
     JobMetric,
     Status,
     WorkerSizeMetric,
 )
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
-from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.store import Document, Store
 from zombie_pipeline.simulation.shapes import job_document
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workload import Workload
@@ -84,12 +84,12 @@ QUEUE = Workload(finished=0, crashed=4, never_heartbeated=0, terminated=0, overd
 
 def through(mongo_url: str, store: Store, listener: monitoring.CommandListener) -> Store:
     """``store``'s collections through a client of their own that ``listener`` hears."""
-    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC, event_listeners=[listener])
+    client: MongoClient[Document] = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC, event_listeners=[listener])
     return Store.of(client[store.jobs.database.name], client[store.cache.database.name])
 
 
 def job_metric(store: Store, job_type: str, status: str) -> int:
-    return store.job_metrics.find_one({JobMetric.JOB_TYPE: job_type, JobMetric.STATUS: status})[JobMetric.TOTAL]
+    return found(store.job_metrics.find_one({JobMetric.JOB_TYPE: job_type, JobMetric.STATUS: status}))[JobMetric.TOTAL]
 
 
 def knock_off(store: Store, job_type: str, status: str, by: int) -> None:
@@ -99,7 +99,7 @@ def knock_off(store: Store, job_type: str, status: str, by: int) -> None:
 
 
 def started_type(store: Store) -> str:
-    return store.jobs.find_one({"status": Status.STARTED})["type"]
+    return found(store.jobs.find_one({"status": Status.STARTED}))["type"]
 
 
 def test_nothing_in_doubt_costs_no_command(store: Store, mongo_url: str):
@@ -151,7 +151,7 @@ class _WorkerMovesAfterTheCount(monitoring.CommandListener):
 
 def test_a_workers_move_between_the_count_and_the_write_leaves_the_counters_exact(store: Store, mongo_url: str):
     simulate(store, QUEUE)
-    waiting = store.jobs.find_one({"status": Status.WAITING})
+    waiting = found(store.jobs.find_one({"status": Status.WAITING}))
     job_type = waiting["type"]
     knock_off(store, job_type, Status.WAITING, +3)  # in doubt, and off
 
@@ -172,7 +172,7 @@ def test_a_workers_move_between_the_count_and_the_write_leaves_the_counters_exac
 
 def test_a_counter_with_no_document_yet_is_created_from_its_recount(store: Store):
     simulate(store, QUEUE)
-    job: dict[str, Any] = job_document("/brand-new-type", "user/new", status=Status.WAITING, generation="2026-05")
+    job: JobDocument = job_document("/brand-new-type", "user/new", status=Status.WAITING, generation="2026-05")
     store.jobs.insert_one(job)  # inserted by a pass that died before the counters
     doubt = CountersInDoubt(job_metrics={("/brand-new-type", Status.WAITING)})
 

@@ -21,6 +21,7 @@ from zombie_pipeline.queue.documents import (
     Blockage,
     Effect,
     Job,
+    JobDocument,
     JobMetric,
     Lock,
     PastJob,
@@ -37,7 +38,7 @@ TODAY = QUEUE_GENERATIONS[NEWEST_QUEUE_GENERATION]
 KEPT = QUEUE_GENERATIONS["2023-07"]  # finished jobs kept, with locks and jobTotalMetric
 
 
-def started(dataset: str, ran_seconds: float, difficulty: int = 50) -> dict:
+def started(dataset: str, ran_seconds: float, difficulty: int = 50) -> JobDocument:
     return job_document(
         "/splits", dataset, generation=TODAY, difficulty=difficulty, started_at=NOW - dt.timedelta(seconds=ran_seconds)
     )

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import cast
+
+from bson import ObjectId
 
 from tests.helpers import QUEUE_GENERATION, ago, crashed_job, find, logged_store
 from zombie_pipeline.cleanup.events import EventLog, finalized_between
 from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Event, EventState, utc_now
+from zombie_pipeline.queue.documents import ID, Event, EventState, ZombieEvent, utc_now
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 
 POLICY = ZombiePolicy(claim_lease_seconds=300)
@@ -100,7 +103,10 @@ def test_a_step_drains_its_own_events_by_batch_until_none_is_left(store):
 def test_outcomes_are_recorded_in_one_command_one_update_per_distinct_outcome(store, mongo_url):
     candidates, _ = claimed(store, "run-a", zombies=4)
     ids = [candidate.id for candidate in candidates]
-    changes = {ids[0]: {"x": 1}, ids[1]: {"x": 1}, ids[2]: {"x": 2}, ids[3]: {"x": [1, 2]}}  # a list: its own update
+    # "x" is no field of an event: only how the changes are grouped into updates matters here
+    changes = cast(
+        dict[ObjectId, ZombieEvent], {ids[0]: {"x": 1}, ids[1]: {"x": 1}, ids[2]: {"x": 2}, ids[3]: {"x": [1, 2]}}
+    )  # a list: its own update
 
     with logged_store(mongo_url, store) as (logged, log):
         log_of(logged, "run-a").complete(changes, forgotten=(), session=None)

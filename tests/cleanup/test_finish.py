@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
-from tests.helpers import Crash, crashing
+from tests.helpers import Crash, crashing, found, raw
 from zombie_pipeline.cleanup import counters, run
 from zombie_pipeline.cleanup.effects import PAST_JOB_MIN_SECONDS
 from zombie_pipeline.cleanup.plan import CleanupPlan
@@ -137,7 +138,7 @@ def state(store: Store) -> dict[str, Any]:
 
 
 def _generation(store: Store) -> str:
-    return store.jobs.database[SIMULATIONS_COLLECTION].find_one()["generation"]
+    return found(raw(store.jobs).database[SIMULATIONS_COLLECTION].find_one())["generation"]
 
 
 # --- finished as the generation finishes a job ----------------------------------------------------------------
@@ -152,12 +153,12 @@ def test_every_zombie_is_finished_as_its_generation_finishes_a_job_and_nothing_e
 
     report = run_cleanup(store, policy_for(generation, transactions), run_id="run")
 
-    assert report.generations.queue.name == generation
+    assert found(report.generations.queue).name == generation
     assert report.counts["finalized"] == len(simulation.zombie_ids)
     for job_id in simulation.zombie_ids:
         job = store.jobs.find_one({ID: job_id})
         if kept:
-            assert job[Job.STATUS] == Status.ERROR and job[Job.FINISHED_AT] is not None
+            assert found(job)[Job.STATUS] == Status.ERROR and found(job)[Job.FINISHED_AT] is not None
         else:
             assert job is None
     assert store.jobs.count_documents({ID: {"$in": simulation.running_ids}, Job.STATUS: Status.STARTED}) == len(
@@ -225,19 +226,19 @@ def test_a_dead_job_past_its_maximum_duration_is_finalized_as_a_crash_counted_an
 
     report = run_cleanup(store, policy, run_id="run")
 
-    event = store.events.find_one({ID: dead[ID]})
+    event = found(store.events.find_one({ID: dead[ID]}))
     assert (event[Event.REASON], event[Event.ERROR_CODE], event[Event.PAST_MAX_DURATION]) == (
         Reason.MISSING_HEARTBEAT,
         ErrorCode.CRASHED,
         True,
     )
     assert event[Event.FAILED_RUNS] == 2  # the crash counts, as the deployment counts it
-    entry = store.cache.find_one(_key_of(dead))
+    entry = found(store.cache.find_one(_key_of(dead)))
     assert entry[Cache.ERROR_CODE] == ErrorCode.CRASHED and stored_failed_runs(entry) == 2
     # a crash is retried below its limit where the generation re-enqueues (before 2023-12); after, the backfill does
     expected_retry = RetryOutcome.ENQUEUED if STRATEGIES[queue.finish].retries_by_default else RetryOutcome.NOT_RETRIED
     assert event[Event.RETRY_OUTCOME] == expected_retry
-    overdue = store.events.find_one({ID: simulation.overdue_ids[0]})  # the live one past T2 stays a timeout
+    overdue = found(store.events.find_one({ID: simulation.overdue_ids[0]}))  # the live one past T2 stays a timeout
     assert (overdue[Event.REASON], overdue[Event.ERROR_CODE]) == (
         Reason.EXCEEDED_MAX_DURATION,
         ErrorCode.EXCEEDED_MAX_DURATION,
@@ -284,7 +285,7 @@ def test_runs_of_30_seconds_or_more_leave_a_past_job_and_a_dataset_over_its_hour
     store: Store, generation: str
 ):
     simulation = small_queue(store, generation)
-    crashed = store.jobs.find_one({ID: simulation.crashed_ids[0]})
+    crashed = found(store.jobs.find_one({ID: simulation.crashed_ids[0]}))
     store.past_jobs.insert_one(
         {PastJob.DATASET: crashed[Job.DATASET], PastJob.DURATION: 7_100, PastJob.FINISHED_AT: utc_now()}
     )
@@ -297,7 +298,7 @@ def test_runs_of_30_seconds_or_more_leave_a_past_job_and_a_dataset_over_its_hour
     assert set(recorded) == set(simulation.zombie_ids)  # every zombie of the simulation ran for minutes
     assert all(document[PastJob.DURATION] >= PAST_JOB_MIN_SECONDS for document in recorded.values())
     assert store.blockages.distinct(Blockage.DATASET) == [crashed[Job.DATASET]]
-    assert store.jobs.find_one({ID: waiting[ID]})[Job.STATUS] == Status.WAITING
+    assert found(store.jobs.find_one({ID: waiting[ID]}))[Job.STATUS] == Status.WAITING
 
 
 @EVERY_GENERATION_BOTH_WAYS
@@ -330,14 +331,14 @@ def test_a_worker_that_heartbeats_after_detection_keeps_its_job_and_its_cache_en
     policy = policy_for(generation, transactions)
     plan, candidates = detected(store, policy)
     [zombie_id] = simulation.crashed_ids
-    entry_before = store.cache.find_one(_key_of(store.jobs.find_one({ID: zombie_id})))
+    entry_before = store.cache.find_one(_key_of(found(store.jobs.find_one({ID: zombie_id}))))
     store.jobs.update_one({ID: zombie_id}, {"$set": {Job.LAST_HEARTBEAT: utc_now()}})  # alive after all
 
     result = run.finalize(store, plan, candidates)
 
     assert result.counts["lost_to_live_worker"] == 1 and result.counts["finalized"] == 0
-    assert store.jobs.find_one({ID: zombie_id})[Job.STATUS] == Status.STARTED
-    assert store.cache.find_one(_key_of(store.jobs.find_one({ID: zombie_id}))) == entry_before
+    assert found(store.jobs.find_one({ID: zombie_id}))[Job.STATUS] == Status.STARTED
+    assert store.cache.find_one(_key_of(found(store.jobs.find_one({ID: zombie_id})))) == entry_before
     assert store.events.count_documents({}) == 0  # the claim is forgotten: the job may be judged again
 
 
@@ -347,7 +348,7 @@ def test_a_worker_that_finishes_after_detection_keeps_its_result(store: Store, g
     policy = policy_for(generation, True)
     plan, candidates = detected(store, policy)
     [zombie_id] = simulation.crashed_ids
-    job = store.jobs.find_one({ID: zombie_id})
+    job = found(store.jobs.find_one({ID: zombie_id}))
     result = {Cache.HTTP_STATUS: 200, Cache.ERROR_CODE: None, Cache.UPDATED_AT: utc_now()}
     store.cache.update_one(_key_of(job), {"$set": result}, upsert=True)  # the worker's result first, then its finish
     kept = plan.generations.required_queue().keeps_finished_jobs
@@ -359,9 +360,9 @@ def test_a_worker_that_finishes_after_detection_keeps_its_result(store: Store, g
     outcome = run.finalize(store, plan, candidates)
 
     assert outcome.counts["finalized"] == 0
-    assert store.cache.find_one(_key_of(job))[Cache.HTTP_STATUS] == 200
+    assert found(store.cache.find_one(_key_of(job)))[Cache.HTTP_STATUS] == 200
     if kept:
-        assert store.jobs.find_one({ID: zombie_id})[Job.STATUS] == Status.SUCCESS
+        assert found(store.jobs.find_one({ID: zombie_id}))[Job.STATUS] == Status.SUCCESS
 
 
 @pytest.mark.parametrize("generation", GENERATIONS)
@@ -369,7 +370,7 @@ def test_a_result_a_worker_writes_after_detection_is_never_overwritten(store: St
     simulation = small_queue(store, generation, crashed=1, never_heartbeated=0, terminated=0, overdue=0)
     policy = policy_for(generation, True)
     plan, candidates = detected(store, policy)
-    job = store.jobs.find_one({ID: simulation.crashed_ids[0]})
+    job = found(store.jobs.find_one({ID: simulation.crashed_ids[0]}))
     store.cache.update_one(
         _key_of(job),
         {"$set": {Cache.HTTP_STATUS: 200, Cache.ERROR_CODE: None, Cache.UPDATED_AT: utc_now()}},
@@ -379,10 +380,10 @@ def test_a_result_a_worker_writes_after_detection_is_never_overwritten(store: St
     outcome = run.finalize(store, plan, candidates)
 
     assert outcome.counts["cache_skipped_fresher"] == 1
-    assert store.cache.find_one(_key_of(job))[Cache.HTTP_STATUS] == 200
+    assert found(store.cache.find_one(_key_of(job)))[Cache.HTTP_STATUS] == 200
 
 
-def _key_of(job: dict[str, Any]) -> dict[str, Any]:
+def _key_of(job: Mapping[str, Any]) -> dict[str, Any]:
     return {
         Cache.KIND: job[Job.TYPE],
         Cache.DATASET: job[Job.DATASET],
@@ -480,7 +481,7 @@ def test_a_cleanup_killed_around_a_blockage_is_completed_with_its_worker_size_co
             generation=generation,
         )
         simulation = simulate(fresh, workload, now=now)
-        crashed = fresh.jobs.find_one({ID: simulation.crashed_ids[0]})
+        crashed = found(fresh.jobs.find_one({ID: simulation.crashed_ids[0]}))
         fresh.past_jobs.insert_one(
             {
                 ID: "earlier-run",
@@ -490,7 +491,7 @@ def test_a_cleanup_killed_around_a_blockage_is_completed_with_its_worker_size_co
             }
         )
         pending = job_document("/sizes", crashed[Job.DATASET], status=Status.WAITING, generation=generation)
-        fresh.jobs.insert_one({**pending, ID: "pending-job"})
+        raw(fresh.jobs).insert_one({**pending, ID: "pending-job"})
         counters.write_recount(fresh, QUEUE_GENERATIONS[generation])
         return fresh
 

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from tests.helpers import Crash, crashed_job, crashing, job_document
+from tests.helpers import Crash, crashed_job, crashing, found, job_document
 from zombie_pipeline.cleanup.retries import enqueue_due_retries, pending_retries
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
@@ -13,24 +13,26 @@ from zombie_pipeline.queue.documents import (
     ID,
     Event,
     Job,
+    JobDocument,
     RetryOutcome,
     ScheduledRetry,
     ScheduledState,
     Status,
+    ZombieEvent,
 )
 from zombie_pipeline.queue.store import Store
 
 DELAYED = ZombiePolicy(retry_delay_seconds=600, retry_jitter=0.0, claim_lease_seconds=0)
 
 
-def _scheduled_crash(store: Store, policy: ZombiePolicy = DELAYED) -> dict:
+def _scheduled_crash(store: Store, policy: ZombiePolicy = DELAYED) -> ZombieEvent:
     """Finalize one crashed job under ``policy``; its event."""
     store.jobs.insert_one(crashed_job())
     run_cleanup(store, policy, "run-1")
-    return store.events.find_one()
+    return found(store.events.find_one())
 
 
-def _waiting(store: Store) -> list[dict]:
+def _waiting(store: Store) -> list[JobDocument]:
     return list(store.jobs.find({Job.STATUS: Status.WAITING}))
 
 

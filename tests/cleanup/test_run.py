@@ -5,8 +5,10 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Final
 
 import pytest
+from pymongo.results import InsertOneResult
 
 from tests.helpers import (
     Crash,
@@ -15,6 +17,7 @@ from tests.helpers import (
     crashing,
     documents,
     finalizer_for,
+    found,
     job_document,
     logged_store,
     workload,
@@ -24,6 +27,7 @@ from zombie_pipeline.cleanup.detection import detect
 from zombie_pipeline.cleanup.events import EventLog
 from zombie_pipeline.cleanup.run import BrakeEngaged, run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue import cache_entries
 from zombie_pipeline.queue.documents import (
     CACHE_KEY,
     ID,
@@ -240,7 +244,9 @@ def test_two_cleanups_in_separate_processes_finalize_each_zombie_once(store, mon
 
 def _assert_failed_runs_incremented_once(store: Store, zombie_ids) -> None:
     for job in store.jobs.find({ID: {"$in": zombie_ids}}):
-        entry = store.cache.find_one({name: job.get(name if name != Cache.KIND else Job.TYPE) for name in CACHE_KEY})
+        entry = found(
+            store.cache.find_one({name: job.get(name if name != Cache.KIND else Job.TYPE) for name in CACHE_KEY})
+        )
         assert entry[Cache.ERROR_CODE] in (ErrorCode.CRASHED, ErrorCode.EXCEEDED_MAX_DURATION)
         # the simulator's older entries were successes (0 failed runs), so one zombie = 1
         assert entry[Cache.FAILED_RUNS] == 1
@@ -379,7 +385,7 @@ def test_a_retry_is_a_waiting_copy_with_exactly_the_jobs_own_fields(store):
     run_cleanup(store, POLICY, "run-1")
     retry = store.jobs.find_one({Job.STATUS: Status.WAITING})
     assert retry[ID] == store.events.find_one()[Event.RETRY_JOB_ID]
-    same = (Job.TYPE, Job.DATASET, Job.CONFIG, Job.SPLIT, Job.UNICITY_ID, Job.NAMESPACE, Job.PRIORITY, Job.FORCE)
+    same: Final = (Job.TYPE, Job.DATASET, Job.CONFIG, Job.SPLIT, Job.UNICITY_ID, Job.NAMESPACE, Job.PRIORITY, Job.FORCE)
     assert {name: retry[name] for name in same} == {name: job[name] for name in same}
     assert set(retry) == set(same) | {ID, Job.STATUS, Job.CREATED_AT}
 
@@ -451,8 +457,8 @@ def test_a_long_step_renews_its_leases_so_no_reconcile_takes_its_work_over(store
 def test_an_entry_a_worker_writes_after_our_read_is_kept(store, monkeypatch):
     job = crashed_job()
     store.jobs.insert_one(job)
-    read_entries = cache_errors.entries_of_jobs
-    written = []
+    read_entries = cache_entries.entries_of_jobs  # the function cache_errors imports, before it is patched there
+    written: list[InsertOneResult] = []
 
     def a_worker_writes_right_after_the_read(*args, **kwargs):
         found = read_entries(*args, **kwargs)

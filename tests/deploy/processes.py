@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tests.e2e.harness import descendants, wait_for
-from tests.servers import pid_alive
+from tests.servers import pid_alive as pid_alive  # the deployment tests ask processes.pid_alive
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The code location's name, in the code server's command and in deploy/workspace.yaml.

@@ -39,7 +39,7 @@ from zombie_pipeline.config import (
     WEBHOOK_URL_ENV,
 )
 from zombie_pipeline.queue.connections import client_for
-from zombie_pipeline.queue.documents import ID
+from zombie_pipeline.queue.documents import ID, JobDocument
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.simulator import Simulation, simulate
@@ -52,7 +52,7 @@ RUN_TIMEOUT = 150  # a run takes seconds; the margin is for a machine busy with 
 
 
 class Deployment:
-    def __init__(self, store: Store, simulation: Simulation, zombies: list[dict], cluster: PrivateCluster,
+    def __init__(self, store: Store, simulation: Simulation, zombies: list[JobDocument], cluster: PrivateCluster,
                  instance: dg.DagsterInstance, ops: Operator, env: dict[str, str], server_env: dict[str, str],
                  port: int, base: Path, server: processes.ProcessTree, daemon: processes.ProcessTree) -> None:  # fmt: skip
         self.store = store

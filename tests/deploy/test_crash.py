@@ -34,6 +34,7 @@ from dagster._core.scheduler.instigation import TickStatus
 
 from tests.deploy.stack import CLEANUP, RUN_TIMEOUT, Deployment, assert_never_two_cleanups_at_once, deployment_stack
 from tests.e2e.harness import descendants
+from tests.helpers import found
 from zombie_pipeline.orchestration.tags import MAX_RUNTIME_TAG
 from zombie_pipeline.queue.documents import ID, Job, Status
 from zombie_pipeline.simulation.simulator import simulate
@@ -130,12 +131,13 @@ def launch_held_cleanup(deployment: Deployment, hook: HoldingHook, tags: dict[st
     deployment.wait(
         f"cleanup {run.run_id} to reach the compensation hook", hook.received.is_set, RUN_TIMEOUT, interval=0.2
     )
-    assert deployment.instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
+    assert found(deployment.instance.get_run_by_id(run.run_id)).status == dg.DagsterRunStatus.STARTED
     return run
 
 
 def run_worker_pids(deployment: Deployment) -> list[int]:
     """The code server's children that execute a run (multiprocessing's spawned workers)."""
+    assert deployment.server.process is not None
     found = []
     for pid in descendants(deployment.server.process.pid):
         with contextlib.suppress(FileNotFoundError):
@@ -158,7 +160,7 @@ def engine_messages(deployment: Deployment, run_id: str) -> str:
 def first_success_after(deployment: Deployment, moment: float) -> dg.RunRecord | None:
     successes = [record for record in deployment.cleanup_records()
                  if record.dagster_run.status == dg.DagsterRunStatus.SUCCESS and record.create_timestamp.timestamp() > moment]  # fmt: skip
-    return min(successes, key=lambda record: record.end_time) if successes else None
+    return min(successes, key=lambda record: found(record.end_time)) if successes else None
 
 
 def test_a_run_worker_killed_alone_is_failed_within_seconds_by_the_code_server(deployment, hook):

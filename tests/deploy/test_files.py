@@ -20,6 +20,7 @@ import yaml
 from dagster._core.instance.config import dagster_instance_config
 
 from tests.deploy.processes import REPO_ROOT
+from tests.helpers import found
 from zombie_pipeline import config
 from zombie_pipeline.orchestration.cleanup import CLEANUP_MAX_RUNTIME_SECONDS, kill_zombies_job
 from zombie_pipeline.orchestration.statistics import duration_statistics_job
@@ -112,13 +113,13 @@ def test_the_run_queue_limits_name_the_tags_the_jobs_carry():
     assert per_queue["limit"] == 1 and per_queue["value"] == {"applyLimitPerUniqueValue": True}
     assert kill_zombies_job.tags[QUEUE_DATABASE_TAG] == config.queue_database()
     statistics = limits[PIPELINE_TAG]
-    assert statistics["value"] == STATISTICS_GROUP == duration_statistics_job.tags[PIPELINE_TAG]
+    assert statistics["value"] == STATISTICS_GROUP == found(duration_statistics_job.tags)[PIPELINE_TAG]
     assert kill_zombies_job.tags[PIPELINE_TAG] != statistics["value"]  # a cleanup never counts among statistics
     # the zombie killer is bounded and retried from its first step (deploy/dagster.yaml says why it may be)
     assert 0 < int(kill_zombies_job.tags[MAX_RUNTIME_TAG]) < INSTANCE["run_monitoring"]["max_runtime_seconds"]
     assert int(kill_zombies_job.tags[MAX_RUNTIME_TAG]) == CLEANUP_MAX_RUNTIME_SECONDS
     assert int(kill_zombies_job.tags[MAX_RETRIES_TAG]) > 0 and kill_zombies_job.tags[RETRY_STRATEGY_TAG] == "ALL_STEPS"
-    assert MAX_RETRIES_TAG not in duration_statistics_job.tags
+    assert MAX_RETRIES_TAG not in found(duration_statistics_job.tags)
 
 
 def test_the_image_installs_the_projects_pins_and_nothing_for_tests_or_the_embedded_server():
@@ -179,7 +180,7 @@ def test_a_cleanup_lost_with_its_code_location_frees_its_queue_within_the_docume
 
 
 def test_the_image_is_built_on_a_pinned_base_and_holds_the_run_launcher_of_the_charts_instance():
-    default = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE, re.MULTILINE).group(1)
+    default = found(re.search(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE, re.MULTILINE)).group(1)
     assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", default), default  # a patch release on a Debian release
     assert [line for line in DOCKERFILE.splitlines() if line.startswith("FROM ")] == [
         "FROM ${PYTHON_IMAGE} AS build",

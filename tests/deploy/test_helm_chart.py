@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -87,7 +87,7 @@ def instance_section(instance_yaml: str, tmp_path: Path, monkeypatch) -> dict[st
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "dagster.yaml").write_text(instance_yaml)
     validated, _ = dagster_instance_config(str(tmp_path))
-    return validated
+    return cast(dict[str, Any], validated)  # typed as a Mapping, built as a dict (what _Settings takes)
 
 
 #: What the daemon reads of run monitoring and run retries, through DagsterInstance's own accessors (and defaults).

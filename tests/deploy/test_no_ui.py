@@ -22,7 +22,7 @@ from dagster._core.scheduler.instigation import InstigatorStatus
 from tests.deploy import processes
 from tests.deploy.processes import REPO_ROOT
 from tests.e2e.harness import wait_for
-from tests.helpers import documents
+from tests.helpers import documents, found
 from zombie_pipeline.config import CACHE_DATABASE_ENV, CACHE_URL_ENV, HOME_ENV, QUEUE_DATABASE_ENV, QUEUE_URL_ENV
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.embedded import free_port
@@ -38,7 +38,7 @@ TURNED_ON = ["kill_zombies_schedule", "stale_jobs_sensor", "cleanup_overdue_sens
 def code_block(after: str) -> str:
     """The first ```bash block of docs/deploy.md after the heading ``after``."""
     section = DOCS[DOCS.index(after) :]
-    return re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1)
+    return found(re.search(r"```bash\n(.*?)```", section, re.DOTALL)).group(1)
 
 
 def as_here(lines: str, port: int) -> str:
@@ -91,8 +91,10 @@ def test_the_no_ui_path_waits_for_the_code_server_then_turns_section_4_on_with_a
         assert done.returncode == 0, done.stdout + done.stderr + server.log_tail()
         with dg.DagsterInstance.from_config(str(home)) as instance:
             [dry_run] = [record.dagster_run for record in instance.get_run_records() if dry(record.dagster_run)]
-            wait_for("the dry run to end", lambda: instance.get_run_by_id(dry_run.run_id).is_finished, timeout=300)
-            finished = instance.get_run_by_id(dry_run.run_id)
+            wait_for(
+                "the dry run to end", lambda: found(instance.get_run_by_id(dry_run.run_id)).is_finished, timeout=300
+            )
+            finished = found(instance.get_run_by_id(dry_run.run_id))
             running = {
                 state.name for state in instance.all_instigator_state() if state.status == InstigatorStatus.RUNNING
             }
@@ -107,7 +109,9 @@ def test_the_no_ui_path_waits_for_the_code_server_then_turns_section_4_on_with_a
 
 def dry(run: dg.DagsterRun) -> bool:
     """Whether a run is the cleanup's dry run, as the docs launch it."""
+    ops = run.run_config.get("ops")
     return (
         run.job_name == "kill_zombies_job"
-        and run.run_config.get("ops", {}).get("reconcile", {}).get("config", {}).get("dry_run") is True
+        and isinstance(ops, dict)
+        and ops.get("reconcile", {}).get("config", {}).get("dry_run") is True
     )

@@ -33,6 +33,7 @@ from tests.deploy.stack import (
     assert_never_two_cleanups_at_once,
     deployment_stack,
 )
+from tests.helpers import found
 from zombie_pipeline.config import POLICY_FILE_ENV
 from zombie_pipeline.orchestration.tags import QUEUE_DATABASE_TAG, STALE_COUNT_TAG
 from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, Reason, Status, cache_key_of_job, utc_now
@@ -106,7 +107,7 @@ def sensor_run(deployment: Deployment) -> dg.DagsterRun:
     [tick] = deployment.wait("a stale_jobs_sensor tick that requests a run", requested, RUN_TIMEOUT)
     ops.start_schedule(SCHEDULE)
     [run_id] = tick.run_ids
-    return deployment.instance.get_run_by_id(run_id)
+    return found(deployment.instance.get_run_by_id(run_id))
 
 
 def test_the_instance_is_postgresql_with_the_production_queue_and_the_cron_comes_from_the_environment(deployment):
@@ -207,7 +208,7 @@ def reconcile_metadata(deployment: Deployment, run_id: str) -> dict:
     [event] = [
         record.event_log_entry.dagster_event for record in records if record.event_log_entry.step_key == "reconcile"
     ]
-    return {key: value.value for key, value in event.step_output_data.metadata.items()}
+    return {key: value.value for key, value in found(event).step_output_data.metadata.items()}
 
 
 def test_old_finished_runs_are_purged_with_their_event_logs(deployment, sensor_run):

@@ -54,7 +54,7 @@ import sys
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 # ---------------------------------------------------------------------------------------------
 # JSON
@@ -64,7 +64,8 @@ def to_jsonable(value: Any) -> Any:
     """Convert library values (datetimes, ObjectIds, enums, tuples, sets) into JSON values."""
     if value is None or isinstance(value, (bool, int, float, str)):
         if isinstance(value, enum.Enum):  # str/int enums (Status, Priority, HTTPStatus)
-            return value.value
+            # mypy sees no enum in None | int | float | str (it does without the None): a false "unreachable"
+            return value.value  # type: ignore[unreachable]
         return value
     if isinstance(value, enum.Enum):
         return to_jsonable(value.value)
@@ -149,7 +150,7 @@ class Library:
                     and issubclass(value, Document)
                     and value is not Document
                     and value.__module__.startswith("libcommon")
-                    and not value._meta.get("abstract")
+                    and not cast(Any, value)._meta.get("abstract")  # mongoengine is untyped
                 ):
                     found[value.__module__ + "." + value.__name__] = value
         return sorted(found.values(), key=lambda model: (self.alias_of(model), model._get_collection_name()))
@@ -591,7 +592,7 @@ class Driver:
         """The library's own readers of whole documents, on every job type and cache kind present."""
         readers: dict[str, Any] = {}
 
-        def attempt(name: str, function: Callable[[], Any]) -> None:
+        def attempt(name: str, function: Callable[..., Any]) -> None:
             try:
                 value = function()
                 readers[name] = {"ok": True, "items": len(value) if hasattr(value, "__len__") else None}
@@ -715,7 +716,7 @@ class Driver:
         library = self.library
         by_collection = library.models_by_collection()
 
-        def raw(name: str) -> Any | None:
+        def raw(name: str) -> Any:  # a collection, or None
             model = by_collection.get(name)
             return None if model is None else self.connections.raw_collection(model)
 

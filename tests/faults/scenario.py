@@ -23,6 +23,7 @@ import pytest
 from bson import ObjectId
 from pymongo import MongoClient
 
+from tests.helpers import LoggedResult, found
 from tests.servers import REPO_ROOT
 from zombie_pipeline.cleanup import counters
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
@@ -95,7 +96,7 @@ def dagster_resources(timeout_ms: int = 3_000, **policy: Any) -> dict[str, Any]:
     }
 
 
-def step_seconds(result: dg.ExecuteInProcessResult) -> dict[str, float]:
+def step_seconds(result: LoggedResult) -> dict[str, float]:
     """Each op's duration, from the run's event log."""
     starts, seconds = {}, {}
     for record in result.logs:
@@ -112,7 +113,7 @@ def step_seconds(result: dg.ExecuteInProcessResult) -> dict[str, float]:
 # --- actors: programs of their own, in processes of their own ------------------------------------------------
 
 
-def start_actor(name: str, tmp_path: Path, args: dict[str, Any]) -> subprocess.Popen:
+def start_actor(name: str, tmp_path: Path, args: dict[str, Any]) -> subprocess.Popen[str]:
     """``python -m tests.faults.actors.<name>``, its arguments in a JSON file, its stdout and stderr piped."""
     path = tmp_path / f"{name}-{len(list(tmp_path.glob(f'{name}-*.json')))}.json"
     path.write_text(json.dumps(args, default=str))
@@ -201,8 +202,8 @@ def audit(store: Store, zombie_ids: list[ObjectId], prior_failed_runs: dict[Obje
     jobs = {job[ID]: job for job in store.jobs.find()}
     events = {event[ID]: event for event in store.events.find()}
     entries = {tuple(entry.get(name) for name in CACHE_KEY): entry for entry in store.cache.find()}
-    figures = Counter()
-    retry_ids = Counter()
+    figures: Counter[str] = Counter()
+    retry_ids: Counter[str] = Counter()
     for job_id in zombie_ids:
         job = jobs[job_id]
         event = events.get(job_id)
@@ -220,7 +221,7 @@ def audit(store: Store, zombie_ids: list[ObjectId], prior_failed_runs: dict[Obje
         key = tuple(cache_key_of_job(job).values())
         entry = entries.get(key)
         if event.get(Event.CACHE_OUTCOME) == CacheOutcome.WRITTEN:
-            if entry is not None and entry.get(Cache.UPDATED_AT) > event[Event.FINALIZED_AT]:
+            if entry is not None and found(entry.get(Cache.UPDATED_AT)) > event[Event.FINALIZED_AT]:
                 figures["cache_entries_superseded_by_a_later_worker_write"] += 1
             elif entry is None or entry.get(Cache.UPDATED_AT) != event[Event.FINALIZED_AT]:
                 figures["lost_cache_entries"] += 1

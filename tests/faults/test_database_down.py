@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections import Counter
+from typing import Any
 
 import pymongo
 import pytest
@@ -217,7 +218,7 @@ def test_a_database_stopped_between_batches_fails_the_run_and_the_next_run_compl
     assert step_failure_messages(crashed)
 
     server.start()  # same port, same storage: what was acknowledged must be there
-    at_crash = {
+    at_crash: dict[str, Any] = {
         "jobs_error": store.jobs.count_documents({ID: {"$in": zombies}, Job.STATUS: Status.ERROR}),
         "events": dict(Counter(e[Event.STATE] for e in store.events.find({}, {Event.STATE: 1}))),
         "finished_at": {

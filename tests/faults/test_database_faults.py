@@ -26,11 +26,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote_plus
 
 import pymongo
 import pytest
+from dagster._core.execution.plan.objects import StepFailureData, StepRetryData
 from pymongo import MongoClient
 
 from tests.faults import repair_race
@@ -43,7 +44,7 @@ from tests.faults.scenario import (
     deployment_state,
 )
 from tests.figures import report_figures
-from tests.helpers import failed_steps, run_kill_zombies, step_failure_messages, workload
+from tests.helpers import failed_steps, found, run_kill_zombies, step_failure_messages, workload
 from tests.servers import LocalServer, running_server
 from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.detection import detect
@@ -223,10 +224,14 @@ class Fault:
     error: str | None = None
 
     def arm(self, proxy: FaultProxy, server: LocalServer) -> None:
+        def kill() -> None:
+            server.kill()
+            proxy.reset()
+
         strikes: dict[str, Callable[[], None]] = {
             "reset": proxy.reset,
             "stall": proxy.stall,  # until the run has failed: the test resumes it
-            "kill": lambda: (server.kill(), proxy.reset()),
+            "kill": kill,
         }
         proxy.on(self.trigger, strikes[self.action])
 
@@ -322,7 +327,8 @@ def test_a_stalled_database_fails_the_step_within_its_timeout_in_one_line_and_th
     assert timeout_ms / 1000 - 0.1 <= seconds <= timeout_ms / 1000 + 1.5
     # the whole step, three attempts each bounded alike and the retry policy's 2 s and 4 s between them
     assert attempts[-1].timestamp - stall.fired_at <= 3 * (timeout_ms / 1000 + 1.5) + 2 + 4
-    error = attempts[0].dagster_event.event_specific_data.error  # RetryRequestedFromPolicy, caused by the step's own
+    data = cast(StepRetryData | StepFailureData, found(attempts[0].dagster_event).event_specific_data)
+    error = found(data.error)  # RetryRequestedFromPolicy, caused by the step's own
     while error.cause is not None:
         error = error.cause
     message = error.message
@@ -332,7 +338,7 @@ def test_a_stalled_database_fails_the_step_within_its_timeout_in_one_line_and_th
     assert f"mongodb://***:***@127.0.0.1:{proxy.port}/" in line
     assert f"did not answer within {timeout_ms / 1000:g} s" in line
     assert f"${MONGO_TIMEOUT_ENV} bounds every wait on the database ({timeout_ms} ms)" in line
-    metadata = {key: value.value for key, value in failure.step_failure_data.user_failure_data.metadata.items()}
+    metadata = {key: value.value for key, value in found(failure.step_failure_data.user_failure_data).metadata.items()}
     assert metadata["timeout_ms"] == timeout_ms  # the last attempt's failure: it may fail on reaching the server
     for text in (message, *step_failure_messages(failed), repr(metadata)):
         assert PASSWORD not in text and quote_plus(PASSWORD) not in text

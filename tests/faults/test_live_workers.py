@@ -13,6 +13,7 @@ import random
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bson import ObjectId
@@ -30,7 +31,7 @@ from tests.faults.scenario import (
     start_actor,
 )
 from tests.figures import report_figures
-from tests.helpers import job_document
+from tests.helpers import found, job_document
 from tests.servers import LocalServer
 from zombie_pipeline.cleanup.detection import detect, stale_filter
 from zombie_pipeline.policy import ZombiePolicy
@@ -40,9 +41,11 @@ from zombie_pipeline.queue.documents import (
     HTTP_OK,
     ID,
     Cache,
+    CacheEntry,
     Event,
     EventState,
     Job,
+    JobDocument,
     Status,
     cache_key_of_job,
     utc_now,
@@ -50,7 +53,7 @@ from zombie_pipeline.queue.documents import (
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.workload import JOB_TYPES
 
-LIVE_SIZES = {
+LIVE_SIZES: dict[str, dict[str, Any]] = {
     "default": {"zombies": 120, "healthy": 120, "cleanups": 3, "revived_fraction": 0.1},
     "full": {
         "zombies": 1_000,
@@ -59,7 +62,7 @@ LIVE_SIZES = {
         "revived_fraction": 0.1,
     },
 }
-LIVE_POLICY = {
+LIVE_POLICY: dict[str, Any] = {
     "heartbeat_timeout_seconds": 300,
     "max_duration_seconds": 86_400,
     "batch_size": 100,
@@ -69,10 +72,14 @@ LIVE_BATCH_SIZES = (100, 37, 61, 13)
 LIVE_HALF_OF_TYPES = [job_type.name for job_type in JOB_TYPES[::2]]
 
 
-def _live_jobs(zombies: int, healthy: int, now: dt.datetime, seed: int) -> tuple[list[dict], list[dict], list[dict]]:
+def _live_jobs(
+    zombies: int, healthy: int, now: dt.datetime, seed: int
+) -> tuple[list[JobDocument], list[JobDocument], list[CacheEntry]]:
     rng = random.Random(seed)
     started_at = now - dt.timedelta(hours=1)
-    zombie_jobs, healthy_jobs, entries = [], [], []
+    zombie_jobs: list[JobDocument] = []
+    healthy_jobs: list[JobDocument] = []
+    entries: list[CacheEntry] = []
     for kind, count, target, heartbeat in (
         ("zombie", zombies, zombie_jobs, now - dt.timedelta(minutes=30)),
         ("healthy", healthy, healthy_jobs, now - dt.timedelta(seconds=5)),
@@ -143,7 +150,7 @@ def test_concurrent_cleanups_with_live_workers_finalize_each_zombie_once_and_nev
     )
     cleanups = []
     try:
-        assert worker.stdout.readline().strip() == "ready", worker.stderr.read()
+        assert found(worker.stdout).readline().strip() == "ready", found(worker.stderr).read()
         for n in range(sizes["cleanups"]):
             # different batch sizes, staggered starts and one run limited to some job types (as a
             # partitioned run would be), so that claims and finalizations of the runs interleave

@@ -1,5 +1,7 @@
 """kill_zombies_job through Dagster: the ops, their metadata, dry run, brake, partitions, suggestions opted in."""
 
+from typing import Any
+
 import pytest
 
 from tests.helpers import (
@@ -109,7 +111,7 @@ def test_an_opted_in_run_applies_the_latest_suggestions_and_says_so(store, resou
     """The suggested T2 of /first-rows (30 min) is below the configured 2 h: a job of 50 min is now overdue."""
     store.jobs.insert_many([job_document("/first-rows", "u/slow", started_at=ago(50 * 60), last_heartbeat=ago(10))])
     save_suggestions(store.suggestions, report_suggesting({"/first-rows": 1_800}))
-    configured = {"max_duration_seconds_by_type": {"/first-rows": 7_200}}
+    configured: dict[str, Any] = {"max_duration_seconds_by_type": {"/first-rows": 7_200}}
 
     kept = run_kill_zombies({**resources, "zombie_policy": ZombiePolicyResource(**configured)})
     assert step_metadata(kept, "summarize")["finalized"] == 0

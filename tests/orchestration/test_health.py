@@ -27,6 +27,7 @@ from zombie_pipeline.queue.documents import (
     ErrorCode,
     Event,
     Job,
+    JobSnapshot,
     cache_key_of_job,
     utc_now,
 )
@@ -158,7 +159,7 @@ def test_a_job_that_went_stale_after_the_cleanup_started_is_not_held_against_it(
     assert not check_results(defs, instance)["no_zombies_left"].passed
 
 
-def _finalized_jobs(store, defs, instance, count: int) -> list[dict]:
+def _finalized_jobs(store, defs, instance, count: int) -> list[JobSnapshot]:
     store.jobs.insert_many([crashed_job(f"user/{i}") for i in range(count)])
     cleanup(defs, instance)
     return [event[Event.JOB] for event in store.events.find().sort(ID, 1)]
@@ -184,7 +185,7 @@ def test_an_older_entry_without_the_error_fails_the_cache_check(store, defs, ins
 
 def test_a_newer_result_replacing_the_error_is_the_queue_moving_on(store, defs, instance):
     [job] = _finalized_jobs(store, defs, instance, 1)
-    retried = {**job, Job.STARTED_AT: utc_now()}
+    retried: JobSnapshot = {**job, Job.STARTED_AT: utc_now()}
     store.cache.replace_one(
         cache_key_of_job(job), cache_document(retried, updated_at=utc_now() + dt.timedelta(seconds=1))
     )

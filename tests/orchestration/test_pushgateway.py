@@ -9,11 +9,12 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections import Counter
+from typing import Any
 
 import dagster as dg
 import pytest
 
-from tests.helpers import ago, crashed_job, database_resources, run_kill_zombies, step_metadata, workload
+from tests.helpers import ago, crashed_job, database_resources, run_kill_zombies, step_metadata, text, workload
 from tests.pushgateway import running_pushgateway
 from zombie_pipeline import metrics
 from zombie_pipeline.orchestration.health import queue_health
@@ -45,7 +46,11 @@ URL_ENV = "ZOMBIE_METRICS_TEST_MONGO_URL"
 HOOK_ENV = "ZOMBIE_METRICS_TEST_HOOK"
 WORKLOAD = workload(finished=100, crashed=6, never_heartbeated=2, overdue=3, running=30, waiting=5, seed=23)
 #: Delayed retries (they wait in zombieRetries) and a webhook nothing answers (compensations to try again).
-POLICY = {"retry_delay_seconds": 600, "compensation_webhooks": {"*": HOOK_ENV}, "compensation_timeout_seconds": 1}
+POLICY: dict[str, Any] = {
+    "retry_delay_seconds": 600,
+    "compensation_webhooks": {"*": HOOK_ENV},
+    "compensation_timeout_seconds": 1,
+}
 
 
 @pytest.fixture
@@ -164,10 +169,8 @@ def test_a_cleanup_and_its_health_check_push_what_the_databases_hold(store, reso
         == 1
     )
     # every pushed name is declared once, in the module the alert rules and the dashboard are checked against
-    pushed = {sample.split("{")[0] for sample in gateway.scrape().splitlines() if sample.startswith(metrics.PREFIX)}
-    assert pushed == {
-        metric.name for metric in metrics.CLEANUP_METRICS + metrics.BRAKE_METRICS + metrics.HEALTH_METRICS
-    }
+    names = {sample.split("{")[0] for sample in gateway.scrape().splitlines() if sample.startswith(metrics.PREFIX)}
+    assert names == {metric.name for metric in metrics.CLEANUP_METRICS + metrics.BRAKE_METRICS + metrics.HEALTH_METRICS}
 
 
 def test_two_queues_push_to_groups_of_their_own(store, resources, gateway, fresh_database, mongo_url):
@@ -181,7 +184,7 @@ def test_two_queues_push_to_groups_of_their_own(store, resources, gateway, fresh
     ).success
 
     finalized = gateway.series(metrics.ZOMBIES_FINALIZED.name)
-    by_queue = Counter()
+    by_queue: Counter[str] = Counter()
     for labels, value in finalized.items():
         by_queue[dict(labels)["queue_database"]] += value
     assert by_queue == {store.jobs.database.name: 2, other.jobs.database.name: 5}
@@ -292,5 +295,5 @@ def test_a_past_window_is_not_pushed(store, resources, gateway, tmp_path):
             run_config=config,
         )  # fmt: skip
     [materialization] = result.asset_materializations_for_node(job_duration_statistics.op.name)
-    assert materialization.metadata["metrics_push"].value.startswith("not pushed: a past window")
+    assert text(materialization.metadata["metrics_push"]).startswith("not pushed: a past window")
     assert gateway.series(metrics.STATISTICS_WINDOW_END.name) == {}

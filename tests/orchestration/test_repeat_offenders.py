@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any, cast
 
 import dagster as dg
 import pydantic
 import pytest
 from bson import ObjectId
 
-from tests.helpers import QUEUE_GENERATION, database_resources
+from tests.helpers import QUEUE_GENERATION, database_resources, text
 from zombie_pipeline.orchestration.health import queue_health
 from zombie_pipeline.orchestration.repeat_offenders import CHECK_NAME, repeat_offenders
 from zombie_pipeline.orchestration.resources import (
@@ -32,6 +33,7 @@ from zombie_pipeline.queue.documents import (
     Job,
     Reason,
     RetryOutcome,
+    ZombieEvent,
     utc_now,
 )
 from zombie_pipeline.queue.store import Store
@@ -45,17 +47,20 @@ def at(day: int, hour: int = 12) -> dt.datetime:
     return dt.datetime(2024, 3, day, hour, tzinfo=UTC)
 
 
-def event(dataset, job_type: str, reason: str, finalized_at: dt.datetime, **fields) -> dict:
-    return {
-        ID: ObjectId(),
-        Event.JOB: {Job.TYPE: job_type, Job.DATASET: dataset},
-        Event.REASON: reason,
-        Event.ERROR_CODE: ERROR_CODE_OF_REASON.get(reason),
-        Event.FINALIZED_AT: finalized_at,
-        Event.STATE: EventState.DONE,
-        Event.RETRY_OUTCOME: RetryOutcome.ENQUEUED,
-        **fields,
-    }
+def event(dataset, job_type: str, reason: Reason, finalized_at: dt.datetime, **fields: Any) -> ZombieEvent:
+    return cast(
+        ZombieEvent,
+        {
+            ID: ObjectId(),
+            Event.JOB: {Job.TYPE: job_type, Job.DATASET: dataset},
+            Event.REASON: reason,
+            Event.ERROR_CODE: ERROR_CODE_OF_REASON.get(reason),
+            Event.FINALIZED_AT: finalized_at,
+            Event.STATE: EventState.DONE,
+            Event.RETRY_OUTCOME: RetryOutcome.ENQUEUED,
+            **fields,
+        },
+    )
 
 
 @pytest.fixture
@@ -215,12 +220,12 @@ def test_the_statistics_report_has_a_section_on_the_windows_offenders(week, reso
         )
 
     (materialization,) = result.asset_materializations_for_node(job_duration_statistics.op.name)
-    section = materialization.metadata["repeat_offenders"].value
+    section = text(materialization.metadata["repeat_offenders"])
     assert section.startswith(
         "**Repeat offenders 2024-03-04 00:00 – 2024-03-11 00:00 UTC**: 1 datasets finalized at least 3 times"
     )
     assert "| `user/big` | `/splits` |" in section
-    assert section in Path(materialization.metadata["markdown"].value).read_text()
+    assert section in Path(text(materialization.metadata["markdown"])).read_text()
 
 
 def test_queue_health_counts_the_repeat_offenders_of_the_last_week(store, resources):

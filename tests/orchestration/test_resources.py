@@ -6,12 +6,13 @@ import datetime as dt
 import os
 import subprocess
 import sys
+from typing import Any
 from urllib.parse import quote_plus
 
 import dagster as dg
 import pytest
 
-from tests.helpers import databases_from_env, report_suggesting
+from tests.helpers import databases_from_env, found, raw, report_suggesting
 from tests.test_policy import BAD_POLICIES, case_id
 from zombie_pipeline.config import (
     CACHE_DATABASE_ENV,
@@ -48,8 +49,8 @@ def test_the_databases_connect_with_the_urls_their_environment_variables_hold(
     databases = databases_from_env(queue_db.name, cache_db.name)
 
     store = databases.store()
-    store.jobs.insert_one({"_id": 1, "at": dt.datetime(2024, 1, 1, tzinfo=dt.UTC)})
-    store.cache.insert_one({"_id": 2})
+    raw(store.jobs).insert_one({"_id": 1, "at": dt.datetime(2024, 1, 1, tzinfo=dt.UTC)})
+    raw(store.cache).insert_one({"_id": 2})
 
     assert queue_db["jobsBlue"].find_one({"_id": 1})["at"].tzinfo is not None
     assert cache_db["cachedResponsesBlue"].count_documents({"_id": 2}) == 1
@@ -75,7 +76,7 @@ def test_collections_a_deployment_named_otherwise_are_taken_as_configured(mongo_
     store = databases.store()
 
     assert store.jobs.full_name == f"{queue_db.name}.jobsGreen"
-    store.jobs.insert_one({"_id": "x"})
+    raw(store.jobs).insert_one({"_id": "x"})
     assert queue_db["jobsGreen"].count_documents({}) == 1
 
 
@@ -213,8 +214,8 @@ def test_a_database_error_in_the_middle_of_a_step_fails_it_in_one_line_naming_th
     @dg.op
     def insert_twice(context, databases: Databases) -> None:
         with databases.store_for(context, "insert_twice: inserting a job twice") as store:
-            store.jobs.insert_one({"_id": "twice"})
-            store.jobs.insert_one({"_id": "twice"})
+            raw(store.jobs).insert_one({"_id": "twice"})
+            raw(store.jobs).insert_one({"_id": "twice"})
 
     @dg.job
     def inserting():
@@ -225,13 +226,13 @@ def test_a_database_error_in_the_middle_of_a_step_fails_it_in_one_line_naming_th
 
     assert not result.success
     [failure] = [event for event in result.all_events if event.is_step_failure]
-    message = failure.step_failure_data.error.message.strip()
+    message = found(failure.step_failure_data.error).message.strip()
     line = message.removeprefix("dagster._core.definitions.events.Failure: ")
     assert "\n" not in line and "Traceback" not in message
     assert line.startswith("insert_twice: inserting a job twice: MongoDB at ")
     assert "refused a command (DuplicateKeyError" in line
     assert "$ZOMBIE_MONGO_TIMEOUT_MS bounds every wait on the database (400 ms)" in line
-    metadata = {key: value.value for key, value in failure.step_failure_data.user_failure_data.metadata.items()}
+    metadata = {key: value.value for key, value in found(failure.step_failure_data.user_failure_data).metadata.items()}
     assert (
         metadata["doing"] == "insert_twice: inserting a job twice" and metadata["variable"] == "ZOMBIE_MONGO_TIMEOUT_MS"
     )
@@ -272,7 +273,7 @@ def test_the_resource_refuses_a_bad_value_in_one_line_naming_it_and_never_to_be_
 def test_a_name_that_is_no_policy_field_is_refused_when_the_resource_is_built():
     """As Dagster's config schema refuses it in the Launchpad, before launch."""
     with pytest.raises(PolicyError, match="no_such_setting"):
-        ZombiePolicyResource(no_such_setting=1)
+        ZombiePolicyResource(no_such_setting=1)  # type: ignore[call-arg]  # no such field, on purpose
 
 
 def test_the_resource_has_the_policys_fields_types_defaults_and_descriptions():
@@ -290,7 +291,7 @@ def test_the_resource_has_the_policys_fields_types_defaults_and_descriptions():
 
 def test_the_policy_in_force_takes_the_suggestions_only_when_it_opts_in(store):
     save_suggestions(store.suggestions, report_suggesting({"/splits": 1_500}))
-    configured = {"max_duration_seconds_by_type": {"/splits": 900, "/first-rows": 1_800}}
+    configured: dict[str, Any] = {"max_duration_seconds_by_type": {"/splits": 900, "/first-rows": 1_800}}
 
     assert ZombiePolicyResource(**configured).in_force(store) == ZombiePolicy(**configured)
     in_force = ZombiePolicyResource(**configured, use_suggested_max_durations=True).in_force(store)

@@ -8,7 +8,7 @@ import sys
 import dagster as dg
 import pytest
 
-from tests.helpers import crashed_job, documents, opcounters, recorded_cleanup_run
+from tests.helpers import crashed_job, documents, found, opcounters, recorded_cleanup_run
 from zombie_pipeline.config import (
     CACHE_DATABASE_ENV,
     CACHE_URL_ENV,
@@ -109,7 +109,7 @@ def test_the_statistics_run_daily_for_the_day_that_just_ended():
     context = dg.build_schedule_context(
         scheduled_execution_time=dt.datetime(2024, 3, 5, 0, 30, tzinfo=UTC), repository_def=defs.get_repository_def()
     )
-    [request] = schedule.evaluate_tick(context).run_requests
+    [request] = found(schedule.evaluate_tick(context).run_requests)
     assert request.partition_key == "2024-03-04"
 
 

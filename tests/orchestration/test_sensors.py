@@ -10,6 +10,7 @@ from tests.helpers import (
     METRICS_OFF,
     crashed_job,
     databases_from_env,
+    found,
     healthy_job,
     job_document,
     recorded_cleanup_run,
@@ -190,7 +191,7 @@ def test_checks_run_after_each_successful_cleanup_tagged_with_its_run(store, ins
     request = cleanup_checks_sensor(context)
     assert isinstance(request, dg.RunRequest)
     assert request.tags[CLEANUP_RUN_TAG] == run_id
-    assert run_id in request.run_key
+    assert run_id in found(request.run_key)
 
 
 def test_checks_are_not_run_after_a_dry_run(store, instance, resources):
@@ -308,7 +309,7 @@ def test_a_queue_never_cleaned_is_given_the_limit_from_the_sensors_first_tick(in
     first = overdue_tick(instance, resources)
     evaluation = reported_check(first)
     assert evaluation.passed
-    assert "no successful cleanup" in evaluation.description and "limit 30 min" in evaluation.description
+    assert "no successful cleanup" in found(evaluation.description) and "limit 30 min" in found(evaluation.description)
     again = overdue_tick(instance, resources, first.cursor)
     assert (
         again.asset_events == []
@@ -352,7 +353,7 @@ def test_a_successful_cleanup_passes_the_check_again_and_its_age_is_judged_again
 def test_the_limit_comes_from_the_environment_and_a_bad_one_names_the_variable(instance, resources, monkeypatch):
     monkeypatch.setenv(CLEANUP_OVERDUE_MINUTES_ENV, "5")
     overdue = reported_check(overdue_tick(instance, resources, cursor_watching_since(6, reported="recent")))
-    assert not overdue.passed and "limit 5 min" in overdue.description
+    assert not overdue.passed and "limit 5 min" in found(overdue.description)
     monkeypatch.setenv(CLEANUP_OVERDUE_MINUTES_ENV, "half an hour")
     with pytest.raises(
         Exception, match=f"{CLEANUP_OVERDUE_MINUTES_ENV}='half an hour' is not a positive number of minutes"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from bson import ObjectId
 
-from tests.helpers import METRICS_OFF, QUEUE_GENERATION, database_resources, job_document, workload
+from tests.helpers import METRICS_OFF, QUEUE_GENERATION, database_resources, found, job_document, workload
 from zombie_pipeline.orchestration.resources import (
     Databases,
     ZombiePolicyResource,
@@ -87,7 +87,7 @@ def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources,
     assert (metadata["days_present"], metadata["days_expected"], metadata["missing_days"]) == (2, 2, [])
     assert metadata["window_complete"] and "to_complete_it" not in metadata
     assert metadata["types_to_change"] == len(one_pass.t2_changes())
-    assert metadata[DEPLOYMENT_LIMIT_METADATA] == one_pass.deployment_limit.seconds
+    assert metadata[DEPLOYMENT_LIMIT_METADATA] == found(one_pass.deployment_limit).seconds
     suggested = {
         key[len(SUGGESTED_T2_METADATA_PREFIX) :]: value
         for key, value in metadata.items()
@@ -244,6 +244,7 @@ def test_daily_tallies_of_a_queue_whose_generation_cannot_be_told_fail_in_one_li
 
     assert not result.success
     [failure] = [event.step_failure_data.user_failure_data for event in result.all_events if event.is_step_failure]
+    assert failure is not None and failure.description is not None
     assert failure.description.startswith("the queue's evidence contradicts itself") and "\n" not in failure.description
     assert failure.metadata["queue_generation_candidates"].value == []
 

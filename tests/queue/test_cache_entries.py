@@ -5,7 +5,7 @@ from bson import ObjectId
 from tests.helpers import HANDSHAKES, ago, job_document, logged_store
 from zombie_pipeline.cleanup.detection import query_plan_of
 from zombie_pipeline.queue.cache_entries import DETAIL_JOB_ID, entries_of_jobs, is_fresher, key_of, written_for
-from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, cache_key_of_job, utc_now
+from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, ZombieEvent, cache_key_of_job, utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 
 
@@ -63,7 +63,7 @@ def test_the_read_of_a_batch_is_planned_on_the_deployments_dataset_index(store):
 
 def test_our_entry_is_recognized_by_its_job_and_its_error_code_only():
     job_id = ObjectId()
-    event = {ID: job_id, Event.ERROR_CODE: ErrorCode.CRASHED}
+    event: ZombieEvent = {ID: job_id, Event.ERROR_CODE: ErrorCode.CRASHED}
     ours = {Cache.DETAILS: {DETAIL_JOB_ID: str(job_id)}, Cache.ERROR_CODE: ErrorCode.CRASHED}
 
     assert written_for(ours, event)

@@ -8,10 +8,13 @@ helpers see them, so the tests cover what BSON round trips actually return
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 from bson import ObjectId
 
+from tests.helpers import found
 from zombie_pipeline.queue import documents
 from zombie_pipeline.queue.documents import (
     ID,
@@ -117,22 +120,22 @@ def test_the_cache_key_of_a_job_finds_its_entry_written_without_config_and_split
 def test_as_utc_makes_naive_dates_from_a_naive_client_aware(mongo_url, queue_db):
     from pymongo import MongoClient
 
-    naive_client = MongoClient(mongo_url, tz_aware=False)
+    naive_client: MongoClient[Mapping[str, Any]] = MongoClient(mongo_url, tz_aware=False)
     try:
         naive_client[queue_db.name]["jobsBlue"].insert_one(job_document("u/naive", **{Job.LAST_HEARTBEAT: NOW}))
-        stored = naive_client[queue_db.name]["jobsBlue"].find_one()
+        stored = found(naive_client[queue_db.name]["jobsBlue"].find_one())
     finally:
         naive_client.close()
 
     assert stored[Job.LAST_HEARTBEAT].tzinfo is None
     assert as_utc(stored[Job.LAST_HEARTBEAT]) == NOW
-    assert as_utc(stored[Job.LAST_HEARTBEAT]).tzinfo is not None
+    assert found(as_utc(stored[Job.LAST_HEARTBEAT])).tzinfo is not None
 
 
 def test_as_utc_converts_other_zones_and_refuses_non_dates():
     paris = dt.timezone(dt.timedelta(hours=2))
     assert as_utc(dt.datetime(2024, 7, 1, 14, 0, tzinfo=paris)) == NOW
-    assert as_utc(dt.datetime(2024, 7, 1, 14, 0, tzinfo=paris)).utcoffset() == dt.timedelta(0)
+    assert found(as_utc(dt.datetime(2024, 7, 1, 14, 0, tzinfo=paris))).utcoffset() == dt.timedelta(0)
     for not_a_date in (None, "2024-07-01T12:00:00Z", 1719835200, dt.date(2024, 7, 1)):
         assert as_utc(not_a_date) is None
 
@@ -178,7 +181,7 @@ def test_statuses_codes_and_reasons_are_stored_as_plain_strings(queue_db):
     ],
 )
 def test_a_job_type_that_is_no_name_says_why(value, problem):
-    assert problem in job_type_problem(value)
+    assert problem in found(job_type_problem(value))
 
 
 def test_valid_names_have_no_problem_and_only_a_type_refuses_dots():

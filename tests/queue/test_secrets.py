@@ -297,7 +297,7 @@ def in_process_run(
     """kill_zombies_job in process; its every event log record, run record and metadata go to ``outputs``."""
     monkeypatch.setenv(QUEUE_URL_ENV, queue_url)
     monkeypatch.setenv(CACHE_URL_ENV, queue_url)
-    resources = {
+    resources: dict[str, Any] = {
         "databases": databases_from_env(QUEUE, CACHE, timeout_ms=timeout_ms),
         "zombie_policy": ZombiePolicyResource(),
     }
@@ -336,7 +336,7 @@ def test_a_full_run_with_the_password_in_the_urls_leaks_it_nowhere(
     executed = commands.collect("dagster job execute", outputs)
     assert executed.returncode == 0, executed.stderr.decode()[-3000:]
 
-    client = MongoClient(good, tz_aware=True)
+    client: MongoClient[dict[str, Any]] = MongoClient(good, tz_aware=True)
     finalized = client[QUEUE]["zombieEvents"].count_documents({})
     assert finalized >= 12  # the run really ran, authenticated
 
@@ -380,7 +380,7 @@ def test_a_wrong_password_fails_cleanly_and_leaks_neither_password(
     assert not [event for event in result.all_events if event.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
     assert len([event for event in result.all_events if event.is_step_failure]) == 1
 
-    client = MongoClient(wrong, serverSelectionTimeoutMS=3_000)
+    client: MongoClient[dict[str, Any]] = MongoClient(wrong, serverSelectionTimeoutMS=3_000)
     with pytest.raises(DatabaseUnavailable) as unavailable:
         check_reachable(client[QUEUE], wrong)
     outputs.add("check_reachable, wrong password", str(unavailable.value))
@@ -406,7 +406,7 @@ def test_an_unreachable_host_fails_cleanly_and_leaks_no_password(commands: Comma
     messages = step_failure_messages(result)
     assert any("cannot reach MongoDB at mongodb://***:***@127.0.0.1" in m for m in messages), messages
 
-    client = MongoClient(unreachable, serverSelectionTimeoutMS=1_000)
+    client: MongoClient[dict[str, Any]] = MongoClient(unreachable, serverSelectionTimeoutMS=1_000)
     with pytest.raises(DatabaseUnavailable) as unavailable:
         check_reachable(client[QUEUE], unreachable)
     outputs.add("check_reachable, unreachable", str(unavailable.value))

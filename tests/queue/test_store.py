@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from pymongo.collection import Collection
 from pymongo.errors import BulkWriteError
 
 from zombie_pipeline.queue.documents import (
@@ -25,7 +28,8 @@ def test_the_queue_and_our_collections_share_a_database_and_the_cache_has_its_ow
         DEFAULT_EVENTS_COLLECTION,
         DEFAULT_CACHE_COLLECTION,
     }
-    assert {collection.database.name for collection in (store.jobs, store.locks, *store.ours)} == {queue_db.name}
+    queue_side: tuple[Collection[Any], ...] = (store.jobs, store.locks, *store.ours)
+    assert {collection.database.name for collection in queue_side} == {queue_db.name}
     assert {store.cache.database.name, store.cache_metrics.database.name} == {cache_db.name}
 
 

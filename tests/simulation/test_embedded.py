@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,7 @@ def test_ensure_server_starts_a_server_in_the_project_home(shared_home, shared_s
     assert pid_alive(shared_server.pid)
     assert Path(shared_server.storage_path) == shared_home / "data"
     assert json.loads((shared_home / "server.json").read_text())["pid"] == shared_server.pid
-    with MongoClient(shared_server.url, serverSelectionTimeoutMS=5_000) as client:
+    with MongoClient(shared_server.url, serverSelectionTimeoutMS=5_000, document_class=dict) as client:
         assert client.admin.command("ping")["ok"] == 1
 
 
@@ -96,7 +97,7 @@ def test_a_second_call_reuses_the_running_server(shared_server):
 
 
 def test_separate_processes_reuse_it_and_see_its_data(shared_home, shared_server):
-    with MongoClient(shared_server.url) as writer:
+    with MongoClient(shared_server.url, document_class=dict) as writer:
         writer["shared"]["notes"].replace_one({"_id": "from-parent"}, {"text": "hello"}, upsert=True)
 
     reports = ensure_in_subprocesses(shared_home, count=3)
@@ -105,7 +106,10 @@ def test_separate_processes_reuse_it_and_see_its_data(shared_home, shared_server
 
 
 def test_data_written_through_one_client_is_read_through_another(shared_server):
-    with MongoClient(shared_server.url) as one, MongoClient(shared_server.url) as other:
+    with (
+        MongoClient(shared_server.url, document_class=dict) as one,
+        MongoClient(shared_server.url, document_class=dict) as other,
+    ):
         one["shared"]["jobs"].insert_many([{"n": n} for n in range(5)])
         assert sorted(doc["n"] for doc in other["shared"]["jobs"].find({}, {"_id": 0})) == list(range(5))
 
@@ -125,7 +129,7 @@ def test_a_second_server_cannot_take_the_same_storage_and_says_where_its_log_is(
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
+def home(tmp_path, monkeypatch) -> Iterator[Path]:
     home = tmp_path / "home"
     monkeypatch.setenv(HOME_ENV, str(home))
     try:
@@ -136,7 +140,7 @@ def home(tmp_path, monkeypatch) -> Path:
 
 def test_stop_server_stops_it_and_the_data_survives_a_restart(home):
     first = ensure_server()
-    with MongoClient(first.url) as client:
+    with MongoClient(first.url, document_class=dict) as client:
         client["durable"]["jobs"].insert_one({"_id": 1, "status": "started"})
 
     stopped = stop_server()
@@ -152,7 +156,7 @@ def test_stop_server_stops_it_and_the_data_survives_a_restart(home):
     second = ensure_server()
     try:
         assert second.pid != first.pid
-        with MongoClient(second.url) as client:
+        with MongoClient(second.url, document_class=dict) as client:
             assert client["durable"]["jobs"].find_one({"_id": 1}) == {"_id": 1, "status": "started"}
     finally:
         stop_server()

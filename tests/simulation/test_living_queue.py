@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ CLEANUP_EVERY = 600
 WINDOW = 300
 URL_ENV = "ZOMBIE_TEST_LIVING_URL"
 #: A small deployment's zombies: beside them, the 20 healthy jobs the brake needs at least.
-ZOMBIES = {"crashed": 3, "never_heartbeated": 1, "terminated": 1, "overdue": 1}
+ZOMBIES: dict[str, Any] = {"crashed": 3, "never_heartbeated": 1, "terminated": 1, "overdue": 1}
 
 #: A bad day: ten times the default crashes and overruns (some every 10 minutes, beside 20 workers).
 RATES = WorkerRates(crashes_per_worker_hour=0.5, overruns_per_worker_hour=0.25)
@@ -61,7 +62,7 @@ def test_an_hour_of_the_living_queue_writes_cache_entries_in_every_window_and_ev
     )
     assert pool.adopt_running() == len(simulation.running_ids)  # zombie-pipeline workers: a worker per healthy job
 
-    cleanups = []
+    cleanups: list[tuple[int, int, int]] = []
     while clock.seconds < HOUR:
         pool.tick()
         clock.advance(TICK_SECONDS)

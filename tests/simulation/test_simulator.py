@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import Counter, defaultdict
+from typing import Any
 
 import pytest
 from pymongo import MongoClient
@@ -41,7 +42,7 @@ JOB_FIELDS = QUEUE_GENERATIONS[BIG.generation].job_fields
 def big(mongo_url):
     """The 12k-job workload written once for the module, through a client that logs its commands."""
     log = CommandLog()
-    client = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC, event_listeners=[log])
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC, event_listeners=[log])
     try:
         with fresh_databases(client, drop=on_real_mongodb()) as make:
             store = Store.of(make("big_queue"), make("big_cache"))

@@ -13,12 +13,14 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from pymongo import MongoClient, monitoring
 
-from tests.helpers import workload
+from tests.helpers import found, workload
 from tests.servers import running_server
 from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.detection import detect
@@ -91,7 +93,7 @@ def both_kinds_of_zombie(store: Store, pool: WorkerPool, now: dt.datetime) -> bo
     return overdue and dead
 
 
-def silent_since(job: dict) -> dt.datetime:
+def silent_since(job: Mapping[str, Any]) -> dt.datetime:
     """Since when a dead worker's job has said nothing: its SIGTERM, else its last heartbeat, else its start."""
     return job.get(Job.TERMINATED_AT) or job.get(Job.LAST_HEARTBEAT) or job[Job.STARTED_AT]
 
@@ -235,7 +237,7 @@ def test_a_pool_run_for_long_says_what_its_workers_did_once_a_period(store: Stor
     assert 2 <= len(reports) <= 4, lines
     assert all(re.fullmatch(REPORT_LINE, line) for line in reports), reports
     assert all(f" jobs in flight on {pool.workers} workers" in line for line in reports)
-    assert sum(int(re.search(r"(\d+) enqueued", line).group(1)) for line in reports) <= pool.counts["enqueued"]
+    assert sum(int(found(re.search(r"(\d+) enqueued", line)).group(1)) for line in reports) <= pool.counts["enqueued"]
 
 
 #: What a report line says: what the workers did in the period, and what they hold.
@@ -355,6 +357,7 @@ def test_heartbeats_are_never_held_behind_a_ticks_finishes_and_starts_on_a_slow_
     the jobs it does not touch must still beat every second (a cleanup meanwhile would take them for dead)."""
     clock = VirtualClock()
     slow = SlowServer(clock, 0.1)
+    client: MongoClient[dict[str, Any]]
     with MongoClient(mongo_url, tz_aware=True, tzinfo=dt.UTC, event_listeners=[slow]) as client:
         slow_store = Store.of(client[store.jobs.database.name], client[store.cache.database.name])
         simulate(

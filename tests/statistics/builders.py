@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, cast
 
 import numpy as np
 from bson import ObjectId
 
-from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status
+from zombie_pipeline.queue.documents import ID, Event, EventState, Job, JobDocument, Status, ZombieEvent
 from zombie_pipeline.statistics.tallies import Period, Tally
 
 UTC = dt.UTC
@@ -16,16 +19,17 @@ NEXT_DAY = DAY + dt.timedelta(days=1)
 NOON = DAY + dt.timedelta(hours=12)
 
 
-def job(job_type: str, status: str, seconds: float | None, finished_at: dt.datetime = NOON, **fields) -> dict:
-    """A finished job that ran ``seconds`` (None: never started)."""
-    document = {ID: ObjectId(), Job.TYPE: job_type, Job.STATUS: status, Job.FINISHED_AT: finished_at}
+def job(job_type: Any, status: Any, seconds: float | None, finished_at: Any = NOON, **fields: Any) -> JobDocument:
+    """A finished job that ran ``seconds`` (None: never started). Type, status and dates are ``Any``: the suites
+    build bad data with them too, which the jobs collection holds all the same."""
+    document: dict[str, Any] = {ID: ObjectId(), Job.TYPE: job_type, Job.STATUS: status, Job.FINISHED_AT: finished_at}
     if seconds is not None:
         document[Job.STARTED_AT] = finished_at - dt.timedelta(seconds=seconds)
     document.update(fields)
-    return document
+    return cast(JobDocument, document)
 
 
-def event(job_document: dict, reason: str, state: str = EventState.DONE) -> dict:
+def event(job_document: Mapping[str, Any], reason: str, state: str = EventState.DONE) -> ZombieEvent:
     """The audit event of a zombie finalization; its finalized_at is the job's finished_at."""
     return {
         ID: job_document[ID],
@@ -38,7 +42,7 @@ def event(job_document: dict, reason: str, state: str = EventState.DONE) -> dict
 
 def tally(success=(), error=(), stopped=()) -> Tally:
     return Tally(
-        statuses={Status.SUCCESS: len(success), Status.ERROR: len(error) + len(stopped)},
+        statuses=cast(Counter[Any], {Status.SUCCESS: len(success), Status.ERROR: len(error) + len(stopped)}),
         started=len(success) + len(error) + len(stopped),
         success=np.asarray(success, dtype=np.float32),
         error=np.asarray(error, dtype=np.float32),

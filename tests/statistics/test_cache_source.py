@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from typing import Any
 
 import pytest
 from bson import Decimal128, Int64
@@ -28,9 +29,7 @@ KIND_UPDATED = [(Cache.KIND, 1), (Cache.UPDATED_AT, 1), (Cache.DATASET, 1)]
 ABSENT = object()
 
 
-def entry(
-    kind, dataset: str, duration, http_status=HTTP_OK, error_code: str | None = None, updated_at=NOON, **fields
-) -> dict:
+def entry(kind, dataset: str, duration, http_status=HTTP_OK, error_code: Any = None, updated_at=NOON, **fields) -> dict:
     """A cache entry holding the values given; a field given ``ABSENT`` is left out."""
     document = {
         Cache.KIND: kind,

@@ -5,12 +5,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from collections import Counter
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
+from tests.helpers import found
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import Reason, Status
@@ -26,11 +29,11 @@ END = dt.datetime(2024, 3, 8, tzinfo=UTC)
 
 def _tally(success, error=(), zombies=None) -> Tally:
     return Tally(
-        statuses={Status.SUCCESS: len(success), Status.ERROR: len(error)},
+        statuses=cast(Counter[Any], {Status.SUCCESS: len(success), Status.ERROR: len(error)}),
         started=len(success) + len(error),
         success=np.asarray(success, dtype=np.float32),
         error=np.asarray(error, dtype=np.float32),
-        zombies=zombies or {},
+        zombies=cast(Counter[Any], zombies or {}),
     )
 
 
@@ -44,7 +47,10 @@ def report():
         "/rare|odd": _tally([50.0] * 5),
     }
     period = Period(
-        start=END - dt.timedelta(days=7), end=END, tallies=tallies, bad_data={BadData.MISSING_STARTED_AT: 3}
+        start=END - dt.timedelta(days=7),
+        end=END,
+        tallies=tallies,
+        bad_data=cast(Counter[Any], {BadData.MISSING_STARTED_AT: 3}),
     )
     policy = ZombiePolicy(max_duration_seconds_by_type={"/rare|odd": 2400, "/gone": 900})
     return analyze(period, policy, computed_at=END)
@@ -241,7 +247,7 @@ def test_the_text_chart_is_a_log_scale_histogram_of_the_successes_with_both_t2_m
 
     assert chart.startswith("```text\n/fast: 400 successful runs, p50 ") and chart.endswith("\n```")
     rows = chart_rows(chart)
-    assert sum(int(ROW.search(row).group(1)) for row in rows) == 400
+    assert sum(int(found(ROW.search(row)).group(1)) for row in rows) == 400
     lows = [row.split(" – ")[0].strip() for row in rows]  # from the shortest run's bin to the current T2's
     assert lows == [
         format_duration(edge) for edge in CHART_EDGES[CHART_EDGES.index(0.2) : CHART_EDGES.index(1_200) + 1]

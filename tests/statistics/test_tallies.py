@@ -6,6 +6,8 @@ import datetime as dt
 import itertools
 import zoneinfo
 from collections import Counter
+from collections.abc import Mapping
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -19,6 +21,7 @@ from zombie_pipeline.cleanup.detection import query_plan_of
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Reason, Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.store import Document
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.statistics.analysis import analyze
 from zombie_pipeline.statistics.jobs_source import classify_job, count_undated_jobs, read_period, tally_jobs
@@ -255,13 +258,13 @@ def test_jobs_of_a_status_the_generation_does_not_declare_are_counted_once_over_
 # --- a batch classified on arrays, as one document at a time ------------------------------
 
 
-def without(document: dict, name: str) -> dict:
+def without(document: Mapping[str, Any], name: str) -> dict[str, Any]:
     return {key: value for key, value in document.items() if key != name}
 
 
-def every_kind_of_job() -> list[dict]:
+def every_kind_of_job() -> list[Mapping[str, Any]]:
     """Good jobs of two types, jobs that never started, and each kind of bad job data, interleaved."""
-    good = [job("/a", Status.SUCCESS, seconds) for seconds in (1, 2.5, 3600, 0)]
+    good: list[Mapping[str, Any]] = [job("/a", Status.SUCCESS, seconds) for seconds in (1, 2.5, 3600, 0)]
     good += [job("/b", Status.ERROR, 7), job("/a", Status.ERROR, 0.001), job("/b", Status.SUCCESS, 86_400 * 3)]
     good += [job("/a", Status.CANCELLED, None), job("/b", Status.SKIPPED, None), job("/a", Status.CANCELLED, 12)]
     good += [without(job("/b", Status.CANCELLED, None), Job.FINISHED_AT)]  # never started: its end does not matter
@@ -288,9 +291,10 @@ def every_kind_of_job() -> list[dict]:
     return [document for pair in itertools.zip_longest(good, bad) for document in pair if document is not None]
 
 
-def one_by_one(documents: list[dict]) -> tuple[dict, Counter]:
+def one_by_one(documents: list[Mapping[str, Any]]) -> tuple[dict[str, Any], Counter[str]]:
     """The tallies and bad data as classify_job makes them, a document at a time: the rule the batches follow."""
-    tallies, bad_data = {}, Counter()
+    tallies: dict[str, tuple[Counter[str], list[float], list[float], list[float]]] = {}
+    bad_data: Counter[str] = Counter()
     for document in documents:
         outcome = classify_job(document)
         if isinstance(outcome, str):
@@ -301,14 +305,16 @@ def one_by_one(documents: list[dict]) -> tuple[dict, Counter]:
         statuses[status] += 1
         if seconds is not None:
             started.append(seconds)
-            {Status.SUCCESS: success, Status.ERROR: error}.get(status, []).append(seconds)
+            by_status: dict[str, list[float]] = {Status.SUCCESS: success, Status.ERROR: error}
+            by_status.get(status, []).append(seconds)
     return {
-        job_type: (dict(statuses), len(started), np.float32(success).tolist(), np.float32(error).tolist())
+        # np.float32 of a list is a float32 array; numpy's stubs type it for a scalar only
+        job_type: (dict(statuses), len(started), np.float32(success).tolist(), np.float32(error).tolist())  # type: ignore[arg-type]
         for job_type, (statuses, started, success, error) in tallies.items()
     }, bad_data
 
 
-def batched(documents: list[dict], batch_size: int) -> tuple[dict, Counter]:
+def batched(documents: list[Mapping[str, Any]], batch_size: int) -> tuple[dict[str, Any], Counter[Any]]:
     period = tally_jobs(Period(start=DAY, end=NEXT_DAY), documents, batch_size=batch_size)
     assert all(
         tally.success.dtype == np.float32 and tally.error.dtype == np.float32 for tally in period.tallies.values()
@@ -415,7 +421,7 @@ def test_combining_many_periods_joins_each_type_in_order():
 
 def test_a_clean_status_is_read_into_columns_and_one_holding_a_string_date_falls_back_to_documents(mongo_url, store):
     good = [job("/a", Status.SUCCESS, seconds) for seconds in range(1, 11)] + [job("/a", Status.ERROR, 5)]
-    bad = job("/a", Status.ERROR, 7)
+    bad = cast(Document, job("/a", Status.ERROR, 7))
     bad[Job.STARTED_AT] = bad[Job.STARTED_AT].isoformat()  # a date stored as a string
     store.jobs.insert_many(good + [bad])
 

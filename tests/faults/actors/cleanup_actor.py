@@ -19,14 +19,14 @@ from pymongo import MongoClient, monitoring
 
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.store import Document, Store
 
 
 class Writes(monitoring.CommandListener):
     """What this process's writes changed, per collection, from the server's replies."""
 
     def __init__(self) -> None:
-        self.requests: dict[int, tuple[str, str]] = {}
+        self.requests: dict[int, tuple[str, str | None]] = {}
         self.totals: dict[str, dict[str, int]] = {}
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
@@ -50,7 +50,7 @@ class Writes(monitoring.CommandListener):
 
 def main(args: dict) -> dict:
     writes = Writes()
-    client = MongoClient(args["url"], tz_aware=True, tzinfo=dt.UTC, event_listeners=[writes])
+    client: MongoClient[Document] = MongoClient(args["url"], tz_aware=True, tzinfo=dt.UTC, event_listeners=[writes])
     store = Store.of(client[args["queue"]], client[args["cache"]])
     policy = ZombiePolicy(**args["policy"])
     now = dt.datetime.fromisoformat(args["now"]) if args.get("now") else None

@@ -16,6 +16,7 @@ import os
 import random
 import sys
 import time
+from typing import Any
 
 from bson import ObjectId
 from pymongo import MongoClient, ReplaceOne, UpdateOne
@@ -31,7 +32,7 @@ def key_of(job: dict) -> dict:
 
 
 def main(args: dict) -> dict:
-    client = MongoClient(args["url"], tz_aware=True, tzinfo=dt.UTC)
+    client: MongoClient[dict[str, Any]] = MongoClient(args["url"], tz_aware=True, tzinfo=dt.UTC)
     jobs = client[args["queue"]]["jobsBlue"]
     cache = client[args["cache"]]["cachedResponsesBlue"]
     rng = random.Random(args["seed"])
@@ -42,7 +43,7 @@ def main(args: dict) -> dict:
     healthy = load(args["healthy"])
     revived = load(args["revived"])
     unfinished = set(healthy)
-    report = {
+    report: dict[str, Any] = {
         "beat_rounds": 0,
         "beats": 0,
         "healthy_finished": 0,
