@@ -219,9 +219,12 @@ def test_a_database_out_of_reach_for_a_moment_is_retried_within_the_run_which_th
 
     assert result.success, result_cause(result)
     assert proxy.refused >= 1
-    assert attempts(result, "reconcile") == 2  # failed on the outage, then succeeded
+    # failed on the outage, then succeeded (on a loaded host the driver may take the second retry to see the server
+    # back: its monitor checks a server it lost at most twice a second)
+    tried = attempts(result, "reconcile")
+    assert tried in (2, 3)
     retry = [e for e in result.events_for_node("reconcile") if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
-    assert len(retry) == 1
+    assert len(retry) == tried - 1
     assert store.events.count_documents({Event.STATE: "done"}) == 3
 
 
