@@ -108,6 +108,7 @@ def test_a_cleanups_figures_are_the_audit_totals_and_the_runs_own_counts():
     figures = metrics.cleanup_figures(
         totals, {"lost_to_live_worker": 2, "due_retry_enqueued": 1, "compensation_failed": 1},
         {("/splits", "missing_heartbeat"): 6}, started, started + dt.timedelta(seconds=3.5),
+        heartbeat_timeout_seconds=300,
     )  # fmt: skip
     values = exposed(figures)
     assert (
@@ -129,7 +130,35 @@ def test_a_cleanups_figures_are_the_audit_totals_and_the_runs_own_counts():
     assert values[("zombie_pipeline_cleanup_compensations", (("outcome", "done"),))] == 0
     assert values[("zombie_pipeline_cleanup_duration_seconds", ())] == 3.5
     assert values[("zombie_pipeline_cleanup_last_success_timestamp_seconds", ())] == started.timestamp() + 3.5
-    assert {name for name, _ in values} == {metric.name for metric in metrics.CLEANUP_METRICS}
+    assert values[("zombie_pipeline_policy_heartbeat_timeout_seconds", ())] == 300
+    assert {metrics.METRIC_OF_SAMPLE[name] for name, _ in values} == {metric.name for metric in metrics.CLEANUP_METRICS}
+
+
+def test_detection_times_are_a_histogram_per_reason_counted_from_the_audit_trail(store):
+    """Each finalization's detection time, as its event recorded it, falls in the buckets at or above it."""
+    silent = [
+        job_document(dataset=f"user/z-{i}", started_at=ago(900), last_heartbeat=ago(300 + 100 * i)) for i in range(3)
+    ]
+    store.jobs.insert_many([*silent, job_document(dataset="user/never", started_at=ago(1000))])
+    run_cleanup(store, ZombiePolicy(), "run-1")
+    recorded = sorted(
+        event[Event.DETECTION_SECONDS] for event in store.events.find({Event.REASON: "missing_heartbeat"})
+    )
+
+    totals = metrics.audit_totals(store.events)
+    values = exposed(metrics.cleanup_figures(totals, {}, {}, ago(5), ago(0), heartbeat_timeout_seconds=300))
+
+    def bucket(reason: str, le: str) -> float:
+        return values[("zombie_pipeline_detection_seconds_bucket", (("le", le), ("reason", reason)))]
+
+    assert [round(seconds, -1) for seconds in recorded] == [300, 400, 500]  # measured now: a few seconds more
+    assert (bucket("missing_heartbeat", "300"), bucket("missing_heartbeat", "420")) == (0, 2)
+    assert (bucket("missing_heartbeat", "540"), bucket("missing_heartbeat", "+Inf")) == (3, 3)
+    assert values[("zombie_pipeline_detection_seconds_sum", (("reason", "missing_heartbeat"),))] == pytest.approx(
+        sum(recorded)
+    )
+    assert [bucket("never_heartbeated", le) for le in ("900", "1800", "+Inf")] == [0, 1, 1]  # started 1,000 s ago
+    assert bucket("terminated", "+Inf") == 0  # a reason nothing died of: an empty histogram, not a missing one
 
 
 def test_a_cleanup_that_found_nothing_pushes_zeros_for_every_job_type_reason_and_outcome_it_knows():
@@ -137,7 +166,7 @@ def test_a_cleanup_that_found_nothing_pushes_zeros_for_every_job_type_reason_and
     totals = metrics.AuditTotals(finalized=Counter({("/splits", "missing_heartbeat", "JobManagerCrashedError"): 4}))
     started = dt.datetime(2026, 5, 1, 12, tzinfo=UTC)
 
-    values = exposed(metrics.cleanup_figures(totals, {}, {}, started, started))
+    values = exposed(metrics.cleanup_figures(totals, {}, {}, started, started, heartbeat_timeout_seconds=300))
 
     def series(name: str) -> dict[tuple, float]:
         return {labels: value for (sample, labels), value in values.items() if sample == name}

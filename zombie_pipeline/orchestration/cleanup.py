@@ -227,7 +227,14 @@ def summarize(
 
             def figures() -> metrics.Figures:  # read only when there is a gateway to push to
                 totals = metrics.audit_totals(store.events)
-                return metrics.cleanup_figures(totals, summary.counts, found, plan.started_at, utc_now())
+                return metrics.cleanup_figures(
+                    totals,
+                    summary.counts,
+                    found,
+                    plan.started_at,
+                    utc_now(),
+                    heartbeat_timeout_seconds=plan.policy.heartbeat_timeout_seconds,
+                )
 
             metadata.update(metrics_gateway.push(context, figures, databases.queue_database))
     context.add_output_metadata(metadata)

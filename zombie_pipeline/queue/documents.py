@@ -327,6 +327,9 @@ class Event:
     POLICY: Final = "policy"
     DETECTED_AT: Final = "detected_at"
     FINALIZED_AT: Final = "finalized_at"  # also the job's new finished_at
+    # Seconds from the job's last sign of life (start, heartbeat, SIGTERM) to its finalization; for a job still
+    # running past its T2, from that deadline.
+    DETECTION_SECONDS: Final = "detection_seconds"
     RUN_ID: Final = "run_id"  # the run that claimed the job
     STATE: Final = "state"
     LEASE_OWNER: Final = "lease_owner"  # the run driving the event now (a reconcile may take over)
@@ -442,6 +445,7 @@ class ZombieEvent(TypedDict, total=False):
     policy: dict[str, Any]
     detected_at: dt.datetime
     finalized_at: dt.datetime
+    detection_seconds: float
     run_id: str
     state: str
     lease_owner: str

@@ -430,6 +430,22 @@ class DeploymentLimit:
         )
 
 
+@dataclass(frozen=True)
+class DetectionTimes:
+    """How late the window's zombies of one reason were finalized (their events' ``detection_seconds``)."""
+
+    reason: str
+    zombies: int
+    p50_seconds: float
+    p99_seconds: float
+    max_seconds: float
+
+    @classmethod
+    def of(cls, reason: str, seconds: np.ndarray) -> DetectionTimes:
+        p50, p99 = (_quantile(seconds, quantile) for quantile in (0.5, 0.99))
+        return cls(reason, len(seconds), round(p50, 1), round(p99, 1), round(float(seconds.max()), 1))
+
+
 @dataclass
 class DurationReport:
     """Everything a report shows about one window."""
@@ -448,6 +464,7 @@ class DurationReport:
     events_read: int = 0
     source: str = "jobs"  # tallies.SOURCES
     deployment_limit: DeploymentLimit | None = None
+    detection: list[DetectionTimes] = field(default_factory=list)  # per reason with recorded detection times
 
     @property
     def days_expected(self) -> int:
@@ -533,6 +550,9 @@ def analyze(
         events_read=period.events_read,
         source=period.source,
         deployment_limit=DeploymentLimit.of(types, period.tallies, policy, rules),
+        detection=[
+            DetectionTimes.of(reason, seconds) for reason, seconds in sorted(period.detection.items()) if len(seconds)
+        ],
     )
 
 

@@ -138,9 +138,32 @@ def markdown_table(report: DurationReport) -> str:
         "",
         deployment_limit_text(report),
         "",
+        detection_text(report),
+        "",
         _data_notes(report),
     ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def detection_text(report: DurationReport) -> str:
+    """How late the window's zombies were finalized, per reason (docs/detection.md)."""
+    if not report.detection:
+        return ""
+    rows = [
+        [
+            times.reason,
+            str(times.zombies),
+            format_duration(times.p50_seconds),
+            format_duration(times.p99_seconds),
+            format_duration(times.max_seconds),
+        ]
+        for times in report.detection
+    ]
+    intro = (
+        "**Detection time**: from a dead job's last heartbeat, start or SIGTERM to its finalization; for one stopped "
+        f"at its T2, from that deadline. Heartbeat timeout {format_duration(report.heartbeat_timeout_seconds)}."
+    )
+    return "\n".join([intro, "", *_table(["reason", "zombies", "p50", "p99", "max"], rows)])
 
 
 def _changes_text(report: DurationReport) -> str:
@@ -289,6 +312,11 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
     limit = deployment_limit_text(report)
     if limit:
         lines.append(limit.replace("**", "").replace("`", ""))
+    for times in report.detection:
+        lines.append(
+            f"detection time, {times.reason}: p50 {format_duration(times.p50_seconds)}, p99 "
+            f"{format_duration(times.p99_seconds)} ({times.zombies} zombies)"
+        )
     notes = _data_notes(report)
     if notes:
         lines.append(notes)
@@ -386,6 +414,7 @@ def report_json(report: DurationReport) -> dict[str, Any]:
             "t2_changes": report.t2_changes(),
             "zombie_policy_snippet": policy_snippet(report),
             "deployment_max_job_duration": asdict(report.deployment_limit) if report.deployment_limit else None,
+            "detection_seconds_by_reason": {times.reason: asdict(times) for times in report.detection},
         }
     )
     return as_json
