@@ -48,6 +48,7 @@ from zombie_pipeline.queue.documents import (
     EventState,
     Job,
     JobDocument,
+    LateResult,
     RetryOutcome,
     ZombieEvent,
     job_type_problem,
@@ -108,6 +109,12 @@ RETRIES = _counter(
     "limit_reached, not_retried.",
     "job_type",
     "outcome",
+)
+LATE_RESULTS = _counter(
+    "late_results",
+    "Finalized zombies whose job showed life afterwards (a heartbeat, its own result), by job type: detection's "
+    "mistakes (the audit trail's count).",
+    "job_type",
 )
 DETECTION_TIME = _histogram(
     "detection_seconds",
@@ -210,8 +217,8 @@ STATISTICS_WINDOW_END = _gauge(
 )
 
 CLEANUP_METRICS = (
-    ZOMBIES_FINALIZED, FRESHER_ENTRIES_KEPT, RETRIES, DETECTION_TIME, HEARTBEAT_TIMEOUT, ZOMBIES_FOUND, RACES_LOST,
-    DELAYED_RETRIES_ENQUEUED, COMPENSATION_RUNS, CLEANUP_DURATION, LAST_SUCCESS,
+    ZOMBIES_FINALIZED, FRESHER_ENTRIES_KEPT, RETRIES, LATE_RESULTS, DETECTION_TIME, HEARTBEAT_TIMEOUT, ZOMBIES_FOUND,
+    RACES_LOST, DELAYED_RETRIES_ENQUEUED, COMPENSATION_RUNS, CLEANUP_DURATION, LAST_SUCCESS,
 )  # fmt: skip
 BRAKE_METRICS = (BRAKE_ENGAGED, STALE_RATIO, MAX_STALE_RATIO)
 HEALTH_METRICS = (
@@ -313,6 +320,7 @@ class AuditTotals:
     finalized: Counter[Any] = field(default_factory=Counter)  # (job type, reason, error code) -> events
     fresher_kept: Counter[Any] = field(default_factory=Counter)  # job type -> events
     retries: Counter[Any] = field(default_factory=Counter)  # (job type, retry outcome) -> events
+    late_results: Counter[Any] = field(default_factory=Counter)  # job type -> events whose job showed life afterwards
     skipped: int = 0  # events whose type, reason or code cannot be a label value (written by hand or an old version)
     detection: dict[str, Histogram] = field(default_factory=dict)  # reason -> detection times (recorded since 2026-12)
 
@@ -320,7 +328,8 @@ class AuditTotals:
 _REASONS = {str(reason) for reason in REASONS}
 _ERROR_CODES = {str(code) for code in ErrorCode}
 _RETRY_OUTCOMES = {str(outcome) for outcome in RetryOutcome}
-_TYPE, _REASON, _CODE, _CACHE, _RETRY, _COUNT, _SUM = "type", "reason", "code", "cache", "retry", "count", "sum"
+_TYPE, _REASON, _CODE, _CACHE, _RETRY, _LATE = "type", "reason", "code", "cache", "retry", "late"
+_COUNT, _SUM = "count", "sum"
 
 
 def audit_totals(events: Collection[ZombieEvent]) -> AuditTotals:
@@ -340,6 +349,7 @@ def audit_totals(events: Collection[ZombieEvent]) -> AuditTotals:
                     _CODE: f"${Event.ERROR_CODE}",
                     _CACHE: f"${Event.CACHE_OUTCOME}",
                     _RETRY: f"${Event.RETRY_OUTCOME}",
+                    _LATE: f"${Event.LATE_RESULT}.{LateResult.EVIDENCE}",
                 },
                 _COUNT: {"$sum": 1},
             }
@@ -357,6 +367,8 @@ def audit_totals(events: Collection[ZombieEvent]) -> AuditTotals:
             totals.fresher_kept[job_type] += count
         if key.get(_RETRY) in _RETRY_OUTCOMES:
             totals.retries[(job_type, key[_RETRY])] += count
+        if key.get(_LATE) is not None:
+            totals.late_results[job_type] += count
     totals.detection = detection_histograms(events)
     return totals
 
@@ -414,6 +426,7 @@ def cleanup_figures(
     figures.set(HEARTBEAT_TIMEOUT, heartbeat_timeout_seconds)
     for job_type in job_types:
         figures.set(FRESHER_ENTRIES_KEPT, totals.fresher_kept.get(job_type, 0), job_type=job_type)
+        figures.set(LATE_RESULTS, totals.late_results.get(job_type, 0), job_type=job_type)
         for retry in _RETRY_OUTCOMES:
             figures.set(RETRIES, totals.retries.get((job_type, retry), 0), job_type=job_type, outcome=retry)
         for reason in REASONS:

@@ -143,6 +143,11 @@ class PolicySettings(BaseModel):
         default=0.1,
         description="Delays spread by up to this share either way, so retries do not come all at once.",
     )
+    late_result_window_hours: int = Field(
+        default=24,
+        description="How long after its finalization a job is watched for signs of life (a heartbeat, its own "
+        "result): each one found is a late result, a mistake recorded on its event and counted.",
+    )
     compensation_webhooks: dict[str, str] = Field(
         default_factory=dict,
         description="Job type ('*': every type) -> name of the environment variable holding a URL that each finalized zombie "
@@ -175,6 +180,7 @@ POLICY_BOUNDS: dict[str, Bound] = {
     "retry_backoff_factor": Bound(ge=1, le=10),
     "retry_delay_max_seconds": Bound(ge=0),
     "retry_jitter": Bound(ge=0, le=1),
+    "late_result_window_hours": Bound(ge=1, le=720),
     "compensation_timeout_seconds": Bound(gt=0, le=120),
     "compensation_max_attempts": Bound(ge=1),
 }

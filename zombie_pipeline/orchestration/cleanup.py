@@ -208,6 +208,23 @@ def compensate_zombies(context: dg.OpExecutionContext, plan: CleanupPlan, databa
 
 
 @dg.op(
+    description="Look for life in the jobs finalized in the last late_result_window_hours (a heartbeat, their own "
+    "result over our error): each one is a late result, a mistake recorded once on its event and counted.",
+    retry_policy=TRANSIENT_RETRIES,
+)
+def audit_late_results(context: dg.OpExecutionContext, plan: CleanupPlan, databases: Databases) -> CleanupPlan:
+    with databases.store_for(context, "audit_late_results: looking for life in finalized jobs") as store:
+        result = run.audit(store, plan)
+    context.add_output_metadata(counts_metadata(result.counts))
+    if result.counts[Count.LATE_RESULTS]:
+        context.log.warning(
+            f"{result.counts[Count.LATE_RESULTS]} finalized jobs showed life afterwards (late results: their events "
+            "say what showed it; docs/detection.md)"
+        )
+    return plan.add(result)
+
+
+@dg.op(
     description="Summarize the run from the audit trail: what was finalized, why, and what was skipped; push the "
     "figures to the Pushgateway, if there is one.",
     retry_policy=TRANSIENT_RETRIES,
@@ -256,7 +273,7 @@ CLEANUP_MAX_RUNTIME_SECONDS = 300
         "zombieEvents audit trail."
     ),
     partitions_def=JOB_TYPE_PARTITIONS,
-    executor_def=dg.in_process_executor,  # five short steps: one process, not five imports of Dagster
+    executor_def=dg.in_process_executor,  # six short steps: one process, not six imports of Dagster
     # Read by the production instance (deploy/dagster.yaml); in-process executions ignore them.
     tags={
         PIPELINE_TAG: CLEANUP_GROUP,
@@ -282,7 +299,7 @@ CLEANUP_MAX_RUNTIME_SECONDS = 300
 )
 def kill_zombies_job() -> None:
     plan = reconcile()
-    summarize(compensate_zombies(finalize_zombies(plan, find_zombies(plan))))
+    summarize(audit_late_results(compensate_zombies(finalize_zombies(plan, find_zombies(plan)))))
 
 
 #: A cleanup in these states holds (or waits for) its queue database's slot in the run queue.

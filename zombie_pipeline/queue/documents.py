@@ -347,6 +347,28 @@ class Event:
     COMPENSATIONS: Final = "compensations"  # one CompensationEntry per action
     COMPENSATION_LEASE_UNTIL: Final = "compensation_lease_until"  # a run is running its actions until then
     COMPENSATION_LEASE_OWNER: Final = "compensation_lease_owner"
+    LATE_RESULT: Final = "late_result"  # the job showed life after its finalization (LateResultRecord): a mistake
+
+
+class LateResult:
+    """Field names of an event's ``late_result``: what showed the finalized job alive afterwards, and when."""
+
+    EVIDENCE: Final = "evidence"  # a LateEvidence
+    SEEN_AT: Final = "seen_at"  # the heartbeat, or the result's updated_at
+    SECONDS_AFTER: Final = "seconds_after"  # since the finalization
+
+
+class LateEvidence(StrEnum):
+    HEARTBEAT = "heartbeat"  # a kept job's heartbeat later than its finalization
+    RESULT = "result"  # the same run's result over our error entry
+
+
+class LateResultRecord(TypedDict):
+    """An event's ``late_result`` (:class:`LateResult` names the fields)."""
+
+    evidence: str
+    seen_at: dt.datetime
+    seconds_after: float
 
 
 class EventState(StrEnum):
@@ -463,6 +485,7 @@ class ZombieEvent(TypedDict, total=False):
     compensations: list[CompensationRecord]
     compensation_lease_until: dt.datetime
     compensation_lease_owner: str
+    late_result: LateResultRecord
 
 
 class RetryDocument(TypedDict, total=False):

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from zombie_pipeline.cleanup.late_results import late_results_between
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
 from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, utc
 from zombie_pipeline.queue.generations import QueueGeneration
@@ -465,6 +466,7 @@ class DurationReport:
     source: str = "jobs"  # tallies.SOURCES
     deployment_limit: DeploymentLimit | None = None
     detection: list[DetectionTimes] = field(default_factory=list)  # per reason with recorded detection times
+    late_results: dict[str, int] = field(default_factory=dict)  # job type -> finalized jobs seen alive afterwards
 
     @property
     def days_expected(self) -> int:
@@ -570,7 +572,9 @@ def window_report(
     period = combine(periods) if periods else Period(start=start, end=end)
     period.start, period.end = start, end
     undated = left_out_of_every_day(store, generation)
-    return analyze(period, policy, rules, undated=undated, missing_days=missing_days)
+    report = analyze(period, policy, rules, undated=undated, missing_days=missing_days)
+    report.late_results = late_results_between(store, start, end)  # recorded after the days were tallied
+    return report
 
 
 def analyze_window(
