@@ -45,6 +45,7 @@ def test_a_heartbeat_older_than_the_timeout_is_a_missing_heartbeat(store, now):
         ]
     )
     assert reasons(store, now=now) == {"u/dead": Reason.MISSING_HEARTBEAT}
+    assert count_stale(store.jobs, POLICY, now) == 1
 
 
 def test_a_job_that_never_heartbeated_is_judged_by_its_start(store, now):
@@ -60,6 +61,8 @@ def test_a_job_that_never_heartbeated_is_judged_by_its_start(store, now):
         "u/missing-field": Reason.NEVER_HEARTBEATED,
         "u/null-field": Reason.NEVER_HEARTBEATED,
     }
+    # the query agrees, though the SIGTERM rule's shorter window (120 s) widens the index range it scans
+    assert POLICY.termination_grace_seconds is not None and count_stale(store.jobs, POLICY, now) == 2
 
 
 def test_a_live_job_past_its_maximum_duration_is_exceeded(store, now):

@@ -170,7 +170,8 @@ def stale_stages(
     dead: list[dict[str, Any]] = [
         {Job.TERMINATED_AT: {"$lt": heartbeat_cutoff}},  # SIGTERM long ago (only 2026-05 on has the field)
         {Job.TERMINATED_AT: None, Job.LAST_HEARTBEAT: {"$lt": heartbeat_cutoff}},
-        {Job.TERMINATED_AT: None, Job.LAST_HEARTBEAT: None},  # missing or null: never heartbeated
+        # missing or null: never heartbeated (its start bounds it; the index range may reach later, for the SIGTERM rule)
+        {Job.TERMINATED_AT: None, Job.LAST_HEARTBEAT: None, Job.STARTED_AT: {"$lt": heartbeat_cutoff}},
     ]
     started_before = heartbeat_cutoff
     if fast_termination is not None:
