@@ -113,8 +113,10 @@ def deployment_stack(
     instance_changes: Mapping[str, Mapping[str, Any]] | None = None,
     pipeline_env: Mapping[str, str] | None = None,
     before_daemon: Callable[[Operator], None] = lambda ops: None,
+    daemon_env: Mapping[str, str] | None = None,
 ) -> Iterator[Deployment]:
-    """The deployment, the daemon started once ``before_daemon`` has turned on what the test wants."""
+    """The deployment, the daemon started once ``before_daemon`` has turned on what the test wants; ``daemon_env``
+    adds to the daemon's environment only (e.g. Dagster's gRPC timeout of its calls to the code server)."""
     home = base / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(instance_yaml(instance_changes))
@@ -151,7 +153,7 @@ def deployment_stack(
         env = {**os.environ, **instance_env, "PYTHONPATH": python_path}  # this checkout's code, however installed
         server_env = {**env, **pipeline}
         server = processes.code_server(port, server_env, base / "code-server.log")
-        daemon = processes.daemon(DEPLOY / "workspace.yaml", env, base / "daemon.log")
+        daemon = processes.daemon(DEPLOY / "workspace.yaml", {**env, **(daemon_env or {})}, base / "daemon.log")
         deployment = None
         try:
             server.start()
