@@ -3,6 +3,7 @@ everything is described, grouped and wired to the right job, and no resource con
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,6 +76,21 @@ def test_dagster_definitions_validate_passes_without_starting_or_showing_anythin
     assert not (tmp_path / "home" / "server.json").exists()
     for secret in (password, quote_plus(password)):
         assert secret not in output
+
+
+#: The statistics' computing stack: imported by a statistics run, never by loading the code location.
+STATISTICS_STACK = {"pandas", "pyarrow", "pymongoarrow", "matplotlib", "scipy"}
+
+
+def test_loading_the_code_location_imports_nothing_of_the_statistics_computing_stack():
+    """Every run starts by loading the whole code location (its worker imports zombie_pipeline.definitions): a cleanup
+    must not wait for pandas and pyarrow, which only the statistics assets use, and import when they run."""
+    probe = "import json, sys, zombie_pipeline.definitions; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = set(json.loads(result.stdout))
+    assert {"dagster", "pymongo", "zombie_pipeline"} <= loaded
+    assert loaded & STATISTICS_STACK == set()
 
 
 def test_the_location_name_is_the_same_for_workspace_and_pyproject():

@@ -28,7 +28,7 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.core import Metric as MetricFamily
@@ -55,8 +55,9 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import aggregate_rows
-from zombie_pipeline.statistics.analysis import DurationReport
-from zombie_pipeline.statistics.quantiles import PERCENTILES, percentile_name
+
+if TYPE_CHECKING:  # the cleanup pushes its figures without the statistics' pandas
+    from zombie_pipeline.statistics.analysis import DurationReport
 
 PREFIX = "zombie_pipeline_"
 
@@ -486,6 +487,8 @@ def health_figures(snapshot: QueueSnapshot, started: Mapping[str, int], repeat_o
 
 def statistics_figures(report: DurationReport) -> Figures:
     """Per job type: the configured T2, the suggestion (where the data was enough), the runs and percentiles behind it."""
+    from zombie_pipeline.statistics.quantiles import PERCENTILES, percentile_name  # pandas: the statistics' run only
+
     figures = Figures()
     for entry in report.types:
         job_type = entry.job_type

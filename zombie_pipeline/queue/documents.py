@@ -508,6 +508,7 @@ class Failure:
     FAILED_AT: Final = "failed_at"
     MESSAGE: Final = "message"
     FAILED_STEPS: Final = "failed_steps"
+    WILL_RETRY: Final = "will_retry"  # a run that never started is told at once, though Dagster retries it
     WEBHOOK_OUTCOME: Final = "webhook_outcome"
 
 

@@ -50,6 +50,7 @@ from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
 from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, utc
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS as DEFAULT_WINDOW_DAYS  # also read from here (the demo)
 from zombie_pipeline.statistics.formatting import format_duration
 from zombie_pipeline.statistics.quantiles import (
     percentile_name,
@@ -62,7 +63,6 @@ from zombie_pipeline.statistics.quantiles import (
 from zombie_pipeline.statistics.sources import left_out_of_every_day, read_history
 from zombie_pipeline.statistics.tallies import EMPTY_DURATIONS, READ_BATCH_SIZE, Period, Tally, combine
 
-DEFAULT_WINDOW_DAYS = 7
 DAY_SECONDS = 86_400
 
 
