@@ -388,8 +388,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     replay.add_argument("--replay-contenders", help="among a,b,c,d (default all)")
     replay.add_argument("--replay-parallel", type=int, help="contenders (b)-(d) replayed at once (default 3)")
     replay.add_argument("--heartbeat-timeout", type=int, help="(b)-(d): the cleanup's heartbeat timeout (default 300)")
-    replay.add_argument("--max-duration", type=int, help="(b)-(d): the cleanup's T2 for every type (default 2400)")
-    replay.add_argument("--sensor-tick", type=float, help="(c), (d): seconds between sensor ticks (default 60)")
+    replay.add_argument(
+        "--max-duration",
+        type=int,
+        help="(b)-(d): the cleanup's T2 for every type (default: the chart's 2400 s + 90 s rounded up, 2520)",
+    )
+    replay.add_argument(
+        "--sensor-tick", type=float, help="(c), (d): seconds between sensor ticks (default: stale_jobs_sensor's, 30)"
+    )
     replay.add_argument(
         "--run-start", type=_floats, help="a run's start latency MIN,MEDIAN,MAX seconds (default 20,30,103)"
     )
