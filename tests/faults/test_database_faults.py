@@ -324,7 +324,9 @@ def test_a_stalled_database_fails_the_step_within_its_timeout_in_one_line_and_th
     ]
     assert len(attempts) == 3
     seconds = attempts[0].timestamp - stall.fired_at
-    assert timeout_ms / 1000 - 0.1 <= seconds <= timeout_ms / 1000 + 1.5
+    # pymongo counts the timeout from the command's start, which precedes the held reply by the server's time on the
+    # delete (0.17 s once on a loaded host): the failure may come that much before the stall is timeout_ms old
+    assert timeout_ms / 1000 - 0.5 <= seconds <= timeout_ms / 1000 + 1.5
     # the whole step, three attempts each bounded alike and the retry policy's 2 s and 4 s between them
     assert attempts[-1].timestamp - stall.fired_at <= 3 * (timeout_ms / 1000 + 1.5) + 2 + 4
     data = cast(StepRetryData | StepFailureData, found(attempts[0].dagster_event).event_specific_data)
