@@ -109,8 +109,8 @@ class PipelineSettings:
     done_after_finalize_seconds: float = 2.0
     #: Any other ZombiePolicy field (e.g. a SIGTERM rule, once the policy has one), as (name, value) pairs.
     policy_overrides: tuple[tuple[str, Any], ...] = ()
-    #: A stored heartbeat older than this is rewritten before a look (default: the heartbeat timeout, the shortest
-    #: window the cleanup's rules read it with today; lower it for a rule that reads it with a shorter one).
+    #: A stored heartbeat older than this is rewritten before a look (default: the shortest window the policy's
+    #: rules read it with, the heartbeat timeout or the SIGTERM rule's silence).
     exact_heartbeats_within_seconds: float | None = None
     seed: int = 29
 
@@ -121,6 +121,13 @@ class PipelineSettings:
             **dict(self.policy_overrides),
         )
         return policy.with_max_durations(dict(self.max_duration_seconds_by_type)) if per_type else policy
+
+    def heartbeat_window_seconds(self) -> float:
+        policy = self.policy(per_type=False)
+        windows = [policy.heartbeat_timeout_seconds]
+        if policy.termination_grace_seconds is not None:
+            windows.append(policy.termination_silence_seconds())
+        return float(min(windows))
 
     def policy_at(self, seconds: float) -> ZombiePolicy:
         return self.policy(per_type=bool(self.max_duration_seconds_by_type) and seconds >= self.t2_from_seconds)
@@ -336,7 +343,7 @@ def replay_pipeline(
         prepare_queue(workers_client, queue_db, cache_db)
         workers_store = Store.of(workers_client[queue_db], workers_client[cache_db])
         store = Store.of(cleanup_client[queue_db], cleanup_client[cache_db])
-        exact = settings.exact_heartbeats_within_seconds or float(settings.heartbeat_timeout_seconds)
+        exact = settings.exact_heartbeats_within_seconds or settings.heartbeat_window_seconds()
         workers = QueueWorkers(workers_store, trace, lives, outcome, exact)
         counter.reset()
         counts = _drive(trace, settings, store, workers, outcome, log)

@@ -546,6 +546,7 @@ def _allowed_keys() -> set:
         "$lt",
         "$lte",
         "$gt",
+        "$gte",
         "$cond",
         "$eq",
         "$literal",

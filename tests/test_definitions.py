@@ -3,6 +3,7 @@ everything is described, grouped and wired to the right job, and no resource con
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -77,6 +78,21 @@ def test_dagster_definitions_validate_passes_without_starting_or_showing_anythin
         assert secret not in output
 
 
+#: The statistics' computing stack: imported by a statistics run, never by loading the code location.
+STATISTICS_STACK = {"pandas", "pyarrow", "pymongoarrow", "matplotlib", "scipy"}
+
+
+def test_loading_the_code_location_imports_nothing_of_the_statistics_computing_stack():
+    """Every run starts by loading the whole code location (its worker imports zombie_pipeline.definitions): a cleanup
+    must not wait for pandas and pyarrow, which only the statistics assets use, and import when they run."""
+    probe = "import json, sys, zombie_pipeline.definitions; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = set(json.loads(result.stdout))
+    assert {"dagster", "pymongo", "zombie_pipeline"} <= loaded
+    assert loaded & STATISTICS_STACK == set()
+
+
 def test_the_location_name_is_the_same_for_workspace_and_pyproject():
     workspace = yaml.safe_load((ROOT / "workspace.yaml").read_text())
     [entry] = workspace["load_from"]
@@ -87,7 +103,7 @@ def test_the_location_name_is_the_same_for_workspace_and_pyproject():
 
 def test_the_jobs_schedules_and_sensors_are_the_pipelines():
     jobs = {job.name for job in REPOSITORY.get_all_jobs() if not job.name.startswith("__")}
-    assert jobs == {"kill_zombies_job", "queue_health_job", "duration_statistics_job"}
+    assert jobs == {"kill_zombies_job", "lift_quarantine_job", "queue_health_job", "duration_statistics_job"}
     assert {s.name for s in REPOSITORY.schedule_defs} == {"kill_zombies_schedule", "duration_stats_schedule"}
     assert {s.name for s in REPOSITORY.sensor_defs} == {
         "stale_jobs_sensor",

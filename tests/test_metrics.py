@@ -16,12 +16,12 @@ from zombie_pipeline import metrics
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.monitoring import QueueSnapshot
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, REASONS, Event, EventState, Job, RetryOutcome
+from zombie_pipeline.queue.documents import CAUSES, CAUSES_OF_REASON, ID, REASONS, Event, EventState, Job, RetryOutcome
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.statistics.quantiles import PERCENTILES
 
 #: Every label a metric may carry: each takes a bounded set of values (a dataset never is one).
-BOUNDED_LABELS = {"job_type", "reason", "error_code", "outcome", "quantile"}
+BOUNDED_LABELS = {"job_type", "reason", "cause", "error_code", "outcome", "quantile"}
 UTC = dt.UTC
 
 
@@ -62,10 +62,12 @@ def test_figures_refuse_labels_other_than_their_metrics():
 
 def test_counters_are_exposed_with_their_total_and_labels(store):
     figures = (
-        metrics.Figures().set(metrics.RETRIES, 3, job_type="/splits", outcome="enqueued").set(metrics.WAITING_JOBS, 7)
+        metrics.Figures()
+        .set(metrics.RETRIES, 3, job_type="/splits", cause="deploy", outcome="enqueued")
+        .set(metrics.WAITING_JOBS, 7)
     )
     assert exposed(figures) == {
-        ("zombie_pipeline_retries_total", (("job_type", "/splits"), ("outcome", "enqueued"))): 3.0,
+        ("zombie_pipeline_retries_total", (("cause", "deploy"), ("job_type", "/splits"), ("outcome", "enqueued"))): 3.0,
         ("zombie_pipeline_waiting_jobs", ()): 7.0,
     }
 
@@ -86,39 +88,49 @@ def test_the_audit_totals_count_the_finalized_events_by_type_reason_and_outcome(
 
     totals = metrics.audit_totals(store.events)
 
-    assert totals.finalized == {
-        ("/splits", "missing_heartbeat", "JobManagerCrashedError"): 3,
-        ("/first-rows", "never_heartbeated", "JobManagerCrashedError"): 1,
-        ("/first-rows", "missing_heartbeat", "JobManagerCrashedError"): 1,
+    assert totals.finalized == {  # five workers dead alone: crashes (and one that never started)
+        ("/splits", "missing_heartbeat", "JobManagerCrashedError", "crash"): 3,
+        ("/first-rows", "never_heartbeated", "JobManagerCrashedError", "never_started"): 1,
+        ("/first-rows", "missing_heartbeat", "JobManagerCrashedError", "crash"): 1,
     }
     assert totals.fresher_kept == {"/first-rows": 1}
     done = store.events.find({Event.STATE: EventState.DONE, f"{Event.JOB}.{Job.TYPE}": {"$type": "string"}})
-    assert totals.retries == Counter((event[Event.JOB][Job.TYPE], event[Event.RETRY_OUTCOME]) for event in done)
-    assert totals.retries[("/first-rows", RetryOutcome.NOT_RETRIED)] == 1  # the fresher result needs no retry
+    assert totals.retries == Counter(
+        (event[Event.JOB][Job.TYPE], event[Event.CAUSE], event[Event.RETRY_OUTCOME]) for event in done
+    )
+    assert totals.retries[("/first-rows", "crash", RetryOutcome.NOT_RETRIED)] == 1  # the fresher result: no retry
     assert totals.skipped == 1
 
 
 def test_a_cleanups_figures_are_the_audit_totals_and_the_runs_own_counts():
     totals = metrics.AuditTotals(
-        finalized=Counter({("/splits", "missing_heartbeat", "JobManagerCrashedError"): 4}),
+        finalized=Counter({("/splits", "missing_heartbeat", "JobManagerCrashedError", "deploy"): 4}),
         fresher_kept=Counter({"/splits": 1}),
-        retries=Counter({("/splits", "enqueued"): 3}),
+        retries=Counter({("/splits", "deploy", "enqueued"): 3}),
     )
     started = dt.datetime(2026, 5, 1, 12, tzinfo=UTC)
     figures = metrics.cleanup_figures(
         totals, {"lost_to_live_worker": 2, "due_retry_enqueued": 1, "compensation_failed": 1},
         {("/splits", "missing_heartbeat"): 6}, started, started + dt.timedelta(seconds=3.5),
+        heartbeat_timeout_seconds=300,
     )  # fmt: skip
     values = exposed(figures)
     assert (
         values[
             (
                 "zombie_pipeline_zombies_finalized_total",
-                (("error_code", "JobManagerCrashedError"), ("job_type", "/splits"), ("reason", "missing_heartbeat")),
+                (
+                    ("cause", "deploy"),
+                    ("error_code", "JobManagerCrashedError"),
+                    ("job_type", "/splits"),
+                    ("reason", "missing_heartbeat"),
+                ),
             )
         ]
         == 4
     )
+    labels = (("cause", "deploy"), ("job_type", "/splits"), ("outcome", "enqueued"))
+    assert values[("zombie_pipeline_retries_total", labels)] == 3
     assert (
         values[("zombie_pipeline_cleanup_zombies_found", (("job_type", "/splits"), ("reason", "missing_heartbeat")))]
         == 6
@@ -129,15 +141,45 @@ def test_a_cleanups_figures_are_the_audit_totals_and_the_runs_own_counts():
     assert values[("zombie_pipeline_cleanup_compensations", (("outcome", "done"),))] == 0
     assert values[("zombie_pipeline_cleanup_duration_seconds", ())] == 3.5
     assert values[("zombie_pipeline_cleanup_last_success_timestamp_seconds", ())] == started.timestamp() + 3.5
-    assert {name for name, _ in values} == {metric.name for metric in metrics.CLEANUP_METRICS}
+    assert values[("zombie_pipeline_policy_heartbeat_timeout_seconds", ())] == 300
+    assert {metrics.METRIC_OF_SAMPLE[name] for name, _ in values} == {metric.name for metric in metrics.CLEANUP_METRICS}
+
+
+def test_detection_times_are_a_histogram_per_reason_counted_from_the_audit_trail(store):
+    """Each finalization's detection time, as its event recorded it, falls in the buckets at or above it."""
+    silent = [
+        job_document(dataset=f"user/z-{i}", started_at=ago(900), last_heartbeat=ago(300 + 100 * i)) for i in range(3)
+    ]
+    store.jobs.insert_many([*silent, job_document(dataset="user/never", started_at=ago(1000))])
+    run_cleanup(store, ZombiePolicy(), "run-1")
+    recorded = sorted(
+        event[Event.DETECTION_SECONDS] for event in store.events.find({Event.REASON: "missing_heartbeat"})
+    )
+
+    totals = metrics.audit_totals(store.events)
+    values = exposed(metrics.cleanup_figures(totals, {}, {}, ago(5), ago(0), heartbeat_timeout_seconds=300))
+
+    def bucket(reason: str, le: str) -> float:
+        return values[("zombie_pipeline_detection_seconds_bucket", (("le", le), ("reason", reason)))]
+
+    assert [round(seconds, -1) for seconds in recorded] == [300, 400, 500]  # measured now: a few seconds more
+    assert (bucket("missing_heartbeat", "300"), bucket("missing_heartbeat", "420")) == (0, 2)
+    assert (bucket("missing_heartbeat", "540"), bucket("missing_heartbeat", "+Inf")) == (3, 3)
+    assert values[("zombie_pipeline_detection_seconds_sum", (("reason", "missing_heartbeat"),))] == pytest.approx(
+        sum(recorded)
+    )
+    assert [bucket("never_heartbeated", le) for le in ("900", "1800", "+Inf")] == [0, 1, 1]  # started 1,000 s ago
+    assert bucket("terminated", "+Inf") == 0  # a reason nothing died of: an empty histogram, not a missing one
 
 
 def test_a_cleanup_that_found_nothing_pushes_zeros_for_every_job_type_reason_and_outcome_it_knows():
     """A series absent is a blank panel, not a zero; a counter first seen at 1 hides its first increase."""
-    totals = metrics.AuditTotals(finalized=Counter({("/splits", "missing_heartbeat", "JobManagerCrashedError"): 4}))
+    totals = metrics.AuditTotals(
+        finalized=Counter({("/splits", "missing_heartbeat", "JobManagerCrashedError", "crash"): 4})
+    )
     started = dt.datetime(2026, 5, 1, 12, tzinfo=UTC)
 
-    values = exposed(metrics.cleanup_figures(totals, {}, {}, started, started))
+    values = exposed(metrics.cleanup_figures(totals, {}, {}, started, started, heartbeat_timeout_seconds=300))
 
     def series(name: str) -> dict[tuple, float]:
         return {labels: value for (sample, labels), value in values.items() if sample == name}
@@ -146,12 +188,18 @@ def test_a_cleanup_that_found_nothing_pushes_zeros_for_every_job_type_reason_and
     assert found == {(("job_type", "/splits"), ("reason", str(reason))): 0 for reason in REASONS}
     assert series("zombie_pipeline_fresher_cache_entries_kept_total") == {(("job_type", "/splits"),): 0}
     retries = series("zombie_pipeline_retries_total")
-    assert retries == {(("job_type", "/splits"), ("outcome", str(outcome))): 0 for outcome in RetryOutcome}
+    assert retries == {
+        (("cause", str(cause)), ("job_type", "/splits"), ("outcome", str(outcome))): 0
+        for cause in CAUSES
+        for outcome in RetryOutcome
+    }
     finalized = series("zombie_pipeline_zombies_finalized_total")
-    assert len(finalized) == len(REASONS) and sum(finalized.values()) == 4  # the 4 counted, the other reasons at 0
+    # each reason with each cause it can have; the 4 counted, the others at 0
+    assert len(finalized) == sum(len(CAUSES_OF_REASON[reason]) for reason in REASONS) and sum(finalized.values()) == 4
     assert (
         finalized[
             (
+                ("cause", "timeout"),
                 ("error_code", "JobManagerExceededMaximumDurationError"),
                 ("job_type", "/splits"),
                 ("reason", "exceeded_max_duration"),
@@ -185,7 +233,7 @@ def test_started_jobs_are_counted_per_type_on_the_started_index(store):
 def test_the_health_figures_are_the_snapshot():
     snapshot = QueueSnapshot(
         started=5, waiting=9, stale=1, unfinished_finalizations=2, zombies_finalized_last_24h=4,
-        retries_waiting_for_their_delay=3, compensations_pending=6, compensations_given_up=7,
+        retries_waiting_for_their_delay=3, compensations_pending=6, compensations_given_up=7, quarantined=4,
     )  # fmt: skip
     values = exposed(metrics.health_figures(snapshot, {"/splits": 5}, repeat_offenders=8))
     assert values == {
@@ -197,6 +245,7 @@ def test_the_health_figures_are_the_snapshot():
         ("zombie_pipeline_compensations_pending", ()): 6,
         ("zombie_pipeline_compensations_failed", ()): 7,
         ("zombie_pipeline_repeat_offender_datasets", ()): 8,
+        ("zombie_pipeline_quarantined_datasets", ()): 4,
     }
 
 

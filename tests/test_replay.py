@@ -159,6 +159,7 @@ def test_a_small_replay_of_the_real_cleanup(mongo_url: str):
         row = figures(trace, outcome)
         assert all(row["detection"][cause.value]["unfinalized"] == 0 for cause in DEATHS)  # a late hang may not be
         assert row["mistakes"]["live_finalized"] == 0 and row["mistakes"]["finalized_twice_by_one_killer"] == 0
+    policy = pipeline.policy(per_type=False)
     for index, life in zombies.items():
         if life.cause is Cause.HANG:
             continue
@@ -167,9 +168,18 @@ def test_a_small_replay_of_the_real_cleanup(mongo_url: str):
         if first.actor is Actor.CLEANUP:
             # its find came after the timeout since the last sign of life (finalize is 1 s after find); and at most
             # a tick, then a run in flight and its own run (each a start of at most 103 s and 5 s of steps) later
-            sign = job_.sigterm_at if life.cause is Cause.SIGTERM else job_.beats.last_before(life.process_end)
-            sign = sign if sign is not None else job_.start
-            assert life.zombie_since is not None and sign <= life.zombie_since
-            assert sign + 300 + 1 <= first.at <= sign + 300 + 60 + 2 * (103 + 5)
+            # (a SIGTERMed job: the deployment's rule, 300 s after the signal, or the SIGTERM rule's grace with its
+            # heartbeats stopped two intervals earlier, whichever comes first)
+            last_beat = job_.beats.last_before(life.process_end)
+            last_sign = last_beat if last_beat is not None else job_.start
+            due = last_sign + policy.heartbeat_timeout_seconds
+            if life.cause is Cause.SIGTERM:
+                assert job_.sigterm_at is not None and policy.termination_grace_seconds is not None
+                fast = max(
+                    job_.sigterm_at + policy.termination_grace_seconds, last_sign + policy.termination_silence_seconds()
+                )
+                due = min(job_.sigterm_at + policy.heartbeat_timeout_seconds, fast)
+            assert life.zombie_since is not None and last_sign <= life.zombie_since
+            assert due + 1 <= first.at <= due + 60 + 2 * (103 + 5)
     assert cleanup.counts["runs_by_sensor"] > 0 and cleanup.counts["brake_engaged"] == 0
     assert not math.isnan(figures(trace, cleanup)["deaths"]["p99"])

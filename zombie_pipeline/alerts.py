@@ -27,11 +27,16 @@ class FailureRecord:
     message: str
     partition_key: str | None = None
     failed_steps: tuple[str, ...] = ()
+    will_retry: bool = False  # Dagster's run retries start it again (dagster/max_retries)
 
     def log_line(self) -> str:
         partition = f" partition {self.partition_key!r}" if self.partition_key else ""
         steps = f" (failed steps: {', '.join(self.failed_steps)})" if self.failed_steps else ""
-        return f"zombie-pipeline run FAILED: job {self.job_name}{partition}, run {self.run_id}{steps}: {self.message}"
+        retried = " (retried by Dagster)" if self.will_retry else ""
+        return (
+            f"zombie-pipeline run FAILED{retried}: job {self.job_name}{partition}, run {self.run_id}{steps}: "
+            f"{self.message}"
+        )
 
     def document(self, webhook_outcome: str) -> dict[str, Any]:
         return {
@@ -41,6 +46,7 @@ class FailureRecord:
             Failure.FAILED_AT: self.failed_at,
             Failure.MESSAGE: self.message,
             Failure.FAILED_STEPS: list(self.failed_steps),
+            Failure.WILL_RETRY: self.will_retry,
             Failure.WEBHOOK_OUTCOME: webhook_outcome,
         }
 
@@ -54,6 +60,7 @@ class FailureRecord:
             Failure.FAILED_AT: self.failed_at.isoformat(),
             Failure.MESSAGE: self.message,
             Failure.FAILED_STEPS: list(self.failed_steps),
+            Failure.WILL_RETRY: self.will_retry,
         }
 
 

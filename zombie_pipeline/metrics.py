@@ -28,9 +28,9 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.core import Metric as MetricFamily
 from prometheus_client.registry import Collector
 from pymongo.collection import Collection
@@ -51,14 +51,16 @@ from zombie_pipeline.queue.documents import (
     EventState,
     Job,
     JobDocument,
+    LateResult,
     RetryOutcome,
     ZombieEvent,
     job_type_problem,
 )
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import aggregate_rows
-from zombie_pipeline.statistics.analysis import DurationReport
-from zombie_pipeline.statistics.quantiles import PERCENTILES, percentile_name
+
+if TYPE_CHECKING:  # the cleanup pushes its figures without the statistics' pandas
+    from zombie_pipeline.statistics.analysis import DurationReport
 
 PREFIX = "zombie_pipeline_"
 
@@ -68,11 +70,12 @@ class Metric:
     """One metric as exposed: a counter's name ends in ``_total``."""
 
     name: str
-    kind: Literal["counter", "gauge"]
+    kind: Literal["counter", "gauge", "histogram"]
     help: str
     labels: tuple[str, ...] = ()
 
     def family(self) -> CounterMetricFamily | GaugeMetricFamily:
+        """The family of a counter or a gauge (a histogram's is built with its buckets)."""
         if self.kind == "counter":
             return CounterMetricFamily(self.name, self.help, labels=self.labels)
         return GaugeMetricFamily(self.name, self.help, labels=self.labels)
@@ -84,6 +87,10 @@ def _counter(name: str, help: str, *labels: str) -> Metric:
 
 def _gauge(name: str, help: str, *labels: str) -> Metric:
     return Metric(PREFIX + name, "gauge", help, labels)
+
+
+def _histogram(name: str, help: str, *labels: str) -> Metric:
+    return Metric(PREFIX + name, "histogram", help, labels)
 
 
 # --- pushed by a cleanup (summarize): the audit trail's totals, and the last cleanup's own figures -------------
@@ -109,6 +116,25 @@ RETRIES = _counter(
     "job_type",
     "cause",
     "outcome",
+)
+LATE_RESULTS = _counter(
+    "late_results",
+    "Finalized zombies whose job showed life afterwards (a heartbeat, its own result), by job type: detection's "
+    "mistakes (the audit trail's count).",
+    "job_type",
+)
+DETECTION_TIME = _histogram(
+    "detection_seconds",
+    "How late zombies were finalized, by reason: from the job's last sign of life (start, heartbeat, SIGTERM), or "
+    "for one still running, from its maximum duration (the audit trail's detection_seconds).",
+    "reason",
+)
+#: The detection time histogram's upper bounds, in seconds: around the heartbeat timeout (300 s) and its alert (+3 min)
+#: finely, then coarsely up to an hour.
+DETECTION_BUCKETS = (30.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 420.0, 480.0, 540.0, 600.0, 900.0, 1800.0, 3600.0)
+HEARTBEAT_TIMEOUT = _gauge(
+    "policy_heartbeat_timeout_seconds",
+    "The policy's heartbeat_timeout_seconds in the last cleanup: the detection time alert's reference.",
 )
 ZOMBIES_FOUND = _gauge(
     "cleanup_zombies_found", "Zombies the last cleanup found, by job type and reason.", "job_type", "reason"
@@ -203,8 +229,8 @@ STATISTICS_WINDOW_END = _gauge(
 )
 
 CLEANUP_METRICS = (
-    ZOMBIES_FINALIZED, FRESHER_ENTRIES_KEPT, RETRIES, ZOMBIES_FOUND, RACES_LOST, DELAYED_RETRIES_ENQUEUED,
-    COMPENSATION_RUNS, CLEANUP_DURATION, LAST_SUCCESS,
+    ZOMBIES_FINALIZED, FRESHER_ENTRIES_KEPT, RETRIES, LATE_RESULTS, DETECTION_TIME, HEARTBEAT_TIMEOUT, ZOMBIES_FOUND,
+    RACES_LOST, DELAYED_RETRIES_ENQUEUED, COMPENSATION_RUNS, CLEANUP_DURATION, LAST_SUCCESS,
 )  # fmt: skip
 BRAKE_METRICS = (BRAKE_ENGAGED, STALE_RATIO, MAX_STALE_RATIO)
 HEALTH_METRICS = (
@@ -220,24 +246,39 @@ METRICS = CLEANUP_METRICS + BRAKE_METRICS + HEALTH_METRICS + STATISTICS_METRICS
 METRIC_NAMES = frozenset(metric.name for metric in METRICS)
 
 
+def samples_of(metric: Metric) -> tuple[str, ...]:
+    """The names Prometheus keeps a metric's samples under: a histogram's are its buckets, count and sum."""
+    if metric.kind == "histogram":
+        return tuple(f"{metric.name}_{suffix}" for suffix in ("bucket", "count", "sum"))
+    return (metric.name,)
+
+
+#: The metric of every sample name a query may use (a histogram's ``_bucket``: the histogram).
+METRIC_OF_SAMPLE = {sample: metric.name for metric in METRICS for sample in samples_of(metric)}
+
+
 class Figures(Collector):
     """Samples of some of :data:`METRICS`; registered in a ``CollectorRegistry``, it exposes (or pushes) them."""
 
     def __init__(self) -> None:
         self._samples: dict[Metric, dict[tuple[str, ...], float]] = {}
+        self._histograms: dict[Metric, dict[tuple[str, ...], Histogram]] = {}
 
     def set(self, metric: Metric, value: float, **labels: str) -> Figures:
         """The value of ``metric`` for these labels, which must be exactly the metric's."""
-        if metric not in METRICS:
-            raise ValueError(f"{metric.name} is not one of the pipeline's metrics (metrics.METRICS)")
-        if set(labels) != set(metric.labels):
-            raise ValueError(f"{metric.name} takes the labels {list(metric.labels)}, not {sorted(labels)}")
-        self._samples.setdefault(metric, {})[tuple(str(labels[name]) for name in metric.labels)] = float(value)
+        self._samples.setdefault(self._checked(metric, "counter", "gauge"), {})[self._key(metric, labels)] = float(
+            value
+        )
+        return self
+
+    def set_histogram(self, metric: Metric, histogram: Histogram, **labels: str) -> Figures:
+        """The cumulative buckets and sum of the histogram ``metric`` for these labels."""
+        self._histograms.setdefault(self._checked(metric, "histogram"), {})[self._key(metric, labels)] = histogram
         return self
 
     @property
     def metrics(self) -> tuple[Metric, ...]:
-        return tuple(self._samples)
+        return (*self._samples, *self._histograms)
 
     def collect(self) -> Iterator[MetricFamily]:
         for metric, samples in self._samples.items():
@@ -245,6 +286,40 @@ class Figures(Collector):
             for labels, value in sorted(samples.items()):
                 family.add_metric(list(labels), value)
             yield family
+        for metric, histograms in self._histograms.items():
+            histogram_family = HistogramMetricFamily(metric.name, metric.help, labels=metric.labels)
+            for labels, histogram in sorted(histograms.items()):
+                histogram_family.add_metric(list(labels), histogram.buckets(), histogram.total)
+            yield histogram_family
+
+    @staticmethod
+    def _checked(metric: Metric, *kinds: str) -> Metric:
+        if metric not in METRICS:
+            raise ValueError(f"{metric.name} is not one of the pipeline's metrics (metrics.METRICS)")
+        if metric.kind not in kinds:
+            raise ValueError(f"{metric.name} is a {metric.kind}")
+        return metric
+
+    @staticmethod
+    def _key(metric: Metric, labels: Mapping[str, str]) -> tuple[str, ...]:
+        if set(labels) != set(metric.labels):
+            raise ValueError(f"{metric.name} takes the labels {list(metric.labels)}, not {sorted(labels)}")
+        return tuple(str(labels[name]) for name in metric.labels)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Observations counted at or below each of ``bounds`` (cumulative, as Prometheus exposes them), all of them, and
+    their sum."""
+
+    bounds: tuple[float, ...]
+    at_or_below: tuple[int, ...]
+    count: int
+    total: float
+
+    def buckets(self) -> list[tuple[str, float]]:
+        bounds = [(f"{bound:g}", float(count)) for bound, count in zip(self.bounds, self.at_or_below)]
+        return [*bounds, ("+Inf", float(self.count))]
 
 
 # --- what a cleanup pushes ---------------------------------------------------------------------------------------
@@ -257,14 +332,16 @@ class AuditTotals:
     finalized: Counter[Any] = field(default_factory=Counter)  # (job type, reason, error code, cause) -> events
     fresher_kept: Counter[Any] = field(default_factory=Counter)  # job type -> events
     retries: Counter[Any] = field(default_factory=Counter)  # (job type, cause, retry outcome) -> events
+    late_results: Counter[Any] = field(default_factory=Counter)  # job type -> events whose job showed life afterwards
     skipped: int = 0  # events whose type, reason or code cannot be a label value (written by hand or an old version)
+    detection: dict[str, Histogram] = field(default_factory=dict)  # reason -> detection times (recorded since 2026-12)
 
 
 _REASONS = {str(reason) for reason in REASONS}
 _ERROR_CODES = {str(code) for code in ErrorCode}
 _RETRY_OUTCOMES = {str(outcome) for outcome in RetryOutcome}
-_TYPE, _REASON, _CODE, _CACHE, _RETRY, _COUNT = "type", "reason", "code", "cache", "retry", "count"
-_CAUSE = "cause"
+_TYPE, _REASON, _CODE, _CACHE, _RETRY, _LATE = "type", "reason", "code", "cache", "retry", "late"
+_CAUSE, _COUNT, _SUM = "cause", "count", "sum"
 
 
 def audit_totals(events: Collection[ZombieEvent]) -> AuditTotals:
@@ -285,6 +362,7 @@ def audit_totals(events: Collection[ZombieEvent]) -> AuditTotals:
                     _CACHE: f"${Event.CACHE_OUTCOME}",
                     _RETRY: f"${Event.RETRY_OUTCOME}",
                     _CAUSE: f"${Event.CAUSE}",
+                    _LATE: f"${Event.LATE_RESULT}.{LateResult.EVIDENCE}",
                 },
                 _COUNT: {"$sum": 1},
             }
@@ -303,7 +381,35 @@ def audit_totals(events: Collection[ZombieEvent]) -> AuditTotals:
             totals.fresher_kept[job_type] += count
         if key.get(_RETRY) in _RETRY_OUTCOMES:
             totals.retries[(job_type, cause, key[_RETRY])] += count
+        if key.get(_LATE) is not None:
+            totals.late_results[job_type] += count
+    totals.detection = detection_histograms(events)
     return totals
+
+
+def detection_histograms(events: Collection[ZombieEvent]) -> dict[str, Histogram]:
+    """Per reason, the finalized events' detection times counted into :data:`DETECTION_BUCKETS`, on the server."""
+    seconds = f"${Event.DETECTION_SECONDS}"
+    at_or_below = {
+        f"le{index}": {"$sum": {"$cond": [{"$lte": [seconds, bound]}, 1, 0]}}
+        for index, bound in enumerate(DETECTION_BUCKETS)
+    }
+    pipeline = on_index(
+        {Event.STATE: EventState.DONE},
+        {Event.DETECTION_SECONDS: {"$type": "number"}},
+        {"$group": {ID: f"${Event.REASON}", _COUNT: {"$sum": 1}, _SUM: {"$sum": seconds}, **at_or_below}},
+    )
+    return {
+        group[ID]: Histogram(
+            DETECTION_BUCKETS, tuple(group[name] for name in at_or_below), group[_COUNT], float(group[_SUM])
+        )
+        for group in aggregate_rows(events, pipeline)
+        if group[ID] in _REASONS
+    }
+
+
+def no_observations(bounds: tuple[float, ...]) -> Histogram:
+    return Histogram(bounds, (0,) * len(bounds), 0, 0.0)
 
 
 def cleanup_figures(
@@ -312,12 +418,13 @@ def cleanup_figures(
     found: Mapping[tuple[str, str], int],
     started_at: dt.datetime,
     ended_at: dt.datetime,
+    heartbeat_timeout_seconds: int,
 ) -> Figures:
     """A successful cleanup: the audit trail's totals, and this run's own counts (``cleanup.RunSummary.counts``).
 
     ``found``: the zombies detection returned, by (job type, reason). Every job type the audit trail or this run
     has seen gets each reason (with each cause it can have) and each cause's retry outcomes, at 0 where nothing
-    happened (a blank panel is not a zero).
+    happened (a blank panel is not a zero); every reason a detection time histogram, empty where none was recorded.
     """
     figures = Figures()
     job_types = sorted({job_type for job_type, *_ in totals.finalized} | {job_type for job_type, _ in found})
@@ -330,8 +437,13 @@ def cleanup_figures(
     finalized.update(totals.finalized)
     for (job_type, reason, code, cause), count in finalized.items():
         figures.set(ZOMBIES_FINALIZED, count, job_type=job_type, reason=reason, error_code=code, cause=cause)
+    for reason in REASONS:
+        histogram = totals.detection.get(reason) or no_observations(DETECTION_BUCKETS)
+        figures.set_histogram(DETECTION_TIME, histogram, reason=reason)
+    figures.set(HEARTBEAT_TIMEOUT, heartbeat_timeout_seconds)
     for job_type in job_types:
         figures.set(FRESHER_ENTRIES_KEPT, totals.fresher_kept.get(job_type, 0), job_type=job_type)
+        figures.set(LATE_RESULTS, totals.late_results.get(job_type, 0), job_type=job_type)
         for cause in CAUSES:
             for retry in _RETRY_OUTCOMES:
                 count = totals.retries.get((job_type, str(cause), retry), 0)
@@ -394,6 +506,8 @@ def health_figures(snapshot: QueueSnapshot, started: Mapping[str, int], repeat_o
 
 def statistics_figures(report: DurationReport) -> Figures:
     """Per job type: the configured T2, the suggestion (where the data was enough), the runs and percentiles behind it."""
+    from zombie_pipeline.statistics.quantiles import PERCENTILES, percentile_name  # pandas: the statistics' run only
+
     figures = Figures()
     for entry in report.types:
         job_type = entry.job_type

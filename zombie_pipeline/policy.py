@@ -78,6 +78,21 @@ class PolicySettings(BaseModel):
         default=300,
         description="A job is dead after this long without a heartbeat (or, never heartbeated, since its start).",
     )
+    termination_grace_seconds: int | None = Field(
+        default=120,
+        description="How long the deployment's pods may take to stop after a SIGTERM before they are killed (its "
+        "terminationGracePeriodSeconds: 120 s at most in its production chart). A job SIGTERMed this long ago whose "
+        "heartbeats stopped termination_missed_heartbeats intervals ago is dead; unset: only once "
+        "heartbeat_timeout_seconds has passed since the SIGTERM, as the deployment decides.",
+    )
+    termination_missed_heartbeats: int = Field(
+        default=2,
+        description="Heartbeats a SIGTERMed job must have missed, past its grace period, to be dead "
+        "(heartbeats continue until the pod is killed).",
+    )
+    heartbeat_interval_seconds: int = Field(
+        default=60, description="How often the deployment's workers heartbeat (its heartbeatIntervalSeconds)."
+    )
     max_duration_seconds: int = Field(default=1200, description="Default maximum duration (T2) of a job.")
     max_duration_seconds_by_type: dict[str, int] = Field(
         default_factory=dict, description="T2 per job type, overriding max_duration_seconds."
@@ -160,6 +175,11 @@ class PolicySettings(BaseModel):
         default=0.1,
         description="Delays spread by up to this share either way, so retries do not come all at once.",
     )
+    late_result_window_hours: int = Field(
+        default=24,
+        description="How long after its finalization a job is watched for signs of life (a heartbeat, its own "
+        "result): each one found is a late result, a mistake recorded on its event and counted.",
+    )
     compensation_webhooks: dict[str, str] = Field(
         default_factory=dict,
         description="Job type ('*': every type) -> name of the environment variable holding a URL that each finalized zombie "
@@ -177,6 +197,9 @@ class PolicySettings(BaseModel):
 #: out of bounds fails that step in one line, never the run's resource setup (which run retries would repeat).
 POLICY_BOUNDS: dict[str, Bound] = {
     "heartbeat_timeout_seconds": Bound(gt=0),
+    "termination_grace_seconds": Bound(ge=0),
+    "termination_missed_heartbeats": Bound(ge=1),
+    "heartbeat_interval_seconds": Bound(gt=0),
     "max_duration_seconds": Bound(gt=0),
     "max_stale_fraction": Bound(gt=0, le=1),
     "min_started_for_brake": Bound(ge=0),
@@ -194,6 +217,7 @@ POLICY_BOUNDS: dict[str, Bound] = {
     "retry_backoff_factor": Bound(ge=1, le=10),
     "retry_delay_max_seconds": Bound(ge=0),
     "retry_jitter": Bound(ge=0, le=1),
+    "late_result_window_hours": Bound(ge=1, le=720),
     "compensation_timeout_seconds": Bound(gt=0, le=120),
     "compensation_max_attempts": Bound(ge=1),
 }
@@ -249,6 +273,10 @@ class ZombiePolicy(PolicySettings):
         if problems:
             raise ValueError(INVALID_POLICY + "; ".join(problems))
         return self
+
+    def termination_silence_seconds(self) -> int:
+        """How long a SIGTERMed job's heartbeats must have stopped, past its grace period, for it to be dead."""
+        return self.termination_missed_heartbeats * self.heartbeat_interval_seconds
 
     def max_duration_of(self, job_type: str) -> int:
         return self.max_duration_seconds_by_type.get(job_type, self.max_duration_seconds)

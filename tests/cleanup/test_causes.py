@@ -242,18 +242,18 @@ def _overrun(store: Store, generation: str, at: dt.datetime, difficulty: int = 5
     """A job of user/slow that still beats but started 40 minutes before ``at``: past the default T2 (20 min). The
     waiting retry of an earlier overrun is the one that starts, if there is one."""
     retry = store.jobs.find_one({Job.DATASET: "user/slow", Job.STATUS: Status.WAITING})
-    started = {Job.STATUS: Status.STARTED, Job.STARTED_AT: at - dt.timedelta(minutes=40)}
-    beat = {Job.LAST_HEARTBEAT: at - dt.timedelta(seconds=30)}
+    started_at, last_heartbeat = at - dt.timedelta(minutes=40), at - dt.timedelta(seconds=30)
     if retry is not None:
-        store.jobs.update_one({ID: retry[ID]}, {"$set": {**started, **beat}})
+        started = {Job.STATUS: Status.STARTED, Job.STARTED_AT: started_at, Job.LAST_HEARTBEAT: last_heartbeat}
+        store.jobs.update_one({ID: retry[ID]}, {"$set": started})
         return found(store.jobs.find_one({ID: retry[ID]}))
     job = job_document(
         "/parquet",
         "user/slow",
         generation=generation,
         difficulty=difficulty,
-        started_at=started[Job.STARTED_AT],
-        **beat,
+        started_at=started_at,
+        last_heartbeat=last_heartbeat,
     )
     store.jobs.insert_one(job)
     return job

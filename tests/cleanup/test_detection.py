@@ -14,7 +14,7 @@ from zombie_pipeline.cleanup.detection import (
     stale_filter,
 )
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
-from zombie_pipeline.queue.documents import Job, Reason, Status, utc_now
+from zombie_pipeline.queue.documents import Job, JobDocument, Reason, Status, utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
@@ -45,6 +45,7 @@ def test_a_heartbeat_older_than_the_timeout_is_a_missing_heartbeat(store, now):
         ]
     )
     assert reasons(store, now=now) == {"u/dead": Reason.MISSING_HEARTBEAT}
+    assert count_stale(store.jobs, POLICY, now) == 1
 
 
 def test_a_job_that_never_heartbeated_is_judged_by_its_start(store, now):
@@ -60,6 +61,8 @@ def test_a_job_that_never_heartbeated_is_judged_by_its_start(store, now):
         "u/missing-field": Reason.NEVER_HEARTBEATED,
         "u/null-field": Reason.NEVER_HEARTBEATED,
     }
+    # the query agrees, though the SIGTERM rule's shorter window (120 s) widens the index range it scans
+    assert POLICY.termination_grace_seconds is not None and count_stale(store.jobs, POLICY, now) == 2
 
 
 def test_a_live_job_past_its_maximum_duration_is_exceeded(store, now):
@@ -119,6 +122,63 @@ def test_a_job_sigtermed_long_ago_is_terminated_and_one_sigtermed_recently_is_le
     )
     assert reasons(store, now=now) == {"u/term-old": Reason.TERMINATED}
     assert count_stale(store.jobs, POLICY, now) == 1  # the query and the reason agree
+
+
+def test_a_job_sigtermed_past_its_grace_period_and_silent_since_is_dead_before_the_heartbeat_timeout(store, now):
+    """The pod is killed once its grace period is over; heartbeats go on until then, so two missed ones say it was."""
+    policy = POLICY.model_copy(update={"termination_grace_seconds": 120})  # 2 missed heartbeats of 60 s: 120 s silent
+
+    def sigtermed(dataset: str, started: float, terminated: float, beat: float | None = None) -> JobDocument:
+        """A job started, SIGTERMed and last heartbeated these many seconds ago."""
+        last_heartbeat = None if beat is None else now - seconds(beat)
+        return job_document(
+            dataset=dataset,
+            generation=NEWEST_QUEUE_GENERATION,
+            started_at=now - seconds(started),
+            terminated_at=now - seconds(terminated),
+            last_heartbeat=last_heartbeat,
+        )
+
+    store.jobs.insert_many(
+        [
+            sigtermed("u/killed", started=200, terminated=130, beat=121),
+            sigtermed("u/never-beat", started=140, terminated=130),
+            sigtermed("u/beating-past-grace", started=900, terminated=200, beat=30),
+            sigtermed("u/in-grace", started=900, terminated=100, beat=150),
+        ]
+    )
+
+    found = {c.job[Job.DATASET]: (c.reason, c.threshold_seconds) for c in detect(store.jobs, policy, now).candidates}
+    assert found == {"u/killed": (Reason.TERMINATED, 120), "u/never-beat": (Reason.TERMINATED, 120)}
+    assert count_stale(store.jobs, policy, now) == 2  # the query and the reason agree
+    as_the_deployment = policy.model_copy(update={"termination_grace_seconds": None})
+    assert reasons(store, as_the_deployment, now=now) == {}  # only 300 s after the SIGTERM
+    assert reasons(store, as_the_deployment, now=now + seconds(171)) == {
+        "u/killed": Reason.TERMINATED,
+        "u/never-beat": Reason.TERMINATED,
+        "u/beating-past-grace": Reason.TERMINATED,
+    }
+
+
+def test_detection_time_runs_from_the_last_sign_of_life_and_for_a_running_job_from_its_deadline(store, now):
+    store.jobs.insert_many(
+        [
+            job_document(dataset="u/dead", started_at=now - seconds(900), last_heartbeat=now - seconds(400)),
+            job_document(dataset="u/never-beat", started_at=now - seconds(350)),
+            job_document(
+                dataset="u/sigterm",
+                generation=NEWEST_QUEUE_GENERATION,
+                started_at=now - seconds(900),
+                last_heartbeat=now - seconds(320),
+                terminated_at=now - seconds(330),
+            ),
+            job_document(dataset="u/overdue", started_at=now - seconds(1300), last_heartbeat=now - seconds(5)),
+        ]
+    )
+    finalized_at = now + seconds(7)
+
+    late = {c.job[Job.DATASET]: c.detection_seconds(finalized_at) for c in detect(store.jobs, POLICY, now).candidates}
+    assert late == {"u/dead": 407, "u/never-beat": 357, "u/sigterm": 327, "u/overdue": 107}
 
 
 def test_each_type_is_held_to_its_own_maximum_duration(store, now):

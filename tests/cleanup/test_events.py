@@ -41,6 +41,8 @@ def test_a_claim_is_an_event_per_candidate_keyed_by_its_job_with_the_job_as_dete
             GENERATION.name,
         )
         assert event[Event.RETRY_JOB_ID] != candidate.id  # chosen now, so that a redone pass inserts the same retry
+        # how late the finalization comes, from the job's last sign of life (crashed_job: its last heartbeat)
+        assert event[Event.DETECTION_SECONDS] == candidate.detection_seconds(event[Event.FINALIZED_AT]) > 300
 
 
 def test_a_job_already_claimed_by_another_cleanup_is_left_to_it(store):

@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
-from dagster._cli.job import execute_launch_command
+from dagster._cli.job import _create_run, execute_launch_command
+from dagster._cli.workspace.cli_target import get_remote_job_from_remote_repo
 from dagster._core.remote_representation.external import RemoteRepository
 from dagster._core.scheduler.instigation import InstigatorTick
-from dagster._core.workspace.context import WorkspaceProcessContext
+from dagster._core.workspace.context import BaseWorkspaceRequestContext, WorkspaceProcessContext
 from dagster._core.workspace.load_target import WorkspaceFileTarget
 from dagster_shared.cli import WorkspaceOpts
 
@@ -26,10 +27,13 @@ from tests.deploy.processes import LOCATION, REPOSITORY
 
 
 class Operator:
-    def __init__(self, instance: dg.DagsterInstance, workspace_yaml: Path, repository: RemoteRepository) -> None:
+    def __init__(
+        self, instance: dg.DagsterInstance, workspace_yaml: Path, workspace: BaseWorkspaceRequestContext
+    ) -> None:
         self.instance = instance
         self.workspace_yaml = workspace_yaml
-        self.repository = repository
+        self.workspace = workspace
+        self.repository: RemoteRepository = workspace.get_code_location(LOCATION).get_repository(REPOSITORY)
 
     def start_schedule(self, name: str) -> None:
         self.instance.start_schedule(self.repository.get_schedule(name))
@@ -59,6 +63,17 @@ class Operator:
             tags=json.dumps(tags) if tags else None, config_json=json.dumps(run_config) if run_config else None,
         )  # fmt: skip
 
+    def create(self, job_name: str) -> dg.DagsterRun:
+        """The first half of ``dagster job launch``: the run created from the code server's plan, NOT_STARTED."""
+        location = self.workspace.get_code_location(LOCATION)
+        remote_job = get_remote_job_from_remote_repo(self.repository, job_name)
+        return _create_run(instance=self.instance, code_location=location, remote_repo=self.repository,
+                           remote_job=remote_job, run_config={}, tags=None, op_selection=None, run_id=None)  # fmt: skip
+
+    def submit(self, run_id: str) -> dg.DagsterRun:
+        """The second half: the run queued (the run queue's enqueue event, no call to the code server)."""
+        return self.instance.submit_run(run_id, self.workspace)
+
 
 @contextlib.contextmanager
 def operator(instance: dg.DagsterInstance, workspace_yaml: Path) -> Iterator[Operator]:
@@ -68,4 +83,4 @@ def operator(instance: dg.DagsterInstance, workspace_yaml: Path) -> Iterator[Ope
         error = workspace.get_code_location_error(LOCATION)
         if error is not None:
             raise RuntimeError(f"the code location did not load: {error.to_string()}")
-        yield Operator(instance, workspace_yaml, workspace.get_code_location(LOCATION).get_repository(REPOSITORY))
+        yield Operator(instance, workspace_yaml, workspace)

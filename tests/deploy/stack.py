@@ -114,9 +114,11 @@ def deployment_stack(
     pipeline_env: Mapping[str, str] | None = None,
     before_daemon: Callable[[Operator], None] = lambda ops: None,
     prepare_queue: Callable[[Store], None] = lambda store: None,
+    daemon_env: Mapping[str, str] | None = None,
 ) -> Iterator[Deployment]:
     """The deployment, the daemon started once ``before_daemon`` has turned on what the test wants; the simulated
-    queue completed by ``prepare_queue`` first."""
+    queue completed by ``prepare_queue`` first; ``daemon_env`` adds to the daemon's environment only (e.g. Dagster's
+    gRPC timeout of its calls to the code server)."""
     home = base / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(instance_yaml(instance_changes))
@@ -154,7 +156,7 @@ def deployment_stack(
         env = {**os.environ, **instance_env, "PYTHONPATH": python_path}  # this checkout's code, however installed
         server_env = {**env, **pipeline}
         server = processes.code_server(port, server_env, base / "code-server.log")
-        daemon = processes.daemon(DEPLOY / "workspace.yaml", env, base / "daemon.log")
+        daemon = processes.daemon(DEPLOY / "workspace.yaml", {**env, **(daemon_env or {})}, base / "daemon.log")
         deployment = None
         try:
             server.start()

@@ -96,7 +96,9 @@ def test_the_helm_values_set_the_same_queue_monitoring_retries_and_retention_as_
     # test_helm_chart.py, which renders it), the chart's own block off so that there is one
     assert daemon["runMonitoring"] == {"enabled": False}
     monitoring, retries = HELM["additionalInstanceConfig"]["run_monitoring"], daemon["runRetries"]
-    assert monitoring == INSTANCE["run_monitoring"] | {"start_timeout_seconds": 300}  # 5 minutes for a pod to start
+    # 2 more minutes for a pod to start (image pull, scheduling)
+    start_timeout = INSTANCE["run_monitoring"]["start_timeout_seconds"] + 120
+    assert monitoring == INSTANCE["run_monitoring"] | {"start_timeout_seconds": start_timeout}
     instance_retries = INSTANCE["run_retries"]
     assert (retries["enabled"], retries["maxRetries"]) == (instance_retries["enabled"], instance_retries["max_retries"])
     retention = HELM["retention"]
@@ -105,6 +107,23 @@ def test_the_helm_values_set_the_same_queue_monitoring_retries_and_retention_as_
     assert retention["sensor"]["purgeAfterDays"] == INSTANCE["retention"]["sensor"]["purge_after_days"]
     assert HELM["telemetry"] == INSTANCE["telemetry"] == {"enabled": False}
     assert HELM["postgresql"]["postgresqlScheme"] == INSTANCE["storage"]["postgres"]["postgres_db"]["scheme"]
+
+
+#: Measured on a loaded 2-core host (issue 31): launches failed at Dagster's default gRPC timeout, and runs took up to
+#: this long from queued to started.
+DEFAULT_GRPC_TIMEOUT, LONGEST_START_MEASURED = 60, 103
+
+
+def test_a_run_has_its_whole_grpc_timeout_to_be_launched_and_as_long_again_to_start_everywhere():
+    """Starting a run is the daemon's call to the code server, bounded by Dagster's gRPC timeout (an environment
+    variable of every process: the image's, and the chart's daemon and webserver), then its worker loading the code
+    location; run monitoring fails a run not started within its start timeout, which must hold both."""
+    grpc = int(found(re.search(r"DAGSTER_GRPC_TIMEOUT_SECONDS=(\d+)", DOCKERFILE)).group(1))
+    assert grpc >= 3 * DEFAULT_GRPC_TIMEOUT and grpc > LONGEST_START_MEASURED
+    assert INSTANCE["run_monitoring"]["start_timeout_seconds"] >= 2 * grpc
+    for process in ("dagsterDaemon", "dagsterWebserver"):
+        assert {"name": "DAGSTER_GRPC_TIMEOUT_SECONDS", "value": str(grpc)} in HELM[process]["env"], process
+    assert "`DAGSTER_GRPC_TIMEOUT_SECONDS`" in DOCS and "`start_timeout_seconds`" in DOCS
 
 
 def test_the_run_queue_limits_name_the_tags_the_jobs_carry():

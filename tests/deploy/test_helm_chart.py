@@ -147,8 +147,9 @@ def test_the_instance_the_chart_writes_has_the_settings_of_deploy_dagster_yaml(r
         key: int(INSTANCE_ENV[name]) for key, name in
         [("max_concurrent_runs", "DAGSTER_MAX_CONCURRENT_RUNS"), ("dequeue_interval_seconds", "DAGSTER_DEQUEUE_INTERVAL_SECONDS")]
     }  # fmt: skip
-    # what the daemon applies: ours, the start timeout excepted (5 minutes for a pod's image pull and scheduling)
-    assert effective(chart_instance) == effective(ours) | {"run_monitoring_start_timeout_seconds": 300}
+    # what the daemon applies: ours, the start timeout excepted (2 more minutes for a pod's image pull and scheduling)
+    start_timeout = ours["run_monitoring"]["start_timeout_seconds"] + 120
+    assert effective(chart_instance) == effective(ours) | {"run_monitoring_start_timeout_seconds": start_timeout}
     assert effective(chart_instance)["run_monitoring_max_runtime_seconds"] == 21600  # Dagster's default is 0: none
     assert chart_instance["retention"] == ours["retention"]
     assert chart_instance["telemetry"] == ours["telemetry"] == {"enabled": False}

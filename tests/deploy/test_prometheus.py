@@ -22,7 +22,7 @@ import yaml
 from tests.deploy.processes import REPO_ROOT
 from tests.pushgateway import binary_or_skip
 from zombie_pipeline import config
-from zombie_pipeline.metrics import METRIC_NAMES
+from zombie_pipeline.metrics import METRIC_NAMES, METRIC_OF_SAMPLE
 
 PROMETHEUS = REPO_ROOT / "deploy" / "prometheus"
 RULES_FILE = PROMETHEUS / "alerts.yaml"
@@ -48,7 +48,8 @@ def promtool(*args: str) -> subprocess.CompletedProcess:
 
 
 def metric_names(expr: str) -> set[str]:
-    """The metric of every vector selector in a PromQL expression (a selector without a name is refused)."""
+    """The metric of every vector selector in a PromQL expression (a selector without a name is refused; a
+    histogram's buckets, count and sum are the histogram's)."""
     for variable, value in GRAFANA_VARIABLES.items():
         expr = expr.replace(variable, value)
     names: set = set()
@@ -57,7 +58,7 @@ def metric_names(expr: str) -> set[str]:
         lambda node: names.add(node.name) if isinstance(node, promql_parser.VectorSelector) else None,
     )
     assert None not in names, f"a selector without a metric name: {expr}"
-    return names
+    return {METRIC_OF_SAMPLE.get(name, name) for name in names}
 
 
 def dashboard_queries() -> Iterator[tuple[str, str]]:

@@ -161,6 +161,7 @@ def comparable_state(store: Store, original_ids: set) -> dict[str, Any]:
             if k
             not in (
                 Event.FINALIZED_AT,
+                Event.DETECTION_SECONDS,  # counted to the finalization: a stamp of its run
                 Event.RUN_ID,
                 Event.LEASE_OWNER,
                 Event.LEASE_UNTIL,

@@ -10,17 +10,33 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
 
 import dagster as dg
 import pytest
+from dagster._core.errors import DagsterUserCodeUnreachableError
+from dagster._core.events import EngineEventData
+from dagster._core.launcher import DefaultRunLauncher
+from dagster._daemon.monitoring.run_monitoring import monitor_starting_run
+from dagster._grpc.client import DagsterGrpcClient
+from dagster._utils.error import serializable_error_info_from_exc_info
 from pymongo.uri_parser import parse_uri
 
 from benchmarks.proxy import DelayProxy
-from tests.helpers import METRICS_OFF, QUIET_LOGGERS, crashed_job, databases_from_env, found, healthy_job
+from tests.helpers import (
+    METRICS_OFF,
+    QUIET_LOGGERS,
+    crashed_job,
+    databases_from_env,
+    found,
+    healthy_job,
+    recorded_cleanup_run,
+)
 from tests.servers import QuietHandler, http_server
 from zombie_pipeline.cleanup.detection import Brake
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
@@ -80,14 +96,14 @@ def retried_run(instance, result) -> str | None:
     return instance.get_run_by_id(result.run_id).tags.get(WILL_RETRY_TAG)
 
 
-def failure_seen_by_the_sensor(instance, result, resources) -> dg.RunFailureSensorContext:
+def failure_seen_by_the_sensor(instance, run_id: str, resources) -> dg.RunFailureSensorContext:
     """The failure sensor's context on the run's failure, as the daemon builds it."""
-    [record] = instance.get_records_for_run(result.run_id, of_type=dg.DagsterEventType.RUN_FAILURE).records
+    [record] = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.RUN_FAILURE).records
     return dg.build_run_status_sensor_context(
         sensor_name=pipeline_failure_sensor.name,
         dagster_event=record.event_log_entry.dagster_event,
         dagster_instance=instance,
-        dagster_run=instance.get_run_by_id(result.run_id),
+        dagster_run=instance.get_run_by_id(run_id),
         resources={**resources, "failure_webhook": FailureWebhook(url=url_from_env(WEBHOOK_ENV), timeout_seconds=2)},
     ).for_run_failure()
 
@@ -120,7 +136,7 @@ def test_a_brake_stop_fails_once_with_its_numbers_as_the_cause_everywhere_and_is
     received: list = []
     with webhook_server(received) as url:
         monkeypatch.setenv(WEBHOOK_ENV, url)
-        context = failure_seen_by_the_sensor(instance, result, resources)
+        context = failure_seen_by_the_sensor(instance, result.run_id, resources)
         record = failure_record(context, [])
         pipeline_failure_sensor(context)
 
@@ -167,7 +183,7 @@ def test_a_bad_policy_in_the_launchpad_fails_the_first_step_in_one_line_naming_f
     assert [event.step_key for event in result.all_events if event.is_step_failure] == ["reconcile"]
     assert attempts(result, "reconcile") == 1
     assert retried_run(instance, result) == "false"
-    assert failure_record(failure_seen_by_the_sensor(instance, result, resources), []).message == expected
+    assert failure_record(failure_seen_by_the_sensor(instance, result.run_id, resources), []).message == expected
     assert store.events.count_documents({}) == 0
 
 
@@ -248,6 +264,89 @@ def test_a_database_out_of_reach_for_good_fails_after_the_steps_retries_with_whe
         f"dagster._core.definitions.events.Failure: {cause}"
     )
     assert retried_run(instance, result) == "false"  # the step had its retries; the next tick tries again
+
+
+# --- runs that never started: the run queue's launch failed, or run monitoring's start timeout ------------------
+
+#: What the run queue's daemon records when a launch fails (queued_run_coordinator_daemon.py, Dagster 1.13).
+DEQUEUE_FAILED = (
+    "Caught an unrecoverable error while dequeuing the run. Marking the run as failed and dropping it from the queue"
+)
+
+
+def launched_where_no_code_server_answers(instance) -> dg.DagsterRun:
+    """A queued cleanup launched as the run queue's daemon launches it, through Dagster's own gRPC client, at a port
+    where no code server listens; then what the daemon does with the error: an engine event, the run failed."""
+    run = recorded_cleanup_run(instance, dg.DagsterRunStatus.QUEUED)
+    instance.report_dagster_event(
+        dg.DagsterEvent(event_type_value=dg.DagsterEventType.RUN_STARTING.value, job_name=run.job_name), run.run_id
+    )
+    client = DagsterGrpcClient(port=free_port(), host="127.0.0.1")
+    with pytest.raises(DagsterUserCodeUnreachableError):
+        try:
+            DefaultRunLauncher.launch_run_from_grpc_client(instance, run, client)
+        except DagsterUserCodeUnreachableError:
+            error = serializable_error_info_from_exc_info(sys.exc_info())
+            raise
+    instance.report_engine_event(DEQUEUE_FAILED, run, EngineEventData.engine_error(error))
+    instance.report_run_failed(run)
+    return instance.get_run_by_id(run.run_id)
+
+
+def test_a_cleanup_whose_launch_failed_is_recorded_and_posted_at_once_with_the_launch_error_and_is_retried(
+    store, instance, resources, monkeypatch
+):
+    """Its failure event says only "marked as failed from outside the execution context": the cause is the error of
+    the launch, which Dagster keeps as an engine event. Dagster retries it (dagster/max_retries); it is told now all
+    the same, since its retry may start and nothing else would say that the code server did not answer."""
+    run = launched_where_no_code_server_answers(instance)
+    expected = (
+        "launch failed: DagsterUserCodeUnreachableError: Could not reach user code server. gRPC Error code: UNAVAILABLE"
+    )
+
+    assert run.status == dg.DagsterRunStatus.FAILURE and run.tags[WILL_RETRY_TAG] == "true"
+    received: list = []
+    with webhook_server(received) as url:
+        monkeypatch.setenv(WEBHOOK_ENV, url)
+        pipeline_failure_sensor(failure_seen_by_the_sensor(instance, run.run_id, resources))
+
+    stored = store.failures.find_one({ID: run.run_id})
+    assert stored[Failure.MESSAGE] == expected and stored[Failure.WILL_RETRY] is True
+    assert stored[Failure.FAILED_STEPS] == []
+    [body] = received
+    assert body[Failure.MESSAGE] == expected and body[Failure.WILL_RETRY] is True
+    assert body["text"].endswith(": " + expected) and "\n" not in body["text"] and "retried" in body["text"]
+
+
+def test_a_cleanup_failed_by_the_start_timeout_says_so_in_one_line_and_is_retried(store, resources):
+    """Run monitoring's own check of a run that does not start, on an instance whose start timeout has passed."""
+    overrides = {**RUN_RETRIES, "run_monitoring": {"enabled": True, "start_timeout_seconds": 0}}
+    with dg.instance_for_test(overrides=overrides) as instance:
+        run = recorded_cleanup_run(instance, dg.DagsterRunStatus.QUEUED)
+        instance.report_dagster_event(
+            dg.DagsterEvent(event_type_value=dg.DagsterEventType.RUN_STARTING.value, job_name=run.job_name), run.run_id
+        )
+        monitor_starting_run(instance, found(instance.get_run_record_by_id(run.run_id)), logging.getLogger(__name__))
+
+        assert found(instance.get_run_by_id(run.run_id)).tags[WILL_RETRY_TAG] == "true"
+        pipeline_failure_sensor(failure_seen_by_the_sensor(instance, run.run_id, resources))
+
+    stored = store.failures.find_one({ID: run.run_id})
+    assert stored[Failure.MESSAGE] == "Run timed out due to taking longer than 0 seconds to start."
+    assert stored[Failure.WILL_RETRY] is True
+
+
+def test_a_cleanup_lost_after_it_started_is_left_to_its_retry(store, instance, resources):
+    """Its worker died: Dagster retries it, and the retry reports if it fails too (told once)."""
+    run = recorded_cleanup_run(instance, dg.DagsterRunStatus.STARTING)
+    instance.report_dagster_event(
+        dg.DagsterEvent(event_type_value=dg.DagsterEventType.RUN_START.value, job_name=run.job_name), run.run_id
+    )
+    instance.report_run_failed(run, f"Run execution process for {run.run_id} unexpectedly exited with exit code -9.")
+
+    assert found(instance.get_run_by_id(run.run_id)).tags[WILL_RETRY_TAG] == "true"
+    pipeline_failure_sensor(failure_seen_by_the_sensor(instance, run.run_id, resources))
+    assert store.failures.find_one({ID: run.run_id}) is None
 
 
 # --- a webhook that records what it is sent ----------------------------------------------------------------------

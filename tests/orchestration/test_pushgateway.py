@@ -169,7 +169,8 @@ def test_a_cleanup_and_its_health_check_push_what_the_databases_hold(store, reso
         == 1
     )
     # every pushed name is declared once, in the module the alert rules and the dashboard are checked against
-    names = {sample.split("{")[0] for sample in gateway.scrape().splitlines() if sample.startswith(metrics.PREFIX)}
+    samples = {sample.split("{")[0] for sample in gateway.scrape().splitlines() if sample.startswith(metrics.PREFIX)}
+    names = {metrics.METRIC_OF_SAMPLE[sample] for sample in samples}
     assert names == {metric.name for metric in metrics.CLEANUP_METRICS + metrics.BRAKE_METRICS + metrics.HEALTH_METRICS}
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.cleanup.test_causes import deployment
 from tests.cleanup.test_quarantine import POISON, TYPE, crash, poison_waiting
-from tests.helpers import QUIET_LOGGERS, database_resources, step_failure_messages, step_metadata
+from tests.helpers import QUIET_LOGGERS, database_resources, step_metadata
 from zombie_pipeline.definitions import defs
 from zombie_pipeline.orchestration.quarantine import lift_quarantine_job
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
@@ -58,4 +58,10 @@ def test_lifting_a_pair_that_is_not_quarantined_fails_in_one_line_and_is_not_ret
     result = run_lift(resources, dataset="user/fine", job_type=TYPE)
 
     assert not result.success
-    assert step_failure_messages(result) == ["user/fine /first-rows is not quarantined; quarantined now: none"]
+    [failure] = [
+        event.step_failure_data.user_failure_data
+        for event in result.all_events
+        if event.is_step_failure and event.step_failure_data.user_failure_data is not None
+    ]
+    assert failure.description == "user/fine /first-rows is not quarantined; quarantined now: none"
+    assert len([event for event in result.all_events if event.is_step_failure]) == 1  # never retried

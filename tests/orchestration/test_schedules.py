@@ -4,6 +4,7 @@ import datetime as dt
 import os
 import subprocess
 import sys
+import time
 
 import dagster as dg
 import pytest
@@ -18,7 +19,12 @@ from zombie_pipeline.config import (
     SettingError,
 )
 from zombie_pipeline.definitions import defs
-from zombie_pipeline.orchestration.cleanup import IN_FLIGHT_STATUSES, kill_zombies_job
+from zombie_pipeline.orchestration.cleanup import (
+    IN_FLIGHT_STATUSES,
+    cleanup_in_flight,
+    in_flight_reason,
+    kill_zombies_job,
+)
 from zombie_pipeline.orchestration.schedules import (
     DEFAULT_KILL_CRON,
     build_kill_zombies_schedule,
@@ -128,3 +134,56 @@ def test_a_cleanup_tick_is_not_held_by_finished_cleanups_nor_by_a_cleanup_of_ano
     recorded_cleanup_run(instance, dg.DagsterRunStatus.STARTED, queue_database="another_queue")
     [request] = cleanup_tick(instance).run_requests
     assert request.tags[TRIGGER_TAG] == "kill_zombies_schedule"
+
+
+def entered(instance: dg.DagsterInstance, run: dg.DagsterRun, status: dg.DagsterRunStatus) -> None:
+    """What the run queue records when a run enters ``status``: its enqueueing, or its launch."""
+    if status == dg.DagsterRunStatus.QUEUED:
+        instance.report_dagster_event(dg.DagsterEvent.job_enqueue(run), run.run_id)
+    elif status == dg.DagsterRunStatus.STARTING:
+        event = dg.DagsterEvent(event_type_value=dg.DagsterEventType.RUN_STARTING.value, job_name=run.job_name)
+        instance.report_dagster_event(event, run.run_id)
+
+
+WAITING = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING]
+
+
+@pytest.mark.parametrize("status", WAITING, ids=lambda status: status.value)
+def test_a_cleanup_that_has_not_started_holds_the_ticks_back_for_the_instances_start_timeout_only(status):
+    """Counted from when it entered its state, as run monitoring counts it; 180 s, Dagster's default, unless the
+    instance sets run_monitoring.start_timeout_seconds."""
+    with dg.instance_for_test(
+        overrides={"run_monitoring": {"enabled": True, "start_timeout_seconds": 240}}
+    ) as instance:
+        run = recorded_cleanup_run(instance, dg.DagsterRunStatus.NOT_STARTED)
+        entered(instance, run, status)
+        since = found(instance.get_run_record_by_id(run.run_id)).create_timestamp.timestamp()
+        assert found(instance.get_run_by_id(run.run_id)).status == status
+
+        assert found(cleanup_in_flight(instance, now=since + 230)).dagster_run.run_id == run.run_id
+        assert cleanup_in_flight(instance, now=since + 250) is None
+        reason = in_flight_reason(found(cleanup_in_flight(instance)), instance)
+        assert run.run_id in reason and "240 s at most" in reason
+    with dg.instance_for_test() as instance:
+        run = recorded_cleanup_run(instance, dg.DagsterRunStatus.NOT_STARTED)
+        entered(instance, run, status)
+        since = found(instance.get_run_record_by_id(run.run_id)).create_timestamp.timestamp()
+        assert cleanup_in_flight(instance, now=since + 170) is not None
+        assert cleanup_in_flight(instance, now=since + 190) is None
+
+
+def test_a_running_cleanup_holds_the_ticks_back_past_the_start_timeout_until_run_monitoring_ends_it(instance):
+    run = recorded_cleanup_run(instance, dg.DagsterRunStatus.STARTED)
+    since = found(instance.get_run_record_by_id(run.run_id)).create_timestamp.timestamp()
+    assert found(cleanup_in_flight(instance, now=since + 3600)).dagster_run.run_id == run.run_id
+
+
+def test_a_tick_after_the_start_timeout_asks_for_a_cleanup_though_one_is_still_starting():
+    """The schedule as the daemon evaluates it, a second after a launch that never started a cleanup."""
+    with dg.instance_for_test(overrides={"run_monitoring": {"enabled": True, "start_timeout_seconds": 1}}) as instance:
+        stuck = recorded_cleanup_run(instance, dg.DagsterRunStatus.NOT_STARTED)
+        entered(instance, stuck, dg.DagsterRunStatus.STARTING)
+        time.sleep(1.5)
+        assert found(instance.get_run_by_id(stuck.run_id)).status == dg.DagsterRunStatus.STARTING
+        [request] = cleanup_tick(instance).run_requests
+        assert request.tags[TRIGGER_TAG] == "kill_zombies_schedule"

@@ -223,6 +223,7 @@ def _names(vocabulary: type) -> set[str]:
         (documents.RetryDocument, ScheduledRetry, {ID}),
         (documents.CompensationRecord, CompensationEntry, set()),
         (documents.PreviousEntrySummary, PreviousEntry, set()),
+        (documents.LateResultRecord, documents.LateResult, set()),
     ],
     ids=lambda value: getattr(value, "__name__", ""),
 )

@@ -240,6 +240,23 @@ def chart_rows(chart: str) -> list[str]:
     return [line for line in chart.splitlines() if " – " in line]
 
 
+def test_the_report_gives_the_detection_time_of_each_reason_at_p50_and_p99(tmp_path):
+    window = Period(start=END - dt.timedelta(days=7), end=END, tallies={"/a": _tally([10.0] * 40)})
+    window.detection = {Reason.MISSING_HEARTBEAT: np.arange(301, 401, dtype=np.float32)}
+
+    report = analyze(window, ZombiePolicy(), computed_at=END)
+
+    [times] = report.detection
+    assert (times.reason, times.zombies, times.p50_seconds, times.p99_seconds, times.max_seconds) == (
+        Reason.MISSING_HEARTBEAT, 100, 350.5, 399.0, 400.0,
+    )  # fmt: skip
+    assert "| missing_heartbeat | 100 | 5 min 50 s | 6 min 39 s | 6 min 40 s |" in markdown_table(report)
+    assert "detection time, missing_heartbeat: p50 5 min 50 s, p99 6 min 39 s (100 zombies)" in summary_text(report)
+    files = write_reports(report, tmp_path)
+    detection = json.loads(files.json.read_text())["detection_seconds_by_reason"]
+    assert detection[Reason.MISSING_HEARTBEAT]["p99_seconds"] == 399.0
+
+
 def test_the_text_chart_is_a_log_scale_histogram_of_the_successes_with_both_t2_marked(report):
     fast = report.type_report("/fast")
 

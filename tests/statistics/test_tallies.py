@@ -419,6 +419,24 @@ def test_combining_many_periods_joins_each_type_in_order():
     assert (a.statuses, a.started) == ({Status.SUCCESS: 30, Status.ERROR: 30}, 60)
 
 
+def test_detection_times_are_tallied_per_reason_and_days_tallied_before_they_were_recorded_still_combine():
+    crashed = [event(job("/a", Status.ERROR, 900), Reason.MISSING_HEARTBEAT) for _ in range(3)]
+    for seconds, audited in zip((310.0, 320.5, 500.0), crashed):
+        audited[Event.DETECTION_SECONDS] = seconds
+    unrecorded = event(job("/a", Status.ERROR, 900), Reason.NEVER_HEARTBEATED)  # finalized before 2026-12
+    today = Period(start=NEXT_DAY, end=NEXT_DAY + dt.timedelta(days=1))
+    tally_events(today, [*crashed, unrecorded])
+    yesterday = Period(start=DAY, end=NEXT_DAY)
+    del yesterday.__dict__["detection"]  # a day tallied (and stored) by an earlier version
+
+    window = combine([yesterday, today])
+
+    assert {reason: times.tolist() for reason, times in window.detection.items()} == {
+        Reason.MISSING_HEARTBEAT: [310.0, 320.5, 500.0]
+    }
+    assert window.tallies["/a"].zombies == {Reason.MISSING_HEARTBEAT: 3, Reason.NEVER_HEARTBEATED: 1}
+
+
 def test_a_clean_status_is_read_into_columns_and_one_holding_a_string_date_falls_back_to_documents(mongo_url, store):
     good = [job("/a", Status.SUCCESS, seconds) for seconds in range(1, 11)] + [job("/a", Status.ERROR, 5)]
     bad = cast(Document, job("/a", Status.ERROR, 7))

@@ -1,9 +1,9 @@
 """Which started jobs are zombies, decided by one indexed MongoDB query.
 
-Every stale job started before the heartbeat cutoff (a maximum duration is never
-shorter than the heartbeat timeout), so the query's first stage is a range of the
-``(status, started_at)`` index over old started jobs only: finished history, however
-long, is never examined. The per-type maximum durations are branches of the second
+Every stale job started before the heartbeat cutoff, or the SIGTERM rule's (a
+maximum duration is never shorter than the heartbeat timeout), so the query's first
+stage is a range of the ``(status, started_at)`` index over old started jobs only:
+finished history, however long, is never examined. The per-type maximum durations are branches of the second
 stage's ``$or``. Python then only names the reason of the few jobs that come back.
 
 The reason is the deployment's own: its workers finish the jobs of *dead* workers
@@ -83,6 +83,21 @@ class Candidate:
         return ERROR_CODE_OF_REASON[self.reason]
 
     @property
+    def last_sign_of_life(self) -> dt.datetime:
+        """The job's latest start, heartbeat or SIGTERM: its worker was alive then."""
+        signs = (self.job.get(name) for name in (Job.STARTED_AT, Job.LAST_HEARTBEAT, Job.TERMINATED_AT))
+        return max(utc(sign) for sign in signs if sign is not None)
+
+    def detection_seconds(self, finalized_at: dt.datetime) -> float:
+        """How late the finalization comes: since the last sign of life of a dead job, since the deadline (its T2)
+        of one still running."""
+        if self.reason is Reason.EXCEEDED_MAX_DURATION:
+            since = utc(self.started_at) + dt.timedelta(seconds=self.threshold_seconds)
+        else:
+            since = self.last_sign_of_life
+        return round(max((finalized_at - since).total_seconds(), 0.0), 3)
+
+    @property
     def age_seconds(self) -> float:
         return (self.detected_at - self.started_at).total_seconds()
 
@@ -139,9 +154,11 @@ def stale_stages(
     names only ever appear as values (``$in``, equality), never as keys.
     """
     heartbeat_cutoff = now - dt.timedelta(seconds=policy.heartbeat_timeout_seconds)
+    fast_termination = termination_cutoffs(policy, now)
     overrides = policy.max_duration_seconds_by_type
     # A job SIGTERMed recently is left to its termination, whatever its age: it becomes a zombie (terminated)
-    # once the timeout has passed since the signal, as the deployment decides. Hence TERMINATED_AT: None below.
+    # once the timeout has passed since the signal, as the deployment decides, or once its grace period has and its
+    # heartbeats stopped (the SIGTERM rule). Hence TERMINATED_AT: None below.
     exceeded: list[dict[str, Any]] = [
         {Job.TYPE: job_type, Job.TERMINATED_AT: None, Job.STARTED_AT: {"$lt": now - dt.timedelta(seconds=limit)}}
         for job_type, limit in sorted(overrides.items())
@@ -153,17 +170,38 @@ def stale_stages(
             Job.STARTED_AT: {"$lt": now - dt.timedelta(seconds=policy.max_duration_seconds)},
         }
     )
-    index_range = {Job.STATUS: Status.STARTED, Job.STARTED_AT: {"$lt": heartbeat_cutoff}}
-    rules: dict[str, Any] = {
-        "$or": [
-            {Job.TERMINATED_AT: {"$lt": heartbeat_cutoff}},  # SIGTERM long ago (only 2026-05 on has the field)
-            {Job.TERMINATED_AT: None, Job.LAST_HEARTBEAT: {"$lt": heartbeat_cutoff}},
-            {Job.TERMINATED_AT: None, Job.LAST_HEARTBEAT: None},  # missing or null: never heartbeated
-            *exceeded,
-        ],
-        **_of_types(job_types),
-    }
+    dead: list[dict[str, Any]] = [
+        {Job.TERMINATED_AT: {"$lt": heartbeat_cutoff}},  # SIGTERM long ago (only 2026-05 on has the field)
+        {Job.TERMINATED_AT: None, Job.LAST_HEARTBEAT: {"$lt": heartbeat_cutoff}},
+        # missing or null: never heartbeated (its start bounds it; the index range may reach later, for the SIGTERM rule)
+        {Job.TERMINATED_AT: None, Job.LAST_HEARTBEAT: None, Job.STARTED_AT: {"$lt": heartbeat_cutoff}},
+    ]
+    started_before = heartbeat_cutoff
+    if fast_termination is not None:
+        # SIGTERM older than the grace period, and silent since: the pod was killed. Such a job started before both
+        # cutoffs (before its SIGTERM, before its last heartbeat), so the index range still bounds it.
+        signal_cutoff, silence_cutoff = fast_termination
+        silent = [
+            {Job.LAST_HEARTBEAT: {"$lt": silence_cutoff}},
+            {Job.LAST_HEARTBEAT: None, Job.STARTED_AT: {"$lt": silence_cutoff}},
+        ]
+        dead.append({Job.TERMINATED_AT: {"$lt": signal_cutoff}, "$or": silent})
+        started_before = max(heartbeat_cutoff, min(signal_cutoff, silence_cutoff))
+    index_range = {Job.STATUS: Status.STARTED, Job.STARTED_AT: {"$lt": started_before}}
+    rules: dict[str, Any] = {"$or": [*dead, *exceeded], **_of_types(job_types)}
     return index_range, rules
+
+
+def termination_cutoffs(policy: ZombiePolicy, now: dt.datetime) -> tuple[dt.datetime, dt.datetime] | None:
+    """The SIGTERM rule's two cutoffs: a job SIGTERMed before the first whose last heartbeat (or start) is older than
+    the second is dead. None when the policy leaves SIGTERMed jobs to the deployment's rule alone (the heartbeat
+    timeout since the SIGTERM)."""
+    if policy.termination_grace_seconds is None:
+        return None
+    return (
+        now - dt.timedelta(seconds=policy.termination_grace_seconds),
+        now - dt.timedelta(seconds=policy.termination_silence_seconds()),
+    )
 
 
 def stale_filter(policy: ZombiePolicy, now: dt.datetime, job_types: Iterable[str] | None = None) -> dict[str, Any]:
@@ -210,18 +248,23 @@ def problem_of(job: Mapping[str, Any]) -> str | None:
 def reason_of(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.datetime) -> tuple[Reason, int] | None:
     """The reason a well-formed started job is a zombie, with the threshold it broke; None if it is not one.
 
-    The deployment's precedence: terminated (SIGTERM older than the timeout), then
-    dead (heartbeat stale, or never sent since a start older than the timeout),
-    then alive past its type's maximum duration. A job SIGTERMed more recently is
+    The deployment's precedence: terminated (SIGTERM older than the timeout, or older than the grace period with
+    the heartbeats stopped since: :func:`termination_cutoffs`), then dead (heartbeat stale, or never sent since a
+    start older than the timeout), then alive past its type's maximum duration. A job SIGTERMed more recently is
     left to finish its termination.
     """
     timeout = policy.heartbeat_timeout_seconds
     cutoff = now - dt.timedelta(seconds=timeout)
     terminated_at = as_utc(job.get(Job.TERMINATED_AT))
-    if terminated_at is not None:
-        return (Reason.TERMINATED, timeout) if terminated_at < cutoff else None
     started_at = utc(job[Job.STARTED_AT])
     last_heartbeat = as_utc(job.get(Job.LAST_HEARTBEAT))
+    if terminated_at is not None:
+        if terminated_at < cutoff:
+            return Reason.TERMINATED, timeout
+        fast = termination_cutoffs(policy, now)
+        if fast is not None and terminated_at < fast[0] and (last_heartbeat or started_at) < fast[1]:
+            return Reason.TERMINATED, policy.termination_grace_seconds or 0
+        return None
     if last_heartbeat is None and started_at < cutoff:
         return Reason.NEVER_HEARTBEATED, timeout
     if last_heartbeat is not None and last_heartbeat < cutoff:

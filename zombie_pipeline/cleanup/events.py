@@ -180,6 +180,7 @@ def event_of(
         Event.POLICY: policy.as_document(),
         Event.DETECTED_AT: candidate.detected_at,
         Event.FINALIZED_AT: finalized_at,
+        Event.DETECTION_SECONDS: candidate.detection_seconds(finalized_at),
         Event.RUN_ID: run_id,
         Event.QUEUE_GENERATION: generation.name,
         Event.STATE: EventState.CLAIMED,

@@ -28,6 +28,7 @@ class Count(StrEnum):
     COMPENSATION_DONE = "compensation_done"
     COMPENSATION_TO_RETRY = "compensation_to_retry"
     COMPENSATION_FAILED = "compensation_failed"
+    LATE_RESULTS = "late_results"  # finalized jobs seen alive afterwards, first noticed by this run
 
 
 def reason_count(reason: str) -> str:

@@ -42,6 +42,7 @@ from zombie_pipeline.cleanup.detection import (
 )
 from zombie_pipeline.cleanup.events import EventLog
 from zombie_pipeline.cleanup.finalizer import Finalizer
+from zombie_pipeline.cleanup.late_results import audit_late_results
 from zombie_pipeline.cleanup.plan import CleanupOptions, CleanupPlan
 from zombie_pipeline.cleanup.results import (
     Count,
@@ -164,6 +165,14 @@ def compensate(store: Store, plan: CleanupPlan) -> StepResult:
     return compensations.compensate(store, plan.policy, plan.run_id, compensations.registry(plan.policy))
 
 
+def audit(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -> StepResult:
+    """Look for life in the jobs finalized lately (``late_results``); a dry run writes nothing."""
+    result = StepResult()
+    if not plan.options.dry_run:
+        result.counts[Count.LATE_RESULTS] = audit_late_results(store, plan.policy, now or utc_now(), plan.run_id)
+    return result
+
+
 # --- the whole cleanup in one call ---------------------------------------------------------------------
 
 
@@ -211,6 +220,7 @@ def run_cleanup(
     report = CleanupReport(run_id, dry_run, plan.generations, detection, reconciled=reconciled)
     report.steps.merge(finalize(store, plan, detection.candidates, now))
     report.steps.merge(compensate(store, plan))
+    report.steps.merge(audit(store, plan))
     return report
 
 
@@ -231,6 +241,7 @@ SUMMARY_COUNTS = (
     Count.COMPENSATION_DONE,
     Count.COMPENSATION_TO_RETRY,
     Count.COMPENSATION_FAILED,
+    Count.LATE_RESULTS,
 )
 
 
@@ -255,7 +266,7 @@ class RunSummary:
             f"{c[retry_count(RetryOutcome.QUARANTINED)]} quarantined; "
             f"{c[Count.DUE_RETRY_ENQUEUED]} delayed retries enqueued, {c[Count.RETRIES_PENDING]} still waiting for their "
             f"delay; compensations: {c[Count.COMPENSATION_DONE]} done, {c[Count.COMPENSATION_TO_RETRY]} to try again, "
-            f"{c[Count.COMPENSATION_FAILED]} given up on"
+            f"{c[Count.COMPENSATION_FAILED]} given up on; {c[Count.LATE_RESULTS]} finalized jobs seen alive afterwards"
         )
 
     def markdown(self) -> str:

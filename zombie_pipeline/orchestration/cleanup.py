@@ -6,6 +6,7 @@ collection, which is the cleanup's state: nothing else is shared between them.
 """
 
 import datetime as dt
+import time
 from collections import Counter
 from dataclasses import replace
 from functools import partial
@@ -208,6 +209,23 @@ def compensate_zombies(context: dg.OpExecutionContext, plan: CleanupPlan, databa
 
 
 @dg.op(
+    description="Look for life in the jobs finalized in the last late_result_window_hours (a heartbeat, their own "
+    "result over our error): each one is a late result, a mistake recorded once on its event and counted.",
+    retry_policy=TRANSIENT_RETRIES,
+)
+def audit_late_results(context: dg.OpExecutionContext, plan: CleanupPlan, databases: Databases) -> CleanupPlan:
+    with databases.store_for(context, "audit_late_results: looking for life in finalized jobs") as store:
+        result = run.audit(store, plan)
+    context.add_output_metadata(counts_metadata(result.counts))
+    if result.counts[Count.LATE_RESULTS]:
+        context.log.warning(
+            f"{result.counts[Count.LATE_RESULTS]} finalized jobs showed life afterwards (late results: their events "
+            "say what showed it; docs/detection.md)"
+        )
+    return plan.add(result)
+
+
+@dg.op(
     description="Summarize the run from the audit trail: what was finalized, why, and what was skipped; push the "
     "figures to the Pushgateway, if there is one.",
     retry_policy=TRANSIENT_RETRIES,
@@ -227,7 +245,14 @@ def summarize(
 
             def figures() -> metrics.Figures:  # read only when there is a gateway to push to
                 totals = metrics.audit_totals(store.events)
-                return metrics.cleanup_figures(totals, summary.counts, found, plan.started_at, utc_now())
+                return metrics.cleanup_figures(
+                    totals,
+                    summary.counts,
+                    found,
+                    plan.started_at,
+                    utc_now(),
+                    heartbeat_timeout_seconds=plan.policy.heartbeat_timeout_seconds,
+                )
 
             metadata.update(metrics_gateway.push(context, figures, databases.queue_database))
     context.add_output_metadata(metadata)
@@ -249,7 +274,7 @@ CLEANUP_MAX_RUNTIME_SECONDS = 300
         "zombieEvents audit trail."
     ),
     partitions_def=JOB_TYPE_PARTITIONS,
-    executor_def=dg.in_process_executor,  # five short steps: one process, not five imports of Dagster
+    executor_def=dg.in_process_executor,  # six short steps: one process, not six imports of Dagster
     # Read by the production instance (deploy/dagster.yaml); in-process executions ignore them.
     tags={
         PIPELINE_TAG: CLEANUP_GROUP,
@@ -275,7 +300,7 @@ CLEANUP_MAX_RUNTIME_SECONDS = 300
 )
 def kill_zombies_job() -> None:
     plan = reconcile()
-    summarize(compensate_zombies(finalize_zombies(plan, find_zombies(plan))))
+    summarize(audit_late_results(compensate_zombies(finalize_zombies(plan, find_zombies(plan)))))
 
 
 #: A cleanup in these states holds (or waits for) its queue database's slot in the run queue.
@@ -286,29 +311,69 @@ IN_FLIGHT_STATUSES = [
     dg.DagsterRunStatus.STARTED,
     dg.DagsterRunStatus.CANCELING,
 ]
+#: Of those, the states of a cleanup that has not started yet: it holds the ticks back only for the start timeout.
+WAITING_STATUSES = frozenset(
+    {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING}
+)
 
 
-def cleanup_in_flight(instance: dg.DagsterInstance, queue_database: str | None = None) -> dg.RunRecord | None:
-    """The newest cleanup of ``queue_database`` (default: this location's) that is queued, starting or running.
+def cleanup_in_flight(
+    instance: dg.DagsterInstance, queue_database: str | None = None, now: float | None = None
+) -> dg.RunRecord | None:
+    """The newest cleanup of ``queue_database`` (default: this location's) that holds the ticks back, if any.
 
     The schedule and the sensor ask for no cleanup while there is one: it would only wait behind it in the run
     queue (one cleanup per queue database), and a run stuck until its runtime limit would leave a backlog that
-    then runs as a burst.
+    then runs as a burst. A running (or canceling) cleanup holds them back until it ends, which run monitoring
+    bounds (its ``dagster/max_runtime``, the cancel timeout). One that has not started (:data:`WAITING_STATUSES`)
+    holds them back for the instance's start timeout only (:func:`start_timeout_seconds`), counted from when it began
+    to wait in its state (:func:`waiting_since`): past it, its launch failed or hangs (a code server that does not
+    answer), run monitoring fails it if it is STARTING, and a tick asks for a cleanup again, which the run queue
+    launches once the slot is free.
     """
     database = queue_database or kill_zombies_job.tags[QUEUE_DATABASE_TAG]
     records = instance.get_run_records(
         dg.RunsFilter(job_name=kill_zombies_job.name, statuses=IN_FLIGHT_STATUSES, tags={QUEUE_DATABASE_TAG: database}),
-        limit=1,
+        limit=20,
     )
-    return records[0] if records else None
+    moment = time.time() if now is None else now
+    timeout = start_timeout_seconds(instance)
+    for record in records:
+        if record.dagster_run.status not in WAITING_STATUSES or moment - waiting_since(instance, record) < timeout:
+            return record
+    return None
 
 
-def in_flight_reason(record: dg.RunRecord) -> str:
-    """Why a tick asks for nothing, naming the run, its queue database, its state and since when."""
+def start_timeout_seconds(instance: dg.DagsterInstance) -> int:
+    """How long a run may take to start: run monitoring's ``start_timeout_seconds`` of the instance, else Dagster's
+    default (180 s). The same whether monitoring is on or not: the ticks are never held longer by a run that does
+    not start."""
+    return instance.run_monitoring_start_timeout_seconds
+
+
+def waiting_since(instance: dg.DagsterInstance, record: dg.RunRecord) -> float:
+    """When a cleanup that has not started entered its state: its launch (STARTING), its enqueueing (QUEUED), its
+    creation (NOT_STARTED, or whenever the event log says nothing), as run monitoring counts its start timeout."""
+    stats = instance.get_run_stats(record.dagster_run.run_id)
+    entered = {dg.DagsterRunStatus.STARTING: stats.launch_time, dg.DagsterRunStatus.QUEUED: stats.enqueued_time}
+    moment = entered.get(record.dagster_run.status)
+    return moment if moment is not None else record.create_timestamp.timestamp()
+
+
+def in_flight_reason(record: dg.RunRecord, instance: dg.DagsterInstance) -> str:
+    """Why a tick asks for nothing, naming the run, its queue database, its state, since when and until when at most."""
     run = record.dagster_run
-    since = dt.datetime.fromtimestamp(record.start_time or record.create_timestamp.timestamp(), dt.UTC)
+    if run.status in WAITING_STATUSES:
+        waiting = waiting_since(instance, record)
+        since = dt.datetime.fromtimestamp(waiting, dt.UTC)
+        bound = (
+            f"it holds the ticks back {start_timeout_seconds(instance)} s at most (the instance's start timeout), "
+            "then run monitoring fails it if it is starting"
+        )
+    else:
+        since = dt.datetime.fromtimestamp(record.start_time or record.create_timestamp.timestamp(), dt.UTC)
+        bound = f"a run stuck longer than its {run.tags.get(MAX_RUNTIME_TAG, '?')} s limit is failed by run monitoring"
     return (
         f"cleanup run {run.run_id} of queue database {run.tags.get(QUEUE_DATABASE_TAG)!r} is "
-        f"{run.status.value.lower()} since {since:%Y-%m-%d %H:%M:%S} UTC; a run stuck longer than its "
-        f"{run.tags.get(MAX_RUNTIME_TAG, '?')} s limit is failed by run monitoring"
+        f"{run.status.value.lower()} since {since:%Y-%m-%d %H:%M:%S} UTC; {bound}"
     )

@@ -40,7 +40,7 @@ from zombie_pipeline.orchestration.resources import Databases, ZombiePolicyResou
 from zombie_pipeline.orchestration.tags import CLEANUP_GROUP, CLEANUP_RUN_TAG, scope_of_tags
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ErrorCode, utc_now
-from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS
+from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS
 from zombie_pipeline.statistics.offenders import DEFAULT_THRESHOLD, find_offenders
 
 SAMPLE_ROWS = 20

@@ -21,14 +21,13 @@ from pydantic import Field
 from zombie_pipeline.orchestration.metadata import table_metadata
 from zombie_pipeline.orchestration.resources import Databases
 from zombie_pipeline.orchestration.statistics import DAILY_PARTITIONS, GROUP
-from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS
+from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS
 from zombie_pipeline.statistics.offenders import (
     DEFAULT_LIMIT,
     DEFAULT_THRESHOLD,
     RepeatOffenders,
     find_offenders,
 )
-from zombie_pipeline.statistics.reports import offenders_markdown
 
 ASSET_NAME = "repeat_offenders"
 CHECK_NAME = "no_repeat_offenders"
@@ -99,6 +98,8 @@ def repeat_offenders(
 def offenders_metadata(found: RepeatOffenders) -> dict[str, Any]:
     """Counts plotted over the partitions, a table per (dataset, job type), the quarantines, and the report's
     section."""
+    from zombie_pipeline.statistics.reports import offenders_markdown  # numpy, pandas: this asset's run only
+
     metadata: dict[str, Any] = {
         "window": found.window_text(),
         "threshold": found.threshold,

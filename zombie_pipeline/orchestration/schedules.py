@@ -54,7 +54,7 @@ def build_kill_zombies_schedule(cron: str | None = None) -> dg.ScheduleDefinitio
         def kill_zombies_schedule(context: dg.ScheduleEvaluationContext) -> dg.SkipReason | dg.RunRequest:
             in_flight = cleanup_in_flight(context.instance)
             if in_flight is not None:
-                return dg.SkipReason(in_flight_reason(in_flight))
+                return dg.SkipReason(in_flight_reason(in_flight, context.instance))
             return dg.RunRequest(tags={TRIGGER_TAG: "kill_zombies_schedule"})
 
     except dg.DagsterInvalidDefinitionError:

@@ -11,7 +11,8 @@
   cleanup, ``queue_health_job`` records the queue's state and runs the checks.
 - ``pipeline_failure_sensor`` (running by default): a failed run of any job of
   this code location is logged, recorded in ``zombiePipelineFailures`` and
-  POSTed to an optional webhook.
+  POSTed to an optional webhook; a run Dagster retries, by its retry, unless it
+  never started (then at once: nothing else says the code server failed it).
 - ``cleanup_overdue_sensor`` (every minute, stopped by default: turned on with
   the schedule): no cleanup of the queue succeeded in the last N minutes. Says
   so on ``queue_health``'s check ``cleanups_are_recent`` and to the webhook.
@@ -27,7 +28,7 @@ from zombie_pipeline import alerts, monitoring
 from zombie_pipeline.config import CLEANUP_OVERDUE_MINUTES_ENV, WEBHOOK_URL_ENV, cleanup_overdue_minutes
 from zombie_pipeline.orchestration import recency
 from zombie_pipeline.orchestration.cleanup import cleanup_in_flight, in_flight_reason, kill_zombies_job
-from zombie_pipeline.orchestration.failures import run_cause
+from zombie_pipeline.orchestration.failures import Launch, launch_of, run_cause
 from zombie_pipeline.orchestration.health import cleanup_scope, queue_health, queue_health_job
 from zombie_pipeline.orchestration.resources import Databases, FailureWebhook, ZombiePolicyResource
 from zombie_pipeline.orchestration.tags import (
@@ -65,9 +66,8 @@ def stale_jobs_sensor(
         return dg.SkipReason("no started job is past its thresholds")
     in_flight = cleanup_in_flight(context.instance)
     if in_flight is not None:
-        return dg.SkipReason(
-            f"{state.count} stale jobs, left to the cleanup in flight or the next tick: {in_flight_reason(in_flight)}"
-        )
+        reason = in_flight_reason(in_flight, context.instance)
+        return dg.SkipReason(f"{state.count} stale jobs, left to the cleanup in flight or the next tick: {reason}")
     context.log.info(f"{state.count} started jobs are past their thresholds: requesting a cleanup ({state.run_key})")
     return dg.RunRequest(
         run_key=state.run_key,
@@ -126,16 +126,22 @@ def cleanup_checks_sensor(context: dg.RunStatusSensorContext) -> dg.SkipReason |
     description=(
         "When a run of this code location fails: logs one line, records it in the queue database "
         "(zombiePipelineFailures, _id = run id) and POSTs it as JSON to the webhook in "
-        f"${WEBHOOK_URL_ENV}, if set. Database URLs and credentials are scrubbed from every message."
+        f"${WEBHOOK_URL_ENV}, if set. Database URLs and credentials are scrubbed from every message. A run that "
+        "Dagster retries is told by its retry, if that fails too, unless it never started: a launch error (the code "
+        "server did not answer in time) or the start timeout is told at once, marked will_retry."
     ),
 )
 def pipeline_failure_sensor(
     context: dg.RunFailureSensorContext, databases: Databases, failure_webhook: FailureWebhook
 ) -> None:
-    if context.dagster_run.tags.get(WILL_RETRY_TAG) == "true":  # told once: by its retry, if that fails too
-        context.log.info(f"run {context.dagster_run.run_id} failed and will be retried; its retry reports")
+    run_id = context.dagster_run.run_id
+    launch = launch_of(context.instance, run_id)
+    # Told once: a run lost after it started by its retry, if that fails too. A run that never started is told now,
+    # retried or not: its retry may well start, and nothing else would say that the code server could not start it.
+    if context.dagster_run.tags.get(WILL_RETRY_TAG) == "true" and launch.started:
+        context.log.info(f"run {run_id} failed and will be retried; its retry reports")
         return
-    record = failure_record(context, [*databases.urls(), failure_webhook.url])
+    record = failure_record(context, [*databases.urls(), failure_webhook.url], launch)
     context.log.error(record.log_line())
     outcome = alerts.post_alert(failure_webhook.url, record.payload(), failure_webhook.timeout_seconds)
     if outcome.startswith("failed"):
@@ -146,17 +152,22 @@ def pipeline_failure_sensor(
         context.log.error(f"could not record the failure: {scrub(str(error), databases.urls())}")
 
 
-def failure_record(context: dg.RunFailureSensorContext, secrets: list[str | None]) -> alerts.FailureRecord:
-    """The failure as its cause in one line (a step's, else the run's own: a resource that would not start), scrubbed."""
+def failure_record(
+    context: dg.RunFailureSensorContext, secrets: list[str | None], launch: Launch | None = None
+) -> alerts.FailureRecord:
+    """The failure as its cause in one line (a step's, else the run's own: a resource that would not start, else the
+    error of a launch that never started it), scrubbed; whether Dagster retries it."""
     run = context.dagster_run
     steps = context.get_step_failure_events()
+    launch = launch or launch_of(context.instance, run.run_id)
     return alerts.FailureRecord(
         run_id=run.run_id,
         job_name=run.job_name,
         failed_at=utc_now(),
-        message=scrub(run_cause(context.failure_event, steps), secrets),
+        message=scrub(run_cause(context.failure_event, steps, launch.errors), secrets),
         partition_key=run.tags.get(PARTITION_TAG),
         failed_steps=tuple(event.step_key for event in steps if event.step_key),
+        will_retry=run.tags.get(WILL_RETRY_TAG) == "true",
     )
 
 

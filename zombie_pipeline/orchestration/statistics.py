@@ -15,6 +15,9 @@ The window asset depends on the last :data:`MAX_WINDOW_DAYS` daily partitions
 how many of them to use. Days not computed yet are skipped and listed: each
 report of a backfill says whether its window is complete, and what a partial
 one lacks.
+
+The statistics' computing modules (pandas, pyarrow, pymongoarrow, matplotlib) are imported inside the assets, when a
+statistics run executes them: every run loads the whole code location, and a cleanup run must start without them.
 """
 
 import datetime as dt
@@ -33,14 +36,9 @@ from zombie_pipeline.queue.documents import utc_now
 from zombie_pipeline.queue.evidence import GenerationUnknown, decide
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS, window_report
-from zombie_pipeline.statistics.cache_source import CacheIndexMissing
-from zombie_pipeline.statistics.charts import duration_charts
+from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS
 from zombie_pipeline.statistics.formatting import day_ranges, window_text
 from zombie_pipeline.statistics.offenders import DEFAULT_THRESHOLD, find_offenders
-from zombie_pipeline.statistics.quantiles import success_statistics
-from zombie_pipeline.statistics.reports import markdown_table, offenders_markdown, policy_snippet, write_reports
-from zombie_pipeline.statistics.sources import read_history
 from zombie_pipeline.statistics.suggestion_log import save_suggestions
 from zombie_pipeline.statistics.tallies import READ_BATCH_SIZE, Period
 
@@ -116,6 +114,9 @@ def job_duration_tallies(
     batched) and the zombie events finalized that day; the window statistics
     combine these instead of reading old documents again.
     """
+    from zombie_pipeline.statistics.cache_source import CacheIndexMissing
+    from zombie_pipeline.statistics.sources import read_history
+
     window = context.partition_time_window
     with databases.store_for(context, "job_duration_tallies: reading a day of job history") as store:
         generation = _queue_generation(store, zombie_policy.policy())
@@ -168,6 +169,8 @@ def daily_metadata(period: Period) -> dict[str, dg.MetadataValue]:
 
     A day without successful runs of a type has no percentiles: its point is left out, not drawn at zero.
     """
+    from zombie_pipeline.statistics.quantiles import success_statistics
+
     metadata: dict[str, dg.MetadataValue] = {}
     for job_type, tally in sorted(period.tallies.items()):
         metadata[metadata_key("runs", job_type)] = dg.MetadataValue.int(sum(tally.statuses.values()))
@@ -245,6 +248,10 @@ def job_duration_statistics(
     is complete; the window's repeat offenders as a section of the report. Suggestions are recorded for the cleanup's opt-in
     ``use_suggested_max_durations``. The window ending with the last day is pushed to the Pushgateway.
     """
+    from zombie_pipeline.statistics.analysis import window_report
+    from zombie_pipeline.statistics.charts import duration_charts
+    from zombie_pipeline.statistics.reports import markdown_table, offenders_markdown, policy_snippet, write_reports
+
     rules = config.rules()  # a value out of bounds is refused before anything is read
     with databases.store_for(context, "job_duration_statistics: reading the window's suggestions and history") as store:
         policy = zombie_policy.in_force(store)  # "current T2" is the one the cleanup applies

@@ -369,6 +369,9 @@ class Event:
     POLICY: Final = "policy"
     DETECTED_AT: Final = "detected_at"
     FINALIZED_AT: Final = "finalized_at"  # also the job's new finished_at
+    # Seconds from the job's last sign of life (start, heartbeat, SIGTERM) to its finalization; for a job still
+    # running past its T2, from that deadline.
+    DETECTION_SECONDS: Final = "detection_seconds"
     RUN_ID: Final = "run_id"  # the run that claimed the job
     STATE: Final = "state"
     LEASE_OWNER: Final = "lease_owner"  # the run driving the event now (a reconcile may take over)
@@ -387,6 +390,28 @@ class Event:
     COMPENSATION_LEASE_UNTIL: Final = "compensation_lease_until"  # a run is running its actions until then
     COMPENSATION_LEASE_OWNER: Final = "compensation_lease_owner"
     CAUSE: Final = "cause"  # why the worker stopped (deploy, crash, never_started, timeout): decides the retry
+    LATE_RESULT: Final = "late_result"  # the job showed life after its finalization (LateResultRecord): a mistake
+
+
+class LateResult:
+    """Field names of an event's ``late_result``: what showed the finalized job alive afterwards, and when."""
+
+    EVIDENCE: Final = "evidence"  # a LateEvidence
+    SEEN_AT: Final = "seen_at"  # the heartbeat, or the result's updated_at
+    SECONDS_AFTER: Final = "seconds_after"  # since the finalization
+
+
+class LateEvidence(StrEnum):
+    HEARTBEAT = "heartbeat"  # a kept job's heartbeat later than its finalization
+    RESULT = "result"  # the same run's result over our error entry
+
+
+class LateResultRecord(TypedDict):
+    """An event's ``late_result`` (:class:`LateResult` names the fields)."""
+
+    evidence: str
+    seen_at: dt.datetime
+    seconds_after: float
 
 
 class EventState(StrEnum):
@@ -486,6 +511,7 @@ class ZombieEvent(TypedDict, total=False):
     policy: dict[str, Any]
     detected_at: dt.datetime
     finalized_at: dt.datetime
+    detection_seconds: float
     run_id: str
     state: str
     lease_owner: str
@@ -504,6 +530,7 @@ class ZombieEvent(TypedDict, total=False):
     compensation_lease_until: dt.datetime
     compensation_lease_owner: str
     cause: str
+    late_result: LateResultRecord
 
 
 class RetryDocument(TypedDict, total=False):
@@ -561,6 +588,7 @@ class Failure:
     FAILED_AT: Final = "failed_at"
     MESSAGE: Final = "message"
     FAILED_STEPS: Final = "failed_steps"
+    WILL_RETRY: Final = "will_retry"  # a run that never started is told at once, though Dagster retries it
     WEBHOOK_OUTCOME: Final = "webhook_outcome"
 
 

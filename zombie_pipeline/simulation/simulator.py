@@ -261,7 +261,9 @@ class _Generator:
                 terminated_at = self.seconds_ago(last_beat_age - self.rng.uniform(0, beat))
         started_at = self.seconds_ago(age)
         last_heartbeat = None
-        if kind != "never_heartbeated" and age - last_beat_age >= beat:
+        if (
+            kind != "never_heartbeated" and age - last_beat_age >= beat - 1e-6
+        ):  # a slot's age is its beat + one interval
             last_heartbeat = self.seconds_ago(last_beat_age)
         job = self.job(
             job_type,

@@ -12,4 +12,10 @@
 
 The rules, the sources and every column are described in docs/statistics.md.
 No Dagster here: ``orchestration/statistics.py`` wires these into assets.
+
+This package module imports nothing: the code location loads it for the constants below, and a cleanup run, which
+loads the whole code location, must not pay for pandas, pyarrow or matplotlib (the modules above import them).
 """
+
+#: Days in a statistics window (the suggestions, the repeat offenders, queue_health's count of them) by default.
+DEFAULT_WINDOW_DAYS = 7

@@ -45,10 +45,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from zombie_pipeline.cleanup.late_results import late_results_between
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
 from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, utc
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS as DEFAULT_WINDOW_DAYS  # also read from here (the demo)
 from zombie_pipeline.statistics.formatting import format_duration
 from zombie_pipeline.statistics.quantiles import (
     percentile_name,
@@ -61,7 +63,6 @@ from zombie_pipeline.statistics.quantiles import (
 from zombie_pipeline.statistics.sources import left_out_of_every_day, read_history
 from zombie_pipeline.statistics.tallies import EMPTY_DURATIONS, READ_BATCH_SIZE, Period, Tally, combine
 
-DEFAULT_WINDOW_DAYS = 7
 DAY_SECONDS = 86_400
 
 
@@ -430,6 +431,22 @@ class DeploymentLimit:
         )
 
 
+@dataclass(frozen=True)
+class DetectionTimes:
+    """How late the window's zombies of one reason were finalized (their events' ``detection_seconds``)."""
+
+    reason: str
+    zombies: int
+    p50_seconds: float
+    p99_seconds: float
+    max_seconds: float
+
+    @classmethod
+    def of(cls, reason: str, seconds: np.ndarray) -> DetectionTimes:
+        p50, p99 = (_quantile(seconds, quantile) for quantile in (0.5, 0.99))
+        return cls(reason, len(seconds), round(p50, 1), round(p99, 1), round(float(seconds.max()), 1))
+
+
 @dataclass
 class DurationReport:
     """Everything a report shows about one window."""
@@ -448,6 +465,8 @@ class DurationReport:
     events_read: int = 0
     source: str = "jobs"  # tallies.SOURCES
     deployment_limit: DeploymentLimit | None = None
+    detection: list[DetectionTimes] = field(default_factory=list)  # per reason with recorded detection times
+    late_results: dict[str, int] = field(default_factory=dict)  # job type -> finalized jobs seen alive afterwards
 
     @property
     def days_expected(self) -> int:
@@ -533,6 +552,9 @@ def analyze(
         events_read=period.events_read,
         source=period.source,
         deployment_limit=DeploymentLimit.of(types, period.tallies, policy, rules),
+        detection=[
+            DetectionTimes.of(reason, seconds) for reason, seconds in sorted(period.detection.items()) if len(seconds)
+        ],
     )
 
 
@@ -550,7 +572,9 @@ def window_report(
     period = combine(periods) if periods else Period(start=start, end=end)
     period.start, period.end = start, end
     undated = left_out_of_every_day(store, generation)
-    return analyze(period, policy, rules, undated=undated, missing_days=missing_days)
+    report = analyze(period, policy, rules, undated=undated, missing_days=missing_days)
+    report.late_results = late_results_between(store, start, end)  # recorded after the days were tallied
+    return report
 
 
 def analyze_window(

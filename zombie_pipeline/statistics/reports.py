@@ -138,9 +138,41 @@ def markdown_table(report: DurationReport) -> str:
         "",
         deployment_limit_text(report),
         "",
+        detection_text(report),
+        "",
         _data_notes(report),
     ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def detection_text(report: DurationReport) -> str:
+    """How late the window's zombies were finalized, per reason, and those seen alive afterwards (docs/detection.md)."""
+    late = late_results_text(report)
+    if not report.detection:
+        return late
+    rows = [
+        [
+            times.reason,
+            str(times.zombies),
+            format_duration(times.p50_seconds),
+            format_duration(times.p99_seconds),
+            format_duration(times.max_seconds),
+        ]
+        for times in report.detection
+    ]
+    intro = (
+        "**Detection time**: from a dead job's last heartbeat, start or SIGTERM to its finalization; for one stopped "
+        f"at its T2, from that deadline. Heartbeat timeout {format_duration(report.heartbeat_timeout_seconds)}."
+    )
+    return "\n".join([intro, "", *_table(["reason", "zombies", "p50", "p99", "max"], rows), "", late]).rstrip()
+
+
+def late_results_text(report: DurationReport) -> str:
+    """The job types whose finalized jobs showed life afterwards: detection's mistakes."""
+    if not report.late_results:
+        return "**Late results**: none (no finalized job showed life afterwards)."
+    counts = ", ".join(f"`{job_type}` {count}" for job_type, count in sorted(report.late_results.items()))
+    return f"**Late results** (finalized jobs that showed life afterwards: a heartbeat, their own result): {counts}."
 
 
 def _changes_text(report: DurationReport) -> str:
@@ -289,6 +321,13 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
     limit = deployment_limit_text(report)
     if limit:
         lines.append(limit.replace("**", "").replace("`", ""))
+    if report.late_results:
+        lines.append(late_results_text(report).replace("**", "").replace("`", ""))
+    for times in report.detection:
+        lines.append(
+            f"detection time, {times.reason}: p50 {format_duration(times.p50_seconds)}, p99 "
+            f"{format_duration(times.p99_seconds)} ({times.zombies} zombies)"
+        )
     notes = _data_notes(report)
     if notes:
         lines.append(notes)
@@ -408,6 +447,8 @@ def report_json(report: DurationReport) -> dict[str, Any]:
             "t2_changes": report.t2_changes(),
             "zombie_policy_snippet": policy_snippet(report),
             "deployment_max_job_duration": asdict(report.deployment_limit) if report.deployment_limit else None,
+            "detection_seconds_by_reason": {times.reason: asdict(times) for times in report.detection},
+            "late_results_by_type": report.late_results,
         }
     )
     return as_json

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, T2Suggestion
-from zombie_pipeline.statistics.analysis import DurationReport
+
+if TYPE_CHECKING:  # the cleanup reads the suggestions (effective_policy) without the statistics' pandas
+    from zombie_pipeline.statistics.analysis import DurationReport
 
 
 def save_suggestions(collection: Collection[Any], report: DurationReport) -> bool:

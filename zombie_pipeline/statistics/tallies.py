@@ -122,9 +122,15 @@ class Period:
     jobs_read: int = 0  # finished jobs, or cache entries where those are the source
     events_read: int = 0
     source: str = "jobs"  # see SOURCES
+    detection: dict[str, np.ndarray] = field(default_factory=dict)  # reason -> the events' detection_seconds
 
     def tally(self, job_type: str) -> Tally:
         return self.tallies.setdefault(job_type, Tally())
+
+    def detected(self, reason: str, seconds: float) -> None:
+        self.detection[reason] = np.concatenate(
+            [self.detection.get(reason, EMPTY_DURATIONS), durations_array([seconds])]
+        )
 
 
 def combine(periods: Iterable[Period]) -> Period:
@@ -142,6 +148,12 @@ def combine(periods: Iterable[Period]) -> Period:
         result.jobs_read += period.jobs_read
         result.events_read += period.events_read
     result.tallies = {job_type: Tally.total(tallies) for job_type, tallies in by_type.items()}
+    # A day tallied before detection times were recorded was stored without them.
+    detection = [getattr(period, "detection", {}) for period in periods]
+    for reason in sorted({reason for times in detection for reason in times}):
+        result.detection[reason] = np.concatenate(
+            [EMPTY_DURATIONS, *(times.get(reason, EMPTY_DURATIONS) for times in detection)]
+        )
     return result
 
 
@@ -149,6 +161,7 @@ EVENT_PROJECTION = {
     ID: 1,
     Event.REASON: 1,
     Event.FINALIZED_AT: 1,
+    Event.DETECTION_SECONDS: 1,
     f"{Event.JOB}.{Job.TYPE}": 1,
     f"{Event.JOB}.{Job.STARTED_AT}": 1,
 }
@@ -189,5 +202,8 @@ def tally_events(period: Period, events: Iterable[ZombieEvent]) -> Audited:
                 [tally.stopped, durations_array([(finalized_at - started_at).total_seconds()])]
             )
         period.tally(job_type).zombies[reason] += 1
+        detection_seconds = event.get(Event.DETECTION_SECONDS)  # recorded since 2026-12
+        if isinstance(detection_seconds, (int, float)) and detection_seconds >= 0:
+            period.detected(reason, detection_seconds)
         audited[event[ID]] = (job_type, reason)
     return audited
