@@ -32,6 +32,7 @@ from benchmarks.harness import exit_on_sigterm
 from benchmarks.replay_cleanup import PipelineSettings, RunStart, replay_pipeline
 from benchmarks.replay_deployment import DeploymentSettings, replay_deployment
 from benchmarks.replay_figures import (
+    causes_table,
     chart,
     death_detections,
     detection_table,
@@ -284,6 +285,12 @@ def markdown(replay: dict[str, Any], command: str) -> str:
         "The same for isolated deaths only (crash, never started: no deploy wave):",
         "",
         fleet_table(rows, labels, "isolated_deaths_by_fleet"),
+        "",
+        "Finalizations by the cause each killer told (the deployment counts every dead job as a crash), what became "
+        "of their retries (the deployment's: its backfill, every 2 h), and the runs spent on deploy deaths (SIGTERMed "
+        "jobs whose error counted a failed run):",
+        "",
+        causes_table(rows, labels),
         "",
         f"![detection replay]({replay['chart']})",
         "",

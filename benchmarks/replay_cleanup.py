@@ -58,8 +58,19 @@ from benchmarks.replay_trace import (
 )
 from zombie_pipeline import monitoring
 from zombie_pipeline.cleanup import run
+from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Event, EventState, JobDocument, Reason, Status
+from zombie_pipeline.queue.documents import (
+    ID,
+    CacheOutcome,
+    Cause,
+    Event,
+    EventState,
+    JobDocument,
+    Reason,
+    Status,
+    ZombieEvent,
+)
 from zombie_pipeline.queue.documents import Job as JobField
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.shapes import job_document
@@ -203,7 +214,8 @@ class QueueWorkers:
                 stored.terminated_at, stored.dirty = at, True
             elif kind == self.REMOVE:
                 if self.lives[index].ending is Ending.KILL_LONG:  # the worker writes its error, whoever came first
-                    self.outcome.add(index, Finalization(at, Actor.KILL_LONG, Reason.EXCEEDED_MAX_DURATION))
+                    stopped = Finalization(at, Actor.KILL_LONG, Reason.EXCEEDED_MAX_DURATION, Cause.TIMEOUT)
+                    self.outcome.add(index, stopped)
                 gone = self.present.pop(index, None)
                 if gone is not None and gone.written:
                     deletes.append(DeleteOne({ID: self.ids[index]}))
@@ -283,9 +295,19 @@ class RunTimes:
     done: float
 
 
+@dataclass(frozen=True)
+class Finalized:
+    """What a run's event says of one job: its reason and cause, its retry, and whether it cost a failed run."""
+
+    reason: str
+    cause: str
+    retry: str | None
+    costs_run: bool
+
+
 @dataclass
 class RunResult:
-    finalized: dict[ObjectId, str] = field(default_factory=dict)  # job id -> reason
+    finalized: dict[ObjectId, Finalized] = field(default_factory=dict)  # job id -> its finalization
     candidates: int = 0
     brake: bool = False
 
@@ -306,8 +328,19 @@ def run_cleanup_at(
     before(times.finalize, [candidate.id for candidate in detection.candidates])
     run.finalize(store, plan, detection.candidates, moment(times.finalize))
     run.compensate(store, plan)
-    done = store.events.find({Event.LEASE_OWNER: run_id, Event.STATE: EventState.DONE}, {ID: 1, Event.REASON: 1})
-    return RunResult({event[ID]: event[Event.REASON] for event in done}, len(detection.candidates))
+    fields = {ID: 1, Event.REASON: 1, Event.CAUSE: 1, Event.RETRY_OUTCOME: 1, Event.CACHE_OUTCOME: 1}
+    done = store.events.find({Event.LEASE_OWNER: run_id, Event.STATE: EventState.DONE}, fields)
+    return RunResult({event[ID]: _finalized(event, policy) for event in done}, len(detection.candidates))
+
+
+def _finalized(event: ZombieEvent, policy: ZombiePolicy) -> Finalized:
+    """An event's finalization; its error entry counted a failed run where it was written and its cause costs one
+    (``cache_errors``: a deploy death's keeps the count it had, under the default policy)."""
+    cause = cause_of_event(event)
+    written = event.get(Event.CACHE_OUTCOME) == CacheOutcome.WRITTEN
+    return Finalized(
+        event[Event.REASON], cause, event.get(Event.RETRY_OUTCOME), written and cause not in policy.costless_causes
+    )
 
 
 # --- the contender: triggers, runs, the workers between them -------------------------------------------------
@@ -414,9 +447,12 @@ def _drive(
         )
         counts["candidates"] += result.candidates
         counts["brake_engaged"] += result.brake
-        finalized = {workers.index_of[job_id]: reason for job_id, reason in result.finalized.items()}
-        for index, reason in finalized.items():
-            outcome.add(index, Finalization(times.finalize, Actor.CLEANUP, reason))
+        finalized = {workers.index_of[job_id]: done for job_id, done in result.finalized.items()}
+        for index, done in finalized.items():
+            outcome.add(
+                index,
+                Finalization(times.finalize, Actor.CLEANUP, done.reason, done.cause, done.retry, done.costs_run),
+            )
         counts["finalized"] += len(finalized)
         workers.finalized(finalized)
         if t - progress >= 86_400:

@@ -37,7 +37,7 @@ from benchmarks.replay_trace import (
     constant,
     lifecycle,
 )
-from zombie_pipeline.queue.documents import Reason
+from zombie_pipeline.queue.documents import Cause, Reason
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,8 @@ def replay_deployment(
     lives = [lifecycle(job, max_duration) for job in jobs]
     for job, life in zip(jobs, lives, strict=True):
         if life.removed_at is not None and life.ending is Ending.KILL_LONG:
-            outcome.add(job.index, Finalization(life.removed_at, Actor.KILL_LONG, Reason.EXCEEDED_MAX_DURATION))
+            finalization = Finalization(life.removed_at, Actor.KILL_LONG, Reason.EXCEEDED_MAX_DURATION, Cause.TIMEOUT)
+            outcome.add(job.index, finalization)
     removals = [
         (life.removed_at, job.index) for job, life in zip(jobs, lives, strict=True) if life.removed_at is not None
     ]

@@ -24,6 +24,14 @@ the moment a rule could first fire: a killer that waits long after a death pays 
 stops (only ``kill_long_job`` or the pod's death stop one); dataset-hours blocked by
 zombies (the sum of detection times; a zombie never finalized counts to the end of
 the replay).
+
+**Causes** (issue 30): every finalization by the cause its killer told (the
+deployment tells none: every dead job is a ``JobManagerCrashedError`` to it, a
+crash, and a job stopped at its maximum duration a timeout) and what became of its
+retry, the causes told against the trace's truth, and the **runs spent on deploy
+deaths**: the finalizing writes of SIGTERMed jobs (deploy waves, scale-downs) that
+counted one of the job's failed runs (each of the deployment's does; the cleanup's
+do where its policy says a deploy death costs one).
 """
 
 from __future__ import annotations
@@ -99,12 +107,23 @@ def figures(trace: Trace, outcome: Outcome) -> dict[str, Any]:
     mistakes: Counter = Counter()
     hung_seconds = blocked_seconds = 0.0
     finalized_by: Counter = Counter()
+    by_cause: Counter = Counter()  # told cause -> finalizing writes
+    retries: dict[str, Counter] = {}  # told cause -> retry outcome -> writes
+    told: dict[str, Counter] = {}  # the trace's cause ("none": no zombie, a job stopped at T2) -> told cause -> jobs
+    runs_on_deploy_deaths = 0
     for job in trace.jobs:
         life = lifecycle(job, outcome.max_duration)
         finals = sorted((f for f in outcome.finalizations.get(job.index, []) if f.at <= end), key=lambda f: f.at)
         first = finals[0] if finals else None
+        for final in finals:
+            by_cause[final.cause] += 1
+            if final.retry is not None:
+                retries.setdefault(final.cause, Counter())[final.retry] += 1
+            runs_on_deploy_deaths += final.costs_run and life.cause is Cause.SIGTERM
         if first is not None:
             finalized_by[first.actor.value] += 1
+            truth = life.cause.value if life.cause is not None else "none"
+            told.setdefault(truth, Counter())[first.cause] += 1
         if len(finals) >= 2:
             mistakes["finalized_twice"] += 1
             actors = Counter(f.actor for f in finals)
@@ -177,6 +196,12 @@ def figures(trace: Trace, outcome: Outcome) -> dict[str, Any]:
         "hung_worker_hours": hung_seconds / 3600.0,
         "dataset_hours_blocked": blocked_seconds / 3600.0,
         "first_finalized_by": dict(finalized_by),
+        "causes": {
+            "finalized": dict(by_cause),
+            "retries": {cause: dict(outcomes) for cause, outcomes in retries.items()},
+            "told_by_true_cause": {truth: dict(causes) for truth, causes in told.items()},
+            "runs_spent_on_deploy_deaths": runs_on_deploy_deaths,
+        },
         "counts": dict(outcome.counts),
         "wall_seconds": round(outcome.wall_seconds, 1),
         "cpu_seconds": dict(outcome.cpu_seconds),
@@ -293,6 +318,14 @@ def targets(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             twice == 0,
             f"{twice} jobs",
         )
+    if a and c:
+        spent, theirs = c["causes"]["runs_spent_on_deploy_deaths"], a["causes"]["runs_spent_on_deploy_deaths"]
+        verdict(
+            "(c) no run spent on deploy deaths (issue 30), where (a) spends one per SIGTERMed job it finalizes",
+            f"(c) {spent}, (a) {theirs}",
+            spent == 0,
+            f"{spent} runs",
+        )
     if a and d:
         verdict(
             "(d) fewer hung worker-hours than (a)",
@@ -365,6 +398,25 @@ def mistakes_table(rows: Sequence[dict[str, Any]], labels: dict[str, str]) -> st
         "dataset-hours blocked",
     ]
     return _table(headers, lines)
+
+
+#: The retry outcomes a causes' table shows, in this order (zombie_pipeline's RetryOutcome values).
+RETRY_COLUMNS = ("enqueued", "scheduled", "already_queued", "limit_reached", "not_retried", "quarantined")
+
+
+def causes_table(rows: Sequence[dict[str, Any]], labels: dict[str, str]) -> str:
+    """Per contender and told cause: the finalizing writes, what became of their retries, and (once per contender)
+    the runs spent on deploy deaths."""
+    lines = []
+    for row in rows:
+        causes = row["causes"]
+        for position, (cause, count) in enumerate(sorted(causes["finalized"].items())):
+            outcomes = causes["retries"].get(cause, {})
+            retried = [str(outcomes.get(name, 0)) for name in RETRY_COLUMNS] if outcomes else ["backfill"] + [""] * 5
+            spent = str(causes["runs_spent_on_deploy_deaths"]) if position == 0 else ""
+            lines.append([labels.get(row["contender"], row["contender"]), cause, count, *retried, spent])
+    headers = ["contender", "cause told", "finalized", *(name.replace("_", " ") for name in RETRY_COLUMNS)]
+    return _table([*headers, "runs spent on deploy deaths"], lines)
 
 
 def fleet_table(rows: Sequence[dict[str, Any]], labels: dict[str, str], key: str = "deaths_by_fleet") -> str:

@@ -353,6 +353,11 @@ class Finalization:
     at: float
     actor: Actor
     reason: str  # zombie_pipeline's Reason values: missing_heartbeat, never_heartbeated, terminated, exceeded_...
+    #: The cause the killer told (zombie_pipeline's Cause values); the deployment tells none, it counts every dead job
+    #: as a crash (JobManagerCrashedError) and a job stopped at its maximum duration as a timeout.
+    cause: str = "crash"
+    retry: str | None = None  # what became of its retry (RetryOutcome); None: left to the deployment's backfill
+    costs_run: bool = True  # the write counted one of the job's failed runs (the deployment: every error does)
 
 
 @dataclass

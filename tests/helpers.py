@@ -22,6 +22,7 @@ from zombie_pipeline.cleanup import compensations, run
 from zombie_pipeline.cleanup.detection import Detection
 from zombie_pipeline.cleanup.finalizer import Finalizer
 from zombie_pipeline.cleanup.plan import CleanupOptions, CleanupPlan
+from zombie_pipeline.cleanup.results import StepResult
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.pushgateway import MetricsGateway
@@ -143,6 +144,20 @@ def plan_for(store: Store, policy: ZombiePolicy, run_id: str = "run", **options:
 def find(store: Store, policy: ZombiePolicy, **options: Any) -> Detection:
     """The zombies as a run's find step sees them now (the brake judged unless ``override_brake``)."""
     return run.find(store, plan_for(store, policy, **options))
+
+
+def cleanup_at(store: Store, policy: ZombiePolicy, at: dt.datetime, run_id: str = "run") -> StepResult:
+    """A cleanup as if it ran at ``at`` (the brake overridden): the run's own steps, and every stamp a cleanup takes
+    from the wall clock (``finalized_at``, the cache entry's ``updated_at``, the completion) at that moment. What its
+    finalize step counted."""
+    plan = plan_for(store, policy, run_id, override_brake=True)
+    run.reconcile(store, plan, at)
+    detection = run.find(store, plan, at)
+    generation, cache = plan.generations.required_queue(), plan.generations.cache
+    actions = compensations.registry(policy)
+    finalizer = Finalizer.build(store, run_id, policy, generation, cache, actions, clock=lambda: at)
+    claims = finalizer.claim(detection.candidates, at)
+    return StepResult(claims.counts).merge(finalizer.finalize(fresh=claims.ids))
 
 
 def cache_generation(store: Store) -> CacheGeneration:

@@ -103,7 +103,7 @@ def test_the_location_name_is_the_same_for_workspace_and_pyproject():
 
 def test_the_jobs_schedules_and_sensors_are_the_pipelines():
     jobs = {job.name for job in REPOSITORY.get_all_jobs() if not job.name.startswith("__")}
-    assert jobs == {"kill_zombies_job", "queue_health_job", "duration_statistics_job"}
+    assert jobs == {"kill_zombies_job", "lift_quarantine_job", "queue_health_job", "duration_statistics_job"}
     assert {s.name for s in REPOSITORY.schedule_defs} == {"kill_zombies_schedule", "duration_stats_schedule"}
     assert {s.name for s in REPOSITORY.sensor_defs} == {
         "stale_jobs_sensor",

@@ -16,12 +16,12 @@ from zombie_pipeline import metrics
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.monitoring import QueueSnapshot
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, REASONS, Event, EventState, Job, RetryOutcome
+from zombie_pipeline.queue.documents import CAUSES, CAUSES_OF_REASON, ID, REASONS, Event, EventState, Job, RetryOutcome
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.statistics.quantiles import PERCENTILES
 
 #: Every label a metric may carry: each takes a bounded set of values (a dataset never is one).
-BOUNDED_LABELS = {"job_type", "reason", "error_code", "outcome", "quantile"}
+BOUNDED_LABELS = {"job_type", "reason", "cause", "error_code", "outcome", "quantile"}
 UTC = dt.UTC
 
 
@@ -62,10 +62,12 @@ def test_figures_refuse_labels_other_than_their_metrics():
 
 def test_counters_are_exposed_with_their_total_and_labels(store):
     figures = (
-        metrics.Figures().set(metrics.RETRIES, 3, job_type="/splits", outcome="enqueued").set(metrics.WAITING_JOBS, 7)
+        metrics.Figures()
+        .set(metrics.RETRIES, 3, job_type="/splits", cause="deploy", outcome="enqueued")
+        .set(metrics.WAITING_JOBS, 7)
     )
     assert exposed(figures) == {
-        ("zombie_pipeline_retries_total", (("job_type", "/splits"), ("outcome", "enqueued"))): 3.0,
+        ("zombie_pipeline_retries_total", (("cause", "deploy"), ("job_type", "/splits"), ("outcome", "enqueued"))): 3.0,
         ("zombie_pipeline_waiting_jobs", ()): 7.0,
     }
 
@@ -86,23 +88,25 @@ def test_the_audit_totals_count_the_finalized_events_by_type_reason_and_outcome(
 
     totals = metrics.audit_totals(store.events)
 
-    assert totals.finalized == {
-        ("/splits", "missing_heartbeat", "JobManagerCrashedError"): 3,
-        ("/first-rows", "never_heartbeated", "JobManagerCrashedError"): 1,
-        ("/first-rows", "missing_heartbeat", "JobManagerCrashedError"): 1,
+    assert totals.finalized == {  # five workers dead alone: crashes (and one that never started)
+        ("/splits", "missing_heartbeat", "JobManagerCrashedError", "crash"): 3,
+        ("/first-rows", "never_heartbeated", "JobManagerCrashedError", "never_started"): 1,
+        ("/first-rows", "missing_heartbeat", "JobManagerCrashedError", "crash"): 1,
     }
     assert totals.fresher_kept == {"/first-rows": 1}
     done = store.events.find({Event.STATE: EventState.DONE, f"{Event.JOB}.{Job.TYPE}": {"$type": "string"}})
-    assert totals.retries == Counter((event[Event.JOB][Job.TYPE], event[Event.RETRY_OUTCOME]) for event in done)
-    assert totals.retries[("/first-rows", RetryOutcome.NOT_RETRIED)] == 1  # the fresher result needs no retry
+    assert totals.retries == Counter(
+        (event[Event.JOB][Job.TYPE], event[Event.CAUSE], event[Event.RETRY_OUTCOME]) for event in done
+    )
+    assert totals.retries[("/first-rows", "crash", RetryOutcome.NOT_RETRIED)] == 1  # the fresher result: no retry
     assert totals.skipped == 1
 
 
 def test_a_cleanups_figures_are_the_audit_totals_and_the_runs_own_counts():
     totals = metrics.AuditTotals(
-        finalized=Counter({("/splits", "missing_heartbeat", "JobManagerCrashedError"): 4}),
+        finalized=Counter({("/splits", "missing_heartbeat", "JobManagerCrashedError", "deploy"): 4}),
         fresher_kept=Counter({"/splits": 1}),
-        retries=Counter({("/splits", "enqueued"): 3}),
+        retries=Counter({("/splits", "deploy", "enqueued"): 3}),
     )
     started = dt.datetime(2026, 5, 1, 12, tzinfo=UTC)
     figures = metrics.cleanup_figures(
@@ -115,11 +119,18 @@ def test_a_cleanups_figures_are_the_audit_totals_and_the_runs_own_counts():
         values[
             (
                 "zombie_pipeline_zombies_finalized_total",
-                (("error_code", "JobManagerCrashedError"), ("job_type", "/splits"), ("reason", "missing_heartbeat")),
+                (
+                    ("cause", "deploy"),
+                    ("error_code", "JobManagerCrashedError"),
+                    ("job_type", "/splits"),
+                    ("reason", "missing_heartbeat"),
+                ),
             )
         ]
         == 4
     )
+    labels = (("cause", "deploy"), ("job_type", "/splits"), ("outcome", "enqueued"))
+    assert values[("zombie_pipeline_retries_total", labels)] == 3
     assert (
         values[("zombie_pipeline_cleanup_zombies_found", (("job_type", "/splits"), ("reason", "missing_heartbeat")))]
         == 6
@@ -163,7 +174,9 @@ def test_detection_times_are_a_histogram_per_reason_counted_from_the_audit_trail
 
 def test_a_cleanup_that_found_nothing_pushes_zeros_for_every_job_type_reason_and_outcome_it_knows():
     """A series absent is a blank panel, not a zero; a counter first seen at 1 hides its first increase."""
-    totals = metrics.AuditTotals(finalized=Counter({("/splits", "missing_heartbeat", "JobManagerCrashedError"): 4}))
+    totals = metrics.AuditTotals(
+        finalized=Counter({("/splits", "missing_heartbeat", "JobManagerCrashedError", "crash"): 4})
+    )
     started = dt.datetime(2026, 5, 1, 12, tzinfo=UTC)
 
     values = exposed(metrics.cleanup_figures(totals, {}, {}, started, started, heartbeat_timeout_seconds=300))
@@ -175,12 +188,18 @@ def test_a_cleanup_that_found_nothing_pushes_zeros_for_every_job_type_reason_and
     assert found == {(("job_type", "/splits"), ("reason", str(reason))): 0 for reason in REASONS}
     assert series("zombie_pipeline_fresher_cache_entries_kept_total") == {(("job_type", "/splits"),): 0}
     retries = series("zombie_pipeline_retries_total")
-    assert retries == {(("job_type", "/splits"), ("outcome", str(outcome))): 0 for outcome in RetryOutcome}
+    assert retries == {
+        (("cause", str(cause)), ("job_type", "/splits"), ("outcome", str(outcome))): 0
+        for cause in CAUSES
+        for outcome in RetryOutcome
+    }
     finalized = series("zombie_pipeline_zombies_finalized_total")
-    assert len(finalized) == len(REASONS) and sum(finalized.values()) == 4  # the 4 counted, the other reasons at 0
+    # each reason with each cause it can have; the 4 counted, the others at 0
+    assert len(finalized) == sum(len(CAUSES_OF_REASON[reason]) for reason in REASONS) and sum(finalized.values()) == 4
     assert (
         finalized[
             (
+                ("cause", "timeout"),
                 ("error_code", "JobManagerExceededMaximumDurationError"),
                 ("job_type", "/splits"),
                 ("reason", "exceeded_max_duration"),
@@ -214,7 +233,7 @@ def test_started_jobs_are_counted_per_type_on_the_started_index(store):
 def test_the_health_figures_are_the_snapshot():
     snapshot = QueueSnapshot(
         started=5, waiting=9, stale=1, unfinished_finalizations=2, zombies_finalized_last_24h=4,
-        retries_waiting_for_their_delay=3, compensations_pending=6, compensations_given_up=7,
+        retries_waiting_for_their_delay=3, compensations_pending=6, compensations_given_up=7, quarantined=4,
     )  # fmt: skip
     values = exposed(metrics.health_figures(snapshot, {"/splits": 5}, repeat_offenders=8))
     assert values == {
@@ -226,6 +245,7 @@ def test_the_health_figures_are_the_snapshot():
         ("zombie_pipeline_compensations_pending", ()): 6,
         ("zombie_pipeline_compensations_failed", ()): 7,
         ("zombie_pipeline_repeat_offender_datasets", ()): 8,
+        ("zombie_pipeline_quarantined_datasets", ()): 4,
     }
 
 

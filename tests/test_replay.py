@@ -109,6 +109,19 @@ def test_a_terminated_job_is_killed_five_minutes_after_its_sigterm_whatever_its_
     assert figures(trace, outcome)["detection"]["sigterm"]["max"] == pytest.approx(271.05)  # from its kill at 2030
 
 
+def test_the_deployment_spends_a_run_on_every_sigterm_death_it_finalizes_and_tells_no_cause():
+    # SIGTERMed at 2000 and killed at 2030 with its pod (a deploy wave); a worker that crashed alone at 1000
+    terminated = job(0, Fate.HEALTHY, natural_end=5_000.0, beats=every_minute(0, 2_030), sigterm_at=2_000.0)
+    crashed = job(1, Fate.CRASH, natural_end=1_000.0, beats=every_minute(0, 1_000))
+    trace = trace_of(terminated, crashed)
+
+    causes = figures(trace, replay_deployment(trace, INSTANT, [(2_301.0, 1)]))["causes"]
+
+    assert causes["finalized"] == {"crash": 2}  # every dead job is a JobManagerCrashedError to it
+    assert causes["told_by_true_cause"] == {"sigterm": {"crash": 1}, "crash": {"crash": 1}}
+    assert causes["runs_spent_on_deploy_deaths"] == 1 and causes["retries"] == {}  # its backfill re-runs them
+
+
 def test_a_long_job_is_stopped_at_2400_seconds_by_its_own_worker_and_never_judged_stuck():
     long_job = job(0, Fate.HEALTHY, natural_end=3_000.0, beats=every_minute(0, 3_000), checks=[2_350, 2_399, 2_420])
     trace = trace_of(long_job)
@@ -183,3 +196,10 @@ def test_a_small_replay_of_the_real_cleanup(mongo_url: str):
             assert due + 1 <= first.at <= due + 60 + 2 * (103 + 5)
     assert cleanup.counts["runs_by_sensor"] > 0 and cleanup.counts["brake_engaged"] == 0
     assert not math.isnan(figures(trace, cleanup)["deaths"]["p99"])
+    # issue 30: every SIGTERMed job the cleanup finalized is a deploy death, re-enqueued at once, and costs no run;
+    # the deployment spent one on each it finalized
+    ours, theirs = figures(trace, cleanup)["causes"], figures(trace, deployment)["causes"]
+    assert set(ours["told_by_true_cause"]["sigterm"]) == {"deploy"}
+    assert ours["finalized"]["deploy"] > 0 and set(ours["retries"]["deploy"]) <= {"enqueued", "already_queued"}
+    assert ours["runs_spent_on_deploy_deaths"] == 0 < theirs["runs_spent_on_deploy_deaths"]
+    assert theirs["runs_spent_on_deploy_deaths"] >= sum(theirs["told_by_true_cause"]["sigterm"].values())

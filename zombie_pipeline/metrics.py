@@ -9,7 +9,7 @@ rules and the dashboard name nothing else) and turns what a run knows into :clas
 Names and labels follow Prometheus' conventions and dataset-viewer's vocabulary: the prefix
 ``zombie_pipeline_``, base units in the name (``_seconds``, ``_ratio``, ``_timestamp_seconds``),
 ``_total`` on counters, and bounded labels only: ``job_type`` (dataset-viewer's ``kind``),
-``reason``, ``error_code``, ``outcome``, ``quantile``. A dataset is never a label. The queue
+``reason``, ``cause``, ``error_code``, ``outcome``, ``quantile``. A dataset is never a label. The queue
 database is not a label here either: the push's grouping key adds it.
 
 Counters are the audit trail's totals (``zombieEvents`` keeps every finalization): they only grow,
@@ -35,10 +35,13 @@ from prometheus_client.core import Metric as MetricFamily
 from prometheus_client.registry import Collector
 from pymongo.collection import Collection
 
+from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.cleanup.detection import started_filter
 from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.monitoring import QueueSnapshot
 from zombie_pipeline.queue.documents import (
+    CAUSES,
+    CAUSES_OF_REASON,
     ERROR_CODE_OF_REASON,
     ID,
     REASONS,
@@ -94,10 +97,12 @@ def _histogram(name: str, help: str, *labels: str) -> Metric:
 
 ZOMBIES_FINALIZED = _counter(
     "zombies_finalized",
-    "Zombies finalized, by job type, reason and the error code users see (the audit trail's count).",
+    "Zombies finalized, by job type, reason, the error code users see and the cause of the death (deploy, crash, "
+    "never_started, timeout) (the audit trail's count).",
     "job_type",
     "reason",
     "error_code",
+    "cause",
 )
 FRESHER_ENTRIES_KEPT = _counter(
     "fresher_cache_entries_kept",
@@ -106,9 +111,10 @@ FRESHER_ENTRIES_KEPT = _counter(
 )
 RETRIES = _counter(
     "retries",
-    "Finalized zombies by what became of their retry: enqueued, scheduled (after a delay), already_queued, "
-    "limit_reached, not_retried.",
+    "Finalized zombies by the cause of their death and what became of their retry: enqueued, scheduled (after a "
+    "delay), already_queued, limit_reached, not_retried, quarantined.",
     "job_type",
+    "cause",
     "outcome",
 )
 LATE_RESULTS = _counter(
@@ -181,6 +187,11 @@ REPEAT_OFFENDERS = _gauge(
     "repeat_offender_datasets",
     "Datasets finalized at least 3 times in the last 7 days (the repeat_offenders asset lists them).",
 )
+QUARANTINED_DATASETS = _gauge(
+    "quarantined_datasets",
+    "(Dataset, job type) pairs quarantined now: their workers crashed quarantine_after_crashes times within "
+    "quarantine_window_hours, and they are not re-enqueued (repeat_offenders lists them; lift_quarantine_job lifts one).",
+)
 
 # --- pushed by job_duration_statistics: the suggestions of the current window ------------------------------------
 
@@ -224,7 +235,7 @@ CLEANUP_METRICS = (
 BRAKE_METRICS = (BRAKE_ENGAGED, STALE_RATIO, MAX_STALE_RATIO)
 HEALTH_METRICS = (
     STARTED_JOBS, WAITING_JOBS, STALE_JOBS, UNFINISHED_FINALIZATIONS, RETRIES_WAITING, COMPENSATIONS_PENDING,
-    COMPENSATIONS_FAILED, REPEAT_OFFENDERS,
+    COMPENSATIONS_FAILED, REPEAT_OFFENDERS, QUARANTINED_DATASETS,
 )  # fmt: skip
 STATISTICS_METRICS = (
     SUGGESTED_MAX_DURATION, SUGGESTION_MADE, CONFIGURED_MAX_DURATION, SUGGESTION_RUNS, SUCCESSFUL_RUN_DURATION, SUGGESTION_CENSORED,
@@ -318,9 +329,9 @@ class Histogram:
 class AuditTotals:
     """The audit trail's finalizations, counted by what the counters label them with."""
 
-    finalized: Counter[Any] = field(default_factory=Counter)  # (job type, reason, error code) -> events
+    finalized: Counter[Any] = field(default_factory=Counter)  # (job type, reason, error code, cause) -> events
     fresher_kept: Counter[Any] = field(default_factory=Counter)  # job type -> events
-    retries: Counter[Any] = field(default_factory=Counter)  # (job type, retry outcome) -> events
+    retries: Counter[Any] = field(default_factory=Counter)  # (job type, cause, retry outcome) -> events
     late_results: Counter[Any] = field(default_factory=Counter)  # job type -> events whose job showed life afterwards
     skipped: int = 0  # events whose type, reason or code cannot be a label value (written by hand or an old version)
     detection: dict[str, Histogram] = field(default_factory=dict)  # reason -> detection times (recorded since 2026-12)
@@ -330,7 +341,7 @@ _REASONS = {str(reason) for reason in REASONS}
 _ERROR_CODES = {str(code) for code in ErrorCode}
 _RETRY_OUTCOMES = {str(outcome) for outcome in RetryOutcome}
 _TYPE, _REASON, _CODE, _CACHE, _RETRY, _LATE = "type", "reason", "code", "cache", "retry", "late"
-_COUNT, _SUM = "count", "sum"
+_CAUSE, _COUNT, _SUM = "cause", "count", "sum"
 
 
 def audit_totals(events: Collection[ZombieEvent]) -> AuditTotals:
@@ -350,6 +361,7 @@ def audit_totals(events: Collection[ZombieEvent]) -> AuditTotals:
                     _CODE: f"${Event.ERROR_CODE}",
                     _CACHE: f"${Event.CACHE_OUTCOME}",
                     _RETRY: f"${Event.RETRY_OUTCOME}",
+                    _CAUSE: f"${Event.CAUSE}",
                     _LATE: f"${Event.LATE_RESULT}.{LateResult.EVIDENCE}",
                 },
                 _COUNT: {"$sum": 1},
@@ -363,11 +375,12 @@ def audit_totals(events: Collection[ZombieEvent]) -> AuditTotals:
         if job_type_problem(job_type) or reason not in _REASONS or code not in _ERROR_CODES:
             totals.skipped += count
             continue
-        totals.finalized[(job_type, reason, code)] += count
+        cause = str(cause_of_event({Event.CAUSE: key.get(_CAUSE), Event.REASON: reason}))
+        totals.finalized[(job_type, reason, code, cause)] += count
         if key.get(_CACHE) == CacheOutcome.SKIPPED_FRESHER:
             totals.fresher_kept[job_type] += count
         if key.get(_RETRY) in _RETRY_OUTCOMES:
-            totals.retries[(job_type, key[_RETRY])] += count
+            totals.retries[(job_type, cause, key[_RETRY])] += count
         if key.get(_LATE) is not None:
             totals.late_results[job_type] += count
     totals.detection = detection_histograms(events)
@@ -410,17 +423,20 @@ def cleanup_figures(
     """A successful cleanup: the audit trail's totals, and this run's own counts (``cleanup.RunSummary.counts``).
 
     ``found``: the zombies detection returned, by (job type, reason). Every job type the audit trail or this run
-    has seen gets each reason and retry outcome, at 0 where nothing happened (a blank panel is not a zero); every
-    reason a detection time histogram, empty where none was recorded.
+    has seen gets each reason (with each cause it can have) and each cause's retry outcomes, at 0 where nothing
+    happened (a blank panel is not a zero); every reason a detection time histogram, empty where none was recorded.
     """
     figures = Figures()
-    job_types = sorted({job_type for job_type, _, _ in totals.finalized} | {job_type for job_type, _ in found})
+    job_types = sorted({job_type for job_type, *_ in totals.finalized} | {job_type for job_type, _ in found})
     finalized = {
-        (job_type, str(reason), str(ERROR_CODE_OF_REASON[reason])): 0 for job_type in job_types for reason in REASONS
+        (job_type, str(reason), str(ERROR_CODE_OF_REASON[reason]), str(cause)): 0
+        for job_type in job_types
+        for reason in REASONS
+        for cause in CAUSES_OF_REASON[reason]
     }
     finalized.update(totals.finalized)
-    for (job_type, reason, code), count in finalized.items():
-        figures.set(ZOMBIES_FINALIZED, count, job_type=job_type, reason=reason, error_code=code)
+    for (job_type, reason, code, cause), count in finalized.items():
+        figures.set(ZOMBIES_FINALIZED, count, job_type=job_type, reason=reason, error_code=code, cause=cause)
     for reason in REASONS:
         histogram = totals.detection.get(reason) or no_observations(DETECTION_BUCKETS)
         figures.set_histogram(DETECTION_TIME, histogram, reason=reason)
@@ -428,8 +444,10 @@ def cleanup_figures(
     for job_type in job_types:
         figures.set(FRESHER_ENTRIES_KEPT, totals.fresher_kept.get(job_type, 0), job_type=job_type)
         figures.set(LATE_RESULTS, totals.late_results.get(job_type, 0), job_type=job_type)
-        for retry in _RETRY_OUTCOMES:
-            figures.set(RETRIES, totals.retries.get((job_type, retry), 0), job_type=job_type, outcome=retry)
+        for cause in CAUSES:
+            for retry in _RETRY_OUTCOMES:
+                count = totals.retries.get((job_type, str(cause), retry), 0)
+                figures.set(RETRIES, count, job_type=job_type, cause=cause, outcome=retry)
         for reason in REASONS:
             figures.set(ZOMBIES_FOUND, found.get((job_type, str(reason)), 0), job_type=job_type, reason=reason)
     figures.set(RACES_LOST, run_counts.get(Count.LOST_TO_LIVE_WORKER, 0))
@@ -479,6 +497,7 @@ def health_figures(snapshot: QueueSnapshot, started: Mapping[str, int], repeat_o
     figures.set(COMPENSATIONS_PENDING, snapshot.compensations_pending)
     figures.set(COMPENSATIONS_FAILED, snapshot.compensations_given_up)
     figures.set(REPEAT_OFFENDERS, repeat_offenders)
+    figures.set(QUARANTINED_DATASETS, snapshot.quarantined)
     return figures
 
 

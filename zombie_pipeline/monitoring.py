@@ -24,6 +24,7 @@ from zombie_pipeline.cleanup.detection import (
     stale_pipeline,
     started_filter,
 )
+from zombie_pipeline.cleanup.quarantine import active_quarantines
 from zombie_pipeline.cleanup.retries import pending_retries
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
@@ -114,6 +115,7 @@ class QueueSnapshot:
     retries_waiting_for_their_delay: int
     compensations_pending: int  # zombies whose actions still run, or failed and will be tried again
     compensations_given_up: int
+    quarantined: int = 0  # (dataset, job type) pairs quarantined now: their crashes are not re-enqueued
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -131,6 +133,7 @@ def queue_snapshot(store: Store, policy: ZombiePolicy, now: dt.datetime) -> Queu
         retries_waiting_for_their_delay=pending_retries(store),
         compensations_pending=store.events.count_documents({Event.COMPENSATION_STATE: CompensationState.PENDING}),
         compensations_given_up=store.events.count_documents({Event.COMPENSATION_STATE: CompensationState.FAILED}),
+        quarantined=len(active_quarantines(store, now)),
     )
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from zombie_pipeline.queue.documents import (
     DEFAULT_ZOMBIE_HTTP_STATUS,
+    Cause,
     ErrorCode,
     job_type_problem,
 )
@@ -102,7 +103,38 @@ class PolicySettings(BaseModel):
     min_started_for_brake: int = Field(default=20, description="The brake applies from this many started jobs on.")
     crashed_retry_limit: int = Field(default=3, description="Automatic retries after JobManagerCrashedError.")
     exceeded_retry_limit: int = Field(
-        default=0, description="Automatic retries after JobManagerExceededMaximumDurationError."
+        default=1,
+        description="Re-runs of a job stopped at its maximum duration (cause timeout), each at +20 difficulty, while "
+        "the failed runs of its artifact at its revision are at most this; enqueued by the cleanup at every generation "
+        "(the deployment's backfill never re-runs JobManagerExceededMaximumDurationError). 0: never, as the deployment.",
+    )
+    deploy_costs_failed_run: bool = Field(
+        default=False,
+        description="A deploy death (SIGTERMed, or stopped in a wave of workers) counts a failed run and raises the "
+        "next run's difficulty like a crash, as the deployment does. False: its cache entry keeps the failed runs it "
+        "had, and the cleanup re-enqueues it at once at the same difficulty, at every generation.",
+    )
+    wave_min_workers: int = Field(
+        default=10,
+        description="A deploy wave: at least this many dead workers (of as many datasets) whose last signs of life "
+        "(heartbeat, else start) fall within wave_window_seconds of each other, counting the zombies finalized in the "
+        "last hour too.",
+    )
+    wave_window_seconds: int = Field(
+        default=60,
+        description="The span a deploy wave's last signs of life fall within (see wave_min_workers): one heartbeat "
+        "interval holds the last beats of workers stopped at the same instant.",
+    )
+    quarantine_after_crashes: int = Field(
+        default=3,
+        description="A (dataset, job type) finalized as a crash this many times within quarantine_window_hours is "
+        "quarantined: not re-enqueued again, its cache error saying so. 0: never.",
+    )
+    quarantine_window_hours: int = Field(default=72, description="The window the crashes of a quarantine fall within.")
+    quarantine_lapse_hours: int = Field(
+        default=168,
+        description="A quarantine lapses this long after it began (unless lifted before by lift_quarantine_job): its "
+        "crashes are counted afresh from then on.",
     )
     http_status: int = Field(default=DEFAULT_ZOMBIE_HTTP_STATUS, description="http_status of the cache error entry.")
     batch_size: int = Field(default=500, description="Documents per bulk write.")
@@ -173,6 +205,11 @@ POLICY_BOUNDS: dict[str, Bound] = {
     "min_started_for_brake": Bound(ge=0),
     "crashed_retry_limit": Bound(ge=0),
     "exceeded_retry_limit": Bound(ge=0),
+    "wave_min_workers": Bound(ge=2),
+    "wave_window_seconds": Bound(gt=0, le=3_600),
+    "quarantine_after_crashes": Bound(ge=0),
+    "quarantine_window_hours": Bound(gt=0, le=8_760),
+    "quarantine_lapse_hours": Bound(gt=0, le=8_760),
     "http_status": Bound(ge=400, le=599),
     "batch_size": Bound(gt=0),
     "claim_lease_seconds": Bound(ge=0),
@@ -248,6 +285,11 @@ class ZombiePolicy(PolicySettings):
         if error_code == ErrorCode.EXCEEDED_MAX_DURATION:
             return self.exceeded_retry_limit
         return self.crashed_retry_limit
+
+    @property
+    def costless_causes(self) -> frozenset[str]:
+        """The causes whose death costs no failed run: a deploy's, unless ``deploy_costs_failed_run``."""
+        return frozenset() if self.deploy_costs_failed_run else frozenset({Cause.DEPLOY})
 
     def retry_delay_of(self, failed_runs: int, spread: float = 0.0) -> float:
         """Seconds before the retry that follows the ``failed_runs``-th failure; ``spread`` in [-1, 1] picks the jitter."""

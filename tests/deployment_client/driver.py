@@ -38,6 +38,10 @@ Actions (arguments in parentheses, all optional unless marked *):
 - ``recount_metrics``: every metric collection against a recount of the documents, with the
   library's own recount functions where it has them.
 - ``state``: jobs, status counts, locks (owner per key), pastJobs, blockages, cache keys (raw reads).
+- ``backfill_reruns`` (dataset*): for each cache entry of the dataset (loaded through its model), whether
+  the deployment's backfill re-runs it: ``state.CacheState.is_error_to_retry`` where the module imports,
+  else its condition with the library's own ``MAX_FAILED_RUNS_PER_ERROR_CODE`` (an error whose code is
+  retryable, below its limit); commits without failed runs' limits refuse.
 """
 
 from __future__ import annotations
@@ -325,6 +329,7 @@ class Driver:
             "ensure_indexes": self.ensure_indexes,
             "recount_metrics": self.recount_metrics,
             "state": self.state,
+            "backfill_reruns": self.backfill_reruns,
         }
 
     # -- protocol ----------------------------------------------------------------------------
@@ -508,6 +513,41 @@ class Driver:
                 "jobs": [{"job_id": info["job_id"], "reason": "missing heartbeats"} for info in zombies],
             }
         raise ActionError("Queue at this commit finds no stuck jobs")
+
+    def backfill_reruns(self, args: dict[str, Any]) -> dict[str, Any]:
+        dataset = self._required(args, "dataset")
+        limits = getattr(self.library.constants, "MAX_FAILED_RUNS_PER_ERROR_CODE", None)
+        if limits is None:
+            raise ActionError("libcommon at this commit has no failed runs' limits (constants.MAX_FAILED_RUNS_...)")
+        try:  # the backfill's own rule; its module needs networkx, which a client's environment may lack
+            from libcommon.state import CacheState
+        except ImportError:
+            CacheState = None  # noqa: N806
+        model = self.library.simple_cache.CachedResponseDocument
+        reruns = []
+        for document in model.objects(dataset=dataset):  # loaded through the strict model
+            entry = {
+                "kind": document.kind,
+                "config": document.config,
+                "split": document.split,
+                "error_code": document.error_code,
+                "failed_runs": int(document.failed_runs),
+                "http_status": int(document.http_status),
+            }
+            if CacheState is not None:
+                frame = self.library.simple_cache.get_cache_entries_df(dataset=dataset, cache_kinds=[document.kind])
+                frame = frame[(frame["config"] == document.config) & (frame["split"] == document.split)]
+                state = CacheState(dataset, document.config, document.split, document.kind, 1, frame)
+                entry["rerun"], entry["rule"] = bool(state.is_error_to_retry()), "CacheState.is_error_to_retry"
+            else:  # CacheState.is_error_to_retry's condition, with the library's own limits
+                entry["rerun"] = (
+                    entry["http_status"] >= 400
+                    and entry["error_code"] in limits
+                    and entry["failed_runs"] < limits[entry["error_code"]]
+                )
+                entry["rule"] = "constants.MAX_FAILED_RUNS_PER_ERROR_CODE"
+            reruns.append(entry)
+        return {"entries": reruns}
 
     # -- load_all ----------------------------------------------------------------------------
 

@@ -26,6 +26,8 @@ from zombie_pipeline.orchestration.statistics import (
     job_duration_tallies,
 )
 from zombie_pipeline.queue.documents import (
+    CAUSES,
+    CAUSES_OF_REASON,
     ID,
     REASONS,
     CompensationState,
@@ -112,11 +114,14 @@ def test_a_cleanup_and_its_health_check_push_what_the_databases_hold(store, reso
     cleanup = group(store, "summarize")
     done = list(store.events.find({Event.STATE: EventState.DONE}))
     assert len(done) == summary["finalized"] == 6 + 2 + 3 + 1 + 3
-    finalized = Counter((e[Event.JOB][Job.TYPE], e[Event.REASON], e[Event.ERROR_CODE]) for e in done)
-    pushed = values(gateway.series(metrics.ZOMBIES_FINALIZED.name, **cleanup), "job_type", "reason", "error_code")
+    finalized = Counter((e[Event.JOB][Job.TYPE], e[Event.REASON], e[Event.ERROR_CODE], e[Event.CAUSE]) for e in done)
+    zombies = gateway.series(metrics.ZOMBIES_FINALIZED.name, **cleanup)
+    pushed = values(zombies, "job_type", "reason", "error_code", "cause")
     assert nonzero(pushed) == finalized
-    job_types = {job_type for job_type, _, _ in finalized}  # each seen: every reason pushed, at 0 where none
-    assert {(job_type, reason) for job_type, reason, _ in pushed} == {(t, str(r)) for t in job_types for r in REASONS}
+    job_types = {job_type for job_type, *_ in finalized}  # each seen: every reason and its causes, at 0 where none
+    assert {(job_type, reason, cause) for job_type, reason, _, cause in pushed} == {
+        (t, str(r), str(c)) for t in job_types for r in REASONS for c in CAUSES_OF_REASON[r]
+    }
     # the queue keeps finished jobs (2023-01): each finalized zombie is an error job now
     assert store.jobs.count_documents({ID: {"$in": [e[ID] for e in done]}, Job.STATUS: Status.ERROR}) == len(done)
     found = Counter((e[Event.JOB][Job.TYPE], e[Event.REASON]) for e in done)  # no race lost: found = finalized
@@ -125,10 +130,16 @@ def test_a_cleanup_and_its_health_check_push_what_the_databases_hold(store, reso
     assert the_value(gateway.series(metrics.RACES_LOST.name, **cleanup)) == summary["lost_to_live_worker"] == 0
     fresher_pushed = values(gateway.series(metrics.FRESHER_ENTRIES_KEPT.name, **cleanup), "job_type")
     assert nonzero(fresher_pushed) == {"/first-rows": 1} and set(fresher_pushed) == job_types
-    retries = Counter((e[Event.JOB][Job.TYPE], e[Event.RETRY_OUTCOME]) for e in done)
-    retries_pushed = values(gateway.series(metrics.RETRIES.name, **cleanup), "job_type", "outcome")
-    assert nonzero(retries_pushed) == retries and len(retries_pushed) == len(job_types) * len(RetryOutcome)
-    assert {outcome for _, outcome in retries} == {"scheduled", "limit_reached", "not_retried"}
+    retries = Counter((e[Event.JOB][Job.TYPE], e[Event.CAUSE], e[Event.RETRY_OUTCOME]) for e in done)
+    retries_pushed = values(gateway.series(metrics.RETRIES.name, **cleanup), "job_type", "cause", "outcome")
+    assert nonzero(retries_pushed) == retries
+    assert len(retries_pushed) == len(job_types) * len(CAUSES) * len(RetryOutcome)
+    # crashes after the delay, a timeout once at once, the fresher result not at all
+    assert {(cause, outcome) for _, cause, outcome in retries} >= {
+        ("crash", "scheduled"),
+        ("timeout", "enqueued"),
+        ("crash", "not_retried"),
+    }
     compensations = values(gateway.series(metrics.COMPENSATION_RUNS.name, **cleanup), "outcome")
     assert compensations == {"done": 0, "to_retry": summary["compensation_to_retry"], "failed": 0}
     assert compensations["to_retry"] == len(done)  # the webhook never answers
@@ -152,7 +163,7 @@ def test_a_cleanup_and_its_health_check_push_what_the_databases_hold(store, reso
     )
     assert the_value(gateway.series(metrics.STALE_JOBS.name, **state)) == 0
     assert the_value(gateway.series(metrics.UNFINISHED_FINALIZATIONS.name, **state)) == 0
-    scheduled = sum(count for (_, outcome), count in retries.items() if outcome == "scheduled")
+    scheduled = sum(count for (*_, outcome), count in retries.items() if outcome == "scheduled")
     assert (
         the_value(gateway.series(metrics.RETRIES_WAITING.name, **state))
         == store.retries.count_documents({})

@@ -163,6 +163,7 @@ def test_the_check_warns_over_the_threshold_and_names_the_datasets(week, resourc
         "threshold": 2,
         "offenders": 2,
         "datasets": ["user/big", "user/twice"],
+        "quarantined": [],
     }
 
 

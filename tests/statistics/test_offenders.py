@@ -190,6 +190,7 @@ def test_the_rows_and_the_job_types_of_the_offenders_are_plain_values(crafted):
         "last_error": "JobManagerCrashedError",
         "last_error_message": CRASHED_MESSAGE,
         "error_from": "cache",
+        "quarantined": False,
     }
     by_type = found.by_job_type()
     assert list(by_type) == ["/splits", "/parquet", "/first-rows"]

@@ -6,8 +6,13 @@ zombie started holds what a newer run computed. The entry carries the job's
 ``revision`` as ``dataset_git_revision`` where jobs have one, the runner version
 the worker left (we never invent one), the run's ``duration``, and
 ``failed_runs`` counted as the deployment counts it
-(``queue.cache_entries.failed_runs_after_crash``); ``cacheTotalMetric``
-is kept in step where the cache has it.
+(``queue.cache_entries.failed_runs_after_crash``), but for a death whose cause
+costs no run (a deploy, by default: ``causes``), whose entry keeps the count it
+had; ``cacheTotalMetric`` is kept in step where the cache has it. ``details``
+(a free dictionary in every generation) carries the event's facts, its cause
+among them. A quarantined job's entry says so in its message, and records at
+least the deployment's own limit of failed runs where the cache has the field,
+so that the deployment's backfill leaves it alone too (``quarantine``).
 
 Idempotent: an entry that already carries this job's id in its ``details`` was
 written for it by an earlier attempt, and is recognized rather than rewritten;
@@ -28,13 +33,15 @@ from pymongo import InsertOne, ReplaceOne, UpdateOne
 from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
+from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.cleanup.counters import CountersInDoubt
 from zombie_pipeline.queue.cache_entries import (
     DETAIL_JOB_ID,
     DETAIL_PREVIOUS,
+    DETAIL_QUARANTINED,
     CacheKey,
+    carried_failed_runs,
     entries_of_jobs,
-    failed_runs_after_crash,
     is_fresher,
     key_of,
     runner_version_of,
@@ -43,6 +50,8 @@ from zombie_pipeline.queue.cache_entries import (
 )
 from zombie_pipeline.queue.documents import (
     CACHE_CONTENT_ERROR,
+    DEPLOY_WAVE_MESSAGE,
+    DEPLOYMENT_MAX_FAILED_RUNS,
     ERROR_MESSAGE_OF_REASON,
     ID,
     Cache,
@@ -50,6 +59,8 @@ from zombie_pipeline.queue.documents import (
     CacheMetric,
     CacheOutcome,
     CacheResult,
+    Cause,
+    ErrorCode,
     Event,
     Job,
     PreviousEntry,
@@ -91,21 +102,33 @@ def summary_of(entry: Mapping[str, Any] | None) -> PreviousEntrySummary | None:
     }
 
 
+def message_of(event: ZombieEvent) -> str:
+    """What users read of a finalized zombie: its reason's sentence, or a deploy wave's."""
+    reason = Reason(event[Event.REASON])
+    if cause_of_event(event) == Cause.DEPLOY and reason != Reason.TERMINATED:
+        return DEPLOY_WAVE_MESSAGE
+    return ERROR_MESSAGE_OF_REASON[reason]
+
+
 def error_entry(
     event: ZombieEvent,
     existing: Mapping[str, Any] | None,
     generation: CacheGeneration,
     http_status: int,
     failed_runs: int,
+    quarantined: str | None = None,
 ) -> CacheEntry:
-    """The cache entry telling users why the job failed, with only the generation's fields."""
+    """The cache entry telling users why the job failed, with only the generation's fields; ``quarantined``: the
+    sentence that says its (dataset, job type) is quarantined, instead of the reason's."""
     job = event[Event.JOB]
-    message = ERROR_MESSAGE_OF_REASON[Reason(event[Event.REASON])]
+    message = quarantined or message_of(event)
     finalized_at = event[Event.FINALIZED_AT]
     last_heartbeat = as_utc(job.get(Job.LAST_HEARTBEAT))
     details: dict[str, Any] = {  # the event's facts, under its own names
         CACHE_CONTENT_ERROR: message,
         Event.REASON: event[Event.REASON],
+        Event.CAUSE: cause_of_event(event),
+        DETAIL_QUARANTINED: quarantined is not None,
         Job.LAST_HEARTBEAT: last_heartbeat.isoformat() if last_heartbeat else None,
         Event.THRESHOLD_SECONDS: event[Event.THRESHOLD_SECONDS],
         Event.PAST_MAX_DURATION: bool(event.get(Event.PAST_MAX_DURATION)),
@@ -142,21 +165,30 @@ class CacheErrors:
     generation: CacheGeneration
     http_status: int
     keeps_metrics: bool
+    #: The causes whose death costs no failed run (the policy's: ``ZombiePolicy.costless_causes``).
+    costless: frozenset[str] = frozenset()
 
-    def write(self, events: Sequence[ZombieEvent], session: ClientSession | None = None) -> CacheWrite:
+    def write(
+        self,
+        events: Sequence[ZombieEvent],
+        session: ClientSession | None = None,
+        quarantined: Mapping[Any, str] | None = None,
+    ) -> CacheWrite:
         """Write the error entries of a batch of events; each event's outcome, failed runs and previous entry.
 
+        ``quarantined``: the events whose (dataset, job type) is quarantined, each with the sentence users read.
         In a transaction (``session``) the entries and ``cacheTotalMetric`` change
         together or not at all; a worker writing the same entry meanwhile makes the
         transaction start again, and its entry is then fresher.
         """
+        quarantined = quarantined or {}
         jobs = [event[Event.JOB] for event in events]
         existing = entries_of_jobs(self.store.cache, jobs, {Cache.CONTENT: 0}, session)
         written = CacheWrite()
         outcomes = written.outcomes
         operations: list[ReplaceOne[CacheEntry] | InsertOne[CacheEntry]] = []
         planned: dict[CacheKey, CacheEntry] = {}
-        expected: dict[Any, tuple[CacheKey, int, PreviousEntrySummary | None]] = {}
+        expected: dict[Any, tuple[CacheKey, int, int, PreviousEntrySummary | None]] = {}
         replaced: dict[CacheKey, CacheEntry | None] = {}
         for event in events:
             job = event[Event.JOB]
@@ -172,14 +204,20 @@ class CacheErrors:
                     CacheOutcome.SKIPPED_FRESHER, stored_failed_runs(entry), summary_of(entry)
                 )
             else:
-                failed_runs = failed_runs_after_crash(entry, job)
+                carried = carried_failed_runs(entry, job)
+                failed_runs = carried + (cause_of_event(event) not in self.costless)
+                notice = quarantined.get(event[ID])
+                if notice is not None and self.generation.declares(Cache.FAILED_RUNS):  # the backfill's limit reached
+                    failed_runs = max(
+                        failed_runs, DEPLOYMENT_MAX_FAILED_RUNS.get(ErrorCode(event[Event.ERROR_CODE]), 0)
+                    )
                 if key not in planned:  # two zombies of one key (a broken queue) share one entry
-                    document = error_entry(event, entry, self.generation, self.http_status, failed_runs)
+                    document = error_entry(event, entry, self.generation, self.http_status, failed_runs, notice)
                     document[ID] = entry[ID] if entry is not None else ObjectId()
                     operations.append(_write_operation(entry, document))
                     planned[key] = document
                     replaced[key] = entry
-                expected[event[ID]] = (key, failed_runs, summary_of(entry))
+                expected[event[ID]] = (key, failed_runs, carried, summary_of(entry))
         if not operations:
             return written
         if self._write(operations, session) == len(operations):  # every write took (one entry each): all ours
@@ -194,11 +232,11 @@ class CacheErrors:
                 if document[ID] in stored
                 and as_utc(stored[document[ID]].get(Cache.UPDATED_AT)) == document[Cache.UPDATED_AT]
             }
-        for event_id, (key, failed_runs, previous) in expected.items():
+        for event_id, (key, failed_runs, carried, previous) in expected.items():
             if key in ours:
                 outcomes[event_id] = _outcome(CacheOutcome.WRITTEN, failed_runs, previous)
             else:  # a worker wrote the entry between our read and our write
-                outcomes[event_id] = _outcome(CacheOutcome.SKIPPED_FRESHER, failed_runs - 1, previous)
+                outcomes[event_id] = _outcome(CacheOutcome.SKIPPED_FRESHER, carried, previous)
         if self.keeps_metrics:
             self._count_in_cache_metrics([(replaced[key], planned[key]) for key in ours], session)
         return written

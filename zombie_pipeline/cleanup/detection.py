@@ -31,6 +31,7 @@ from zombie_pipeline.queue.documents import (
     STATUSES,
     Cache,
     CacheEntry,
+    Cause,
     Job,
     JobDocument,
     JobSnapshot,
@@ -55,6 +56,7 @@ class Candidate:
     threshold_seconds: int
     detected_at: dt.datetime
     past_max_duration: bool = False  # also started longer ago than its type's T2 (a dead job stays a crash)
+    cause: Cause | None = None  # why its worker stopped, once judged with the others (``causes.judged``)
 
     @property
     def id(self) -> ObjectId:
@@ -110,6 +112,7 @@ class Candidate:
             terminated_at=self.terminated_at.isoformat() if self.terminated_at else None,
             threshold_seconds=self.threshold_seconds,
             past_max_duration=self.past_max_duration,
+            cause=self.cause,
         )
 
 

@@ -25,6 +25,7 @@ from pymongo.client_session import ClientSession
 from pymongo.collection import Collection as MongoCollection
 from pymongo.errors import BulkWriteError
 
+from zombie_pipeline.cleanup.causes import solitary_cause
 from zombie_pipeline.cleanup.detection import Candidate
 from zombie_pipeline.cleanup.results import Count, StepResult
 from zombie_pipeline.policy import ZombiePolicy
@@ -186,6 +187,7 @@ def event_of(
         Event.LEASE_OWNER: run_id,
         Event.LEASE_UNTIL: lease_end(now, policy),
         Event.RETRY_JOB_ID: ObjectId(),
+        Event.CAUSE: candidate.cause if candidate.cause is not None else solitary_cause(candidate.reason),
     }
 
 

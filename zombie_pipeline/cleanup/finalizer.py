@@ -13,11 +13,12 @@ to redo, reads top to bottom in :meth:`Finalizer.finalize_batch`:
 2. the jobs are finished (compare-and-set), with what the deployment does around
    a finish, and their cache error entries written, in the order the strategy
    gives, each in a transaction where the policy asks for them and the server
-   has them;
+   has them; just before the entries, the quarantine judges them (a crash may
+   begin one: written first, so a redone pass finds it);
 3. the counters an earlier pass may have moved are set from a recount;
-4. the retries where the generation wants them, then each event is completed
-   once, with every outcome; claims lost to a live worker are forgotten, so the
-   job may be judged again later.
+4. the retries where the generation and the cause want them, then each event
+   is completed once, with every outcome; claims lost to a live worker are
+   forgotten, so the job may be judged again later.
 
 A zombie costs its claim, its job, its cache entry and that one completion (and
 its retry). A pass that dies leaves its events claimed: the next run takes them
@@ -57,6 +58,7 @@ from zombie_pipeline.cleanup.counters import CountersInDoubt
 from zombie_pipeline.cleanup.detection import Candidate
 from zombie_pipeline.cleanup.effects import AppliedEffects, DeploymentEffects, Finished
 from zombie_pipeline.cleanup.events import Claims, EventLog
+from zombie_pipeline.cleanup.quarantine import Quarantines
 from zombie_pipeline.cleanup.results import StepResult, batch_result, cache_generation_count
 from zombie_pipeline.cleanup.retries import Retries
 from zombie_pipeline.cleanup.side_collections import SideCollections
@@ -85,6 +87,7 @@ class Finalizer:
     cache_errors: CacheErrors
     effects: DeploymentEffects
     retries: Retries
+    quarantines: Quarantines
     actions: tuple[Compensation, ...]
     transactions: bool
     #: Where the pass's stamps come from (its finalization time, its completion): now, unless a replay says otherwise.
@@ -108,9 +111,12 @@ class Finalizer:
             store=store,
             log=EventLog(store.events, run_id, policy),
             strategy=strategy,
-            cache_errors=CacheErrors(store, cache, policy.http_status, effects.side.cache_metrics),
+            cache_errors=CacheErrors(
+                store, cache, policy.http_status, effects.side.cache_metrics, policy.costless_causes
+            ),
             effects=effects,
             retries=Retries(store, policy, effects, strategy.enqueues_retries(policy)),
+            quarantines=Quarantines(store, policy),
             actions=actions,
             transactions=policy.transactions,
             clock=clock,
@@ -140,17 +146,21 @@ class Finalizer:
         claims = self.strategy.sort_claims(events, fresh)
         if self.strategy.writes_error_entry_first:
             entries = claims.to_finish + claims.done_before
-            cached = atomically(cache, partial(self.cache_errors.write, entries), self.transactions)
+            quarantined = self.quarantines.judge(entries)
+            write = partial(self.cache_errors.write, entries, quarantined=quarantined)
+            cached = atomically(cache, write, self.transactions)
             outcome, effects = atomically(queue, partial(self._finish, claims), self.transactions)
         else:
             outcome, effects = atomically(queue, partial(self._finish, claims), self.transactions)
-            cached = atomically(cache, partial(self.cache_errors.write, outcome.finished), self.transactions)
+            quarantined = self.quarantines.judge(outcome.finished)
+            write = partial(self.cache_errors.write, outcome.finished, quarantined=quarantined)
+            cached = atomically(cache, write, self.transactions)
         in_doubt = CountersInDoubt()  # in a transaction, a write and its counters commit together: none in doubt
         if not in_transactions(queue, self.transactions):
             in_doubt.merge(effects.in_doubt)
         if not in_transactions(cache, self.transactions):
             in_doubt.merge(cached.in_doubt)
-        complete = partial(self._retry_and_complete, outcome, effects, cached, in_doubt)
+        complete = partial(self._retry_and_complete, outcome, effects, cached, in_doubt, frozenset(quarantined))
         return atomically(queue, complete, self.transactions)
 
     def _finish(self, claims: SortedClaims, session: ClientSession | None) -> tuple[FinishOutcome, AppliedEffects]:
@@ -167,12 +177,13 @@ class Finalizer:
         effects: AppliedEffects,
         cached: CacheWrite,
         in_doubt: CountersInDoubt,
+        quarantined: frozenset[Any],
         session: ClientSession | None,
     ) -> StepResult:
         """The retries, the counters in doubt set from a recount, then every event's outcome recorded at once."""
         now = self.clock()
         finished: list[ZombieEvent] = [{**event, **cached[event[ID]]} for event in outcome.finished]
-        retried = self.retries.enqueue(finished, now, session)
+        retried = self.retries.enqueue(finished, now, session, quarantined)
         if session is None:  # retries an earlier pass inserted may or may not have had their counters moved
             in_doubt = CountersInDoubt().merge(in_doubt).merge(retried.in_doubt)
         # Set from a recount before the events are completed, so that a pass dying here leaves them in doubt for the

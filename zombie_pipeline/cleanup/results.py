@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.queue.documents import ID, CacheResult, Event, Job, ZombieEvent, job_row, utc
 
 
@@ -36,6 +37,15 @@ def reason_count(reason: str) -> str:
 
 def type_count(job_type: str) -> str:
     return f"type:{job_type}"
+
+
+def cause_count(cause: str) -> str:
+    return f"cause:{cause}"
+
+
+def cause_retry_count(cause: str, outcome: str) -> str:
+    """``cause_retry:deploy:enqueued`` ...: what became of the retries of one cause."""
+    return f"cause_retry:{cause}:{outcome}"
 
 
 def effect_count(effect: str) -> str:
@@ -77,15 +87,19 @@ def batch_result(
     retried: Mapping[Any, tuple[str, dt.datetime | None]],
     repaired: int,
 ) -> StepResult:
-    """What a batch's pass did: counts by reason, type, cache and retry outcome and effect, and a row per zombie."""
+    """What a batch's pass did: counts by reason, cause, type, cache and retry outcome (by cause too) and effect,
+    and a row per zombie."""
     result = StepResult()
     result.counts[Count.FINALIZED] += len(finished)
     result.counts[Count.LOST_TO_LIVE_WORKER] += lost
     for event in finished:
+        cause = cause_of_event(event)
         result.counts[reason_count(event[Event.REASON])] += 1
+        result.counts[cause_count(cause)] += 1
         result.counts[type_count(event[Event.JOB][Job.TYPE])] += 1
         result.counts[cache_count(cached[event[ID]][Event.CACHE_OUTCOME])] += 1
         result.counts[retry_count(retried[event[ID]][0])] += 1
+        result.counts[cause_retry_count(cause, retried[event[ID]][0])] += 1
         result.counts.update(effect_count(effect) for effect in effects[event[ID]])
         result.rows.append(finalized_row(event))
     if repaired:
@@ -100,6 +114,7 @@ def finalized_row(event: ZombieEvent) -> dict[str, Any]:
         event[ID],
         job,
         reason=event[Event.REASON],
+        cause=cause_of_event(event),
         threshold_seconds=event[Event.THRESHOLD_SECONDS],
         ran_seconds=round((event[Event.FINALIZED_AT] - utc(job[Job.STARTED_AT])).total_seconds(), 1),
     )

@@ -12,9 +12,20 @@ is not counted again: its counters are in doubt, set from a recount before the
 decision is recorded.
 
 A job killed for its pod's size usually dies again if it runs again at once. With
-``retry_delay_seconds``, a retry waits (base × factor^(failed runs - 1), capped,
-jittered) in our own ``zombieRetries``, and the first cleanup after it is due
-enqueues it, unless a twin already waits or runs by then.
+``retry_delay_seconds``, a crashed job's retry waits (base × factor^(failed runs - 1),
+capped, jittered) in our own ``zombieRetries``, and the first cleanup after it is
+due enqueues it, unless a twin already waits or runs by then.
+
+By cause (``causes``), at every generation where the deployment would not:
+
+- a **deploy** death costs no run (``deploy_costs_failed_run`` off): re-enqueued at
+  once, at the same difficulty, whatever its failed runs (its entry kept them);
+- a **timeout** is re-run while its failed runs are at most ``exceeded_retry_limit``
+  (1: once), at +20 difficulty (the deployment's ``DIFFICULTY_BONUS_BY_FAILED_RUNS``),
+  at once: the deployment's backfill never re-runs it;
+- a **crash** (or a job that never started) as before: below ``crashed_retry_limit``
+  where the cleanup re-enqueues crashes at all;
+- nothing of a quarantined (dataset, job type) (``quarantine``).
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -32,15 +43,19 @@ from pymongo.client_session import ClientSession
 from pymongo.errors import BulkWriteError
 
 from zombie_pipeline.cleanup import counters
+from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.cleanup.counters import CountersInDoubt
 from zombie_pipeline.cleanup.effects import DeploymentEffects
 from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
+    DIFFICULTY_BONUS_BY_FAILED_RUNS,
+    DIFFICULTY_MAX,
     ID,
     RUN_FIELDS,
     CacheOutcome,
+    Cause,
     Event,
     Job,
     JobDocument,
@@ -77,8 +92,15 @@ class Retries:
     #: Whether this cleanup re-enqueues crashed jobs at all (the policy's, else the generation's default).
     enabled: bool
 
-    def enqueue(self, events: Sequence[ZombieEvent], now: dt.datetime, session: ClientSession | None = None) -> Retried:
-        """Re-enqueue the finished jobs of ``events`` (their cache outcome known) below their retry limit, once each.
+    def enqueue(
+        self,
+        events: Sequence[ZombieEvent],
+        now: dt.datetime,
+        session: ClientSession | None = None,
+        quarantined: Collection[Any] = frozenset(),
+    ) -> Retried:
+        """Re-enqueue the finished jobs of ``events`` (their cache outcome known) as their cause says, once each;
+        never the ``quarantined`` ones.
 
         A retry already inserted (or scheduled) by an earlier pass, under the
         ``_id`` chosen at claim time, is not inserted, nor counted, again: the
@@ -86,7 +108,8 @@ class Retries:
         """
         generation = self.effects.side.generation
         outcomes: dict[Any, tuple[RetryOutcome, dt.datetime | None]] = {
-            event[ID]: (retry_decision(event, self.policy, self.enabled), None) for event in events
+            event[ID]: (retry_decision(event, self.policy, self.enabled, event[ID] in quarantined), None)
+            for event in events
         }
         wanted = [event for event in events if outcomes[event[ID]][0] == RetryOutcome.ENQUEUED]
         queued = _queued_unicity_ids(self.store, [event[Event.JOB] for event in wanted], session)
@@ -100,6 +123,8 @@ class Retries:
                 continue
             queued[event[Event.JOB][Job.UNICITY_ID]] = event[Event.RETRY_JOB_ID]  # one retry per unicity_id in a batch
             delay = self.policy.retry_delay_of(event.get(Event.FAILED_RUNS, 1), _spread(event[ID]))
+            if cause_of_event(event) not in DELAYED_CAUSES:  # a deploy death or a timeout runs again at once
+                delay = 0
             if delay > 0:
                 due_at = truncate_ms(event[Event.FINALIZED_AT] + dt.timedelta(seconds=delay))
                 outcomes[event[ID]] = (RetryOutcome.SCHEDULED, due_at)
@@ -222,11 +247,25 @@ def _enqueue_due(
     return decided, 0, repaired
 
 
-def retry_decision(event: ZombieEvent, policy: ZombiePolicy, enabled: bool) -> RetryOutcome:
-    if not enabled:
-        return RetryOutcome.NOT_RETRIED  # the deployment's backfill re-creates it
+#: The causes whose retry waits ``retry_delay_seconds``: a worker that died of its job may die again at once.
+DELAYED_CAUSES = frozenset({Cause.CRASH, Cause.NEVER_STARTED})
+
+
+def retry_decision(event: ZombieEvent, policy: ZombiePolicy, enabled: bool, quarantined: bool = False) -> RetryOutcome:
+    """Whether a finalized zombie runs again, by its cause; ``enabled``: whether this cleanup re-enqueues crashes."""
     if event[Event.CACHE_OUTCOME] == CacheOutcome.SKIPPED_FRESHER:
         return RetryOutcome.NOT_RETRIED  # a newer result exists: nothing to redo
+    if quarantined:
+        return RetryOutcome.QUARANTINED
+    cause = cause_of_event(event)
+    if cause in policy.costless_causes:
+        return RetryOutcome.ENQUEUED  # the job did nothing wrong: at once, whatever its failed runs
+    if cause == Cause.TIMEOUT:  # the deployment never re-runs it: at every generation
+        if event.get(Event.FAILED_RUNS, 1) > policy.exceeded_retry_limit:
+            return RetryOutcome.LIMIT_REACHED
+        return RetryOutcome.ENQUEUED
+    if not enabled:
+        return RetryOutcome.NOT_RETRIED  # the deployment's backfill re-creates it
     if event.get(Event.FAILED_RUNS, 1) > policy.retry_limit_of(event[Event.ERROR_CODE]):
         return RetryOutcome.LIMIT_REACHED
     return RetryOutcome.ENQUEUED
@@ -249,9 +288,13 @@ def _queued_unicity_ids(
 
 
 def retry_job(event: ZombieEvent, generation: QueueGeneration, now: dt.datetime) -> JobDocument:
-    """A new waiting job with the declared fields of the one it retries, nothing of its run."""
+    """A new waiting job with the declared fields of the one it retries, nothing of its run; a timeout's at +20
+    difficulty (up to the deployment's maximum), the others' at the same."""
     job = {
         name: value for name, value in event[Event.JOB].items() if name not in RUN_FIELDS and generation.declares(name)
     }
+    difficulty = job.get(Job.DIFFICULTY)
+    if cause_of_event(event) == Cause.TIMEOUT and isinstance(difficulty, int) and not isinstance(difficulty, bool):
+        job[Job.DIFFICULTY] = max(difficulty, min(difficulty + DIFFICULTY_BONUS_BY_FAILED_RUNS, DIFFICULTY_MAX))
     retry = {ID: event[Event.RETRY_JOB_ID], **job, Job.STATUS: Status.WAITING, Job.CREATED_AT: now}
     return cast(JobDocument, without_none(retry))

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from zombie_pipeline.cleanup import compensations
+from zombie_pipeline.cleanup import causes, compensations
 from zombie_pipeline.cleanup.detection import (
     Candidate,
     Detection,
@@ -48,6 +48,7 @@ from zombie_pipeline.cleanup.results import (
     Count,
     StepResult,
     cache_count,
+    cause_count,
     finalized_row,
     reason_count,
     retry_count,
@@ -55,6 +56,7 @@ from zombie_pipeline.cleanup.results import (
 from zombie_pipeline.cleanup.retries import enqueue_due_retries, pending_retries
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
+    CAUSES,
     REASONS,
     CacheOutcome,
     Event,
@@ -130,9 +132,11 @@ def reconcile(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -
 
 
 def find(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -> Detection:
-    """The zombies and the malformed started jobs; the brake judged when there are zombies (unless overridden)."""
+    """The zombies, each with its cause, and the malformed started jobs; the brake judged when there are zombies
+    (unless overridden)."""
     job_types = plan.options.job_types
     detection = detect(store.jobs, plan.policy, now or utc_now(), job_types)
+    detection.candidates = causes.judged(detection.candidates, store.events, plan.policy, detection.now)
     known = {item.id for item in detection.malformed}
     detection.malformed.extend(item for item in find_malformed_started(store.jobs, job_types) if item.id not in known)
     if detection.candidates and not plan.options.override_brake:
@@ -231,6 +235,7 @@ SUMMARY_COUNTS = (
     retry_count(RetryOutcome.ENQUEUED),
     retry_count(RetryOutcome.SCHEDULED),
     retry_count(RetryOutcome.LIMIT_REACHED),
+    retry_count(RetryOutcome.QUARANTINED),
     Count.DUE_RETRY_ENQUEUED,
     Count.DUE_RETRY_ALREADY_QUEUED,
     Count.COMPENSATION_DONE,
@@ -250,21 +255,32 @@ class RunSummary:
     def one_line(self) -> str:
         c = self.counts
         reasons = ", ".join(f"{c[reason_count(reason)]} {reason.replace('_', ' ')}" for reason in REASONS)
+        causes = ", ".join(f"{c[cause_count(cause)]} {cause.replace('_', ' ')}" for cause in CAUSES)
         return (
-            f"finalized {c[Count.FINALIZED]} zombies ({reasons}); {c[Count.LOST_TO_LIVE_WORKER]} lost to live workers; "
+            f"finalized {c[Count.FINALIZED]} zombies ({reasons}; by cause: {causes}); "
+            f"{c[Count.LOST_TO_LIVE_WORKER]} lost to live workers; "
             f"{c[cache_count(CacheOutcome.WRITTEN)]} cache errors written, "
             f"{c[cache_count(CacheOutcome.SKIPPED_FRESHER)]} kept as fresher; "
             f"{c[retry_count(RetryOutcome.ENQUEUED)]} retries enqueued, {c[retry_count(RetryOutcome.SCHEDULED)]} scheduled "
-            f"after a delay, {c[retry_count(RetryOutcome.LIMIT_REACHED)]} at their retry limit; "
+            f"after a delay, {c[retry_count(RetryOutcome.LIMIT_REACHED)]} at their retry limit, "
+            f"{c[retry_count(RetryOutcome.QUARANTINED)]} quarantined; "
             f"{c[Count.DUE_RETRY_ENQUEUED]} delayed retries enqueued, {c[Count.RETRIES_PENDING]} still waiting for their "
             f"delay; compensations: {c[Count.COMPENSATION_DONE]} done, {c[Count.COMPENSATION_TO_RETRY]} to try again, "
             f"{c[Count.COMPENSATION_FAILED]} given up on; {c[Count.LATE_RESULTS]} finalized jobs seen alive afterwards"
         )
 
     def markdown(self) -> str:
-        lines = [self.one_line(), "", "| reason | type | finalized |", "|---|---|---|"]
-        by_pair = Counter((row["reason"], row["type"]) for row in self.rows)
-        lines += [f"| {reason} | `{job_type}` | {count} |" for (reason, job_type), count in sorted(by_pair.items())]
+        """The one line, then the finalizations per type and cause (with their reason) and what became of their
+        retries."""
+        lines = [self.one_line(), "", "| type | cause | reason | finalized | re-enqueued |", "|---|---|---|---|---|"]
+        finalized = Counter((row["type"], row["cause"], row["reason"]) for row in self.rows)
+        enqueued = Counter(
+            (row["type"], row["cause"], row["reason"]) for row in self.rows if row["retry"] == RetryOutcome.ENQUEUED
+        )
+        lines += [
+            f"| `{job_type}` | {cause} | {reason} | {count} | {enqueued[(job_type, cause, reason)]} |"
+            for (job_type, cause, reason), count in sorted(finalized.items())
+        ]
         return "\n".join(lines)
 
 
@@ -276,6 +292,8 @@ def summarize(store: Store, run_id: str, step_counts: Mapping[str, int] | None =
     counts[Count.RETRIES_PENDING] = pending_retries(store)
     for reason in REASONS:
         counts.setdefault(reason_count(reason), 0)
+    for cause in CAUSES:
+        counts.setdefault(cause_count(cause), 0)
     rows = []
     query = {Event.LEASE_OWNER: run_id, Event.STATE: EventState.DONE}
     for event in store.events.find(query).sort(Event.FINALIZED_AT, 1):

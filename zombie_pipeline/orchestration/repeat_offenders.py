@@ -81,9 +81,10 @@ def repeat_offenders(
     """The datasets and job types finalized repeatedly over the window ending with this day.
 
     Per dataset and job type: finalizations by reason, first and last seen,
-    whether the retry limit was reached, and the last error (the cache entry
-    users read, else the last event's code). From the audit trail, grouped on
-    the server over the ``finalized_at`` index; malformed events are counted.
+    whether the retry limit was reached or the pair is quarantined, and the last
+    error (the cache entry users read, else the last event's code). From the
+    audit trail, grouped on the server over the ``finalized_at`` index; malformed
+    events are counted. Beside them, the quarantines holding at the window's end.
     """
     with databases.store_for(context, "repeat_offenders: reading the audit trail") as store:
         end = context.partition_time_window.end
@@ -95,7 +96,8 @@ def repeat_offenders(
 
 
 def offenders_metadata(found: RepeatOffenders) -> dict[str, Any]:
-    """Counts plotted over the partitions, a table per (dataset, job type), and the report's section."""
+    """Counts plotted over the partitions, a table per (dataset, job type), the quarantines, and the report's
+    section."""
     from zombie_pipeline.statistics.reports import offenders_markdown  # numpy, pandas: this asset's run only
 
     metadata: dict[str, Any] = {
@@ -116,12 +118,16 @@ def offenders_metadata(found: RepeatOffenders) -> dict[str, Any]:
     rows = found.rows()
     if rows:
         metadata["offenders_table"] = table_metadata(rows)
+    metadata["quarantined"] = len(found.quarantined)
+    if found.quarantined:
+        metadata["quarantined_table"] = table_metadata(found.quarantined)
     return metadata
 
 
 def offenders_check(found: RepeatOffenders) -> dg.AssetCheckResult:
     names = [offender.dataset for offender in found.offenders[:NAMED_IN_CHECK]]
     more = found.offenders_total - len(names)
+    quarantined = [f"{row['dataset']} {row['type']}" for row in found.quarantined[:NAMED_IN_CHECK]]
     return dg.AssetCheckResult(
         check_name=CHECK_NAME,
         passed=found.offenders_total == 0,
@@ -130,10 +136,12 @@ def offenders_check(found: RepeatOffenders) -> dg.AssetCheckResult:
             "threshold": found.threshold,
             "offenders": found.offenders_total,
             "datasets": dg.MetadataValue.json(names),
+            "quarantined": dg.MetadataValue.json(quarantined),
         },
         description=None
         if found.offenders_total == 0
         else f"{found.offenders_total} datasets finalized at least {found.threshold} times in {found.window_text()}: "
         + ", ".join(names)
-        + (f" and {more} more" if more else ""),
+        + (f" and {more} more" if more else "")
+        + (f"; quarantined: {', '.join(quarantined)}" if quarantined else ""),
     )

@@ -28,6 +28,7 @@ CacheKey = tuple[Any, ...]
 #: Our own keys in an error entry's ``details`` (a free dictionary in every generation).
 DETAIL_JOB_ID = "job_id"
 DETAIL_PREVIOUS = "previous_entry"
+DETAIL_QUARANTINED = "quarantined"
 
 
 def key_of(document: Mapping[str, Any]) -> CacheKey:
@@ -89,11 +90,16 @@ def failed_runs_after_crash(previous: Mapping[str, Any] | None, job: Mapping[str
     The previous entry's count carries over when it is about the same revision
     of the dataset (or the job carries no revision); a success does not reset it.
     """
+    return carried_failed_runs(previous, job) + 1
+
+
+def carried_failed_runs(previous: Mapping[str, Any] | None, job: Mapping[str, Any]) -> int:
+    """The failed runs ``job``'s error entry starts from: the previous entry's, if about the same revision."""
     if not previous:
-        return 1
+        return 0
     revision = job.get(Job.REVISION)
     same_revision = revision is None or previous.get(Cache.DATASET_GIT_REVISION) == revision
-    return (stored_failed_runs(previous) if same_revision else 0) + 1
+    return stored_failed_runs(previous) if same_revision else 0
 
 
 def written_for(entry: Mapping[str, Any] | None, event: ZombieEvent) -> bool:

@@ -41,6 +41,8 @@ class SimulationMark:
 RETRIES_COLLECTION = "zombieRetries"
 #: Written by the simulated workers while they run: the one process of them a simulated queue has.
 SIMULATED_WORKERS_COLLECTION = "zombieSimulatedWorkers"
+#: The (dataset, job type) pairs whose jobs keep crashing their workers: not re-enqueued while quarantined.
+QUARANTINE_COLLECTION = "zombieQuarantine"
 #: The deployment's collections beside the queue and the cache (which generation has which: ``generations``).
 LOCKS_COLLECTION = "locks"
 JOB_METRICS_COLLECTION = "jobTotalMetric"
@@ -287,6 +289,46 @@ ERROR_MESSAGE_OF_REASON = {
 }
 
 
+class Cause(StrEnum):
+    """Why the worker of a finalized zombie stopped, as far as the queue can tell (``cleanup.causes`` decides)."""
+
+    DEPLOY = "deploy"  # SIGTERMed (terminated_at), or stopped with many other workers at once (a wave)
+    CRASH = "crash"  # a worker that died alone (OOM-kill, eviction, a bug): the job's own doing, maybe
+    NEVER_STARTED = "never_started"  # its worker never sent a heartbeat, and died alone
+    TIMEOUT = "timeout"  # alive, but past its type's maximum duration (T2)
+
+
+CAUSES = tuple(Cause)
+#: The causes a reason can have: a dead job is a deploy death when it is part of a wave.
+CAUSES_OF_REASON = {
+    Reason.TERMINATED: (Cause.DEPLOY,),
+    Reason.MISSING_HEARTBEAT: (Cause.DEPLOY, Cause.CRASH),
+    Reason.NEVER_HEARTBEATED: (Cause.DEPLOY, Cause.NEVER_STARTED),
+    Reason.EXCEEDED_MAX_DURATION: (Cause.TIMEOUT,),
+}
+#: What users read of a job whose worker stopped in a wave with many others (a SIGTERMed one reads its reason's).
+DEPLOY_WAVE_MESSAGE = (
+    "The worker running this job stopped at the same moment as many other workers (a deployment or a restart of the "
+    "workers), not because of this job; the job was stopped by the zombie cleanup and may run again."
+)
+
+
+def quarantine_message(crashes: int, window_hours: int) -> str:
+    """What users read of a job whose (dataset, job type) is quarantined: one sentence."""
+    return (
+        f"This step crashed its worker {crashes} times within {window_hours} hours on this dataset, so it is "
+        "quarantined and will not run again automatically until a maintainer lifts the quarantine or the dataset "
+        "is updated."
+    )
+
+
+#: The deployment's own constants (libcommon/constants.py): a failed run raises the next run's difficulty by this,
+#: up to the maximum; its backfill re-runs a crashed job while its failed runs are below its error code's limit.
+DIFFICULTY_BONUS_BY_FAILED_RUNS = 20
+DIFFICULTY_MAX = 100
+DEPLOYMENT_MAX_FAILED_RUNS = {ErrorCode.CRASHED: 3}
+
+
 # --- our audit trail ----------------------------------------------------------
 
 
@@ -347,6 +389,7 @@ class Event:
     COMPENSATIONS: Final = "compensations"  # one CompensationEntry per action
     COMPENSATION_LEASE_UNTIL: Final = "compensation_lease_until"  # a run is running its actions until then
     COMPENSATION_LEASE_OWNER: Final = "compensation_lease_owner"
+    CAUSE: Final = "cause"  # why the worker stopped (deploy, crash, never_started, timeout): decides the retry
     LATE_RESULT: Final = "late_result"  # the job showed life after its finalization (LateResultRecord): a mistake
 
 
@@ -398,6 +441,7 @@ class RetryOutcome(StrEnum):
     ALREADY_QUEUED = "already_queued"
     LIMIT_REACHED = "limit_reached"
     NOT_RETRIED = "not_retried"
+    QUARANTINED = "quarantined"  # its (dataset, job type) keeps crashing its workers: not re-enqueued
 
 
 class ScheduledRetry:
@@ -485,6 +529,7 @@ class ZombieEvent(TypedDict, total=False):
     compensations: list[CompensationRecord]
     compensation_lease_until: dt.datetime
     compensation_lease_owner: str
+    cause: str
     late_result: LateResultRecord
 
 
@@ -498,6 +543,41 @@ class RetryDocument(TypedDict, total=False):
     due_at: dt.datetime
     state: str
     decided_at: dt.datetime
+
+
+class Quarantine:
+    """Field names of ``zombieQuarantine``: one document per (dataset, job type) that was quarantined, the latest time.
+
+    Quarantined from the finalization that reached the threshold (``since``, ties broken by its event's ``_id``)
+    until it lapses or an operator lifts it; the crashes of a later quarantine are counted from its end on.
+    """
+
+    DATASET: Final = "dataset"
+    JOB_TYPE: Final = "job_type"
+    SINCE: Final = "since"  # the finalized_at of the crash that reached the threshold
+    EVENT_ID: Final = "event_id"  # that crash's event
+    CRASHES: Final = "crashes"  # crashes counted in the window, that one included
+    EVENT_IDS: Final = "event_ids"  # their events
+    WINDOW_HOURS: Final = "window_hours"
+    LAPSES_AT: Final = "lapses_at"
+    LIFTED_AT: Final = "lifted_at"  # an operator lifted it (None: not lifted)
+    LIFTED_BY: Final = "lifted_by"  # the run that lifted it
+
+
+class QuarantineDocument(TypedDict, total=False):
+    """One document of ``zombieQuarantine`` (:class:`Quarantine` names the fields)."""
+
+    _id: ObjectId
+    dataset: str
+    job_type: str
+    since: dt.datetime
+    event_id: ObjectId
+    crashes: int
+    event_ids: list[ObjectId]
+    window_hours: int
+    lapses_at: dt.datetime
+    lifted_at: dt.datetime | None
+    lifted_by: str | None
 
 
 class Failure:

@@ -15,7 +15,7 @@ from typing import Any
 import pymongo
 from pymongo.collection import Collection
 
-from zombie_pipeline.queue.documents import Cache, Event, Job, ScheduledRetry
+from zombie_pipeline.queue.documents import Cache, Event, Job, Quarantine, ScheduledRetry
 
 INDEX_PREFIX = "zombie_pipeline_"
 
@@ -138,6 +138,25 @@ EVENT_INDEXES = (
         "compensation_state",
         ((Event.COMPENSATION_STATE, pymongo.ASCENDING),),
         "compensations: the ones still to run or to try again",
+    ),
+    IndexSpec(
+        "dataset_type_finalized_at",
+        (
+            (f"{Event.JOB}.{Job.DATASET}", pymongo.ASCENDING),
+            (f"{Event.JOB}.{Job.TYPE}", pymongo.ASCENDING),
+            (Event.FINALIZED_AT, pymongo.ASCENDING),
+        ),
+        "quarantine: the recent crashes of one dataset and job type, and the jobs a quarantine withheld",
+    ),
+)
+
+
+QUARANTINE_INDEXES = (
+    IndexSpec(
+        "dataset_job_type",
+        ((Quarantine.DATASET, pymongo.ASCENDING), (Quarantine.JOB_TYPE, pymongo.ASCENDING)),
+        "quarantine: one document per dataset and job type",
+        unique=True,
     ),
 )
 

@@ -23,11 +23,13 @@ from zombie_pipeline.queue.documents import (
     JOB_METRICS_COLLECTION,
     LOCKS_COLLECTION,
     PAST_JOBS_COLLECTION,
+    QUARANTINE_COLLECTION,
     RETRIES_COLLECTION,
     SIMULATIONS_COLLECTION,
     WORKER_SIZE_METRICS_COLLECTION,
     CacheEntry,
     JobDocument,
+    QuarantineDocument,
     RetryDocument,
     SimulationMark,
     ZombieEvent,
@@ -36,6 +38,7 @@ from zombie_pipeline.queue.indexes import (
     CACHE_INDEXES,
     EVENT_INDEXES,
     JOB_INDEXES,
+    QUARANTINE_INDEXES,
     RETRY_INDEXES,
     ensure_indexes,
 )
@@ -96,6 +99,7 @@ class Store:
     blockages: Collection[Document]
     cache_metrics: Collection[Document]
     simulations: Collection[Document]
+    quarantine: Collection[QuarantineDocument]
 
     @classmethod
     def of(
@@ -122,12 +126,13 @@ class Store:
             blockages=queue_db[BLOCKAGES_COLLECTION],
             cache_metrics=cache_db[CACHE_METRICS_COLLECTION],
             simulations=queue_db[SIMULATIONS_COLLECTION],
+            quarantine=typed(queue_db, QUARANTINE_COLLECTION, QuarantineDocument),
         )
 
     @property
     def ours(self) -> tuple[Collection[Any], ...]:
         """The collections this project owns; the deployment never reads them."""
-        return (self.events, self.failures, self.suggestions, self.retries)
+        return (self.events, self.failures, self.suggestions, self.retries, self.quarantine)
 
     def simulated_generation(self) -> str | None:
         """The queue generation the simulator wrote these databases in (its mark in ``zombieSimulations``), or None
@@ -149,4 +154,5 @@ class Store:
         created += ensure_indexes(self.cache, CACHE_INDEXES)
         created += ensure_indexes(self.events, EVENT_INDEXES)
         created += ensure_indexes(self.retries, RETRY_INDEXES)
+        created += ensure_indexes(self.quarantine, QUARANTINE_INDEXES)
         return created

@@ -57,6 +57,8 @@ INSERT_BATCH_SIZE = 5_000
 START_LOCK_TTL_SECONDS = 600
 GIT_BRANCH_LOCK_TTL_SECONDS = 3_600
 PAST_JOBS_WINDOW_SECONDS = 3_600
+#: The kinds of started jobs whose worker is dead: today's die one at a time (``Generator.started_job``'s slot).
+DEAD_KINDS = frozenset({"crashed", "never_heartbeated", "terminated"})
 
 
 @dataclass
@@ -225,7 +227,10 @@ class _Generator:
             _id=self.object_id(created_at),
         )
 
-    def started_job(self, kind: str) -> JobDocument:
+    def started_job(self, kind: str, slot: tuple[int, int] | None = None) -> JobDocument:
+        """A started job of ``kind`` now. ``slot`` (k of n): a dead job's last sign of life (its last heartbeat, or
+        its start) in the k-th of n equal spans of the range dead jobs die in, so that today's dead workers died one
+        at a time, never in a wave the cleanup would take for a deploy (``cleanup.causes``)."""
         w = self.workload
         job_type = self.rng.choice(w.job_types)
         limit = w.policy.max_duration_of(job_type.name)
@@ -240,13 +245,25 @@ class _Generator:
             last_beat_age = min(age, self.rng.uniform(0, beat))
         else:  # crashed, never heartbeated or terminated: dead for more than twice the timeout, not yet overdue
             low = 2 * timeout + 2 * beat
-            age = self.rng.uniform(low, max(low, 0.9 * limit))
+            high = max(low, 0.9 * limit)
+            age = self.rng.uniform(low, high)
             last_beat_age = self.rng.uniform(2 * timeout, age - beat)
+            if slot is not None:
+                k, n = slot
+                if kind == "never_heartbeated":  # its sign of life is its start
+                    age = low + (k + (age - low) / max(high - low, 1e-9)) * (high - low) / n
+                else:
+                    last_low, last_high = 2 * timeout, high - beat
+                    share = (last_beat_age - last_low) / max(age - beat - last_low, 1e-9)
+                    last_beat_age = last_low + (k + share) * (last_high - last_low) / n
+                    age = max(age, last_beat_age + beat)
             if kind == "terminated":
                 terminated_at = self.seconds_ago(last_beat_age - self.rng.uniform(0, beat))
         started_at = self.seconds_ago(age)
         last_heartbeat = None
-        if kind != "never_heartbeated" and age - last_beat_age >= beat:
+        if (
+            kind != "never_heartbeated" and age - last_beat_age >= beat - 1e-6
+        ):  # a slot's age is its beat + one interval
             last_heartbeat = self.seconds_ago(last_beat_age)
         job = self.job(
             job_type,
@@ -369,10 +386,11 @@ def simulate(
             generator.rng,
         )
     progress("writing today's started and waiting jobs")
+    slots = _spread_slots(workload.crashed + workload.never_heartbeated + workload.terminated_jobs)
     for kind in STARTED_KINDS:
         count = workload.terminated_jobs if kind == "terminated" else getattr(workload, kind)
         for _ in range(count):
-            job = generator.started_job(kind)
+            job = generator.started_job(kind, next(slots) if kind in DEAD_KINDS else None)
             result.ids[kind].append(job[ID])
             holder = holder or (job if kind == "crashed" else None)
             add(job)
@@ -402,6 +420,16 @@ def simulate(
     result.insert_commands += _write_side(store, generation, locks, past_jobs)
     result.past_jobs = len(past_jobs)
     return result
+
+
+def _spread_slots(n: int) -> Iterator[tuple[int, int]]:
+    """Slots (k of n) for n dead jobs made kind after kind, interleaved so that no kind dies all in one span: k steps
+    by a stride coprime with n (about 0.618 n)."""
+    stride = max(1, round(0.618 * n))
+    while n > 1 and math.gcd(stride, n) != 1:
+        stride += 1
+    for index in range(n):
+        yield (index * stride) % n, n
 
 
 def _past_job(job: JobDocument, finished_at: dt.datetime, now: dt.datetime) -> list[dict[str, Any]]:

@@ -13,6 +13,10 @@ cache per chunk of datasets gives the error users see now.
 A malformed event (its dataset or job type missing or not a name, a reason we
 do not know) is counted by its problem and left out, never a crash: the audit
 trail may hold documents of older versions or of hand edits.
+
+The (dataset, job type) pairs quarantined at the window's end (``cleanup.quarantine``:
+their workers kept crashing, they are not re-enqueued) are listed beside, and
+marked on their offenses.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from zombie_pipeline.cleanup.events import finalized_between
+from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
 from zombie_pipeline.queue.documents import (
     CACHE_CONTENT_ERROR,
     ERROR_CODE_OF_REASON,
@@ -83,6 +88,7 @@ class Offense:
     last_error_code: str | None = None
     last_error_message: str | None = None
     last_error_source: str = ErrorSource.EVENT
+    quarantined: bool = False  # its pair is quarantined at the window's end
 
     @property
     def finalizations(self) -> int:
@@ -144,6 +150,7 @@ class RepeatOffenders:
     events: int = 0  # finalizations counted (malformed events excepted)
     datasets: int = 0  # distinct datasets finalized in the window
     malformed: Counter[Any] = field(default_factory=Counter)  # problem -> events left out
+    quarantined: list[dict[str, Any]] = field(default_factory=list)  # the quarantines holding at the end, as rows
 
     @property
     def truncated(self) -> bool:
@@ -170,6 +177,7 @@ class RepeatOffenders:
                 "last_error": offense.last_error_code,
                 "last_error_message": offense.last_error_message,
                 "error_from": offense.last_error_source,
+                "quarantined": offense.quarantined,
             }
             for offender in self.offenders
             for offense in offender.offenses
@@ -198,7 +206,8 @@ def find_offenders(
     threshold: int = DEFAULT_THRESHOLD,
     limit: int = DEFAULT_LIMIT,
 ) -> RepeatOffenders:
-    """The datasets finalized at least ``threshold`` times in ``[start, end)``, each with its job types.
+    """The datasets finalized at least ``threshold`` times in ``[start, end)``, each with its job types, and the
+    quarantines holding at ``end``.
 
     ``limit`` bounds what is kept (and looked up in the cache): the most
     finalized offenders; ``offenders_total`` counts them all. ``limit=0`` only
@@ -228,6 +237,12 @@ def find_offenders(
                     kept = _most_finalized(kept, limit)
     result.offenders = _most_finalized(kept, limit)
     _attach_cache_errors(store, result.offenders)
+    quarantines = active_quarantines(store, end)
+    result.quarantined = [quarantine_row(quarantine) for quarantine in quarantines]
+    held = {(row["dataset"], row["type"]) for row in result.quarantined}
+    for offender in result.offenders:
+        for offense in offender.offenses:
+            offense.quarantined = (offense.dataset, offense.job_type) in held
     return result
 
 

@@ -366,7 +366,7 @@ def offenders_markdown(found: RepeatOffenders, max_rows: int = 20) -> str:
                 f"{row['finalizations']} (" + " / ".join(str(row[reason.value]) for reason in REASONS) + ")",
                 row["first_seen"],
                 row["last_seen"],
-                "yes" if row["retry_limit_reached"] else "no",
+                "quarantined" if row["quarantined"] else "yes" if row["retry_limit_reached"] else "no",
                 f"{row['last_error']} ({row['error_from']})",
             ]
             for row in rows[:max_rows]
@@ -380,6 +380,28 @@ def offenders_markdown(found: RepeatOffenders, max_rows: int = 20) -> str:
                 + (f", {found.offenders_total - len(found.offenders)} more datasets" if found.truncated else "")
                 + ".",
             ]
+    if found.quarantined:
+        lines += [
+            "",
+            f"**Quarantined** at the window's end: {len(found.quarantined)} (dataset, job type) pairs whose workers kept "
+            "crashing; their jobs are not re-enqueued until lift_quarantine_job lifts it or it lapses.",
+            "",
+        ]
+        header = ["dataset", "type", "crashes", "within", "since", "lapses at"]
+        lines += _table(
+            header,
+            [
+                [
+                    f"`{row['dataset']}`",
+                    f"`{row['type']}`",
+                    str(row["crashes"]),
+                    f"{row['window_hours']} h",
+                    row["since"],
+                    row["lapses_at"],
+                ]
+                for row in found.quarantined[:max_rows]
+            ],
+        )
     if found.malformed:
         lines += [
             "",
