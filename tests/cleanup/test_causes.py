@@ -18,6 +18,7 @@ import pytest
 from tests.faults.scenario import counters_off
 from tests.helpers import cleanup_at, found
 from zombie_pipeline.cleanup import causes
+from zombie_pipeline.cleanup.events import causes_between
 from zombie_pipeline.cleanup.run import run_cleanup, summarize
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import DETAIL_QUARANTINED, stored_failed_runs
@@ -156,6 +157,22 @@ def test_a_planted_wave_and_two_older_crashes_are_recorded_as_fifty_deploys_and_
     )
     assert "| `/first-rows` | deploy | missing_heartbeat | 50 | 50 |" in summary.markdown()
     assert "by cause: 50 deploy, 2 crash, 0 never started, 0 timeout" in summary.one_line()
+
+
+@BOTH
+def test_a_window_counts_its_finalizations_by_type_and_cause_and_an_event_older_than_causes_by_its_reason(
+    store, generation
+):
+    policy = deployment(store, generation)
+    store.jobs.insert_many([dead_job(generation, f"user{n}/data", ago(400 + 30 * n / 50)) for n in range(50)])
+    store.jobs.insert_many([dead_job(generation, f"lone{n}/data", ago(3_600 + 400 + 200 * n)) for n in (0, 1)])
+    cleanup_at(store, policy, NOW)
+    store.events.update_one({Event.CAUSE: Cause.CRASH}, {"$unset": {Event.CAUSE: ""}})  # recorded before causes
+
+    assert causes_between(store, NOW - dt.timedelta(minutes=1), NOW + dt.timedelta(minutes=1)) == {
+        "/first-rows": {Cause.DEPLOY: 50, Cause.CRASH: 2}
+    }
+    assert causes_between(store, NOW + dt.timedelta(minutes=1), NOW + dt.timedelta(hours=1)) == {}
 
 
 def test_a_wave_split_across_two_runs_is_still_a_wave_for_the_second(store):

@@ -16,7 +16,7 @@ import yaml
 from tests.helpers import found
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import Reason, Status
+from zombie_pipeline.queue.documents import Cause, Reason, Status
 from zombie_pipeline.statistics.analysis import analyze
 from zombie_pipeline.statistics.charts import CHART_EDGES, INLINE_MARKDOWN_LIMIT, duration_chart, duration_charts
 from zombie_pipeline.statistics.formatting import day_ranges, format_duration
@@ -255,6 +255,18 @@ def test_the_report_gives_the_detection_time_of_each_reason_at_p50_and_p99(tmp_p
     files = write_reports(report, tmp_path)
     detection = json.loads(files.json.read_text())["detection_seconds_by_reason"]
     assert detection[Reason.MISSING_HEARTBEAT]["p99_seconds"] == 399.0
+
+
+def test_the_report_counts_the_windows_finalizations_per_type_and_cause(tmp_path):
+    window = Period(start=END - dt.timedelta(days=7), end=END, tallies={"/a": _tally([10.0] * 40)})
+    report = analyze(window, ZombiePolicy(), computed_at=END)
+    report.causes = {"/a": {Cause.DEPLOY: 50, Cause.CRASH: 2}, "/b": {Cause.TIMEOUT: 1}}
+
+    assert "| `/a` | 50 | 2 | 0 | 0 |" in markdown_table(report)
+    assert "| `/b` | 0 | 0 | 0 | 1 |" in markdown_table(report)
+    assert "finalized by cause: 50 deploy, 2 crash, 0 never_started, 1 timeout" in summary_text(report)
+    causes = json.loads(write_reports(report, tmp_path).json.read_text())["finalized_by_type_and_cause"]
+    assert causes == {"/a": {"deploy": 50, "crash": 2}, "/b": {"timeout": 1}}
 
 
 def test_the_text_chart_is_a_log_scale_histogram_of_the_successes_with_both_t2_marked(report):

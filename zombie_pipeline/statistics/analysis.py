@@ -45,9 +45,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from zombie_pipeline.cleanup.events import causes_between
 from zombie_pipeline.cleanup.late_results import late_results_between
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
-from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, utc
+from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, Cause, utc
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS as DEFAULT_WINDOW_DAYS  # also read from here (the demo)
@@ -467,6 +468,7 @@ class DurationReport:
     deployment_limit: DeploymentLimit | None = None
     detection: list[DetectionTimes] = field(default_factory=list)  # per reason with recorded detection times
     late_results: dict[str, int] = field(default_factory=dict)  # job type -> finalized jobs seen alive afterwards
+    causes: dict[str, dict[Cause, int]] = field(default_factory=dict)  # job type -> cause -> zombies finalized
 
     @property
     def days_expected(self) -> int:
@@ -574,6 +576,7 @@ def window_report(
     undated = left_out_of_every_day(store, generation)
     report = analyze(period, policy, rules, undated=undated, missing_days=missing_days)
     report.late_results = late_results_between(store, start, end)  # recorded after the days were tallied
+    report.causes = causes_between(store, start, end)
     return report
 
 

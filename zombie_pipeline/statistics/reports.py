@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from zombie_pipeline import config
-from zombie_pipeline.queue.documents import REASONS, Status
+from zombie_pipeline.queue.documents import CAUSES, REASONS, Status
 from zombie_pipeline.statistics.analysis import DurationReport, TypeReport
 from zombie_pipeline.statistics.charts import plot_durations
 from zombie_pipeline.statistics.formatting import day_ranges, format_duration, format_share, window_text
@@ -140,6 +140,8 @@ def markdown_table(report: DurationReport) -> str:
         "",
         detection_text(report),
         "",
+        *causes_table(report),
+        "",
         _data_notes(report),
     ]
     return "\n".join(lines).rstrip() + "\n"
@@ -165,6 +167,23 @@ def detection_text(report: DurationReport) -> str:
         f"at its T2, from that deadline. Heartbeat timeout {format_duration(report.heartbeat_timeout_seconds)}."
     )
     return "\n".join([intro, "", *_table(["reason", "zombies", "p50", "p99", "max"], rows), "", late]).rstrip()
+
+
+def causes_table(report: DurationReport) -> list[str]:
+    """The window's finalizations per job type and cause (docs/causes.md): what a deploy cost, what crashed."""
+    if not report.causes:
+        return []
+    rows = [
+        [f"`{job_type}`", *(str(by_cause.get(cause, 0)) for cause in CAUSES)]
+        for job_type, by_cause in report.causes.items()
+    ]
+    intro = "**Finalizations by cause** (docs/causes.md): a deploy's deaths cost no run; crashes count as the deployment counts them."
+    return [intro, "", *_table(["type", *CAUSES], rows)]
+
+
+def causes_line(report: DurationReport) -> str:
+    totals = {cause: sum(by_cause.get(cause, 0) for by_cause in report.causes.values()) for cause in CAUSES}
+    return "finalized by cause: " + ", ".join(f"{count} {cause}" for cause, count in totals.items())
 
 
 def late_results_text(report: DurationReport) -> str:
@@ -323,6 +342,8 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
         lines.append(limit.replace("**", "").replace("`", ""))
     if report.late_results:
         lines.append(late_results_text(report).replace("**", "").replace("`", ""))
+    if report.causes:
+        lines.append(causes_line(report))
     for times in report.detection:
         lines.append(
             f"detection time, {times.reason}: p50 {format_duration(times.p50_seconds)}, p99 "
@@ -449,6 +470,7 @@ def report_json(report: DurationReport) -> dict[str, Any]:
             "deployment_max_job_duration": asdict(report.deployment_limit) if report.deployment_limit else None,
             "detection_seconds_by_reason": {times.reason: asdict(times) for times in report.detection},
             "late_results_by_type": report.late_results,
+            "finalized_by_type_and_cause": report.causes,
         }
     )
     return as_json
