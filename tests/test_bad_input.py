@@ -39,6 +39,7 @@ from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.failures import result_cause
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
+from zombie_pipeline.queue.cache_entries import DETAIL_QUARANTINED
 from zombie_pipeline.queue.documents import (
     CACHE_KEY,
     ID,
@@ -539,6 +540,7 @@ def _allowed_keys() -> set:
         "seconds",
     }
     fields |= {"runner_version"}  # the summary of the entry an error replaced, kept in the event
+    fields |= {DETAIL_QUARANTINED}  # the error entry's details say whether the pair is quarantined
     fields |= set(ZombiePolicy.model_fields)
     operators = {
         "$in",

@@ -179,6 +179,9 @@ class DagsterDev:
         for pid in pids:
             if _alive(pid):
                 _signal(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10  # a killed process is gone once the kernel has torn it down: soon, not at once
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.1)
         if self.process.poll() is None:
             self.process.wait(timeout=10)
         return pids

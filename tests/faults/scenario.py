@@ -26,11 +26,13 @@ from pymongo import MongoClient
 from tests.helpers import LoggedResult, found
 from tests.servers import REPO_ROOT
 from zombie_pipeline.cleanup import counters
+from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.orchestration.resources import (
     Databases,
     ZombiePolicyResource,
 )
+from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import failed_runs_after_crash
 from zombie_pipeline.queue.documents import (
     CACHE_KEY,
@@ -229,7 +231,11 @@ def audit(store: Store, zombie_ids: list[ObjectId], prior_failed_runs: dict[Obje
             else:
                 figures["cache_entries_written"] += 1
                 runs = entry.get(Cache.FAILED_RUNS, (entry.get(Cache.DETAILS) or {}).get(Cache.FAILED_RUNS))
-                if runs != prior_failed_runs.get(job_id, 0) + 1:
+                # a crash costs one run; a death the policy counts as a deploy's (zombies planted together die in a
+                # wave) costs none
+                snapshot = event[Event.POLICY]
+                costless = ZombiePolicy(deploy_costs_failed_run=snapshot["deploy_costs_failed_run"]).costless_causes
+                if runs != prior_failed_runs.get(job_id, 0) + (cause_of_event(event) not in costless):
                     figures["duplicate_failed_runs_counted"] += 1
         elif event.get(Event.CACHE_OUTCOME) == CacheOutcome.SKIPPED_FRESHER:
             figures["cache_entries_kept_fresher"] += 1

@@ -16,7 +16,13 @@ from zombie_pipeline.queue.documents import (
     ID,
     LOCKS_COLLECTION,
 )
-from zombie_pipeline.queue.indexes import CACHE_INDEXES, EVENT_INDEXES, JOB_INDEXES, RETRY_INDEXES
+from zombie_pipeline.queue.indexes import (
+    CACHE_INDEXES,
+    EVENT_INDEXES,
+    JOB_INDEXES,
+    QUARANTINE_INDEXES,
+    RETRY_INDEXES,
+)
 from zombie_pipeline.queue.store import Store, duplicate_indexes
 
 
@@ -62,7 +68,9 @@ def test_the_indexes_our_queries_need_are_created_once(queue_db, cache_db):
 
     created = store.ensure_indexes()
 
-    expected = [spec.full_name for spec in (*JOB_INDEXES, *CACHE_INDEXES, *EVENT_INDEXES, *RETRY_INDEXES)]
+    expected = [
+        spec.full_name for spec in (*JOB_INDEXES, *CACHE_INDEXES, *EVENT_INDEXES, *RETRY_INDEXES, *QUARANTINE_INDEXES)
+    ]
     assert sorted(created) == sorted(expected)
     assert store.ensure_indexes() == []  # idempotent: every run asks
 

@@ -80,6 +80,21 @@ def port_in_use(port: int) -> bool:
     return False
 
 
+#: How long a start waits for its port to be released: a server stopped a moment ago may still hold it (its
+#: processes ending after the one whose PID it recorded, on a loaded host).
+PORT_RELEASE_SECONDS = 10.0
+
+
+def port_freed(port: int, timeout_seconds: float) -> bool:
+    """True once nothing listens on 127.0.0.1:``port``, within ``timeout_seconds``."""
+    deadline = time.monotonic() + timeout_seconds
+    while port_in_use(port):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def find_executable() -> str | None:
     beside_python = Path(sys.executable).parent / SERVER_EXECUTABLE
     if beside_python.exists():
@@ -213,7 +228,7 @@ def ensure_server(base: Path | None = None, port: int | None = None) -> ServerIn
                 )
             return info
         chosen = port or remembered_port(base)
-        if chosen is not None and port_in_use(chosen):
+        if chosen is not None and not port_freed(chosen, PORT_RELEASE_SECONDS):
             why = "asked for" if port else "where the embedded server of this home ran last"
             raise EmbeddedServerError(
                 f"port {chosen} ({why}) is taken by another process on 127.0.0.1: free it, or start the server on "
