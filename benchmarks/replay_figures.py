@@ -56,7 +56,7 @@ from benchmarks.replay_trace import (
     moment,
 )
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
-from zombie_pipeline.queue.documents import Reason, Status
+from zombie_pipeline.queue.documents import Reason, RetryOutcome, Status
 from zombie_pipeline.statistics.analysis import DurationReport, analyze
 from zombie_pipeline.statistics.tallies import Period, durations_array
 
@@ -157,8 +157,11 @@ def figures(trace: Trace, outcome: Outcome) -> dict[str, Any]:
             mistakes["live_finalized"] += 1
         if life.ending is Ending.FINISHED:
             mistakes["late_results"] += 1  # the worker's result comes after our error
-        rerun_possible = first.reason in DEAD_REASONS or outcome.retries_at_once
-        rerun_at = first.at if outcome.retries_at_once else next_backfill(first.at)
+        # re-run at once when the killer re-enqueued it (a cleanup's retry, a timeout's included); else a dead reason's
+        # error is the deployment's backfill's to re-run
+        at_once = first.retry == RetryOutcome.ENQUEUED
+        rerun_possible = first.reason in DEAD_REASONS or at_once
+        rerun_at = first.at if at_once else next_backfill(first.at)
         if rerun_possible and rerun_at < life.process_end:
             mistakes["run_twice_at_once"] += 1
         mistakes["freed_while_running"] += 1

@@ -369,7 +369,6 @@ class Outcome:
     finalizations: dict[int, list[Finalization]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     settings: dict[str, object] = field(default_factory=dict)
-    retries_at_once: bool = False  # the contender re-enqueues a crashed job at once (else the deployment's backfill)
     wall_seconds: float = 0.0
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # this process's, and its server's when known
 

@@ -21,14 +21,17 @@ from benchmarks.replay_trace import (  # noqa: E402
     Cause,
     Checks,
     Fate,
+    Finalization,
     Job,
+    Outcome,
     Trace,
     TraceSettings,
     constant,
     generate,
     lifecycle,
 )
-from zombie_pipeline.queue.documents import Reason  # noqa: E402
+from zombie_pipeline.queue import documents  # noqa: E402
+from zombie_pipeline.queue.documents import Reason, RetryOutcome  # noqa: E402
 
 #: A pass reads at once and finishes each stuck job 0.05 s after the previous one: easy arithmetic.
 INSTANT = DeploymentSettings(read_seconds=0.0, read_seconds_per_started_job=0.0, finish_seconds=0.05)
@@ -134,6 +137,20 @@ def test_a_long_job_is_stopped_at_2400_seconds_by_its_own_worker_and_never_judge
     ]
     mistakes = figures(trace, outcome)["mistakes"]
     assert mistakes["healthy_stopped_by_t2"] == 1 and mistakes["live_finalized"] == 0
+
+
+@pytest.mark.parametrize(("retry", "twice"), [(RetryOutcome.ENQUEUED, 1), (None, 0)])
+def test_a_live_job_finalized_as_overdue_and_re_enqueued_at_once_runs_twice_at_once(retry, twice):
+    """A T2 below the executor's own: the cleanup frees the job at 1,500 s while its process runs to its kill at
+    2,420 s; a timeout it re-runs at once can start beside it, one left to the deployment is never re-run."""
+    long_job = job(0, Fate.HEALTHY, natural_end=3_000.0, beats=every_minute(0, 3_000), checks=[2_350, 2_399, 2_420])
+    trace = trace_of(long_job)
+    outcome = Outcome("c", constant(2_400.0))
+    outcome.add(0, Finalization(1_500.0, Actor.CLEANUP, Reason.EXCEEDED_MAX_DURATION, documents.Cause.TIMEOUT, retry))
+
+    mistakes = figures(trace, outcome)["mistakes"]
+
+    assert (mistakes["freed_while_running"], mistakes["run_twice_at_once"], mistakes["live_finalized"]) == (1, twice, 0)
 
 
 def test_a_four_minute_heartbeat_gap_is_not_a_death():
