@@ -31,7 +31,7 @@ from typing import Any
 from pymongo.errors import DuplicateKeyError
 
 from zombie_pipeline.cleanup.causes import cause_of_event
-from zombie_pipeline.cleanup.retries import enqueue_due_retries, retry_job
+from zombie_pipeline.cleanup.retries import enqueue_due_retries, scheduled_retry
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of, written_for
 from zombie_pipeline.queue.documents import (
@@ -44,10 +44,7 @@ from zombie_pipeline.queue.documents import (
     Quarantine,
     QuarantineDocument,
     Reason,
-    RetryDocument,
     RetryOutcome,
-    ScheduledRetry,
-    ScheduledState,
     ZombieEvent,
     as_utc,
     cache_key_of_job,
@@ -288,7 +285,9 @@ def lift(store: Store, policy: ZombiePolicy, dataset: str, job_type: str, run_id
             + f"; quarantined now: {holding or 'none'}"
         )
     withheld = _withheld(store, dataset, job_type)
-    scheduled = [_due_now(event, now) for event in withheld]
+    scheduled = [
+        scheduled_retry(event, QUEUE_GENERATIONS[event[Event.QUEUE_GENERATION]], now, due_at=now) for event in withheld
+    ]
     if scheduled:
         present = {item[ID] for item in store.retries.find({ID: {"$in": [item[ID] for item in scheduled]}}, {ID: 1})}
         fresh = [item for item in scheduled if item[ID] not in present]
@@ -320,15 +319,3 @@ def _withheld(store: Store, dataset: str, job_type: str) -> list[ZombieEvent]:
     fields = {Cache.DETAILS: 1, Cache.ERROR_CODE: 1}
     entries = entries_of_jobs(store.cache, [event[Event.JOB] for event in latest.values()], fields)
     return [event for key, event in latest.items() if written_for(entries.get(key), event)]
-
-
-def _due_now(event: ZombieEvent, now: dt.datetime) -> RetryDocument:
-    generation = QUEUE_GENERATIONS[event[Event.QUEUE_GENERATION]]
-    return {
-        ID: event[Event.RETRY_JOB_ID],
-        ScheduledRetry.JOB: retry_job(event, generation, now),
-        ScheduledRetry.EVENT_ID: event[ID],
-        ScheduledRetry.QUEUE_GENERATION: generation.name,
-        ScheduledRetry.DUE_AT: now,
-        ScheduledRetry.STATE: ScheduledState.PENDING,
-    }

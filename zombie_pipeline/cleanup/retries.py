@@ -128,7 +128,7 @@ class Retries:
             if delay > 0:
                 due_at = truncate_ms(event[Event.FINALIZED_AT] + dt.timedelta(seconds=delay))
                 outcomes[event[ID]] = (RetryOutcome.SCHEDULED, due_at)
-                scheduled.append(_scheduled(event, generation, now, due_at))
+                scheduled.append(scheduled_retry(event, generation, now, due_at))
             elif holder is None:
                 new_jobs.append(retry_job(event, generation, now))
             else:
@@ -152,7 +152,10 @@ def _spread(event_id: Any) -> float:
     return random.Random(str(event_id)).uniform(-1.0, 1.0)
 
 
-def _scheduled(event: ZombieEvent, generation: QueueGeneration, now: dt.datetime, due_at: dt.datetime) -> RetryDocument:
+def scheduled_retry(
+    event: ZombieEvent, generation: QueueGeneration, now: dt.datetime, due_at: dt.datetime
+) -> RetryDocument:
+    """The retry of ``event``'s job, kept in our own collection until ``due_at``, when a cleanup enqueues it."""
     return {
         ID: event[Event.RETRY_JOB_ID],
         ScheduledRetry.JOB: retry_job(event, generation, now),
