@@ -110,14 +110,15 @@ def test_todays_backfill_re_runs_a_deploy_death_and_a_crash_but_no_timeout_nor_q
         last_heartbeat=dt.timedelta(minutes=2),
         terminated_at=dt.timedelta(minutes=6),
     )
-    # carol/c's worker dies alone after one earlier failure; dave/d's job still beats, 30 minutes in (T2: 20)
+    # carol/c's worker dies alone after one earlier failure; dave/d's job still beats, 45 minutes in (T2: 20; past
+    # the deployment's own 40 and its check: its executor did not stop it, so its re-run need not wait)
     crashed = start(deployment, KIND, "carol/c")
     earlier_failures(deployment, "carol/c", failed_runs=1)
     backdate(queue_db, crashed, started_at=dt.timedelta(minutes=10), last_heartbeat=dt.timedelta(minutes=9))
     overdue = start(deployment, KIND, "dave/d")
     difficulty = found(queue_db.jobsBlue.find_one({"_id": ObjectId(overdue)}))["difficulty"]
     deployment.run("heartbeat", job_id=overdue)
-    backdate(queue_db, overdue, started_at=dt.timedelta(minutes=30))
+    backdate(queue_db, overdue, started_at=dt.timedelta(minutes=45))
 
     report = run_cleanup(store, policy, run_id="ours")
 

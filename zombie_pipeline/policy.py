@@ -108,6 +108,13 @@ class PolicySettings(BaseModel):
         "the failed runs of its artifact at its revision are at most this; enqueued by the cleanup at every generation "
         "(the deployment's backfill never re-runs JobManagerExceededMaximumDurationError). 0: never, as the deployment.",
     )
+    deployment_max_job_duration_seconds: int | None = Field(
+        default=2400,
+        description="The deployment's own MAX_JOB_DURATION_SECONDS (the production chart: 2400): its executors stop "
+        "their job this long after its start, at a check every 30-90 s. A timeout's re-run waits until then + 90 s, "
+        "so that it never runs beside the process it replaces (a T2 below the deployment's frees the job first); "
+        "None: at once (executors that never stop their jobs).",
+    )
     deploy_costs_failed_run: bool = Field(
         default=False,
         description="A deploy death (SIGTERMed, or stopped in a wave of workers) counts a failed run and raises the "
@@ -205,6 +212,7 @@ POLICY_BOUNDS: dict[str, Bound] = {
     "min_started_for_brake": Bound(ge=0),
     "crashed_retry_limit": Bound(ge=0),
     "exceeded_retry_limit": Bound(ge=0),
+    "deployment_max_job_duration_seconds": Bound(gt=0),
     "wave_min_workers": Bound(ge=2),
     "wave_window_seconds": Bound(gt=0, le=3_600),
     "quarantine_after_crashes": Bound(ge=0),

@@ -35,6 +35,7 @@ from zombie_pipeline.queue.documents import (
     JobDocument,
     Reason,
     RetryOutcome,
+    ScheduledRetry,
     Status,
     ZombieEvent,
     truncate_ms,
@@ -255,11 +256,12 @@ def test_with_deploy_costs_failed_run_a_deploy_death_is_counted_as_the_deploymen
     assert event[Event.RETRY_OUTCOME] == (RetryOutcome.ENQUEUED if kept else RetryOutcome.NOT_RETRIED)
 
 
-def _overrun(store: Store, generation: str, at: dt.datetime, difficulty: int = 50) -> JobDocument:
-    """A job of user/slow that still beats but started 40 minutes before ``at``: past the default T2 (20 min). The
-    waiting retry of an earlier overrun is the one that starts, if there is one."""
+def _overrun(store: Store, generation: str, at: dt.datetime, difficulty: int = 50, minutes: float = 45) -> JobDocument:
+    """A job of user/slow that still beats but started ``minutes`` before ``at``: past the default T2 (20 min), and by
+    default past the deployment's own (40 min, + 90 s for its check): its executor did not stop it. The waiting retry
+    of an earlier overrun is the one that starts, if there is one."""
     retry = store.jobs.find_one({Job.DATASET: "user/slow", Job.STATUS: Status.WAITING})
-    started_at, last_heartbeat = at - dt.timedelta(minutes=40), at - dt.timedelta(seconds=30)
+    started_at, last_heartbeat = at - dt.timedelta(minutes=minutes), at - dt.timedelta(seconds=30)
     if retry is not None:
         started = {Job.STATUS: Status.STARTED, Job.STARTED_AT: started_at, Job.LAST_HEARTBEAT: last_heartbeat}
         store.jobs.update_one({ID: retry[ID]}, {"$set": started})
@@ -299,6 +301,27 @@ def test_a_timeout_runs_once_more_at_twenty_more_difficulty_then_its_error_stays
     )
     assert waiting(store) == []
     assert entry_of(store, "user/slow")[Cache.ERROR_CODE] == "JobManagerExceededMaximumDurationError"
+
+
+@WITH_DIFFICULTY
+def test_a_timeout_whose_own_executor_still_runs_it_is_re_run_only_once_the_executor_has_stopped_it(store, generation):
+    """Our T2 (20 min) below the deployment's (40 min): the process runs on until its executor's check past 40 min,
+    so its re-run waits until then (+ 90 s) in our retries, and the first cleanup after that enqueues it."""
+    policy = deployment(store, generation)
+    job = _overrun(store, generation, NOW, minutes=30)
+    cleanup_at(store, policy, NOW)
+
+    event = found(store.events.find_one({ID: job[ID]}))
+    due_at = job[Job.STARTED_AT] + dt.timedelta(seconds=2_400 + 90)
+    assert (event[Event.CAUSE], event[Event.RETRY_OUTCOME]) == (Cause.TIMEOUT, RetryOutcome.SCHEDULED)
+    assert found(store.retries.find_one({ID: event[Event.RETRY_JOB_ID]}))[ScheduledRetry.DUE_AT] == due_at
+    assert waiting(store) == []
+
+    cleanup_at(store, policy, due_at - dt.timedelta(seconds=1), run_id="before")
+    assert waiting(store) == []
+    cleanup_at(store, policy, due_at, run_id="after")
+    (rerun,) = waiting(store)
+    assert rerun[ID] == event[Event.RETRY_JOB_ID] and rerun[Job.DIFFICULTY] == 70
 
 
 @WITH_DIFFICULTY

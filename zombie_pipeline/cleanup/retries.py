@@ -21,8 +21,11 @@ By cause (``causes``), at every generation where the deployment would not:
 - a **deploy** death costs no run (``deploy_costs_failed_run`` off): re-enqueued at
   once, at the same difficulty, whatever its failed runs (its entry kept them);
 - a **timeout** is re-run while its failed runs are at most ``exceeded_retry_limit``
-  (1: once), at +20 difficulty (the deployment's ``DIFFICULTY_BONUS_BY_FAILED_RUNS``),
-  at once: the deployment's backfill never re-runs it;
+  (1: once), at +20 difficulty (the deployment's ``DIFFICULTY_BONUS_BY_FAILED_RUNS``):
+  the deployment's backfill never re-runs it. At once when its own executor has
+  stopped it by then, else once it has (``deployment_max_job_duration_seconds`` after
+  its start, + 90 s): with a T2 below the deployment's, the process it replaces runs
+  on until then;
 - a **crash** (or a job that never started) as before: below ``crashed_retry_limit``
   where the cleanup re-enqueues crashes at all;
 - nothing of a quarantined (dataset, job type) (``quarantine``).
@@ -53,6 +56,7 @@ from zombie_pipeline.queue.documents import (
     DIFFICULTY_BONUS_BY_FAILED_RUNS,
     DIFFICULTY_MAX,
     ID,
+    KILL_LONG_JOB_CHECK_SECONDS,
     RUN_FIELDS,
     CacheOutcome,
     Cause,
@@ -65,6 +69,7 @@ from zombie_pipeline.queue.documents import (
     ScheduledState,
     Status,
     ZombieEvent,
+    as_utc,
     truncate_ms,
     utc_now,
     without_none,
@@ -122,11 +127,8 @@ class Retries:
                 outcomes[event[ID]] = (RetryOutcome.ALREADY_QUEUED, None)
                 continue
             queued[event[Event.JOB][Job.UNICITY_ID]] = event[Event.RETRY_JOB_ID]  # one retry per unicity_id in a batch
-            delay = self.policy.retry_delay_of(event.get(Event.FAILED_RUNS, 1), _spread(event[ID]))
-            if cause_of_event(event) not in DELAYED_CAUSES:  # a deploy death or a timeout runs again at once
-                delay = 0
-            if delay > 0:
-                due_at = truncate_ms(event[Event.FINALIZED_AT] + dt.timedelta(seconds=delay))
+            due_at = self._due_at(event)
+            if due_at is not None:
                 outcomes[event[ID]] = (RetryOutcome.SCHEDULED, due_at)
                 scheduled.append(scheduled_retry(event, generation, now, due_at))
             elif holder is None:
@@ -145,6 +147,22 @@ class Retries:
             if fresh:
                 self.store.retries.insert_many(fresh, ordered=False, session=session)
         return Retried(outcomes, self.effects.inserted_before(inserted_before))
+
+    def _due_at(self, event: ZombieEvent) -> dt.datetime | None:
+        """When the retry of ``event``'s job may run, or None for at once: a crash's after its delay; a timeout's once
+        its own executor has stopped it (the policy's ``deployment_max_job_duration_seconds`` after its start); a deploy
+        death's at once."""
+        cause = cause_of_event(event)
+        finalized_at = event[Event.FINALIZED_AT]
+        if cause in DELAYED_CAUSES:
+            delay = self.policy.retry_delay_of(event.get(Event.FAILED_RUNS, 1), _spread(event[ID]))
+            return truncate_ms(finalized_at + dt.timedelta(seconds=delay)) if delay > 0 else None
+        limit = self.policy.deployment_max_job_duration_seconds
+        started_at = as_utc(event[Event.JOB].get(Job.STARTED_AT))
+        if cause is not Cause.TIMEOUT or limit is None or started_at is None:
+            return None
+        stopped_by = started_at + dt.timedelta(seconds=limit + KILL_LONG_JOB_CHECK_SECONDS)
+        return truncate_ms(stopped_by) if stopped_by > finalized_at else None
 
 
 def _spread(event_id: Any) -> float:

@@ -326,6 +326,8 @@ def quarantine_message(crashes: int, window_hours: int) -> str:
 #: up to the maximum; its backfill re-runs a crashed job while its failed runs are below its error code's limit.
 DIFFICULTY_BONUS_BY_FAILED_RUNS = 20
 DIFFICULTY_MAX = 100
+#: Its executors look at their own job's duration every 0.5-1.5 x killLongJobIntervalSeconds (the chart: 60 s).
+KILL_LONG_JOB_CHECK_SECONDS = 90
 DEPLOYMENT_MAX_FAILED_RUNS = {ErrorCode.CRASHED: 3}
 
 
