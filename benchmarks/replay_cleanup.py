@@ -126,10 +126,15 @@ class PipelineSettings:
     seed: int = 29
 
     def policy(self, per_type: bool) -> ZombiePolicy:
+        """The cleanup's policy before (``per_type`` False) and after (True) (d)'s suggestions are in force; it knows
+        the executors' maximum duration in force then, as an operator sets it."""
+        later = self.kill_long_job_seconds_later if per_type else None
+        executors = later if later is not None else self.kill_long_job_seconds
+        fields: dict[str, Any] = {"deployment_max_job_duration_seconds": math.ceil(executors)}
         policy = ZombiePolicy(
             heartbeat_timeout_seconds=self.heartbeat_timeout_seconds,
             max_duration_seconds=self.max_duration_seconds,
-            **dict(self.policy_overrides),
+            **{**fields, **dict(self.policy_overrides)},
         )
         return policy.with_max_durations(dict(self.max_duration_seconds_by_type)) if per_type else policy
 
