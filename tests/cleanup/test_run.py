@@ -1,5 +1,6 @@
 """Cleanup: zombies finalized exactly once, never over a live worker, with the error users see."""
 
+import datetime as dt
 import math
 import subprocess
 import sys
@@ -20,9 +21,10 @@ from tests.helpers import (
     found,
     job_document,
     logged_store,
+    plan_for,
     workload,
 )
-from zombie_pipeline.cleanup import cache_errors
+from zombie_pipeline.cleanup import cache_errors, run
 from zombie_pipeline.cleanup.detection import detect
 from zombie_pipeline.cleanup.events import EventLog
 from zombie_pipeline.cleanup.run import BrakeEngaged, run_cleanup
@@ -40,6 +42,7 @@ from zombie_pipeline.queue.documents import (
     Reason,
     RetryOutcome,
     Status,
+    truncate_ms,
     utc_now,
 )
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
@@ -71,6 +74,21 @@ def test_every_zombie_is_finalized_and_nothing_else(store):
             assert job == old
     assert store.events.count_documents({}) == 20
     assert store.events.count_documents({Event.STATE: EventState.DONE}) == 20
+
+
+def test_a_finalize_step_given_a_moment_stamps_every_write_at_it(store):
+    """As a replay drives the steps in virtual time: the events, the jobs and the cache errors say the same moment."""
+    simulation = simulate(store, SMALL)
+    at = truncate_ms(utc_now() + dt.timedelta(minutes=1))  # not the wall clock of any write
+    plan = plan_for(store, POLICY, "run-at", override_brake=True)
+
+    result = run.finalize(store, plan, run.find(store, plan, at).candidates, at)
+
+    events = list(store.events.find())
+    assert len(events) == len(simulation.zombie_ids) and {e[Event.FINALIZED_AT] for e in events} == {at}
+    assert {job[Job.FINISHED_AT] for job in store.jobs.find({ID: {"$in": simulation.zombie_ids}})} == {at}
+    assert result.counts["cache_written"] > 0
+    assert store.cache.count_documents({Cache.UPDATED_AT: at}) == result.counts["cache_written"]
 
 
 def test_a_second_cleanup_finds_nothing_and_writes_nothing(store):

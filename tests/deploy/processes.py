@@ -88,6 +88,9 @@ class ProcessTree:
             time.sleep(0.2)
         for pid in self.alive():
             _signal(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10  # a killed process is gone once the kernel has torn it down: soon, not at once
+        while time.monotonic() < deadline and self.alive():
+            time.sleep(0.1)
         if self.process.poll() is None:
             self.process.wait(timeout=10)
         return self.pids

@@ -148,13 +148,15 @@ def finalize(
     store: Store, plan: CleanupPlan, candidates: list[Candidate], now: dt.datetime | None = None
 ) -> StepResult:
     """Claim the candidates, then finalize every claim of the run (an earlier attempt's too) as the queue's generation
-    does (``GenerationUnknown`` when there are candidates and the queue is undecided)."""
+    does (``GenerationUnknown`` when there are candidates and the queue is undecided). Every stamp is taken at the
+    moment of its write, or at ``now`` when it is given (a replay's virtual time)."""
     if plan.options.dry_run or not candidates:
         return StepResult()
     actions = compensations.registry(plan.policy)
     generation = plan.generations.required_queue()
-    finalizer = Finalizer.build(store, plan.run_id, plan.policy, generation, plan.generations.cache, actions)
-    claims = finalizer.claim(candidates, now or utc_now())
+    clock = utc_now if now is None else lambda: now
+    finalizer = Finalizer.build(store, plan.run_id, plan.policy, generation, plan.generations.cache, actions, clock)
+    claims = finalizer.claim(candidates, clock())
     return StepResult(claims.counts).merge(finalizer.finalize(fresh=claims.ids))
 
 
