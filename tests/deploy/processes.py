@@ -68,10 +68,11 @@ class ProcessTree:
         """SIGTERM to the root, then to whatever of its tree outlives it, SIGKILL after ``timeout``; the PIDs."""
         if self.process is None:
             return []
-        if self.crashed:
+        if self.crashed:  # its root was killed: what it had started (a run worker) may outlive it, orphaned
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and self.alive():
                 time.sleep(0.2)
+            self._kill_survivors()
             return self.pids
         self.pids = [self.process.pid, *descendants(self.process.pid)]
         _signal(self.process.pid, signal.SIGTERM)
@@ -86,14 +87,17 @@ class ProcessTree:
         deadline = time.monotonic() + timeout / 2
         while time.monotonic() < deadline and self.alive():
             time.sleep(0.2)
+        self._kill_survivors()
+        if self.process.poll() is None:
+            self.process.wait(timeout=10)
+        return self.pids
+
+    def _kill_survivors(self) -> None:
         for pid in self.alive():
             _signal(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10  # a killed process is gone once the kernel has torn it down: soon, not at once
         while time.monotonic() < deadline and self.alive():
             time.sleep(0.1)
-        if self.process.poll() is None:
-            self.process.wait(timeout=10)
-        return self.pids
 
     def alive(self) -> list[int]:
         return [pid for pid in self.pids if pid_alive(pid)]
@@ -152,3 +156,11 @@ def webserver(workspace_yaml: Path, port: int, env: Mapping[str, str], log_path:
     """The UI on 127.0.0.1, reading the same instance and workspace."""
     command = webserver_command(workspace_yaml, "127.0.0.1", port)
     return ProcessTree([executable(command[0]), *command[1:]], env, log_path)
+
+
+def command_line(pid: int) -> str:
+    """What a process runs, for a message ('' once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""

@@ -180,9 +180,8 @@ def deployment_stack(
         finally:
             servers = [*(deployment.stopped if deployment else []), deployment.server if deployment else server]
             pids = daemon.stop() + [pid for tree in servers for pid in tree.stop()]
-            assert [pid for pid in pids if processes.pid_alive(pid)] == [], (
-                "processes of the deployment survived the stop"
-            )
+            survivors = {pid: processes.command_line(pid) for pid in pids if processes.pid_alive(pid)}
+            assert survivors == {}, f"processes of the deployment survived the stop: {survivors}"
 
 
 @contextlib.contextmanager
