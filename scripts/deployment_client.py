@@ -1,23 +1,31 @@
 """Set up the deployment's real client (dataset-viewer's ``libs/libcommon``) for the compatibility tests.
 
-The tests in ``tests/test_deployment_client.py`` drive the deployment's own ``libcommon`` at pinned
+The tests in ``tests/test_deployment_*.py`` drive the deployment's own ``libcommon`` at pinned
 commits of huggingface/dataset-viewer (formerly datasets-server). No code of that project is kept
-in this repository: this script extracts ``libs/libcommon`` from a git directory of it (a clone or
-a bare mirror) into a cache folder, makes a dedicated virtualenv there and pip-installs libcommon
-with the dependencies its modules import, pinned to the versions of that commit's ``poetry.lock``.
+in this repository: this script extracts ``libs/libcommon`` at a commit, either from an archive of
+it (``libcommon-<commit>.tar.gz``, made by ``git archive <commit> libs/libcommon``, as the machine's
+shared folder holds them) or from a git directory of the project (a clone or a bare mirror), into a
+cache folder, makes a dedicated virtualenv there and pip-installs libcommon with the dependencies its
+modules import, pinned to the versions of that commit's ``poetry.lock``.
 
-    python scripts/deployment_client.py setup --git-dir PATH/TO/dataset-viewer.git --label current
-    python scripts/deployment_client.py setup --git-dir PATH/TO/dataset-viewer.git --label 2023
+    python scripts/deployment_client.py setup --all                 # every pinned label, from the archives
+    python scripts/deployment_client.py setup --label 2023-12       # one label, from its archive
+    python scripts/deployment_client.py setup --label current --git-dir PATH/TO/dataset-viewer.git
     python scripts/deployment_client.py status
 
-Layout: ``$ZOMBIE_DEPLOYMENT_CACHE/<label>/`` (default ``.cache/deployment/<label>/`` in this
-repository) holds ``source/`` (``libs/libcommon`` at the commit), ``venv/``, ``requirements.txt``
-(what was pinned) and ``deployment.json`` (the manifest, written last: its presence means ready).
+Archives are looked for in ``$ZOMBIE_DEPLOYMENT_ARCHIVES`` (a folder), else ``../shared/dataset-viewer``
+beside the repository, else ``/work/shared/dataset-viewer``.
+
+Layout: ``$ZOMBIE_DEPLOYMENT_CACHE/<label>/`` (default ``~/.cache/zombie-pipeline/deployment/<label>/``,
+shared by every clone of the repository) holds ``source/`` (``libs/libcommon`` at the commit), ``venv/``,
+``requirements.txt`` (what was pinned) and ``deployment.json`` (the manifest, written last: its presence
+means ready).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import json
 import os
@@ -33,6 +41,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE_ENV = "ZOMBIE_DEPLOYMENT_CACHE"
+ARCHIVES_ENV = "ZOMBIE_DEPLOYMENT_ARCHIVES"
+ARCHIVE_FOLDERS = (REPO.parent / "shared" / "dataset-viewer", Path("/work/shared/dataset-viewer"))
 DRIVER = REPO / "tests" / "deployment_client" / "driver.py"
 LIBCOMMON_PATH = "libs/libcommon"
 MANIFEST = "deployment.json"
@@ -50,11 +60,25 @@ KNOWN_LABELS: dict[str, dict[str, str]] = {
         "skipped, finished_at, 7-day TTL), last_heartbeat, the deployment's own get_zombies/kill_zombies/"
         "kill_long_job; cache entries with job_runner_version, dataset_git_revision, progress",
     },
+    "2023-07": {
+        "commit": "d73fafbeb2a0a8848a30c038110820319e6a531f",
+        "why": "2023-10-16: jobs kept, difficulty, locks freed on finish (those the job owns), jobTotalMetric "
+        "and cacheTotalMetric",
+    },
+    "2023-12": {
+        "commit": "436f33a6ad6933f3d7b3ba50e7f820832cf62950",
+        "why": "2024-03-29: finished jobs deleted, workerTypeJobCounts, cache failed_runs",
+    },
+    "2024-06": {
+        "commit": "c0e223c3886c1988d0eb5d856bd380347c9e0dea",
+        "why": "2024-09-20: pastJobs, datasetBlockages, cache duration",
+    },
 }
 
 # Distributions that the modules the tests use import (libcommon/__init__, queue, simple_cache,
 # resources, constants, dtos, utils and what they import), at one commit or another. A name is
-# installed when the commit's pyproject declares it, pinned to the version of its poetry.lock.
+# installed when the commit's pyproject declares it or its poetry.lock holds it (another dependency
+# needs it: numpy under pandas must be the version pandas was built against), pinned to the lock.
 NEEDED = (
     "mongoengine",
     "pymongo",
@@ -69,6 +93,8 @@ NEEDED = (
     "pymongoarrow",
     "datasets",
     "fsspec",
+    # each era's backfill rule (libcommon.state.CacheState) builds the processing graph with it
+    "networkx",
 )
 # Imported too, but only reached through another dependency: pinned when the lock has them.
 NEEDED_IF_LOCKED = ("python-dateutil", "dnspython")
@@ -80,7 +106,10 @@ class SetupError(RuntimeError):
 
 def cache_root() -> Path:
     configured = os.environ.get(CACHE_ENV)
-    return Path(configured).resolve() if configured else REPO / ".cache" / "deployment"
+    if configured:
+        return Path(configured).resolve()
+    # the machine's cache, shared by every clone of the repository (CI's included): a set-up era is reused
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zombie-pipeline" / "deployment"
 
 
 def label_dir(label: str) -> Path:
@@ -120,9 +149,32 @@ def resolve_commit(git_dir: Path, commit: str) -> dict[str, str]:
     return {"commit": sha, "date": date, "subject": subject}
 
 
-def extract_libcommon(git_dir: Path, sha: str, destination: Path) -> None:
-    """``libs/libcommon`` at ``sha`` into ``destination`` (without the libs/libcommon prefix)."""
-    archive = git(git_dir, "archive", "--format=tar", sha, LIBCOMMON_PATH)
+def archive_folders() -> list[Path]:
+    configured = os.environ.get(ARCHIVES_ENV)
+    return [Path(configured)] if configured else list(ARCHIVE_FOLDERS)
+
+
+def find_archive(commit: str) -> Path:
+    """The archive ``libcommon-<commit>.tar.gz`` of a full commit id, from the first folder holding it."""
+    for folder in archive_folders():
+        path = folder / f"libcommon-{commit}.tar.gz"
+        if path.exists():
+            return path
+    raise SetupError(
+        f"no archive libcommon-{commit}.tar.gz in {', '.join(map(str, archive_folders()))}: "
+        f"set {ARCHIVES_ENV} to the folder holding it, or give --git-dir"
+    )
+
+
+def archive_commit(archive: bytes) -> str | None:
+    """The commit ``git archive`` wrote into the tar's global header (``git get-tar-commit-id``)."""
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        first = tar.next()
+        return tar.pax_headers.get("comment") if first is not None else None
+
+
+def extract_libcommon(archive: bytes, destination: Path) -> None:
+    """``libs/libcommon`` of a tar into ``destination`` (without the libs/libcommon prefix)."""
     prefix = LIBCOMMON_PATH + "/"
     destination.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
@@ -134,7 +186,7 @@ def extract_libcommon(git_dir: Path, sha: str, destination: Path) -> None:
             members.append(member)
         tar.extractall(destination, members=members, filter="data")
     if not (destination / "pyproject.toml").exists():
-        raise SetupError(f"{LIBCOMMON_PATH}/pyproject.toml not found at {sha}")
+        raise SetupError(f"{LIBCOMMON_PATH}/pyproject.toml not found in the archive")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,9 +226,9 @@ def pinned_requirements(source: Path, extra: list[str]) -> tuple[list[str], list
     deviations: list[dict[str, Any]] = []
     requirements: dict[str, str] = {}
     for name in NEEDED + NEEDED_IF_LOCKED:
-        if name in NEEDED and name not in declared:
-            continue
         package = locked.get(name)
+        if name in NEEDED and name not in declared and package is None:
+            continue
         if package is None:
             if name in NEEDED:
                 requirements[name] = name
@@ -228,21 +280,47 @@ def directory_size(path: Path) -> int:
     return total
 
 
-def setup(git_dir: Path, label: str, commit: str | None, python: str, extra: list[str], force: bool) -> dict[str, Any]:
+def libcommon_at(git_dir: Path | None, commit: str) -> tuple[dict[str, str], bytes]:
+    """The commit's description and the tar of its ``libs/libcommon``, from a git directory or an archive."""
+    if git_dir is not None:
+        git_dir = resolve_git_dir(git_dir)
+        resolved = resolve_commit(git_dir, commit)
+        return resolved, git(git_dir, "archive", "--format=tar", resolved["commit"], LIBCOMMON_PATH)
+    path = find_archive(commit)
+    with gzip.open(path) as compressed:
+        archive = compressed.read()
+    written = archive_commit(archive)
+    if written is not None and written != commit:
+        raise SetupError(f"{path} holds commit {written}, not {commit}")
+    return {"commit": commit, "date": archive_date(archive), "subject": f"archive {path.name}"}, archive
+
+
+def archive_date(archive: bytes) -> str:
+    """The commit's date as ``git archive`` stamps every member (its committer time)."""
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        first = tar.next()
+        stamp = first.mtime if first is not None else 0
+    return datetime.fromtimestamp(stamp, UTC).isoformat()
+
+
+def setup(
+    git_dir: Path | None, label: str, commit: str | None, python: str, extra: list[str], force: bool
+) -> dict[str, Any]:
     started = time.monotonic()
     if commit is None:
         if label not in KNOWN_LABELS:
             raise SetupError(f"label {label!r} has no pinned commit: give --commit (known: {sorted(KNOWN_LABELS)})")
         commit = KNOWN_LABELS[label]["commit"]
-    git_dir = resolve_git_dir(git_dir)
-    resolved = resolve_commit(git_dir, commit)
+    if git_dir is None and len(commit) != 40:
+        raise SetupError(f"an archive is found by the full commit id, not {commit!r}: give all 40 digits")
     directory = label_dir(label)
     manifest_path = directory / MANIFEST
     if manifest_path.exists() and not force:
-        existing: dict[str, Any] = json.loads(manifest_path.read_text())
-        if existing.get("commit") == resolved["commit"]:
-            log(f"{label}: already set up at {resolved['commit'][:9]} in {directory} (--force to redo)")
-            return existing
+        ready: dict[str, Any] = json.loads(manifest_path.read_text())
+        if ready.get("commit") == commit or (git_dir is not None and str(ready.get("commit", "")).startswith(commit)):
+            log(f"{label}: already set up at {ready['commit'][:9]} in {directory} (--force to redo)")
+            return ready
+    resolved, archive = libcommon_at(git_dir, commit)
     if directory.exists():
         log(f"{label}: removing {directory}")
         shutil.rmtree(directory)
@@ -250,7 +328,7 @@ def setup(git_dir: Path, label: str, commit: str | None, python: str, extra: lis
 
     source = directory / "source"
     log(f"{label}: extracting {LIBCOMMON_PATH} at {resolved['commit'][:9]} ({resolved['date']}, {resolved['subject']})")
-    extract_libcommon(git_dir, resolved["commit"], source)
+    extract_libcommon(archive, source)
     requirements, deviations, declared_python = pinned_requirements(source, extra)
     (directory / "requirements.txt").write_text(
         f"# dependencies of libcommon at {resolved['commit']}, pinned to its poetry.lock\n"
@@ -328,11 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     make = commands.add_parser("setup", help="extract libcommon at a commit and install it in its own venv")
     make.add_argument(
         "--git-dir",
-        required=True,
         type=Path,
-        help="a git directory of huggingface/dataset-viewer (clone or bare mirror)",
+        help="a git directory of huggingface/dataset-viewer (clone or bare mirror); default: the commit's archive",
     )
-    make.add_argument("--label", required=True, help=f"cache folder name; pinned commits: {sorted(KNOWN_LABELS)}")
+    which = make.add_mutually_exclusive_group(required=True)
+    which.add_argument("--label", help=f"cache folder name; pinned commits: {sorted(KNOWN_LABELS)}")
+    which.add_argument("--all", action="store_true", help="every pinned label")
     make.add_argument("--commit", help="commit to set up (default: the label's pinned commit)")
     make.add_argument("--python", default="python3.11", help="interpreter for the venv (default: python3.11)")
     make.add_argument(
@@ -346,8 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     if options.command == "status":
         return status()
+    labels = sorted(KNOWN_LABELS) if options.all else [options.label]
+    if options.all and options.commit:
+        parser.error("--commit goes with one --label")
     try:
-        setup(options.git_dir, options.label, options.commit, options.python, options.extra, options.force)
+        for label in labels:
+            setup(options.git_dir, label, options.commit, options.python, options.extra, options.force)
     except SetupError as error:
         print(f"[deployment_client] error: {error}", file=sys.stderr)
         return 1

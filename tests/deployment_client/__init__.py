@@ -1,7 +1,7 @@
 """Run the deployment's real client (dataset-viewer's ``libcommon``) from the tests.
 
 ``scripts/deployment_client.py setup`` puts that commit's libcommon in a virtualenv of its own
-under ``$ZOMBIE_DEPLOYMENT_CACHE/<label>/`` (default ``.cache/deployment/<label>/``); ``driver.py``
+under ``$ZOMBIE_DEPLOYMENT_CACHE/<label>/`` (default ``~/.cache/zombie-pipeline/deployment/<label>/``); ``driver.py``
 runs inside it and answers JSON actions. Here, :class:`DeploymentClient` starts the driver once
 and sends it actions::
 
@@ -33,7 +33,10 @@ DEFAULT_TIMEOUT_SECONDS = 120.0
 
 def cache_root() -> Path:
     configured = os.environ.get(CACHE_ENV)
-    return Path(configured).resolve() if configured else REPO / ".cache" / "deployment"
+    if configured:
+        return Path(configured).resolve()
+    # the machine's cache, shared by every clone of the repository (CI's included): a set-up era is reused
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zombie-pipeline" / "deployment"
 
 
 def deployment_dir(label: str) -> Path:
