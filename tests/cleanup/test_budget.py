@@ -7,13 +7,17 @@ no death alone is free (no SIGTERM is recorded), so only the waves' part applies
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from tests.cleanup.test_causes import NOW, dead_job, deployment, entry_of
-from tests.helpers import cleanup_at, found
+from tests.faults.scenario import counters_off
+from tests.helpers import cleanup_at, found, logged_store
+from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.budget import spent_budgets
+from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import stored_failed_runs
 from zombie_pipeline.queue.documents import (
@@ -26,16 +30,20 @@ from zombie_pipeline.queue.documents import (
     FreeRuns,
     Job,
     JobDocument,
+    Priority,
     Quarantine,
     Reason,
     RetryOutcome,
     Status,
+    WorkerSizeMetric,
     ZombieEvent,
     quarantine_message,
     terminated_alone_message,
     terminated_too_often_message,
     truncate_ms,
+    worker_size,
 )
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.shapes import job_document
 
@@ -241,3 +249,57 @@ def test_the_pairs_that_spent_their_free_runs_are_listed_with_their_lone_sigterm
         }
     ]
     assert spent_budgets(store, NOW - HOUR, NOW + 20 * HOUR) == []  # two free ones only: not spent then
+
+
+# --- every free run, bounded -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch_size", [250, 500])
+def test_a_wave_of_500_deploy_deaths_re_enqueues_500_jobs_in_their_order_on_their_worker_sizes_in_bounded_commands(
+    store, mongo_url, batch_size
+):
+    """Bound, at today's queue: 16 commands + 22 per batch (38 for the default batch of 500, 60 for two, measured):
+    the wave's re-runs cost one read of their twins, one insert, and the counters' updates (jobTotalMetric, the
+    blockages read, workerTypeJobCounts) per batch, whatever its size. Each re-run keeps its job's priority,
+    difficulty (so its worker size) and creation, so the queue serves them in their order, where they were."""
+    generation = QUEUE_GENERATIONS["2026-05"]
+    policy = deployment(store, generation.name, batch_size=batch_size)
+    jobs = [
+        dead_job(
+            generation.name,
+            f"user{n:03}/data",
+            NOW - 8 * MINUTE + n * dt.timedelta(milliseconds=60),  # 500 workers silent within 30 s
+            created_at=NOW - dt.timedelta(hours=2) + (n * 7919 % 500) * dt.timedelta(seconds=1),  # in no other order
+            difficulty=(20, 50, 70, 90)[n % 4],
+            priority=(Priority.LOW, Priority.NORMAL, Priority.HIGH)[n % 3],
+        )
+        for n in range(500)
+    ]
+    store.jobs.insert_many(jobs)
+    counters.write_recount(store, generation)
+
+    with logged_store(mongo_url, store) as (counted, log):
+        report = run_cleanup(counted, policy, "wave", now=NOW, override_brake=True)
+
+    assert (report.counts["cause:deploy"], report.counts["retry_enqueued"]) == (500, 500)
+    batches = 500 // batch_size
+    assert len(log.names) <= 16 + 22 * batches, " ".join(log.names)
+    inserted = [len(command["documents"]) for command in log.commands if command.get("insert") == store.jobs.name]
+    assert inserted == [batch_size] * batches  # the re-runs: one insert per batch
+    served = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}  # the deployment's order: priority, then creation
+
+    def in_queue_order(found: list[JobDocument]) -> list[tuple[str, str, int, dt.datetime]]:
+        ordered = sorted(found, key=lambda job: (served[Priority(job[Job.PRIORITY])], job[Job.CREATED_AT]))
+        return [(job[Job.DATASET], job[Job.PRIORITY], job[Job.DIFFICULTY], job[Job.CREATED_AT]) for job in ordered]
+
+    reruns = list(store.jobs.find({Job.STATUS: Status.WAITING}))
+    assert in_queue_order(reruns) == in_queue_order(jobs)
+    sizes = {
+        row[WorkerSizeMetric.WORKER_SIZE]: row[WorkerSizeMetric.JOBS_COUNT] for row in store.worker_size_metrics.find()
+    }
+    assert (
+        sizes
+        == Counter(worker_size(job[Job.DIFFICULTY]) for job in jobs)
+        == {"light": 125, "medium": 250, "heavy": 125}
+    )
+    assert counters_off(store, generation) == dict.fromkeys(counters_off(store, generation), 0)
