@@ -2,8 +2,8 @@
 
 A worker SIGTERMed is a deploy death (``causes``): it costs no failed run and runs
 again at once, at the same difficulty. But Kubernetes SIGTERMs single pods for
-reasons of their own: a node short of memory evicts its pods (those using most
-beyond their requests first), a failed liveness probe restarts one, the cluster
+reasons of their own: a node short of memory evicts its pods (first those using
+more than they requested), a failed liveness probe restarts one, the cluster
 autoscaler drains an underused node, a pod of higher priority preempts one. A
 job whose memory gets its pod evicted every time would run again, free and at
 once, forever, on a worker of the same size.
