@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from zombie_pipeline.queue.documents import (
     DEFAULT_ZOMBIE_HTTP_STATUS,
+    DEPLOYMENT_MAX_FAILED_RUNS,
     Cause,
     ErrorCode,
     job_type_problem,
@@ -121,6 +122,15 @@ class PolicySettings(BaseModel):
         "next run's difficulty like a crash, as the deployment does. False: its cache entry keeps the failed runs it "
         "had, and the cleanup re-enqueues it at once at the same difficulty, at every generation.",
     )
+    lone_sigterm_free_reruns: int | None = Field(
+        default=DEPLOYMENT_MAX_FAILED_RUNS[ErrorCode.CRASHED],
+        description="Free re-runs of a (dataset, job type) within quarantine_window_hours for deaths that are deploy "
+        "deaths only by their own SIGTERM (not in a wave): node-pressure eviction, a failed liveness probe, a node "
+        "drain or a preemption SIGTERM one pod too. Past them, the next such death is charged as the crash it most "
+        "likely is (a failed run, so +20 difficulty at the backfill's next run) and counts towards the quarantine. "
+        "Default: the deployment's own limit of failed runs for JobManagerCrashedError (3). Deaths in a wave stay "
+        "free. None: every lone SIGTERM is free.",
+    )
     wave_min_workers: int = Field(
         default=10,
         description="A deploy wave: at least this many dead workers (of as many datasets) whose last signs of life "
@@ -213,6 +223,7 @@ POLICY_BOUNDS: dict[str, Bound] = {
     "crashed_retry_limit": Bound(ge=0),
     "exceeded_retry_limit": Bound(ge=0),
     "deployment_max_job_duration_seconds": Bound(gt=0),
+    "lone_sigterm_free_reruns": Bound(ge=0),
     "wave_min_workers": Bound(ge=2),
     "wave_window_seconds": Bound(gt=0, le=3_600),
     "quarantine_after_crashes": Bound(ge=0),
@@ -298,6 +309,12 @@ class ZombiePolicy(PolicySettings):
     def costless_causes(self) -> frozenset[str]:
         """The causes whose death costs no failed run: a deploy's, unless ``deploy_costs_failed_run``."""
         return frozenset() if self.deploy_costs_failed_run else frozenset({Cause.DEPLOY})
+
+    @property
+    def lone_sigterm_limit(self) -> int | None:
+        """The free re-runs of a (dataset, job type) SIGTERMed alone, or None when they are not limited: unset, or
+        no deploy death is free (``deploy_costs_failed_run``)."""
+        return None if self.deploy_costs_failed_run else self.lone_sigterm_free_reruns
 
     def retry_delay_of(self, failed_runs: int, spread: float = 0.0) -> float:
         """Seconds before the retry that follows the ``failed_runs``-th failure; ``spread`` in [-1, 1] picks the jitter."""

@@ -42,6 +42,8 @@ Actions (arguments in parentheses, all optional unless marked *):
   the deployment's backfill re-runs it: ``state.CacheState.is_error_to_retry`` where the module imports,
   else its condition with the library's own ``MAX_FAILED_RUNS_PER_ERROR_CODE`` (an error whose code is
   retryable, below its limit); commits without failed runs' limits refuse.
+- ``backfill_difficulty`` (dataset*, difficulty): for each cache entry of the dataset, the difficulty the backfill
+  gives its next run from its failed runs, with the library's constants; commits without the bonus refuse.
 """
 
 from __future__ import annotations
@@ -330,6 +332,7 @@ class Driver:
             "recount_metrics": self.recount_metrics,
             "state": self.state,
             "backfill_reruns": self.backfill_reruns,
+            "backfill_difficulty": self.backfill_difficulty,
         }
 
     # -- protocol ----------------------------------------------------------------------------
@@ -548,6 +551,24 @@ class Driver:
                 entry["rule"] = "constants.MAX_FAILED_RUNS_PER_ERROR_CODE"
             reruns.append(entry)
         return {"entries": reruns}
+
+    def backfill_difficulty(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The difficulty the backfill gives the next run of each of the dataset's entries (loaded through the model):
+        the step's own (``difficulty``, default the library's DEFAULT_DIFFICULTY) + failed runs x
+        DIFFICULTY_BONUS_BY_FAILED_RUNS, up to DEFAULT_DIFFICULTY_MAX, as orchestrator.py's backfill plan computes it
+        (its bonus for a big dataset aside), with the library's own constants."""
+        dataset = self._required(args, "dataset")
+        constants = self.library.constants
+        bonus = getattr(constants, "DIFFICULTY_BONUS_BY_FAILED_RUNS", None)
+        if bonus is None:
+            raise ActionError("libcommon at this commit raises no difficulty by failed runs")
+        base = args.get("difficulty", constants.DEFAULT_DIFFICULTY)
+        entries = []
+        for document in self.library.simple_cache.CachedResponseDocument.objects(dataset=dataset):
+            failed_runs = int(document.failed_runs)
+            difficulty = min(constants.DEFAULT_DIFFICULTY_MAX, base + failed_runs * bonus)
+            entries.append({"kind": document.kind, "failed_runs": failed_runs, "difficulty": difficulty})
+        return {"entries": entries}
 
     # -- load_all ----------------------------------------------------------------------------
 

@@ -164,6 +164,7 @@ def test_the_check_warns_over_the_threshold_and_names_the_datasets(week, resourc
         "offenders": 2,
         "datasets": ["user/big", "user/twice"],
         "quarantined": [],
+        "free_runs_spent": [],
     }
 
 

@@ -14,9 +14,11 @@ from zombie_pipeline.queue.documents import (
     ERROR_CODE_OF_REASON,
     ERROR_MESSAGE_OF_REASON,
     ID,
+    Cause,
     ErrorCode,
     Event,
     EventState,
+    FreeRuns,
     Job,
     Reason,
     RetryOutcome,
@@ -282,3 +284,42 @@ def test_a_window_without_offenders_says_so_in_one_line(store):
         "**Repeat offenders 2024-03-08 00:00 – 2024-03-11 00:00 UTC**: 0 datasets finalized at least 3 times "
         "(0 finalizations of 0 datasets in the window).\n"
     )
+
+
+def _lone_sigterm(dataset: str, finalized_at: dt.datetime, free: int, charged: bool) -> dict:
+    """A lone SIGTERM's event: free within its pair's 3 free re-runs, or charged as a crash past them."""
+    budget = {
+        FreeRuns.ALONE: free + charged,
+        FreeRuns.FREE: free,
+        FreeRuns.LIMIT: 3,
+        FreeRuns.WINDOW_HOURS: 72,
+        FreeRuns.CHARGED: charged,
+    }
+    cause = Cause.CRASH if charged else Cause.DEPLOY
+    return event(dataset, "/splits", Reason.TERMINATED, finalized_at, **{Event.CAUSE: cause, Event.FREE_RUNS: budget})
+
+
+def test_the_pairs_that_used_up_their_free_re_runs_are_listed_beside_the_quarantines(store):
+    store.events.insert_many(
+        [_lone_sigterm("user/evicted", at(8, hour), free, False) for hour, free in ((1, 1), (5, 2), (9, 3))]
+        + [_lone_sigterm("user/evicted", at(9, hour), 3, True) for hour in (1, 5)]
+        + [_lone_sigterm("user/once", at(9, hour), free, False) for hour, free in ((1, 1), (2, 2))]
+    )
+
+    found = find_offenders(store, START, END)
+
+    assert found.free_runs_spent == [
+        {
+            "dataset": "user/evicted",
+            "type": "/splits",
+            "terminated_alone": 5,
+            "charged": 2,
+            "free_limit": 3,
+            "window_hours": 72,
+            "last": "2024-03-09 05:00:00",
+        }
+    ]  # user/once used two of its three: not listed
+    section = offenders_markdown(found)
+    assert "**Free re-runs used up**: 1 (dataset, job type) pairs" in section
+    assert "| `user/evicted` | `/splits` | 5 | 2 | 3 in 72 h | 2024-03-09 05:00:00 |" in section
+    assert find_offenders(store, at(8, 0), at(8, 6)).free_runs_spent == []  # two free ones then: none used up

@@ -16,8 +16,9 @@ import yaml
 from tests.helpers import found
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import Cause, Reason, Status
-from zombie_pipeline.statistics.analysis import analyze
+from zombie_pipeline.queue.documents import Cause, Event, EventState, FreeRuns, Job, Reason, Status
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.statistics.analysis import analyze, window_report
 from zombie_pipeline.statistics.charts import CHART_EDGES, INLINE_MARKDOWN_LIMIT, duration_chart, duration_charts
 from zombie_pipeline.statistics.formatting import day_ranges, format_duration
 from zombie_pipeline.statistics.reports import markdown_table, policy_snippet, summary_text, write_reports
@@ -304,3 +305,24 @@ def test_every_chart_is_short_enough_for_the_ui_to_show_it_inline_however_wide_t
     assert "not enough data" in charts["/rare|odd"]
     assert "20 more stopped at T2" in charts["/slow"]
     assert "more" in chart_rows(charts["/wide"])[-1].split(" – ")[1]  # the last bin has no upper edge
+
+
+def test_the_report_lists_the_pairs_that_used_up_their_free_re_runs(store, tmp_path):
+    spent = {FreeRuns.ALONE: 4, FreeRuns.FREE: 3, FreeRuns.LIMIT: 3, FreeRuns.WINDOW_HOURS: 72, FreeRuns.CHARGED: True}
+    store.events.insert_one(
+        {
+            Event.JOB: {Job.DATASET: "user/evicted", Job.TYPE: "/a"},
+            Event.REASON: Reason.TERMINATED,
+            Event.CAUSE: Cause.CRASH,
+            Event.FINALIZED_AT: END - dt.timedelta(hours=1),
+            Event.STATE: EventState.DONE,
+            Event.FREE_RUNS: spent,
+        }
+    )
+    start = END - dt.timedelta(days=7)
+    report = window_report(store, QUEUE_GENERATIONS["2026-05"], ZombiePolicy(), [], start, END)
+
+    assert "| `user/evicted` | `/a` | 1 | 1 | 3 in 72 h | 2024-03-07 23:00:00 |" in markdown_table(report)
+    assert "free re-runs used up (SIGTERMed alone past them): user/evicted /a" in summary_text(report)
+    listed = json.loads(write_reports(report, tmp_path).json.read_text())["free_runs_spent"]
+    assert [(row["dataset"], row["charged"]) for row in listed] == [("user/evicted", 1)]

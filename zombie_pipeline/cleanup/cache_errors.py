@@ -62,6 +62,7 @@ from zombie_pipeline.queue.documents import (
     Cause,
     ErrorCode,
     Event,
+    FreeRuns,
     Job,
     PreviousEntry,
     PreviousEntrySummary,
@@ -69,6 +70,8 @@ from zombie_pipeline.queue.documents import (
     ZombieEvent,
     as_utc,
     cache_key_of_job,
+    terminated_alone_message,
+    terminated_too_often_message,
     utc,
 )
 from zombie_pipeline.queue.generations import CacheGeneration
@@ -103,9 +106,15 @@ def summary_of(entry: Mapping[str, Any] | None) -> PreviousEntrySummary | None:
 
 
 def message_of(event: ZombieEvent) -> str:
-    """What users read of a finalized zombie: its reason's sentence, or a deploy wave's."""
+    """What users read of a finalized zombie: a deploy wave's sentence, a lone SIGTERM's (free, or charged past its
+    pair's free re-runs), else its reason's."""
     reason = Reason(event[Event.REASON])
-    if cause_of_event(event) == Cause.DEPLOY and reason != Reason.TERMINATED:
+    budget = event.get(Event.FREE_RUNS)
+    if budget is not None:
+        if budget[FreeRuns.CHARGED]:
+            return terminated_too_often_message(budget[FreeRuns.ALONE], budget[FreeRuns.WINDOW_HOURS])
+        return terminated_alone_message(budget[FreeRuns.FREE], budget[FreeRuns.LIMIT], budget[FreeRuns.WINDOW_HOURS])
+    if cause_of_event(event) == Cause.DEPLOY and (reason != Reason.TERMINATED or event.get(Event.IN_WAVE)):
         return DEPLOY_WAVE_MESSAGE
     return ERROR_MESSAGE_OF_REASON[reason]
 
@@ -128,6 +137,7 @@ def error_entry(
         CACHE_CONTENT_ERROR: message,
         Event.REASON: event[Event.REASON],
         Event.CAUSE: cause_of_event(event),
+        Event.IN_WAVE: bool(event.get(Event.IN_WAVE)),
         DETAIL_QUARANTINED: quarantined is not None,
         Job.LAST_HEARTBEAT: last_heartbeat.isoformat() if last_heartbeat else None,
         Event.THRESHOLD_SECONDS: event[Event.THRESHOLD_SECONDS],
@@ -136,6 +146,8 @@ def error_entry(
         DETAIL_JOB_ID: str(event[ID]),
         DETAIL_PREVIOUS: summary_of(existing),
     }
+    if Event.FREE_RUNS in event:
+        details[Event.FREE_RUNS] = dict(event[Event.FREE_RUNS])
     entry: dict[str, Any] = {
         **cache_key_of_job(job),
         Cache.HTTP_STATUS: http_status,

@@ -6,13 +6,15 @@ holds enough to tell them apart:
 
 - ``timeout``: the worker is alive but the job ran past its maximum duration
   (reason ``exceeded_max_duration``);
-- ``deploy``: the worker got SIGTERM (``terminated_at``, 2026-05 on), or it stopped
-  in a **wave**: at least ``wave_min_workers`` dead workers, of as many datasets,
-  whose last signs of life (last heartbeat, else start) fall within
-  ``wave_window_seconds`` of each other. A release or a node drain stops workers
-  by the dozen within a minute or two; a worker that dies of its job dies alone.
-  Jobs of one dataset count once: a dataset whose split jobs all OOM together is
-  a poison pill, not a deploy;
+- ``deploy``: the worker stopped in a **wave**: at least ``wave_min_workers`` dead
+  workers, of as many datasets, whose last signs of life (last heartbeat, else
+  start) fall within ``wave_window_seconds`` of each other. A release or a node
+  drain stops workers by the dozen within a minute or two; a worker that dies of
+  its job dies alone. Jobs of one dataset count once: a dataset whose split jobs
+  all OOM together is a poison pill, not a deploy. A worker SIGTERMed
+  (``terminated_at``, 2026-05 on) is a deploy death too, wave or not; but alone,
+  only within its (dataset, job type)'s free re-runs (``budget``): past them, it
+  is charged as a crash;
 - ``never_started``: no heartbeat ever, and alone;
 - ``crash``: a worker that died alone.
 
@@ -21,7 +23,8 @@ The wave counts the candidates of the run and the deaths finalized in the last
 by two runs is still one wave for the second run. The first run's part of it, if
 fewer than the threshold, stays a crash: an event is never rewritten.
 
-:func:`causes_of` is pure; :func:`recent_deaths` is the one read it needs.
+:func:`verdicts_of` is pure; :func:`recent_deaths` is the one read it needs (the
+budget reads once more where a job was SIGTERMed alone).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 
 from pymongo.collection import Collection as MongoCollection
 
+from zombie_pipeline.cleanup import budget
 from zombie_pipeline.cleanup.detection import Candidate
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
@@ -120,13 +124,22 @@ def in_waves(deaths: Sequence[Death], window_seconds: float, min_workers: int) -
     return waves
 
 
-def causes_of(
+@dataclass(frozen=True)
+class Verdict:
+    """A zombie's cause, and whether its death fell in a wave (a SIGTERMed one is a deploy death either way, but
+    only alone does it spend its pair's free re-runs: ``budget``)."""
+
+    cause: Cause
+    in_wave: bool
+
+
+def verdicts_of(
     jobs: Sequence[tuple[Mapping[str, Any], str]],
     recent: Collection[Death],
     window_seconds: float,
     min_workers: int,
-) -> list[Cause]:
-    """The cause of each (job, reason) of a run's candidates, given the deaths finalized recently.
+) -> list[Verdict]:
+    """The verdict on each (job, reason) of a run's candidates, given the deaths finalized recently.
 
     A dead job (any reason but ``exceeded_max_duration``) in a wave is a deploy death; a job SIGTERMed is one
     anyway; the others are judged alone (:func:`solitary_cause`).
@@ -138,13 +151,23 @@ def causes_of(
     ]
     marked = in_waves([death for _, death in dead] + list(recent), window_seconds, min_workers)
     in_wave = {index for (index, _), wave in zip(dead, marked) if wave}  # the recent deaths come after, unnamed
-    causes = []
+    verdicts = []
     for index, (_, reason) in enumerate(jobs):
         cause = solitary_cause(reason)
         if cause in (Cause.CRASH, Cause.NEVER_STARTED) and index in in_wave:
             cause = Cause.DEPLOY
-        causes.append(cause)
-    return causes
+        verdicts.append(Verdict(cause, index in in_wave))
+    return verdicts
+
+
+def causes_of(
+    jobs: Sequence[tuple[Mapping[str, Any], str]],
+    recent: Collection[Death],
+    window_seconds: float,
+    min_workers: int,
+) -> list[Cause]:
+    """The cause of each (job, reason) of a run's candidates (:func:`verdicts_of`)."""
+    return [verdict.cause for verdict in verdicts_of(jobs, recent, window_seconds, min_workers)]
 
 
 def recent_deaths(
@@ -169,10 +192,15 @@ def recent_deaths(
 def judged(
     candidates: Sequence[Candidate], events: MongoCollection[ZombieEvent], policy: ZombiePolicy, now: dt.datetime
 ) -> list[Candidate]:
-    """The candidates of a run, each with its cause: judged together, and with the deaths finalized recently."""
+    """The candidates of a run, each with its cause: judged together, with the deaths finalized recently, and a
+    job SIGTERMed alone against its pair's free re-runs (``budget``)."""
     if not candidates:
         return []
     recent = recent_deaths(events, now, excluded={candidate.id for candidate in candidates})
     pairs = [(candidate.job, str(candidate.reason)) for candidate in candidates]
-    causes = causes_of(pairs, recent, policy.wave_window_seconds, policy.wave_min_workers)
-    return [replace(candidate, cause=cause) for candidate, cause in zip(candidates, causes)]
+    verdicts = verdicts_of(pairs, recent, policy.wave_window_seconds, policy.wave_min_workers)
+    judged = [
+        replace(candidate, cause=verdict.cause, in_wave=verdict.in_wave)
+        for candidate, verdict in zip(candidates, verdicts)
+    ]
+    return budget.charged_past_free_runs(judged, events, policy, now)

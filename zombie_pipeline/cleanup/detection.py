@@ -32,6 +32,7 @@ from zombie_pipeline.queue.documents import (
     Cache,
     CacheEntry,
     Cause,
+    FreeRunsRecord,
     Job,
     JobDocument,
     JobSnapshot,
@@ -57,6 +58,8 @@ class Candidate:
     detected_at: dt.datetime
     past_max_duration: bool = False  # also started longer ago than its type's T2 (a dead job stays a crash)
     cause: Cause | None = None  # why its worker stopped, once judged with the others (``causes.judged``)
+    in_wave: bool = False  # its death fell in a wave of workers stopped at once
+    free_runs: FreeRunsRecord | None = None  # SIGTERMed alone: its pair's free re-runs (``budget``)
 
     @property
     def id(self) -> ObjectId:

@@ -189,6 +189,8 @@ def event_of(
         Event.LEASE_UNTIL: lease_end(now, policy),
         Event.RETRY_JOB_ID: ObjectId(),
         Event.CAUSE: candidate.cause if candidate.cause is not None else solitary_cause(candidate.reason),
+        Event.IN_WAVE: candidate.in_wave,
+        **({Event.FREE_RUNS: candidate.free_runs} if candidate.free_runs is not None else {}),
     }
 
 

@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from zombie_pipeline.cleanup.causes import cause_of_event
-from zombie_pipeline.queue.documents import ID, CacheResult, Event, Job, ZombieEvent, job_row, utc
+from zombie_pipeline.queue.documents import ID, CacheResult, Event, FreeRuns, Job, ZombieEvent, job_row, utc
 
 
 class Count(StrEnum):
@@ -29,6 +29,8 @@ class Count(StrEnum):
     COMPENSATION_TO_RETRY = "compensation_to_retry"
     COMPENSATION_FAILED = "compensation_failed"
     LATE_RESULTS = "late_results"  # finalized jobs seen alive afterwards, first noticed by this run
+    TERMINATED_ALONE_FREE = "terminated_alone_free"  # SIGTERMed alone, within its pair's free re-runs
+    TERMINATED_ALONE_CHARGED = "terminated_alone_charged"  # SIGTERMed alone past them: charged as a crash
 
 
 def reason_count(reason: str) -> str:
@@ -101,6 +103,10 @@ def batch_result(
         result.counts[retry_count(retried[event[ID]][0])] += 1
         result.counts[cause_retry_count(cause, retried[event[ID]][0])] += 1
         result.counts.update(effect_count(effect) for effect in effects[event[ID]])
+        budget = event.get(Event.FREE_RUNS)
+        if budget is not None:
+            charged = budget[FreeRuns.CHARGED]
+            result.counts[Count.TERMINATED_ALONE_CHARGED if charged else Count.TERMINATED_ALONE_FREE] += 1
         result.rows.append(finalized_row(event))
     if repaired:
         result.counts[Count.COUNTERS_REPAIRED] += repaired

@@ -19,7 +19,9 @@ due enqueues it, unless a twin already waits or runs by then.
 By cause (``causes``), at every generation where the deployment would not:
 
 - a **deploy** death costs no run (``deploy_costs_failed_run`` off): re-enqueued at
-  once, at the same difficulty, whatever its failed runs (its entry kept them);
+  once, at the same difficulty and priority, in its place in the queue (its job's
+  ``created_at``), whatever its failed runs (its entry kept them); a job SIGTERMed
+  alone past its pair's free re-runs is a crash (``budget``);
 - a **timeout** is re-run while its failed runs are at most ``exceeded_retry_limit``
   (1: once), at +20 difficulty (the deployment's ``DIFFICULTY_BONUS_BY_FAILED_RUNS``):
   the deployment's backfill never re-runs it. At once when its own executor has
@@ -310,12 +312,16 @@ def _queued_unicity_ids(
 
 def retry_job(event: ZombieEvent, generation: QueueGeneration, now: dt.datetime) -> JobDocument:
     """A new waiting job with the declared fields of the one it retries, nothing of its run; a timeout's at +20
-    difficulty (up to the deployment's maximum), the others' at the same."""
+    difficulty (up to the deployment's maximum), the others' at the same. A deploy death's keeps the ``created_at`` of
+    the job it re-runs: the queue is served by priority, then by creation, so the re-runs of a wave go back where
+    their jobs were, in their order, rather than behind every job that arrived meanwhile; the others join it now."""
     job = {
         name: value for name, value in event[Event.JOB].items() if name not in RUN_FIELDS and generation.declares(name)
     }
+    cause = cause_of_event(event)
     difficulty = job.get(Job.DIFFICULTY)
-    if cause_of_event(event) == Cause.TIMEOUT and isinstance(difficulty, int) and not isinstance(difficulty, bool):
+    if cause == Cause.TIMEOUT and isinstance(difficulty, int) and not isinstance(difficulty, bool):
         job[Job.DIFFICULTY] = max(difficulty, min(difficulty + DIFFICULTY_BONUS_BY_FAILED_RUNS, DIFFICULTY_MAX))
-    retry = {ID: event[Event.RETRY_JOB_ID], **job, Job.STATUS: Status.WAITING, Job.CREATED_AT: now}
+    created_at = as_utc(event[Event.JOB].get(Job.CREATED_AT)) if cause == Cause.DEPLOY else None
+    retry = {ID: event[Event.RETRY_JOB_ID], **job, Job.STATUS: Status.WAITING, Job.CREATED_AT: created_at or now}
     return cast(JobDocument, without_none(retry))

@@ -84,7 +84,8 @@ def repeat_offenders(
     whether the retry limit was reached or the pair is quarantined, and the last
     error (the cache entry users read, else the last event's code). From the
     audit trail, grouped on the server over the ``finalized_at`` index; malformed
-    events are counted. Beside them, the quarantines holding at the window's end.
+    events are counted. Beside them, the quarantines holding at the window's end,
+    and the pairs that used up their free re-runs in the window.
     """
     with databases.store_for(context, "repeat_offenders: reading the audit trail") as store:
         end = context.partition_time_window.end
@@ -121,6 +122,9 @@ def offenders_metadata(found: RepeatOffenders) -> dict[str, Any]:
     metadata["quarantined"] = len(found.quarantined)
     if found.quarantined:
         metadata["quarantined_table"] = table_metadata(found.quarantined)
+    metadata["free_runs_spent"] = len(found.free_runs_spent)
+    if found.free_runs_spent:
+        metadata["free_runs_spent_table"] = table_metadata(found.free_runs_spent)
     return metadata
 
 
@@ -128,6 +132,7 @@ def offenders_check(found: RepeatOffenders) -> dg.AssetCheckResult:
     names = [offender.dataset for offender in found.offenders[:NAMED_IN_CHECK]]
     more = found.offenders_total - len(names)
     quarantined = [f"{row['dataset']} {row['type']}" for row in found.quarantined[:NAMED_IN_CHECK]]
+    spent = [f"{row['dataset']} {row['type']}" for row in found.free_runs_spent[:NAMED_IN_CHECK]]
     return dg.AssetCheckResult(
         check_name=CHECK_NAME,
         passed=found.offenders_total == 0,
@@ -137,11 +142,13 @@ def offenders_check(found: RepeatOffenders) -> dg.AssetCheckResult:
             "offenders": found.offenders_total,
             "datasets": dg.MetadataValue.json(names),
             "quarantined": dg.MetadataValue.json(quarantined),
+            "free_runs_spent": dg.MetadataValue.json(spent),
         },
         description=None
         if found.offenders_total == 0
         else f"{found.offenders_total} datasets finalized at least {found.threshold} times in {found.window_text()}: "
         + ", ".join(names)
         + (f" and {more} more" if more else "")
-        + (f"; quarantined: {', '.join(quarantined)}" if quarantined else ""),
+        + (f"; quarantined: {', '.join(quarantined)}" if quarantined else "")
+        + (f"; free re-runs used up: {', '.join(spent)}" if spent else ""),
     )

@@ -292,25 +292,46 @@ ERROR_MESSAGE_OF_REASON = {
 class Cause(StrEnum):
     """Why the worker of a finalized zombie stopped, as far as the queue can tell (``cleanup.causes`` decides)."""
 
-    DEPLOY = "deploy"  # SIGTERMed (terminated_at), or stopped with many other workers at once (a wave)
-    CRASH = "crash"  # a worker that died alone (OOM-kill, eviction, a bug): the job's own doing, maybe
+    DEPLOY = "deploy"  # stopped with many other workers at once (a wave), or SIGTERMed alone within its free re-runs
+    CRASH = "crash"  # a worker that died alone (OOM-kill, eviction, a bug), or SIGTERMed alone past its free re-runs
     NEVER_STARTED = "never_started"  # its worker never sent a heartbeat, and died alone
     TIMEOUT = "timeout"  # alive, but past its type's maximum duration (T2)
 
 
 CAUSES = tuple(Cause)
-#: The causes a reason can have: a dead job is a deploy death when it is part of a wave.
+#: The causes a reason can have: a dead job is a deploy death when it is part of a wave; a job SIGTERMed alone is one
+#: within its (dataset, job type)'s free re-runs, a crash past them (``cleanup.budget``).
 CAUSES_OF_REASON = {
-    Reason.TERMINATED: (Cause.DEPLOY,),
+    Reason.TERMINATED: (Cause.DEPLOY, Cause.CRASH),
     Reason.MISSING_HEARTBEAT: (Cause.DEPLOY, Cause.CRASH),
     Reason.NEVER_HEARTBEATED: (Cause.DEPLOY, Cause.NEVER_STARTED),
     Reason.EXCEEDED_MAX_DURATION: (Cause.TIMEOUT,),
 }
-#: What users read of a job whose worker stopped in a wave with many others (a SIGTERMed one reads its reason's).
+#: What users read of a job whose worker stopped (or was SIGTERMed) in a wave with many others.
 DEPLOY_WAVE_MESSAGE = (
     "The worker running this job stopped at the same moment as many other workers (a deployment or a restart of the "
     "workers), not because of this job; the job was stopped by the zombie cleanup and may run again."
 )
+
+
+def terminated_alone_message(free: int, limit: int, window_hours: int) -> str:
+    """What users read of a job whose worker was SIGTERMed alone, re-run without counting a failure (the ``free``-th
+    of ``limit`` such re-runs of its step on this dataset within ``window_hours``)."""
+    return (
+        "The worker running this job was terminated by its platform on its own, not with many others as in a "
+        "deployment (for instance evicted from its node for lack of memory); the job was stopped by the zombie cleanup "
+        f"and runs again without counting as a failure ({free} of {limit} such re-runs within {window_hours} hours "
+        "on this dataset)."
+    )
+
+
+def terminated_too_often_message(alone: int, window_hours: int) -> str:
+    """What users read of a job whose worker was SIGTERMed alone once more than its free re-runs allow."""
+    return (
+        f"The worker running this job was terminated on its own {alone} times within {window_hours} hours on this "
+        "dataset, more often than deployments or node maintenance explain (most likely the job uses more memory than "
+        "its worker has); this time counts as a failed run, as a crash would."
+    )
 
 
 def quarantine_message(crashes: int, window_hours: int) -> str:
@@ -392,7 +413,29 @@ class Event:
     COMPENSATION_LEASE_UNTIL: Final = "compensation_lease_until"  # a run is running its actions until then
     COMPENSATION_LEASE_OWNER: Final = "compensation_lease_owner"
     CAUSE: Final = "cause"  # why the worker stopped (deploy, crash, never_started, timeout): decides the retry
+    IN_WAVE: Final = "in_wave"  # the death fell in a wave of workers stopped at once (``cleanup.causes``)
+    FREE_RUNS: Final = "free_runs"  # a death SIGTERMed alone: its pair's free re-runs (FreeRunsRecord)
     LATE_RESULT: Final = "late_result"  # the job showed life after its finalization (LateResultRecord): a mistake
+
+
+class FreeRuns:
+    """Field names of an event's ``free_runs``: the budget of free re-runs of a job SIGTERMed alone (``cleanup.budget``)."""
+
+    ALONE: Final = "alone"  # lone SIGTERMs of its (dataset, job type) within the window, this one included
+    FREE: Final = "free"  # of them, those re-run free, this one included when it is
+    LIMIT: Final = "limit"  # the policy's free re-runs within the window
+    WINDOW_HOURS: Final = "window_hours"
+    CHARGED: Final = "charged"  # past the limit: this one is counted as a crash
+
+
+class FreeRunsRecord(TypedDict):
+    """An event's ``free_runs`` (:class:`FreeRuns` names the fields)."""
+
+    alone: int
+    free: int
+    limit: int
+    window_hours: int
+    charged: bool
 
 
 class LateResult:
@@ -532,6 +575,8 @@ class ZombieEvent(TypedDict, total=False):
     compensation_lease_until: dt.datetime
     compensation_lease_owner: str
     cause: str
+    in_wave: bool
+    free_runs: FreeRunsRecord
     late_result: LateResultRecord
 
 

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from zombie_pipeline.cleanup.budget import spent_budgets
 from zombie_pipeline.cleanup.events import causes_between
 from zombie_pipeline.cleanup.late_results import late_results_between
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
@@ -469,6 +470,8 @@ class DurationReport:
     detection: list[DetectionTimes] = field(default_factory=list)  # per reason with recorded detection times
     late_results: dict[str, int] = field(default_factory=dict)  # job type -> finalized jobs seen alive afterwards
     causes: dict[str, dict[Cause, int]] = field(default_factory=dict)  # job type -> cause -> zombies finalized
+    #: The (dataset, job type) pairs SIGTERMed alone past their free re-runs in the window (``cleanup.budget``), as rows.
+    free_runs_spent: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def days_expected(self) -> int:
@@ -577,6 +580,7 @@ def window_report(
     report = analyze(period, policy, rules, undated=undated, missing_days=missing_days)
     report.late_results = late_results_between(store, start, end)  # recorded after the days were tallied
     report.causes = causes_between(store, start, end)
+    report.free_runs_spent = spent_budgets(store, start, end)
     return report
 
 

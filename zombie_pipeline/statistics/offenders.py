@@ -16,7 +16,8 @@ trail may hold documents of older versions or of hand edits.
 
 The (dataset, job type) pairs quarantined at the window's end (``cleanup.quarantine``:
 their workers kept crashing, they are not re-enqueued) are listed beside, and
-marked on their offenses.
+marked on their offenses; so are the pairs that used up their free re-runs in the
+window (``cleanup.budget``: SIGTERMed alone more often than deployments explain).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from zombie_pipeline.cleanup.budget import spent_budgets
 from zombie_pipeline.cleanup.events import finalized_between
 from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
 from zombie_pipeline.queue.documents import (
@@ -151,6 +153,7 @@ class RepeatOffenders:
     datasets: int = 0  # distinct datasets finalized in the window
     malformed: Counter[Any] = field(default_factory=Counter)  # problem -> events left out
     quarantined: list[dict[str, Any]] = field(default_factory=list)  # the quarantines holding at the end, as rows
+    free_runs_spent: list[dict[str, Any]] = field(default_factory=list)  # pairs SIGTERMed alone past their free re-runs
 
     @property
     def truncated(self) -> bool:
@@ -243,6 +246,7 @@ def find_offenders(
     for offender in result.offenders:
         for offense in offender.offenses:
             offense.quarantined = (offense.dataset, offense.job_type) in held
+    result.free_runs_spent = spent_budgets(store, start, end)
     return result
 
 

@@ -142,6 +142,8 @@ def markdown_table(report: DurationReport) -> str:
         "",
         *causes_table(report),
         "",
+        *free_runs_lines(report.free_runs_spent),
+        "",
         _data_notes(report),
     ]
     return "\n".join(lines).rstrip() + "\n"
@@ -179,6 +181,31 @@ def causes_table(report: DurationReport) -> list[str]:
     ]
     intro = "**Finalizations by cause** (docs/causes.md): a deploy's deaths cost no run; crashes count as the deployment counts them."
     return [intro, "", *_table(["type", *CAUSES], rows)]
+
+
+def free_runs_lines(spent: Sequence[dict[str, Any]], max_rows: int = 20) -> list[str]:
+    """The (dataset, job type) pairs that used up their free re-runs (docs/causes.md, "Free re-runs have a budget"):
+    SIGTERMed alone more often than deployments explain, each one past the budget charged as a crash."""
+    if not spent:
+        return []
+    intro = (
+        f"**Free re-runs used up**: {len(spent)} (dataset, job type) pairs SIGTERMed alone more often than their free "
+        "re-runs allow (an eviction for memory, most likely); each one past them counted as a crash."
+    )
+    header = ["dataset", "type", "SIGTERMed alone", "charged as crashes", "free within", "last"]
+    rows = [
+        [
+            f"`{row['dataset']}`",
+            f"`{row['type']}`",
+            str(row["terminated_alone"]),
+            str(row["charged"]),
+            f"{row['free_limit']} in {row['window_hours']} h",
+            row["last"],
+        ]
+        for row in spent[:max_rows]
+    ]
+    more = ["", f"Not listed: {len(spent) - max_rows} more pairs."] if len(spent) > max_rows else []
+    return [intro, "", *_table(header, rows), *more]
 
 
 def causes_line(report: DurationReport) -> str:
@@ -344,6 +371,9 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
         lines.append(late_results_text(report).replace("**", "").replace("`", ""))
     if report.causes:
         lines.append(causes_line(report))
+    if report.free_runs_spent:
+        pairs = ", ".join(f"{row['dataset']} {row['type']}" for row in report.free_runs_spent)
+        lines.append(f"free re-runs used up (SIGTERMed alone past them): {pairs}")
     for times in report.detection:
         lines.append(
             f"detection time, {times.reason}: p50 {format_duration(times.p50_seconds)}, p99 "
@@ -423,6 +453,8 @@ def offenders_markdown(found: RepeatOffenders, max_rows: int = 20) -> str:
                 for row in found.quarantined[:max_rows]
             ],
         )
+    if found.free_runs_spent:
+        lines += ["", *free_runs_lines(found.free_runs_spent, max_rows)]
     if found.malformed:
         lines += [
             "",
@@ -471,6 +503,7 @@ def report_json(report: DurationReport) -> dict[str, Any]:
             "detection_seconds_by_reason": {times.reason: asdict(times) for times in report.detection},
             "late_results_by_type": report.late_results,
             "finalized_by_type_and_cause": report.causes,
+            "free_runs_spent": report.free_runs_spent,
         }
     )
     return as_json
