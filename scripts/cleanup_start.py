@@ -75,13 +75,15 @@ def cleanup_times(runs: int) -> list[tuple[float, float]]:
     return [(run["queued_to_started"], run["queued_to_success"]) for run in measured_runs({"idle": runs}, 0)["idle"]]
 
 
-def measured_runs(phases: dict[str, int], hogs: int, dequeue_interval: float | None = None) -> dict[str, list[dict]]:
+def measured_runs(
+    phases: dict[str, int], hogs: int, dequeue_interval: float | None = None
+) -> dict[str, list[dict[str, float]]]:
     """Each phase's cleanups, launched one after another on one stack; the phase named ``loaded`` beside ``hogs``
     CPU-bound processes. Per run: queued to started and to success (Dagster's own timestamps), the load average."""
     workload = Workload(finished=20, crashed=2, never_heartbeated=0, terminated=0, overdue=0, running=10, waiting=0,
                         days=1.0, seed=7)  # fmt: skip
     daemon_env = {"DAGSTER_DEQUEUE_INTERVAL_SECONDS": f"{dequeue_interval:g}"} if dequeue_interval else None
-    results: dict[str, list[dict]] = {}
+    results: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="cleanup-start-") as tmp, running_server(Path(tmp) / "mongo") as server:
         base = Path(tmp) / "stack"
         base.mkdir()

@@ -1,138 +1,74 @@
-"""Contender (a): dataset-viewer's own killer, modelled from its executor (HEAD f62009e05).
+"""Contender (a): dataset-viewer's own killer, read from its executor and its library at f62009e05.
 
-Every pod's executor (``services/worker/src/worker/executor.py``) runs, from its start:
+Every pod's executor (``services/worker/src/worker/executor.py``) runs, from its start, ``every(kill_stuck_jobs,
+seconds=(0.5, 1.5) x killZombiesIntervalSeconds)``: the pass at once, then a sleep of 300-900 s after each pass.
+A pass loads every started job (``Queue.get_stuck_jobs``: a scan through mongoengine) and, for each stuck one, in
+turn, ``JobManager.set_stuck``: ``save_job_result`` (the cache entry's upsert, whatever became of the job), then
+``finish_job``: the job read again (``is_job_started``), ``Queue.finish_job`` (the job read, the job-type and
+worker-size metrics decreased, the ``pastJobs`` record and the dataset's blockage check, the deletion, the lock
+released) and the ``AfterJobPlan`` (the dataset's config infos, its pending jobs as a DataFrame, the names of its
+configs or splits, the next steps' jobs created, their metrics increased). Nothing stops two passes from judging
+the same job: a pass that read it before another's finish deleted it writes its cache error again.
 
-* ``kill_stuck_jobs`` at once, then every 0.5-1.5 x ``killZombiesIntervalSeconds``
-  (600 s): the pass loads every started job (``Queue.get_stuck_jobs``) and finishes,
-  one after the other, each job whose ``terminated_at`` is older than
-  ``maxMissingHeartbeats`` x ``heartbeatIntervalSeconds`` (5 x 60 s), or, without
-  ``terminated_at``, whose ``last_heartbeat`` (else ``started_at``) is: a
-  ``JobManagerCrashedError`` each (``JobManager.set_stuck``: its cache entry, then
-  ``finish_job``, which deletes the job);
-* ``kill_long_job`` every 0.5-1.5 x 60 s on its own job: past
-  ``maxJobDurationSeconds`` (2400 s) it stops the worker loop and writes
-  ``JobManagerExceededMaximumDurationError`` (in the trace: ``Checks``, and
-  :func:`~benchmarks.replay_trace.lifecycle`).
-
-Nothing stops two passes from judging the same job: a pass that read the job
-before another pass's finish deleted it finishes it again (a second cache write,
-``failed_runs`` counted twice). A pass takes time: its read, then each finish in
-turn. Those durations are not measured anywhere public; they are parameters
-(:class:`DeploymentSettings`), and they decide how often two passes meet.
+The cost of a pass (:class:`DeploymentSettings`) is built from those writes, as counted in the code: about 16
+commands per ``set_stuck`` (2 of them inserts of one or more documents) and about 1 ms of mongoengine per started
+job read. Each command is priced at 2.5 ms: this repository's cleanup benchmark measured 0.4-0.5 ms per inserted
+document and 1.9-2.9 ms per updated one on the embedded server, and a MongoDB replica set acknowledging a majority
+write from another node takes about as long; the plan's Python (a pandas DataFrame, the processing graph) 40 ms on a
+full core. About 0.08 s per finish: a model, not a measure (the deployment's worker service cannot be installed
+here: its ``libcommon.orchestrator`` needs the worker's whole stack); ``--deployment-finish`` sets another value.
 """
 
 from __future__ import annotations
 
-import heapq
 import random
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from benchmarks.replay_trace import (
-    Actor,
-    Ending,
-    Finalization,
-    Outcome,
-    Trace,
-    constant,
-    lifecycle,
-)
-from zombie_pipeline.queue.documents import Cause, Reason
+from benchmarks.replay.trace import Trace
+
+#: Commands of one set_stuck, as read in the code at f62009e05 (see the module's docstring).
+SET_STUCK_COMMANDS = {
+    "save_job_result: the cache entry's upsert": 1,
+    "finish_job: is_job_started": 1,
+    "Queue.finish_job: the job read": 1,
+    "decrease_metric: jobTotalMetric, workerTypeJobCounts": 2,
+    "create_past_job: pastJobs insert, the dataset's durations, its blockage": 3,
+    "the job's deletion": 1,
+    "release_lock": 1,
+    "AfterJobPlan: config infos, pending jobs, names": 3,
+    "AfterJobPlan: next jobs created, their metrics": 3,
+}
+COMMAND_SECONDS = 0.0025
+PLAN_CPU_SECONDS = 0.04
 
 
 @dataclass(frozen=True)
 class DeploymentSettings:
-    """The chart's values (``chart/values.yaml``) and the assumed cost of a pass."""
+    """The chart's values (``chart/values.yaml``) and the modelled cost of a pass."""
 
     heartbeat_interval_seconds: float = 60.0
     max_missing_heartbeats: int = 5
     kill_zombies_interval_seconds: float = 600.0
     max_job_duration_seconds: float = 2400.0
-    #: A pass first reads every started job (a Python scan through mongoengine), then finishes the stuck ones in turn,
-    #: each a dozen round trips (cache read and upsert, metrics, pastJobs, the job's deletion, its lock): assumed.
-    read_seconds: float = 0.05
-    read_seconds_per_started_job: float = 0.0005
-    finish_seconds: float = 0.05
-    seed: int = 29
+    read_seconds: float = 0.05  # the query and its cursor
+    read_seconds_per_started_job: float = 0.001  # a mongoengine document built per started job
+    finish_seconds: float = sum(SET_STUCK_COMMANDS.values()) * COMMAND_SECONDS + PLAN_CPU_SECONDS
 
     @property
     def timeout_seconds(self) -> float:
         return self.max_missing_heartbeats * self.heartbeat_interval_seconds
 
 
-def pass_times(trace: Trace, settings: DeploymentSettings) -> list[tuple[float, int]]:
-    """Every kill_stuck_jobs pass of every pod: at its start, then every 0.5-1.5 x the interval, until it ends."""
+def pass_times(trace: Trace, settings: DeploymentSettings, seed: int = 0) -> list[tuple[float, int]]:
+    """Every kill_stuck_jobs pass of every pod: at its start, then every 0.5-1.5 x the interval, until its end (a
+    SIGTERMed pod keeps passing through its grace period: its event loop runs until it is killed)."""
     passes = []
     interval = settings.kill_zombies_interval_seconds
     for pod in trace.pods:
-        rng = random.Random(settings.seed * 7_919 + pod.index)
+        rng = random.Random(seed * 7_919 + pod.index)
         t = pod.start
         while t < pod.end:
             passes.append((t, pod.index))
             t += rng.uniform(0.5 * interval, 1.5 * interval)
     passes.sort()
     return passes
-
-
-def replay_deployment(
-    trace: Trace, settings: DeploymentSettings = DeploymentSettings(), passes: list[tuple[float, int]] | None = None
-) -> Outcome:
-    """What the deployment's passes and executors finalize, and when (``passes``: explicit, for hand-made cases)."""
-    started = time.perf_counter()
-    max_duration = constant(settings.max_job_duration_seconds)
-    outcome = Outcome("a", max_duration, settings=asdict(settings))
-    jobs = trace.jobs
-    lives = [lifecycle(job, max_duration) for job in jobs]
-    for job, life in zip(jobs, lives, strict=True):
-        if life.removed_at is not None and life.ending is Ending.KILL_LONG:
-            finalization = Finalization(life.removed_at, Actor.KILL_LONG, Reason.EXCEEDED_MAX_DURATION, Cause.TIMEOUT)
-            outcome.add(job.index, finalization)
-    removals = [
-        (life.removed_at, job.index) for job, life in zip(jobs, lives, strict=True) if life.removed_at is not None
-    ]
-    heapq.heapify(removals)
-    present: dict[int, None] = {}  # started jobs whose document is still there, in insertion order
-    gone: set[int] = set()
-    finishing: dict[int, float] = {}  # job -> when the first pass that judged it deletes it
-    next_start = 0
-    timeout = settings.timeout_seconds
-    judged = doubled = 0
-    passes = passes if passes is not None else pass_times(trace, settings)
-    for at, _pod in passes:
-        read = at + settings.read_seconds + settings.read_seconds_per_started_job * len(present)
-        while next_start < len(jobs) and jobs[next_start].start <= read:
-            if next_start not in gone:
-                present[next_start] = None
-            next_start += 1
-        while removals and removals[0][0] <= read:
-            _, index = heapq.heappop(removals)
-            present.pop(index, None)
-            gone.add(index)
-        stuck: list[tuple[int, str]] = []
-        for index in present:
-            job, life = jobs[index], lives[index]
-            if job.sigterm_at is not None and job.sigterm_at <= read:
-                if read - job.sigterm_at > timeout:
-                    stuck.append((index, Reason.TERMINATED))
-                continue
-            beat = job.beats.last_before(min(read, life.process_end))
-            if read - (beat if beat is not None else job.start) > timeout:
-                stuck.append((index, Reason.MISSING_HEARTBEAT if beat is not None else Reason.NEVER_HEARTBEATED))
-        for position, (index, reason) in enumerate(stuck, start=1):
-            written = read + position * settings.finish_seconds
-            outcome.add(index, Finalization(written, Actor.KILL_STUCK, reason))
-            judged += 1
-            if index in finishing:  # another pass read it before its finish: judged by two passes at once
-                doubled += 1
-                continue
-            finishing[index] = written
-            heapq.heappush(removals, (written, index))
-    outcome.counts = {
-        "kill_stuck_jobs_passes": len(passes),
-        "kill_stuck_jobs_finishes": judged,
-        "judged_by_two_passes_at_once": doubled,
-        "pods": len(trace.pods),
-    }
-    outcome.wall_seconds = time.perf_counter() - started
-    outcome.cpu_seconds = {"client": round(outcome.wall_seconds, 1)}  # pure Python in this process
-    return outcome

@@ -1,23 +1,18 @@
-"""The ``detection`` section of ``python -m benchmarks.run``: issue 29's replay with ground truth.
+"""The ``detection`` section of ``python -m benchmarks.run``: the replay of issue 35 over many seeds.
 
-One trace (:mod:`benchmarks.replay_trace`, seeded) is replayed unchanged against four contenders:
-
-* **(a)** the deployment's own killer, a model of its executor (:mod:`benchmarks.replay_deployment`);
-* **(b)** this pipeline's cleanup on ``kill_zombies_schedule`` (every 10 minutes);
-* **(c)** (b) with ``stale_jobs_sensor``;
-* **(d)** (c) with the T2s the statistics suggest from the trace's first days: per type for the cleanup, their
-  largest for the deployment's ``kill_long_job`` (one global value), both in force from the end of that window.
-
-(b)-(d) drive the real cleanup (:mod:`benchmarks.replay_cleanup`), each against a database of its own: a fresh
-embedded server started here (stopped by its PID), or, with a URL, databases of their own on it. They run in
-parallel processes (``parallel``). The figures (:mod:`benchmarks.replay_figures`) are computed from each
-contender's finalizations and the trace's ground truth.
+1. **The statistics' T2s** for (d): ``statistics.analysis.analyze`` on a two-day trace of its own (the days before).
+2. **The witness**: one seed of the chart's fleet against the real cleanup (``run_cleanup``, on a fresh embedded
+   server or a URL's databases), beside the rules model of the same contender: the same finalizations, else the
+   model is wrong (:mod:`.database`). Its finalize steps' wall times are the watcher's finalize cost.
+3. **The seeds** (``seeds``, 20 by default), in ``parallel`` processes: each seed's trace of the chart's fleet
+   against every contender (:func:`contenders`), and a few seeds of a cluster incident (:data:`.fleet.INCIDENT_POOLS`)
+   as a separate case.
+4. **The figures** over the seeds with their bootstrap intervals (:mod:`.stats`), and the targets (:mod:`.targets`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import shutil
 import tempfile
@@ -29,281 +24,262 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import exit_on_sigterm
-from benchmarks.replay_cleanup import PipelineSettings, RunStart, replay_pipeline
-from benchmarks.replay_deployment import DeploymentSettings, replay_deployment
-from benchmarks.replay_figures import (
-    causes_table,
-    chart,
-    death_detections,
-    detection_table,
-    figures,
-    fleet_table,
-    mistakes_table,
-    suggested_t2s,
-    targets,
-    targets_table,
-)
-from benchmarks.replay_trace import DAY, Cause, Outcome, Trace, TraceSettings, constant, generate, lifecycle
-from benchmarks.servers import Running
-from zombie_pipeline.orchestration.sensors import STALE_JOBS_TICK_SECONDS
+from benchmarks.replay.contenders import Contender, replay, rule_spans
+from benchmarks.replay.database import DatabaseCleanup, compare
+from benchmarks.replay.deployment import SET_STUCK_COMMANDS, DeploymentSettings
+from benchmarks.replay.figures import SeedRecord, seed_record, suggested_t2s
+from benchmarks.replay.fleet import INCIDENT_POOLS
+from benchmarks.replay.generate import TraceSettings, generate
+from benchmarks.replay.latency import ReleaseLag, StartLatency, measured_file, release_lag, start_latencies
+from benchmarks.replay.rules import Rule
+from benchmarks.replay.stats import Resamples, summary
+from benchmarks.replay.targets import targets
+from benchmarks.replay.trace import MaxDuration, Trace, constant, lifecycle
 from zombie_pipeline.policy import ZombiePolicy
-
-CONTENDERS = ("a", "b", "c", "d")
-LABELS = {
-    "a": "(a) deployment's killer",
-    "b": "(b) cleanup every 10 min",
-    "c": "(c) (b) + stale_jobs_sensor",
-    "d": "(d) (c) + suggested T2s",
-}
-CHART = "benchmarks-replay.png"
 
 
 @dataclass
 class ReplaySettings:
-    """The trace, the deployment's chart values, and the settings the lead can change for (b)-(d)."""
+    """What the section replays; the lead's knobs are the command line's (``benchmarks/run.py``)."""
 
+    seeds: int = 20
+    incident_seeds: int = 5
     trace: TraceSettings = field(default_factory=TraceSettings)
     deployment: DeploymentSettings = field(default_factory=DeploymentSettings)
     heartbeat_timeout_seconds: int = 300
-    #: The cleanup's T2 in (b), (c), and in (d) before the suggestions; None: above the deployment's own, by the
-    #: longest wait for its kill_long_job check (``cleanup_max_duration_seconds``).
-    max_duration_seconds: int | None = None
-    schedule_seconds: float = 600.0
-    sensor_tick_seconds: float = STALE_JOBS_TICK_SECONDS
-    run_start: RunStart = field(default_factory=RunStart)
-    statistics_days: float = 2.0  # (d): the window the suggestions are computed from; in force after it
-    t2_by_type: dict[str, int] = field(default_factory=dict)  # (d): these instead of the suggestions
-    kill_long_job_seconds: float | None = None  # (d): this instead of the largest suggestion
-    policy_overrides: dict[str, Any] = field(default_factory=dict)  # any other ZombiePolicy field, for (b)-(d)
-    exact_heartbeats_within_seconds: float | None = None
-    contenders: tuple[str, ...] = CONTENDERS
-    parallel: int = 3  # (b), (c), (d) at once: each is a client and its server taking turns
+    #: The cleanup's T2 for every type: above the deployment's 2400 s by the longest wait for its kill_long_job check,
+    #: rounded up to the minute, so that a live long job is left to its own executor.
+    max_duration_seconds: int = 2520
+    watcher_what_if_timeout_seconds: int = 240
+    witness: bool = True
+    witness_latency: str = "local-loaded"
+    parallel: int = 2
+    draws: int = 400
 
     @classmethod
     def quick(cls) -> ReplaySettings:
-        """Two days, a quarter of the jobs: a few minutes."""
-        return cls(trace=TraceSettings(days=2.0, jobs=4_600, deploy_waves=3), statistics_days=1.0)
+        return cls(seeds=3, incident_seeds=1, draws=100)
 
-    def cleanup_max_duration_seconds(self) -> int:
-        """A T2 that leaves a live long job to its own executor: the deployment's maximum duration plus the longest
-        wait for its next kill_long_job check, rounded up to the minute (2400 + 90 s: 2520 s with the chart's values).
-        At the deployment's own value the cleanup would finalize such a job first, and its executor again."""
-        if self.max_duration_seconds is not None:
-            return self.max_duration_seconds
-        longest_check = self.trace.kill_long_check_seconds[1]
-        return math.ceil((self.deployment.max_job_duration_seconds + longest_check) / 60) * 60
-
-    def pipeline(
-        self, name: str, per_type: dict[str, int] | None = None, kill_long: float | None = None
-    ) -> PipelineSettings:
-        base = PipelineSettings(
-            name=name,
-            label=LABELS[name],
-            heartbeat_timeout_seconds=self.heartbeat_timeout_seconds,
-            max_duration_seconds=self.cleanup_max_duration_seconds(),
-            kill_long_job_seconds=self.deployment.max_job_duration_seconds,
-            schedule_seconds=self.schedule_seconds,
-            sensor_tick_seconds=None if name == "b" else self.sensor_tick_seconds,
-            run_start=self.run_start,
-            policy_overrides=tuple(sorted(self.policy_overrides.items())),
-            exact_heartbeats_within_seconds=self.exact_heartbeats_within_seconds,
-            seed=self.trace.seed,
-        )
-        if name != "d":
-            return base
-        return replace(
-            base,
-            max_duration_seconds_by_type=tuple(sorted((per_type or {}).items())),
-            t2_from_seconds=self.statistics_days * DAY,
-            kill_long_job_seconds_later=kill_long,
-        )
+    def policy(self, **changes: Any) -> ZombiePolicy:
+        return ZombiePolicy(
+            heartbeat_timeout_seconds=self.heartbeat_timeout_seconds, max_duration_seconds=self.max_duration_seconds
+        ).model_copy(update=changes)
 
 
-def _one_contender(trace_settings: TraceSettings, pipeline: PipelineSettings, url: str | None) -> Outcome:
-    """A contender built on the cleanup, in a process of its own: its trace (the same: seeded), its database."""
-    with exit_on_sigterm(), contextlib.ExitStack() as stack:
-        trace = generate(trace_settings)
-        server: Running | None = None
+def contenders(
+    settings: ReplaySettings,
+    latencies: list[StartLatency],
+    lag: ReleaseLag,
+    t2_by_type: dict[str, int],
+    kill_long_what_if: float,
+    incident: bool = False,
+) -> list[Contender]:
+    """Every contender a seed is replayed against (the incident's: fewer)."""
+    policy = settings.policy()
+    chart = constant(settings.deployment.max_job_duration_seconds)
+    killer = Contender("a", "(a) the deployment's kill_stuck_jobs", killer=True, deployment=settings.deployment)
+    out = [killer]
+    for latency in latencies if not incident else [lat for lat in latencies if lat.name == settings.witness_latency]:
+        out.append(Contender(f"c@{latency.name}", f"(c) stale_jobs_sensor, runs: {latency.label}", sensor=True,
+                             policy=policy, start=latency))  # fmt: skip
+        out.append(replace(out[-1], name=f"a+c@{latency.name}", label=f"(a) + {out[-1].label}", killer=True,
+                           deployment=settings.deployment))  # fmt: skip
+    watcher = Contender("w", "(w) the watcher (issue 34, modelled)", watcher=True, policy=policy, lag=lag)
+    out += [watcher, replace(watcher, name="a+w", label="(a) + (w)", killer=True, deployment=settings.deployment)]
+    if incident:
+        return out
+    shorter = settings.policy(heartbeat_timeout_seconds=settings.watcher_what_if_timeout_seconds)
+    out.append(replace(out[-1], name="a+w@timeout", label=f"(a) + (w) at a {shorter.heartbeat_timeout_seconds} s "
+                       "heartbeat timeout (what-if)", policy=shorter))  # fmt: skip
+    loaded = next(lat for lat in latencies if lat.name == settings.witness_latency)
+    d_policy = policy.with_max_durations(t2_by_type)
+    d = Contender("d", f"(d) (c) with the suggested T2s, runs: {loaded.label}", sensor=True, policy=d_policy, start=loaded,
+                  kill_long=chart)  # fmt: skip
+    out += [d, replace(d, name="d@kill_long", label=f"(d) with kill_long_job at {kill_long_what_if:.0f} s (what-if)",
+                       kill_long=constant(kill_long_what_if))]  # fmt: skip
+    return out
+
+
+def replay_seed(trace_settings: TraceSettings, cast: list[Contender], seed: int) -> dict[str, SeedRecord]:
+    """One seed's trace against every contender (in a process of its own)."""
+    with exit_on_sigterm():
+        trace = generate(replace(trace_settings, seed=seed))
+        lives: dict[MaxDuration, list[Any]] = {}
+        spans: dict[tuple[MaxDuration, str], list[Any]] = {}
+        records = {}
+        for contender in cast:
+            kill_long = contender.kill_long
+            if kill_long not in lives:
+                lives[kill_long] = [lifecycle(job, kill_long) for job in trace.jobs]
+            rules = {"deployment": Rule.deployment(contender.deployment.timeout_seconds)}
+            if contender.policy is not None:
+                rules["cleanup"] = Rule.of_policy(contender.policy)
+            for rule in rules.values():
+                if (kill_long, repr(rule)) not in spans:
+                    spans[(kill_long, repr(rule))] = rule_spans(trace, lives[kill_long], rule)
+            by_name = {name: spans[(kill_long, repr(rule))] for name, rule in rules.items()}
+            outcome = replay(trace, contender, lives[kill_long], by_name, seed)
+            records[contender.name] = seed_record(trace, outcome, seed)
+        return records
+
+
+def witness(
+    settings: ReplaySettings, contender: Contender, url: str | None, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """The real cleanup on the first seed, beside the rules model of the same contender."""
+    trace = generate(replace(settings.trace, seed=1))
+    kill_long = contender.kill_long
+    lives = [lifecycle(job, kill_long) for job in trace.jobs]
+    assert contender.policy is not None
+    spans = {"deployment": [], "cleanup": rule_spans(trace, lives, Rule.of_policy(contender.policy))}
+    model = replay(trace, contender, lives, spans, 1)
+    with contextlib.ExitStack() as stack:
         if url is None:
             from zombie_pipeline.simulation.embedded import start_server, stop_process
 
-            base = Path(tempfile.mkdtemp(prefix=f"zp-replay-{pipeline.name}-"))
+            base = Path(tempfile.mkdtemp(prefix="zp-replay-witness-"))
             stack.callback(shutil.rmtree, base, True)
             process, info = start_server(base / "data", log_path=base / "server.log", detach=False)
             stack.callback(stop_process, process, 60)
             url = info.url
-            server = Running(url=url, direct_url=url, rtt_ms=0.0, pid=process.pid)
+        backend = DatabaseCleanup(trace, lives, contender.policy, url, "witness")
+        stack.callback(backend.close)
+        started = time.perf_counter()
+        real = replay(trace, contender, lives, spans, 1, backend)
+        wall = time.perf_counter() - started
+        log(f"  witness: the real cleanup on seed 1 in {wall:.0f} s: {real.counts}")
+        return {
+            "contender": contender.name,
+            "seed": 1,
+            "wall_seconds": round(wall, 1),
+            "counts": {**real.counts, **backend.counts()},
+            "comparison": compare(model, real),
+            "finalize_seconds": sorted(round(s, 4) for s in backend.finalize_seconds),
+            "causes_told": _causes(real),
+            "load_average_1m": round(os.getloadavg()[0], 2),
+        }
 
-        def log(line: str) -> None:
-            print(line, flush=True)
 
-        cpu = time.process_time()
-        outcome = replay_pipeline(
-            trace, pipeline, url, f"replay_{pipeline.name}_queue", f"replay_{pipeline.name}_cache", log=log
-        )
-        outcome.cpu_seconds = {"client": round(time.process_time() - cpu, 1)}
-        server_cpu = server.cpu_seconds() if server is not None else None
-        if server_cpu is not None:
-            outcome.cpu_seconds["server"] = round(server_cpu, 1)
-        return outcome
+def _causes(outcome: Any) -> dict[str, dict[str, int]]:
+    """The real cleanup's finalizations by the cause it told and what became of their retry."""
+    out: dict[str, dict[str, int]] = {}
+    for finals in outcome.finalizations.values():
+        for final in finals:
+            if final.actor.value == "cleanup":
+                row = out.setdefault(final.cause, {})
+                row[str(final.retry)] = row.get(str(final.retry), 0) + 1
+                row["costs_run"] = row.get("costs_run", 0) + final.costs_run
+    return out
 
 
 def replay_section(
     settings: ReplaySettings, url: str | None, out_dir: Path, log: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Generate the trace, replay it against every contender, and return the section's results (chart written)."""
+    """The section's results: every contender over the seeds, the incident's, the witness, the targets."""
     started = time.perf_counter()
-    trace = generate(settings.trace)
-    log(
-        f"detection replay: {len(trace.jobs):,} jobs over {settings.trace.days:g} days (+{settings.trace.tail_hours:g} h), "
-        f"{len(trace.pods):,} pods, {len(trace.waves)} deploy waves; generated in {time.perf_counter() - started:.1f} s"
+    document = measured_file()
+    latencies = start_latencies(document)
+    policy = settings.policy()
+    history = generate(replace(settings.trace, seed=1_000, days=2.0, warmup_hours=0.0, tail_hours=0.0))
+    report, t2_by_type, largest = suggested_t2s(history, policy.model_copy(update={"max_duration_seconds": 2400}))
+    log(f"detection replay: (d)'s T2s {t2_by_type}; kill_long_job what-if {largest} s")
+    loaded = next(lat for lat in latencies if lat.name == settings.witness_latency)
+    placeholder = release_lag(())
+    cast = contenders(settings, latencies, placeholder, t2_by_type, float(largest))
+    seen: dict[str, Any] = {}
+    if settings.witness:
+        sensor = next(c for c in cast if c.name == f"c@{loaded.name}")
+        seen = witness(settings, sensor, url, log)
+    lag = release_lag(tuple(seen.get("finalize_seconds", ())))
+    cast = contenders(settings, latencies, lag, t2_by_type, float(largest))
+    incident_cast = contenders(settings, latencies, lag, t2_by_type, float(largest), incident=True)
+    incident_trace = replace(
+        settings.trace, pools=INCIDENT_POOLS, label="a cluster incident: 4 pods (1 heavy, 2 medium, 1 light)"
     )
-    policy = ZombiePolicy(  # the T2 the first days ran under: the deployment's, its runs stopped there
-        heartbeat_timeout_seconds=settings.heartbeat_timeout_seconds,
-        max_duration_seconds=int(settings.deployment.max_job_duration_seconds),
-    )
-    report, per_type, largest = suggested_t2s(trace, settings.statistics_days, policy)
-    per_type = {**per_type, **settings.t2_by_type}
-    kill_long = settings.kill_long_job_seconds or float(largest)
-    log(f"  (d): T2 per type {per_type}; kill_long_job {kill_long:.0f} s, from day {settings.statistics_days:g}")
-    outcomes: dict[str, Outcome] = {}
-    pipelines = [settings.pipeline(name, per_type, kill_long) for name in settings.contenders if name != "a"]
-    with ProcessPoolExecutor(max_workers=max(1, min(settings.parallel, len(pipelines) or 1))) as pool:
-        futures = {p.name: pool.submit(_one_contender, settings.trace, p, url) for p in pipelines}
-        if "a" in settings.contenders:
-            outcomes["a"] = replay_deployment(trace, settings.deployment)
-            log(f"  (a) done in {outcomes['a'].wall_seconds:.1f} s: {outcomes['a'].counts}")
-        for name, future in futures.items():
-            outcomes[name] = future.result()
-            log(f"  ({name}) done in {outcomes[name].wall_seconds:.0f} s: {outcomes[name].counts}")
-    rows = [figures(trace, outcomes[name]) for name in settings.contenders]
-    found = targets(rows)
-    try:
-        chart(
-            rows,
-            {name: death_detections(trace, outcomes[name]) for name in settings.contenders},
-            LABELS,
-            out_dir / CHART,
-        )
-    except Exception as error:  # a chart must never lose the figures
-        log(f"chart not written: {error!r}")
+    jobs = [(settings.trace, cast, seed) for seed in range(1, settings.seeds + 1)]
+    jobs += [(incident_trace, incident_cast, 100 + seed) for seed in range(1, settings.incident_seeds + 1)]
+    chart: dict[str, list[SeedRecord]] = {}
+    incident: dict[str, list[SeedRecord]] = {}
+    with ProcessPoolExecutor(max_workers=max(1, settings.parallel)) as pool:
+        futures = [(trace, seed, pool.submit(replay_seed, trace, cast_, seed)) for trace, cast_, seed in jobs]
+        for trace, seed, future in futures:
+            target = incident if trace.pools is INCIDENT_POOLS else chart
+            for name, record in future.result().items():
+                target.setdefault(name, []).append(record)
+            log(
+                f"  seed {seed} ({'incident' if target is incident else 'chart'}) done, {time.perf_counter() - started:.0f} s"
+            )
+    summaries = _summaries(chart, settings.draws)
+    incident_summaries = _summaries(incident, settings.draws)
+    found = targets(chart, _resamples(chart, settings.draws), summaries)
     return {
         "settings": _described(settings),
-        "trace": trace_summary(trace),
-        "suggestions": {
-            "window_days": settings.statistics_days,
-            "t2_by_type": per_type,
-            "kill_long_job_seconds": kill_long,
-            "by_type": [
-                {key: record[key] for key in ("type", "current_t2_seconds", "suggested_t2_seconds", "change", "flags")}
-                for record in report.records()
-            ],
+        "trace": {
+            "label": settings.trace.label,
+            "days": settings.trace.days,
+            "warmup_hours": settings.trace.warmup_hours,
         },
-        "contenders": rows,
-        "labels": {name: LABELS[name] for name in settings.contenders},
+        "seeds": settings.seeds,
+        "incident_seeds": settings.incident_seeds,
+        "labels": {c.name: c.label for c in cast},
+        "incident_labels": {c.name: c.label for c in incident_cast},
+        "contenders": summaries,
+        "incident": incident_summaries,
         "targets": found,
+        "witness": seen,
+        "start_latencies": [latency.described() for latency in latencies],
+        "release_lag": {"source": lag.source, "samples": len(lag.samples) or len(lag.finalize_seconds)},
+        "start_latency_file": {
+            key: document[key]
+            for key in (
+                "started_at",
+                "finished_at",
+                "load_average_before",
+                "hogs",
+                "dequeue_interval_seconds",
+                "command",
+            )
+        }
+        if document
+        else None,  # fmt: skip
+        "suggestions": {
+            "t2_by_type": t2_by_type,
+            "kill_long_job_what_if_seconds": largest,
+            "by_type": [
+                {k: r[k] for k in ("type", "current_t2_seconds", "suggested_t2_seconds", "flags")}
+                for r in report.records()
+            ],
+        },  # fmt: skip
+        "deployment": {**asdict(settings.deployment), "set_stuck_commands": SET_STUCK_COMMANDS},
         "total_seconds": round(time.perf_counter() - started, 1),
         "cpu_count": os.cpu_count(),
-        "chart": CHART,
     }
 
 
-def trace_summary(trace: Trace) -> dict[str, Any]:
-    """What the trace holds: jobs by fate and by type, zombies by cause (under the chart's 2400 s), the fleet."""
-    by_fate: dict[str, int] = {}
-    by_type: dict[str, int] = {}
-    causes: dict[str, int] = {cause.value: 0 for cause in Cause}
-    longest_gap = 0.0
-    chart_max = constant(trace.settings.chart_max_duration_seconds)
-    for job in trace.jobs:
-        by_fate[job.fate.value] = by_fate.get(job.fate.value, 0) + 1
-        by_type[job.job_type] = by_type.get(job.job_type, 0) + 1
-        life = lifecycle(job, chart_max)
-        if life.cause is not None:
-            causes[life.cause.value] += 1
-        longest_gap = max(longest_gap, job.beats.longest_gap(min(life.process_end, trace.settings.end)))
-    return {
-        "jobs": len(trace.jobs),
-        "pods": len(trace.pods),
-        "deploy_waves_hours": [round(wave / 3600, 2) for wave in trace.waves],
-        "by_fate": by_fate,
-        "by_type": by_type,
-        "zombies_by_cause_under_2400s": causes,
-        "longest_heartbeat_gap_seconds": round(longest_gap, 1),
-        "fleet_min": min(trace.fleet_minutes),
-        "fleet_max": max(trace.fleet_minutes),
-    }
+def _resamples(records: dict[str, list[SeedRecord]], draws: int) -> dict[str, Resamples]:
+    """One set of draws per group of contenders with the same deaths (the same kill_long_job): shared, so pairs are
+    compared on the same resampled deaths."""
+    groups: dict[tuple[int, ...], Resamples] = {}
+    out = {}
+    for name, seeds in records.items():
+        key = tuple(len(r.detection) for r in seeds)
+        if key not in groups:
+            groups[key] = Resamples(seeds, draws)
+        out[name] = groups[key]
+    return out
+
+
+def _summaries(records: dict[str, list[SeedRecord]], draws: int) -> dict[str, Any]:
+    resamples = _resamples(records, draws)
+    return {name: summary(seeds, resamples[name]) for name, seeds in records.items()}
 
 
 def _described(settings: ReplaySettings) -> dict[str, Any]:
     described = asdict(settings)
-    described["trace"]["job_types"] = [asdict(t) for t in settings.trace.job_types]
+    described["trace"]["job_types"] = [t["name"] for t in described["trace"]["job_types"]]
+    described["trace"]["pools"] = [p["name"] for p in described["trace"]["pools"]]
     return described
 
 
-def markdown(replay: dict[str, Any], command: str) -> str:
-    """The section of docs/benchmarks-results.md: tables, targets, chart, the command that made them."""
-    labels = replay["labels"]
-    rows = replay["contenders"]
-    trace = replay["trace"]
-    s = replay["settings"]
-    wall = ", ".join(
-        f"{labels[row['contender']]} {row['wall_seconds']:.0f} s"
-        + (
-            f" (CPU {' + '.join(f'{v:.0f} s {k}' for k, v in row['cpu_seconds'].items())})"
-            if row["cpu_seconds"]
-            else ""
-        )
-        for row in rows
-    )
-    suggestions = replay["suggestions"]
-    parts = [
-        "## 6. Detection: a replay with ground truth (issue 29)",
-        "",
-        f"Command: `{command}` ({replay['total_seconds']:.0f} s in all on {replay['cpu_count']} cores shared with "
-        f"other sessions, load average {replay.get('load_average_1m', '?')} at the end; per contender: {wall}).",
-        "",
-        f"Trace (seed {s['trace']['seed']}): {trace['jobs']:,} jobs over {s['trace']['days']:g} days "
-        f"(+{s['trace']['tail_hours']:g} h without arrivals), {trace['pods']:,} pod incarnations, fleet "
-        f"{trace['fleet_min']}-{trace['fleet_max']} workers, deploy waves at hours {trace['deploy_waves_hours']}; "
-        f"fates {trace['by_fate']}; longest heartbeat gap of a live job {trace['longest_heartbeat_gap_seconds']:.0f} s.",
-        "",
-        "Detection time: true death (the process died, was killed after its SIGTERM grace, or a hang's onset) to the "
-        "first finalization (the job deleted: its dataset and user slot free). p50/p90/p99 by numpy's linear "
-        "interpolation.",
-        "",
-        detection_table(rows, labels),
-        "",
-        "Mistakes (per 10,000 started jobs in brackets) and waste:",
-        "",
-        mistakes_table(rows, labels),
-        "",
-        "p99 / p50 detection time of deaths (crash, SIGTERM, never started) by the fleet size at the death:",
-        "",
-        fleet_table(rows, labels),
-        "",
-        "The same for isolated deaths only (crash, never started: no deploy wave):",
-        "",
-        fleet_table(rows, labels, "isolated_deaths_by_fleet"),
-        "",
-        "Finalizations by the cause each killer told (the deployment counts every dead job as a crash), what became "
-        "of their retries (the deployment's: its backfill, every 2 h), and the runs spent on deploy deaths (SIGTERMed "
-        "jobs whose error counted a failed run):",
-        "",
-        causes_table(rows, labels),
-        "",
-        f"![detection replay]({replay['chart']})",
-        "",
-        "### Targets of issue 29",
-        "",
-        targets_table(replay["targets"]),
-        "",
-    ]
-    if "d" in labels:
-        parts += [
-            f"(d)'s T2s, from `statistics.analysis.analyze` over the first {suggestions['window_days']:g} days "
-            f"(kill_long_job at the chart's 2400 s then): per type for the cleanup {suggestions['t2_by_type']}; "
-            f"for kill_long_job {suggestions['kill_long_job_seconds']:.0f} s (the largest: one value for every type).",
-            "",
-        ]
-    return "\n".join(parts)
+def trace_of(seed: int, settings: TraceSettings | None = None) -> Trace:
+    return generate(replace(settings or TraceSettings(), seed=seed))

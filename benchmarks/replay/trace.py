@@ -1,46 +1,35 @@
-"""The replay's ground truth: a simulated deployment whose every job has a known fate, fixed by a seed.
+"""The replay's ground truth: what every job of a simulated deployment really did, fixed by a seed.
 
-Issue 29 asks how well the zombie killers detect, so the trace must say when each
-job really died, which nobody can say of a production queue. It is generated once
-(:func:`generate`) and replayed unchanged against every contender:
+Nobody knows when a production job really died, so the replay makes a deployment whose every job has a known
+fate (:mod:`.generate` draws it over the chart's fleet, :mod:`.fleet`) and replays it unchanged against every
+contender. This module holds what a trace is made of:
 
-* **a fleet** that follows the day: a few pods at night, ``peak_workers`` from 10:00
-  to 18:00 UTC, ramps between; pods scaled down are idle ones first, else SIGTERMed;
-* **jobs** arriving at a rate that follows the fleet, of job types with their own
-  log-normal durations (seconds to an hour, some heavy-tailed), taken by a free pod;
-* **fates**, drawn per job: healthy, a healthy straggler (1-3x its type's p99), an
-  OOM crash partway (heartbeats stop; the pod restarts), never started (the pod dies
-  before the job's first heartbeat), a hang (the process stops making progress and
-  its executor keeps heartbeating);
-* **heartbeats** from the pod's executor every 60 s, a little late each time and
-  now and then much later (GC pauses, slow I/O: gaps up to 4 minutes that are not
-  deaths);
-* **deploy waves**: every pod SIGTERMed within a rolling window, ``terminated_at``
-  written on its job, the pod killed after its grace period and replaced;
-* **kill_long_job's checks**: each job's executor looks at its own job every
-  30-90 s; which check stops it depends on the maximum duration in force, so each
-  contender applies its own (:func:`lifecycle`).
+* **jobs** of job types with log-normal durations, each with its fate drawn once: healthy, a healthy straggler
+  (1-3x its type's p99), an OOM crash partway, never started (its pod dies before the first heartbeat), a hang
+  (no progress; its executor keeps heartbeating);
+* **heartbeats** from the pod's executor (``every(heartbeat, seconds=60)``: the call, then 60 s of sleep, so a
+  job's beats are 60 s + its call's duration apart) and **pauses** of the executor's event loop (a GC pause, a
+  CPU-starved pod, its own ``kill_stuck_jobs`` pass blocking the loop): a beat due during a pause comes when it
+  ends. Pauses arrive at ``pauses_per_hour`` of running and last a log-normal of median ``pause_median_seconds``:
+  the tail past the heartbeat timeout is what makes a killer finalize a live job (:class:`Beats`);
+* **kill_long_job's checks**: each job's executor looks at its own job every 30-90 s; which check stops it
+  depends on the maximum duration in force, so each contender applies its own (:func:`lifecycle`).
 
-A pod's occupancy in the trace is what its job does under the deployment's chart
-value (2400 s): a contender with another maximum duration would free some pods at
-other moments, which the trace does not replay (it would no longer be the same trace).
-Times are seconds from the trace's start, a midnight UTC.
+Times are seconds from the scored day's start, a midnight UTC (the warm-up before it is negative).
 """
 
 from __future__ import annotations
 
 import bisect
 import datetime as dt
-import heapq
 import math
 import random
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 DAY = 86_400.0
-#: The trace's origin, a midnight UTC, when its times become dates (the queue's documents, a statistics window).
+#: The scored day's start, a midnight UTC, when the trace's times become dates (the queue's documents).
 EPOCH = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
 #: z of the 99th percentile of a normal law: a log-normal type's p99 is median x exp(Z99 x sigma).
 Z99 = 2.3263
@@ -66,7 +55,7 @@ class Cause(StrEnum):
 
 
 class Ending(StrEnum):
-    """How a job's process ended under one contender's maximum duration."""
+    """How a job's process ended under one maximum duration of kill_long_job."""
 
     FINISHED = "finished"  # normally: the worker deletes its job
     DIED = "died"  # crash or never started: the document stays, started
@@ -76,7 +65,7 @@ class Ending(StrEnum):
 
 @dataclass(frozen=True)
 class JobType:
-    """A processing step: its share of the jobs and its duration law (log-normal), its crash and hang rates."""
+    """A processing step: its share of its pool's jobs, its duration law (log-normal), its crash and hang rates."""
 
     name: str
     weight: float
@@ -85,147 +74,148 @@ class JobType:
     crash_rate: float
     hang_rate: float
     level: str = "dataset"  # which of config and split its jobs carry
-    difficulty: int = 50
+    difficulty: int = 50  # the pool that runs it: light <= 40 < medium <= 70 < heavy
 
     @property
     def p99_seconds(self) -> float:
         return self.median_seconds * math.exp(Z99 * self.sigma)
 
+    @property
+    def mean_seconds(self) -> float:
+        return self.median_seconds * math.exp(self.sigma**2 / 2)
 
-#: Shaped after dataset-viewer's steps: many quick ones, a few heavy ones whose p99 is near an hour (so the chart's
-#: 2400 s stops some healthy runs, issue #1395), the heavy ones more often OOM-killed.
+
+#: Shaped after dataset-viewer's steps and their difficulties at f62009e05 (``processing_graph.py``: 20 to 70):
+#: light (<= 40) quick steps, medium (40-70) the heavy computing ones, whose p99 is near an hour (so the chart's
+#: 2400 s stops some healthy runs, issue #1395), heavy (> 70) the re-runs of failed jobs (+20 per failed run,
+#: ``DIFFICULTY_BONUS_BY_FAILED_RUNS``), more often OOM-killed. Light medians are kept near a minute so that a day of
+#: the chart's fleet stays within some 40,000 jobs (a death of a quick job is timed like any other).
 JOB_TYPES: tuple[JobType, ...] = (
-    JobType("/config-names", 0.18, 5, 0.7, 0.003, 0.001),
-    JobType("/size", 0.18, 3, 0.6, 0.002, 0.001, difficulty=20),
-    JobType("/split-names", 0.14, 25, 1.0, 0.006, 0.002, "config"),
-    JobType("/first-rows", 0.22, 60, 1.1, 0.015, 0.003, "split", 70),
-    JobType("/parquet-and-info", 0.12, 300, 1.0, 0.040, 0.006, "config", 90),
-    JobType("/duckdb-index", 0.08, 600, 0.7, 0.050, 0.006, "split", 90),
-    JobType("/descriptive-statistics", 0.08, 240, 1.2, 0.030, 0.006, "split", 70),
+    JobType("/config-names", 0.35, 60, 0.8, 0.003, 0.001, difficulty=20),
+    JobType("/size", 0.35, 45, 0.6, 0.002, 0.001, difficulty=20),
+    JobType("/split-names", 0.30, 90, 1.0, 0.006, 0.002, "config", 40),
+    JobType("/first-rows", 0.40, 60, 1.1, 0.015, 0.003, "split", 70),
+    JobType("/parquet-and-info", 0.25, 300, 1.0, 0.040, 0.006, "config", 70),
+    JobType("/duckdb-index", 0.15, 600, 0.7, 0.050, 0.006, "split", 70),
+    JobType("/descriptive-statistics", 0.20, 240, 1.2, 0.030, 0.006, "split", 70),
+    JobType("/parquet-and-info (re-run)", 0.6, 400, 1.0, 0.060, 0.006, "config", 90),
+    JobType("/duckdb-index (re-run)", 0.4, 700, 0.7, 0.070, 0.006, "split", 90),
 )
 
 
 @dataclass(frozen=True)
-class TraceSettings:
-    """Everything the trace is drawn from; the same settings and seed give the same trace."""
+class HeartbeatSettings:
+    """The executor's heartbeat (``heartbeatIntervalSeconds``: 60) and the pauses of its event loop."""
 
-    seed: int = 29
-    days: float = 7.0
-    tail_hours: float = 4.0  # after the last arrival: no new jobs, every zombie has time to be found
-    jobs: int = 16_000  # expected arrivals (Poisson): 10,000+ started jobs in 7 days
-    peak_workers: int = 50
-    night_workers: int = 4
-    heartbeat_seconds: float = 60.0
-    heartbeat_late_seconds: float = 1.5  # each beat is up to this late (the call itself, the event loop)
-    long_gap_probability: float = 0.01  # per interval: a GC pause or slow I/O
-    long_gap_seconds: tuple[float, float] = (90.0, 240.0)  # never more than 4 minutes: not a death
-    never_started_rate: float = 0.004
-    straggler_rate: float = 0.005
-    straggler_p99_factor: tuple[float, float] = (1.0, 3.0)
-    deploy_waves: int = 10  # about one a day, at random days and hours (two may fall on one day)
-    deploy_hours: tuple[float, float] = (10.0, 17.0)  # UTC, at the peak fleet
-    rollout_seconds: float = 120.0  # pods of a wave are SIGTERMed within this
-    grace_seconds: float = 30.0  # Kubernetes' default terminationGracePeriodSeconds
-    replace_seconds: tuple[float, float] = (20.0, 60.0)  # a new pod is up after its predecessor died
-    restart_seconds: tuple[float, float] = (10.0, 40.0)  # a crashed container is restarted
-    kill_long_check_seconds: tuple[float, float] = (30.0, 90.0)  # 0.5-1.5 x killLongJobIntervalSeconds (60 s)
-    chart_max_duration_seconds: float = 2400.0  # maxJobDurationSeconds in the chart: the trace's pods follow it
-    job_types: tuple[JobType, ...] = JOB_TYPES
-
-    @property
-    def end(self) -> float:
-        return self.days * DAY + self.tail_hours * 3600.0
-
-
-def moment(seconds: float) -> dt.datetime:
-    """The trace's ``seconds`` as the date the deployment would store (milliseconds, as BSON keeps them)."""
-    return EPOCH + dt.timedelta(milliseconds=math.floor(seconds * 1000))
-
-
-def fleet_target(settings: TraceSettings, t: float) -> int:
-    """How many pods the autoscaler wants at ``t``: night trough, morning ramp, day plateau, evening ramp."""
-    hour = (t % DAY) / 3600.0
-    low, high = settings.night_workers, settings.peak_workers
-    if hour < 6:
-        share = 0.0
-    elif hour < 10:
-        share = (hour - 6) / 4
-    elif hour < 18:
-        share = 1.0
-    else:
-        share = (24 - hour) / 6
-    return round(low + (high - low) * share)
+    interval_seconds: float = 60.0
+    call_seconds: tuple[float, float] = (0.005, 1.5)  # a job's heartbeat call: its beats are 60 s + this apart
+    #: Pauses of the executor's loop per hour of running, and their length (log-normal): a GC pause, a pod starved
+    #: of CPU (light pods request 0.2 CPU), the executor's own kill_stuck_jobs pass blocking its loop. 0.6 an hour
+    #: (1 % of the 60 s intervals, as issue 29's trace) of median 90 s and sigma 0.45: 0.4 % of them last more than
+    #: 300 s, about one live job in 450 running hours is silent past the deployment's 5 x 60 s.
+    pauses_per_hour: float = 0.6
+    pause_median_seconds: float = 90.0
+    pause_sigma: float = 0.45
 
 
 class Beats:
-    """A job's heartbeats from its start on, drawn lazily from its own generator (the same for every contender)."""
+    """A job's heartbeats: ``interval + call`` apart, from a first beat 0-60 s after its start (the executor's next
+    tick), each pause of the executor's loop holding back the beat due during it until it ends."""
 
-    __slots__ = ("_rng", "_settings", "times")
+    __slots__ = ("blocked", "step", "segments")
 
-    def __init__(self, seed: int, start: float, settings: TraceSettings, times: list[float] | None = None) -> None:
-        self._settings = settings
-        self._rng: random.Random | None = None
-        if times is not None:  # hand-made: exactly these beats, no more
-            self.times = list(times)
-        else:
-            self._rng = random.Random(seed)
-            self.times = [start + self._rng.uniform(0.0, settings.heartbeat_seconds)]  # the executor's next tick
-
-    def _extend_past(self, t: float) -> None:
-        if self._rng is None:
+    def __init__(self, first: float | None, step: float, pauses: list[tuple[float, float]] = ()) -> None:  # type: ignore[assignment]
+        self.step = step
+        #: (first beat of a run of regular beats, the moment a pause blocks the rest of that run or inf)
+        self.segments: list[tuple[float, float]] = []
+        if first is None:
             return
-        s, times = self._settings, self.times
-        while times[-1] <= t:
-            if self._rng.random() < s.long_gap_probability:
-                gap = self._rng.uniform(*s.long_gap_seconds)
-            else:
-                gap = s.heartbeat_seconds + self._rng.uniform(0.0, s.heartbeat_late_seconds)
-            times.append(times[-1] + gap)
+        start = first
+        for at, length in sorted(pauses):
+            if at + length <= start:
+                continue
+            if at < start:  # paused before the segment's first beat: it comes at the pause's end
+                start = at + length
+                continue
+            due = start + math.ceil((at - start) / step) * step  # the first beat at or after the pause's start
+            if due < at + length:
+                self.segments.append((start, at))
+                start = at + length
+        self.segments.append((start, math.inf))
+
+    @classmethod
+    def at(cls, times: list[float]) -> Beats:
+        """Exactly these beats (hand-made cases): one segment each."""
+        beats = cls(None, 60.0)
+        beats.segments = [(t, nxt) for t, nxt in zip(times, [*times[1:], math.inf], strict=True)]
+        beats.step = math.inf
+        return beats
 
     @property
     def first(self) -> float | None:
-        return self.times[0] if self.times else None
+        return self.segments[0][0] if self.segments else None
 
     def last_before(self, t: float) -> float | None:
         """The last beat at or before ``t`` (None: none yet)."""
-        self._extend_past(t)
-        index = bisect.bisect_right(self.times, t)
-        return self.times[index - 1] if index else None
+        index = bisect.bisect_right(self.segments, (t, math.inf)) - 1
+        if index < 0:
+            return None
+        start, blocked = self.segments[index]
+        if self.step == math.inf:
+            return start
+        limit = min(t, blocked - 1e-9)
+        return start + math.floor((limit - start) / self.step) * self.step
+
+    def silences(self, until: float) -> list[tuple[float, float]]:
+        """Each silence longer than a regular interval before ``until`` (the process's end): (its last beat, the
+        next beat); the last one, after the process ended, has no next beat (inf)."""
+        out = []
+        for (start, blocked), (following, _) in zip(self.segments, self.segments[1:], strict=False):
+            if following > until:
+                break
+            last = self.last_before(min(blocked, following) - 1e-9)
+            out.append((last if last is not None else start, following))
+        final = self.last_before(until)
+        if final is not None:
+            out.append((final, math.inf))
+        return out
 
     def longest_gap(self, until: float) -> float:
-        """The longest silence between two beats before ``until`` (for the checks of the trace)."""
-        self._extend_past(until)
-        beats = [b for b in self.times if b <= until]
-        return max((b - a for a, b in zip(beats, beats[1:], strict=False)), default=0.0)
+        return max((b - a for a, b in self.silences(until) if b < math.inf), default=0.0)
 
 
 class Checks:
-    """The moments a job's executor runs ``kill_long_job`` on it: every 0.5-1.5 x 60 s from a random phase."""
+    """The moments a job's executor runs ``kill_long_job`` on it: every 0.5-1.5 x 60 s from a random phase (drawn
+    only for a job that runs long enough to be stopped: most never are)."""
 
-    __slots__ = ("_rng", "_settings", "times")
+    __slots__ = ("_bounds", "_rng", "_seed", "_start", "times")
 
-    def __init__(self, seed: int, start: float, settings: TraceSettings, times: list[float] | None = None) -> None:
-        self._settings = settings
+    def __init__(self, seed: int, start: float, bounds: tuple[float, float] = (30.0, 90.0)) -> None:
+        self._seed, self._start, self._bounds = seed, start, bounds
         self._rng: random.Random | None = None
-        if times is not None:  # hand-made: exactly these checks, no more
-            self.times = list(times)
-            return
-        self._rng = random.Random(seed)
-        low, high = settings.kill_long_check_seconds
-        # the residual of a renewal process of U(low, high) intervals has mean (low^2 + low*high + high^2) / 3 / (low + high)
-        self.times = [start + self._rng.uniform(0.0, 2 * (low * low + low * high + high * high) / 3 / (low + high))]
+        self.times: list[float] = []
+
+    @classmethod
+    def at(cls, times: list[float]) -> Checks:
+        checks = cls(0, 0.0)
+        checks._seed, checks.times = None, list(times)  # type: ignore[assignment]
+        return checks
 
     def first_at_or_after(self, t: float, limit: float = math.inf) -> float | None:
         """The first check at or after ``t`` and before ``limit`` (None: none)."""
         times = self.times
-        if self._rng is not None:
-            low, high = self._settings.kill_long_check_seconds
+        if self._seed is not None:
+            if self._rng is None:
+                self._rng = random.Random(self._seed)
+                low, high = self._bounds
+                # the residual of a renewal process of U(low, high) intervals: mean (low^2 + low*high + high^2) / 3 / (low + high)
+                times.append(
+                    self._start + self._rng.uniform(0.0, 2 * (low * low + low * high + high * high) / 3 / (low + high))
+                )
             while times[-1] < t and times[-1] < limit:
-                times.append(times[-1] + self._rng.uniform(low, high))
+                times.append(times[-1] + self._rng.uniform(*self._bounds))
         index = bisect.bisect_left(times, t)
-        if index < len(times) and times[index] < limit:
-            return times[index]
-        return None
+        return times[index] if index < len(times) and times[index] < limit else None
 
     def stop_time(self, start: float, max_duration: Callable[[float], float], limit: float) -> float | None:
         """The check that stops the job: the first whose moment is ``max_duration(moment)`` past ``start``."""
@@ -264,25 +254,13 @@ class Job:
 
 @dataclass
 class Pod:
-    """One pod incarnation: its executor runs kill_stuck_jobs from its start to its end."""
+    """One pod: its executor runs kill_stuck_jobs from its start to its end (its kill, after a SIGTERM's grace)."""
 
     index: int
+    pool: str
     start: float
     end: float = math.inf
     sigterm_at: float | None = None
-
-
-@dataclass
-class Trace:
-    settings: TraceSettings
-    jobs: list[Job]
-    pods: list[Pod]
-    waves: list[float]
-    fleet_minutes: list[int] = field(default_factory=list)  # the autoscaler's target, minute by minute
-
-    def fleet_at(self, t: float) -> int:
-        minute = min(max(int(t // 60), 0), len(self.fleet_minutes) - 1)
-        return self.fleet_minutes[minute]
 
 
 @dataclass(frozen=True)
@@ -301,7 +279,8 @@ def lifecycle(job: Job, max_duration: Callable[[float], float]) -> Lifecycle:
     natural = job.natural_end
     sig = job.sigterm_kill if job.sigterm_kill is not None and job.sigterm_kill < natural else math.inf
     alive_until = min(natural, sig)  # the executor checks its job while both live
-    stop = job.checks.stop_time(job.start, max_duration, alive_until)
+    shortest = min(value for _, value in max_duration.phases) if isinstance(max_duration, MaxDuration) else 0.0
+    stop = None if alive_until - job.start < shortest else job.checks.stop_time(job.start, max_duration, alive_until)
     if stop is not None:
         hung = job.fate is Fate.HANG and job.onset is not None and job.onset < stop
         return Lifecycle(Ending.KILL_LONG, stop, stop, Cause.HANG if hung else None, job.onset if hung else None)
@@ -320,7 +299,7 @@ def lifecycle(job: Job, max_duration: Callable[[float], float]) -> Lifecycle:
 
 @dataclass(frozen=True)
 class MaxDuration:
-    """kill_long_job's maximum duration over time: ``phases`` of (from, seconds), the first from 0 (picklable)."""
+    """kill_long_job's maximum duration over time: ``phases`` of (from, seconds), the first from -inf (picklable)."""
 
     phases: tuple[tuple[float, float], ...]
 
@@ -334,7 +313,34 @@ class MaxDuration:
 
 def constant(seconds: float) -> MaxDuration:
     """A maximum duration that never changes."""
-    return MaxDuration(((0.0, seconds),))
+    return MaxDuration(((-math.inf, seconds),))
+
+
+@dataclass
+class Trace:
+    """A seed's deployment: its jobs, pods and deploys, and the fleet size minute by minute (all pools)."""
+
+    settings: object  # generate.TraceSettings (kept loose: the hand-made traces of the tests carry their own)
+    jobs: list[Job]
+    pods: list[Pod]
+    deploys: list[float]
+    fleet_minutes: dict[int, int] = field(default_factory=dict)  # minute (from the scored day's start) -> pods
+    start: float = 0.0  # the scored window: deaths in [start, end) are timed
+    end: float = DAY
+    horizon: float = DAY  # the replay runs until then (a tail for the last deaths to be found)
+    begin: float = 0.0  # ... from then (the warm-up's start)
+
+    def fleet_at(self, t: float) -> int:
+        minute = int(t // 60)
+        if minute in self.fleet_minutes:
+            return self.fleet_minutes[minute]
+        keys = sorted(self.fleet_minutes)
+        return self.fleet_minutes[keys[min(max(bisect.bisect_right(keys, minute) - 1, 0), len(keys) - 1)]]
+
+
+def moment(seconds: float) -> dt.datetime:
+    """The trace's ``seconds`` as the date the deployment would store (milliseconds, as BSON keeps them)."""
+    return EPOCH + dt.timedelta(milliseconds=math.floor(seconds * 1000))
 
 
 # --- what a contender did with the trace ------------------------------------------------------------------
@@ -343,12 +349,13 @@ def constant(seconds: float) -> MaxDuration:
 class Actor(StrEnum):
     KILL_STUCK = "kill_stuck_jobs"  # the deployment's pass over every started job, in every pod
     KILL_LONG = "kill_long_job"  # the deployment's executor, on its own job
-    CLEANUP = "cleanup"  # zombie_pipeline.cleanup.run, driven by a schedule or the sensor
+    CLEANUP = "cleanup"  # zombie_pipeline's cleanup run (the sensor's)
+    WATCHER = "watcher"  # the standing watch run of issue 34 (modelled)
 
 
 @dataclass(frozen=True)
 class Finalization:
-    """One finalizing write of a job (its cache error and its finish): when, by whom, why."""
+    """One finalizing write of a job (its cache error and, the first time, its deletion): when, by whom, why."""
 
     at: float
     actor: Actor
@@ -368,202 +375,7 @@ class Outcome:
     max_duration: MaxDuration  # kill_long_job's, in the deployment's executors
     finalizations: dict[int, list[Finalization]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
-    settings: dict[str, object] = field(default_factory=dict)
     wall_seconds: float = 0.0
-    cpu_seconds: dict[str, float] = field(default_factory=dict)  # this process's, and its server's when known
 
     def add(self, job: int, finalization: Finalization) -> None:
         self.finalizations.setdefault(job, []).append(finalization)
-
-
-# --- generation ---------------------------------------------------------------------------------------------
-
-
-class _Generator:
-    """An event simulation of the fleet: arrivals, pods, deploy waves; each job's fate drawn when it starts."""
-
-    def __init__(self, settings: TraceSettings) -> None:
-        self.s = settings
-        self.rng = random.Random(settings.seed)
-        self.jobs: list[Job] = []
-        self.pods: list[Pod] = []
-        self.events: list[tuple[float, int, str, int]] = []
-        self.sequence = 0
-        self.idle: list[int] = []  # pods taking jobs
-        self.busy: dict[int, int] = {}  # pod -> job
-        self.starting = 0  # pods scheduled to come up
-        self.queue: deque[float] = deque()  # arrival times
-        self.free_token: dict[int, int] = {}  # pod -> the job whose end frees it (a stale event is ignored)
-        weights = [t.weight for t in settings.job_types]
-        self.type_weights = [w / sum(weights) for w in weights]
-        self.fleet_minutes = [fleet_target(settings, minute * 60.0) for minute in range(int(settings.end // 60) + 2)]
-        arrival_minutes = self.fleet_minutes[: int(settings.days * DAY // 60)]
-        self.rate_per_pod = settings.jobs / (sum(arrival_minutes) * 60.0)  # arrivals per pod-second
-
-    def push(self, t: float, kind: str, subject: int = -1) -> None:
-        self.sequence += 1
-        heapq.heappush(self.events, (t, self.sequence, kind, subject))
-
-    def run(self) -> Trace:
-        s = self.s
-        self.push(0.0, "fleet")
-        self.push(self._next_arrival(0.0), "arrival")
-        waves: list[float] = []
-        for _ in range(1_000 * s.deploy_waves):  # a short trace holds fewer than asked: as many as fit
-            if len(waves) == s.deploy_waves:
-                break
-            wave = self.rng.randrange(max(math.ceil(s.days), 1)) * DAY + self.rng.uniform(*s.deploy_hours) * 3600.0
-            if wave < s.days * DAY and all(abs(wave - other) > 3600.0 for other in waves):  # an hour apart at least
-                waves.append(wave)
-        waves.sort()
-        for wave in waves:
-            self.push(wave, "wave")
-        while self.events:
-            t, _, kind, subject = heapq.heappop(self.events)
-            if t > s.end:
-                break
-            getattr(self, f"_on_{kind}")(t, subject)
-        for pod in self.pods:
-            pod.end = min(pod.end, s.end)
-        return Trace(s, sorted(self.jobs, key=lambda job: job.start), self.pods, waves, self.fleet_minutes)
-
-    # events ---------------------------------------------------------------------------------------------
-
-    def _next_arrival(self, t: float) -> float:
-        """Poisson arrivals at rate_per_pod x the fleet target (by thinning against the peak)."""
-        peak = self.rate_per_pod * self.s.peak_workers
-        while True:
-            t += self.rng.expovariate(peak)
-            if (
-                self.rng.random() * peak
-                <= self.rate_per_pod * self.fleet_minutes[min(int(t // 60), len(self.fleet_minutes) - 1)]
-            ):
-                return t
-
-    def _on_arrival(self, t: float, _: int) -> None:
-        if t < self.s.days * DAY:
-            self.queue.append(t)
-            self.push(self._next_arrival(t), "arrival")
-            self._assign(t)
-
-    def _on_fleet(self, t: float, _: int) -> None:
-        target = self.fleet_minutes[int(t // 60)]
-        live = len(self.idle) + len(self.busy) + self.starting
-        for _ in range(target - live):
-            self.starting += 1
-            self.push(t + self.rng.uniform(10.0, 30.0), "pod_up")
-        excess = live - target
-        while excess > 0 and self.idle:
-            pod = self.idle.pop(self.rng.randrange(len(self.idle)))
-            self.pods[pod].end = t
-            excess -= 1
-        busy = list(self.busy)
-        self.rng.shuffle(busy)
-        for pod in busy[: max(excess, 0)]:  # Kubernetes scales down pods, not jobs
-            self._sigterm(t, pod, replace=False)
-        self.push(t + 60.0, "fleet")
-
-    def _on_pod_up(self, t: float, _: int) -> None:
-        self.starting -= 1
-        self.pods.append(Pod(len(self.pods), t))
-        self.idle.append(len(self.pods) - 1)
-        self._assign(t)
-
-    def _on_wave(self, t: float, _: int) -> None:
-        for pod in list(self.idle) + list(self.busy):
-            self.push(t + self.rng.uniform(0.0, self.s.rollout_seconds), "wave_sigterm", pod)
-
-    def _on_wave_sigterm(self, t: float, pod: int) -> None:
-        if self.pods[pod].sigterm_at is None and self.pods[pod].end > t:
-            self._sigterm(t, pod, replace=True)
-
-    def _sigterm(self, t: float, pod: int, replace: bool) -> None:
-        """The executor writes terminated_at on its job; the pod is killed after its grace period."""
-        self.pods[pod].sigterm_at = t
-        kill = t + self.s.grace_seconds
-        if pod in self.idle:
-            self.idle.remove(pod)
-        job_index = self.busy.pop(pod, None)
-        if job_index is not None:
-            job = self.jobs[job_index]
-            job.sigterm_at, job.sigterm_kill = t, kill
-            self.free_token.pop(pod, None)  # its end no longer frees the pod: the kill does
-        self.pods[pod].end = kill
-        if replace:
-            self.starting += 1
-            self.push(kill + self.rng.uniform(*self.s.replace_seconds), "pod_up")
-
-    def _on_free(self, t: float, pod: int) -> None:
-        job_index = self.free_token.pop(pod, None)
-        if job_index is None or self.busy.get(pod) != job_index:
-            return
-        del self.busy[pod]
-        ending = lifecycle(self.jobs[job_index], constant(self.s.chart_max_duration_seconds)).ending
-        if ending is Ending.FINISHED:
-            self.idle.append(pod)
-            self._assign(t)
-            return
-        self.pods[pod].end = t  # the container exits (OOM, or kill_long_job stopped the worker loop): restarted
-        self.starting += 1
-        self.push(t + self.rng.uniform(*self.s.restart_seconds), "pod_up")
-
-    # jobs -------------------------------------------------------------------------------------------------
-
-    def _assign(self, t: float) -> None:
-        while self.queue and self.idle:
-            arrival = self.queue.popleft()
-            pod = self.idle.pop(self.rng.randrange(len(self.idle)))
-            job = self._new_job(arrival, t, pod)
-            self.jobs.append(job)
-            self.busy[pod] = job.index
-            self.free_token[pod] = job.index
-            end = lifecycle(job, constant(self.s.chart_max_duration_seconds)).process_end
-            self.push(end, "free", pod)
-
-    def _new_job(self, created: float, start: float, pod: int) -> Job:
-        s, rng = self.s, self.rng
-        kind = rng.choices(s.job_types, self.type_weights)[0]
-        index = len(self.jobs)
-        duration = kind.median_seconds * math.exp(rng.gauss(0.0, kind.sigma))
-        beats = Beats(s.seed * 1_000_003 + 2 * index, start, s)
-        checks = Checks(s.seed * 1_000_003 + 2 * index + 1, start, s)
-        draw = rng.random()
-        onset = None
-        if draw < s.never_started_rate:
-            fate = Fate.NEVER_STARTED
-            first = beats.first if beats.first is not None else start + s.heartbeat_seconds
-            natural_end = start + rng.uniform(0.0, first - start)
-        elif draw < s.never_started_rate + kind.crash_rate:
-            fate, natural_end = Fate.CRASH, start + duration * rng.uniform(0.05, 1.0)
-        elif draw < s.never_started_rate + kind.crash_rate + kind.hang_rate:
-            fate, natural_end = Fate.HANG, math.inf
-            onset = start + duration * rng.uniform(0.1, 1.0)
-        elif draw < s.never_started_rate + kind.crash_rate + kind.hang_rate + s.straggler_rate:
-            fate = Fate.STRAGGLER
-            natural_end = start + kind.p99_seconds * rng.uniform(*s.straggler_p99_factor)
-        else:
-            fate, natural_end = Fate.HEALTHY, start + duration
-        config = None if kind.level == "dataset" else rng.choice(("default", "en", "fr"))
-        split = rng.choice(("train", "test", "validation")) if kind.level == "split" else None
-        return Job(
-            index=index,
-            job_type=kind.name,
-            dataset=f"user{rng.randrange(400)}/dataset-{rng.randrange(5_000)}",
-            config=config,
-            split=split,
-            revision=f"{rng.getrandbits(40):010x}",
-            difficulty=kind.difficulty,
-            created=created,
-            start=start,
-            pod=pod,
-            fate=fate,
-            natural_end=natural_end,
-            beats=beats,
-            checks=checks,
-            onset=onset,
-        )
-
-
-def generate(settings: TraceSettings = TraceSettings()) -> Trace:
-    """The trace of ``settings``: the same one every time for the same settings."""
-    return _Generator(settings).run()
