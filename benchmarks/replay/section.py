@@ -166,7 +166,7 @@ def _causes(outcome: Any) -> dict[str, dict[str, int]]:
     for finals in outcome.finalizations.values():
         for final in finals:
             if final.actor.value == "cleanup":
-                row = out.setdefault(final.cause, {})
+                row = out.setdefault(str(final.cause), {})
                 row[str(final.retry)] = row.get(str(final.retry), 0) + 1
                 row["costs_run"] = row.get("costs_run", 0) + final.costs_run
     return out
