@@ -8,7 +8,8 @@ see: before each step at virtual time ``t`` they insert the jobs started by then
 finished, set ``terminated_at``, and rewrite a job's last heartbeat when the stored one would look stale at ``t`` (or
 always, for a job about to be compare-and-set). ``run_cleanup`` asks its step clock (``cleanup.run.StepClock``) for
 each step's moment: the replay answers with the step's virtual time, after bringing the workers up to it; every
-write of the run is stamped with it. What a run finalized is read from its audit trail (the events it completed), with the cause each finalization told and what became of its retry.
+write of the run is stamped with it. What a run finalized is read from its audit trail (the events it completed),
+with the cause each finalization told and what became of its retry.
 
 The section compares the two on one seed (:func:`compare`): the same jobs finalized at the same moments, else the
 rules model is wrong. The wall time of each run's finalize step (finalize and compensate) is kept: it is the

@@ -34,7 +34,7 @@ from benchmarks.replay.latency import ReleaseLag, StartLatency, measured_file, r
 from benchmarks.replay.rules import Rule
 from benchmarks.replay.stats import Resamples, summary
 from benchmarks.replay.targets import targets
-from benchmarks.replay.trace import MaxDuration, Trace, constant, lifecycle
+from benchmarks.replay.trace import MaxDuration, constant, lifecycle
 from zombie_pipeline.policy import ZombiePolicy
 
 
@@ -279,7 +279,3 @@ def _described(settings: ReplaySettings) -> dict[str, Any]:
     described["trace"]["job_types"] = [t["name"] for t in described["trace"]["job_types"]]
     described["trace"]["pools"] = [p["name"] for p in described["trace"]["pools"]]
     return described
-
-
-def trace_of(seed: int, settings: TraceSettings | None = None) -> Trace:
-    return generate(replace(settings or TraceSettings(), seed=seed))

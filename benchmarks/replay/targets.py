@@ -30,7 +30,6 @@ def _paired_below(
     ours: str,
     theirs: str,
     mask: Callable[[SeedRecord], np.ndarray],
-    margin: float = 0.0,
     q: float = 99,
 ) -> Estimate:
     return difference(records[ours], records[theirs], resamples[ours], q, mask)
