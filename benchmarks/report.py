@@ -339,7 +339,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def replay_markdown(replay: dict[str, Any]) -> str:
     """The detection replay's section (issue 29), with the command of the run that made it."""
-    from benchmarks.replay import markdown as replay_section_markdown
+    from benchmarks.replay.markdown import markdown as replay_section_markdown
 
     return replay_section_markdown(replay, replay.get("meta", {}).get("command", "?"))
 

@@ -3,8 +3,8 @@
 Sections: ``cleanup`` (ours and the 2023 baseline, a fresh server per run, interleaved, at injected
 round-trip times), ``compute`` (the statistics step at 1M jobs without the server, the documents path
 and the Arrow path), ``history`` (detection and statistics as the finished history grows) and
-``detection`` (issue 29: a week's trace with ground truth replayed against the deployment's own killer
-and the cleanup, ``benchmarks/replay.py``). A run of some sections keeps the others' figures already
+``detection`` (issues 29 and 35: many seeds of the chart's fleet with ground truth replayed against the
+deployment's own killer, the cleanup and the watcher, ``benchmarks/replay/``). A run of some sections keeps the others' figures already
 in the output directory.
 Prints each figure as it is measured and, after every measure, rewrites
 ``benchmarks-results.json``, ``benchmarks-results.md`` and
@@ -46,8 +46,7 @@ from benchmarks.harness import (
     server_version,
 )
 from benchmarks.history_bench import HistoryBench, HistorySettings
-from benchmarks.replay import CONTENDERS, ReplaySettings, replay_section
-from benchmarks.replay_cleanup import RunStart
+from benchmarks.replay.section import ReplaySettings, replay_section
 from benchmarks.servers import HistoryServer, Servers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -381,34 +380,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", type=_sizes, help="finished-history sizes, e.g. 10000,100000,1000000")
     parser.add_argument("--stats-sizes", type=_sizes, help="history sizes at which statistics are read from the server")
     parser.add_argument("--only", help=f"comma-separated sections among {', '.join(SECTIONS)}")
-    replay = parser.add_argument_group("detection (the replay of issue 29)")
-    replay.add_argument("--replay-days", type=float, help="simulated days (default 7)")
-    replay.add_argument("--replay-jobs", type=int, help="expected jobs in the trace (default 16000)")
-    replay.add_argument("--replay-seed", type=int, help="the trace's seed (default 29)")
-    replay.add_argument("--replay-contenders", help="among a,b,c,d (default all)")
-    replay.add_argument("--replay-parallel", type=int, help="contenders (b)-(d) replayed at once (default 3)")
-    replay.add_argument("--heartbeat-timeout", type=int, help="(b)-(d): the cleanup's heartbeat timeout (default 300)")
+    replay = parser.add_argument_group("detection (the replay of issues 29 and 35)")
+    replay.add_argument("--replay-seeds", type=int, help="seeds of the chart's fleet, a day each (default 20)")
+    replay.add_argument("--replay-incident-seeds", type=int, help="seeds of the cluster incident (default 5)")
+    replay.add_argument("--replay-parallel", type=int, help="seeds replayed at once (default 2)")
+    replay.add_argument("--replay-no-witness", action="store_true", help="skip the real cleanup's witness seed")
+    replay.add_argument("--heartbeat-timeout", type=int, help="the cleanup's heartbeat timeout (default 300)")
+    replay.add_argument("--max-duration", type=int, help="the cleanup's T2 for every type (default 2520)")
     replay.add_argument(
-        "--max-duration",
-        type=int,
-        help="(b)-(d): the cleanup's T2 for every type (default: the chart's 2400 s + 90 s rounded up, 2520)",
-    )
-    replay.add_argument(
-        "--sensor-tick", type=float, help="(c), (d): seconds between sensor ticks (default: stale_jobs_sensor's, 30)"
-    )
-    replay.add_argument(
-        "--run-start", type=_floats, help="a run's start latency MIN,MEDIAN,MAX seconds (default 20,30,103)"
-    )
-    replay.add_argument("--sigterm-grace", type=float, help="the pods' terminationGracePeriodSeconds (default 30)")
-    replay.add_argument("--statistics-days", type=float, help="(d): days the suggestions are computed from (default 2)")
-    replay.add_argument("--t2-by-type", help="(d): TYPE=SECONDS,... instead of the suggestions")
-    replay.add_argument(
-        "--kill-long-job", type=float, help="(d): kill_long_job's maximum duration instead of the suggestion"
-    )
-    replay.add_argument(
-        "--policy",
-        type=json.loads,
-        help="(b)-(d): other ZombiePolicy fields as JSON, e.g. a SIGTERM rule once it exists",
+        "--deployment-finish", type=float, help="seconds of one set_stuck in a pass (default: the model)"
     )
     parser.add_argument(
         "--out", type=Path, help="output directory (default docs/, or build/benchmarks-quick with --quick)"
@@ -436,9 +416,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.stats_sizes:
         config.history.stats_sizes = args.stats_sizes
     _replay_options(args, config)
-    unknown_contenders = set(config.replay.contenders) - set(CONTENDERS)
-    if unknown_contenders:
-        parser.error(f"unknown contenders {sorted(unknown_contenders)}: among {', '.join(CONTENDERS)}")
     if args.only:
         sections = tuple(part.strip() for part in args.only.split(",") if part.strip())
         unknown = set(sections) - set(SECTIONS)
@@ -452,34 +429,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _replay_options(args: argparse.Namespace, config: Config) -> None:
     replay = config.replay
-    trace = replay.trace
-    trace = replace(trace, days=args.replay_days) if args.replay_days else trace
-    trace = replace(trace, jobs=args.replay_jobs) if args.replay_jobs else trace
-    trace = replace(trace, seed=args.replay_seed) if args.replay_seed is not None else trace
-    trace = replace(trace, grace_seconds=args.sigterm_grace) if args.sigterm_grace is not None else trace
-    replay.trace = trace
-    if args.replay_contenders:
-        replay.contenders = tuple(part.strip() for part in args.replay_contenders.split(",") if part.strip())
+    if args.replay_seeds:
+        replay.seeds = args.replay_seeds
+    if args.replay_incident_seeds is not None:
+        replay.incident_seeds = args.replay_incident_seeds
     if args.replay_parallel:
         replay.parallel = args.replay_parallel
+    if args.replay_no_witness:
+        replay.witness = False
     if args.heartbeat_timeout:
         replay.heartbeat_timeout_seconds = args.heartbeat_timeout
     if args.max_duration:
         replay.max_duration_seconds = args.max_duration
-    if args.sensor_tick:
-        replay.sensor_tick_seconds = args.sensor_tick
-    if args.run_start:
-        minimum, median, maximum = args.run_start
-        replay.run_start = RunStart(minimum, median, maximum)
-    if args.statistics_days:
-        replay.statistics_days = args.statistics_days
-    if args.t2_by_type:
-        pairs = (part.rsplit("=", 1) for part in args.t2_by_type.split(",") if part.strip())
-        replay.t2_by_type = {name.strip(): int(seconds) for name, seconds in pairs}
-    if args.kill_long_job:
-        replay.kill_long_job_seconds = args.kill_long_job
-    if args.policy:
-        replay.policy_overrides = dict(args.policy)
+    if args.deployment_finish:
+        replay.deployment = replace(replay.deployment, finish_seconds=args.deployment_finish)
 
 
 if __name__ == "__main__":

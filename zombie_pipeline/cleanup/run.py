@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from zombie_pipeline.cleanup import causes, compensations
@@ -178,6 +179,20 @@ def audit(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -> St
 # --- the whole cleanup in one call ---------------------------------------------------------------------
 
 
+class Step(StrEnum):
+    """The steps that take a moment (:data:`StepClock`)."""
+
+    RECONCILE = "reconcile"
+    FIND = "find"
+    FINALIZE = "finalize"
+    AUDIT = "audit"
+
+
+#: The moment each step runs at, asked just before it, with the candidates found so far (``finalize``'s): a replay's
+#: virtual clock, which brings its simulated workers up to that moment first. Without one, every step takes ``now``.
+StepClock = Callable[[Step, Sequence[Candidate]], dt.datetime]
+
+
 @dataclass
 class CleanupReport:
     run_id: str
@@ -207,22 +222,28 @@ def run_cleanup(
     job_types: Iterable[str] | None = None,
     dry_run: bool = False,
     override_brake: bool = False,
+    clock: StepClock | None = None,
 ) -> CleanupReport:
-    """The whole cleanup in one call: the steps of ``kill_zombies_job``'s ops, in their order.
+    """The whole cleanup in one call: the steps of ``kill_zombies_job``'s ops, in their order, each at ``now`` (or the
+    ``clock``'s moment for it; neither: the wall clock).
 
     Raises :class:`BrakeEngaged` where the find step's brake stops the run, and
     ``GenerationUnknown`` where zombies are found in a queue of undecided generation.
     """
+
+    def at(step: Step, candidates: Sequence[Candidate] = ()) -> dt.datetime | None:
+        return clock(step, candidates) if clock is not None else now
+
     options = CleanupOptions(dry_run, override_brake, tuple(job_types) if job_types is not None else None)
     plan = prepare(store, policy, run_id, options).plan
-    reconciled = reconcile(store, plan, now)
-    detection = find(store, plan, now)
+    reconciled = reconcile(store, plan, at(Step.RECONCILE))
+    detection = find(store, plan, at(Step.FIND))
     if detection.brake is not None and detection.stopped_by_brake:
         raise BrakeEngaged(detection.brake.message())
     report = CleanupReport(run_id, dry_run, plan.generations, detection, reconciled=reconciled)
-    report.steps.merge(finalize(store, plan, detection.candidates, now))
+    report.steps.merge(finalize(store, plan, detection.candidates, at(Step.FINALIZE, detection.candidates)))
     report.steps.merge(compensate(store, plan))
-    report.steps.merge(audit(store, plan))
+    report.steps.merge(audit(store, plan, at(Step.AUDIT)))
     return report
 
 
