@@ -17,11 +17,12 @@ from zombie_pipeline import config
 from zombie_pipeline.app.errors import OptionRefused, cut_short, progress_of
 from zombie_pipeline.config import SettingError
 from zombie_pipeline.policy import InvalidPolicy, ZombiePolicy
-from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients, database_error, default_timeout_ms
+from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients, database_error
 from zombie_pipeline.queue.documents import Job
 from zombie_pipeline.queue.evidence import GenerationUnknown
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.secrets import redact
+from zombie_pipeline.queue.targets import timeouts_from_env
 from zombie_pipeline.simulation import embedded
 from zombie_pipeline.simulation.ownership import NotOurs, check_ours, drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
@@ -495,11 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _database_error(error: pymongo.errors.PyMongoError, command: str) -> DatabaseUnavailable:
     """A database error no step of ``command`` caught, in the one line of :func:`database_error`."""
-    try:
-        timeout_ms = config.mongo_timeout_ms(default_timeout_ms(embedded=not any(config.configured_urls())))
-    except SettingError:
-        timeout_ms = default_timeout_ms(embedded=not any(config.configured_urls()))
-    return database_error(error, command, config.configured_urls(), timeout_ms, "")
+    return database_error(error, command, config.configured_urls(), timeouts_from_env(), "")
 
 
 if __name__ == "__main__":
