@@ -148,10 +148,11 @@ def test_the_locations_policy_comes_from_its_policy_file_read_when_it_loads(monk
     assert resource.policy().heartbeat_timeout_seconds == 600
 
 
-def test_a_bad_policy_file_fails_the_locations_load_in_one_line(monkeypatch, tmp_path):
-    """Refused before any run can write anything: Dagster shows the location's load error."""
+def test_a_bad_policy_file_fails_the_locations_load_with_a_line_per_refusal_from_one_frame(monkeypatch, tmp_path):
+    """Refused before any run can write anything: Dagster shows the location's load error, the lines that
+    ``zombie-pipeline policy check`` prints, raised where the location is defined (Dagster hides its own frames)."""
     path = tmp_path / "policy.yaml"
-    path.write_text("max_stale_fraction: 7\n")
+    path.write_text("max_stale_fraction: 7\nheartbeat_timout_seconds: 600\n")
     env = {**os.environ, POLICY_FILE_ENV: str(path)}
 
     loaded = subprocess.run(
@@ -159,9 +160,14 @@ def test_a_bad_policy_file_fails_the_locations_load_in_one_line(monkeypatch, tmp
     )
 
     assert loaded.returncode != 0
-    assert f"InvalidPolicy: invalid zombie policy: {path}: max_stale_fraction=7: should be less than or equal to 1" in (
-        loaded.stderr
-    )
+    said = loaded.stderr[loaded.stderr.index("InvalidPolicy: ") :].splitlines()
+    assert said[:2] == [
+        f"InvalidPolicy: invalid zombie policy: {path}: max_stale_fraction=7: should be less than or equal to 1",
+        f"invalid zombie policy: {path}: heartbeat_timout_seconds is not a policy field (did you mean "
+        "heartbeat_timeout_seconds?)",
+    ]
+    user_frames = [line for line in loaded.stderr.splitlines() if "zombie_pipeline" in line and "File " in line]
+    assert len(user_frames) == 1 and "definitions.py" in user_frames[0]
 
 
 def test_a_launchpad_run_overrides_one_setting_of_the_locations_policy_and_keeps_the_others(monkeypatch, tmp_path):

@@ -89,6 +89,7 @@ def queue_health(
     zombie_policy: ZombiePolicyResource,
     metrics_gateway: MetricsGateway,
 ) -> dg.MaterializeResult[None]:
+    source = zombie_policy.record_source(context)
     with databases.store_for(context, "queue_health: reading the queue") as store:
         policy = zombie_policy.in_force(store)
         now = utc_now()
@@ -98,6 +99,7 @@ def queue_health(
         metadata: dict[str, Any] = {
             **snapshot.as_dict(),
             "repeat_offenders": offenders.offenders_total,  # listed by the daily repeat_offenders asset
+            "policy_source": source.describe(),
             "policy": dg.MetadataValue.json(policy.as_dict()),
             "queue": databases.describe()["queue"],
         }

@@ -34,6 +34,7 @@ def lift_quarantine(
     databases: Databases,
     zombie_policy: ZombiePolicyResource,
 ) -> dict[str, Any]:
+    zombie_policy.record_source(context)
     zombie_policy.policy()  # a refused value fails the run here, before the first command to a database
     with databases.store_for(context, "lift_quarantine: lifting a quarantine") as store:
         try:

@@ -21,7 +21,16 @@ from pymongo.database import Database
 from zombie_pipeline import config
 from zombie_pipeline.config import SettingError
 from zombie_pipeline.orchestration.pushgateway import MetricsGateway, metrics_gateway_from_env
-from zombie_pipeline.policy import InvalidPolicy, PolicySettings, ZombiePolicy, policy_from_file, validated
+from zombie_pipeline.orchestration.tags import policy_tags
+from zombie_pipeline.policy import (
+    InvalidPolicy,
+    PolicyFile,
+    PolicySettings,
+    PolicySource,
+    ZombiePolicy,
+    read_policy_file,
+    validated,
+)
 from zombie_pipeline.queue.connections import (
     DEFAULT_TIMEOUT_MS,
     EMBEDDED_TIMEOUT_MS,
@@ -170,10 +179,14 @@ def _last_attempt(context: StepContext) -> bool:
 
 
 class PolicyRefused(dg.Failure, InvalidPolicy):
-    """A run's failure for a policy that is refused: one line naming each field and value, never retried."""
+    """A run's failure for a policy that is refused: one line naming each field and value, never retried; each
+    refusal and where the policy came from as metadata."""
 
-    def __init__(self, error: InvalidPolicy) -> None:
-        super().__init__(description=str(error), allow_retries=False)
+    def __init__(self, error: InvalidPolicy, source: PolicySource | None = None) -> None:
+        metadata: dict[str, Any] = {"refused": dg.MetadataValue.json(list(error.problems) or [str(error)])}
+        if source is not None:
+            metadata["policy_source"] = source.describe()
+        super().__init__(description=str(error), metadata=metadata, allow_retries=False)
 
 
 class ZombiePolicyResource(dg.ConfigurableResource["ZombiePolicyResource"], PolicySettings):
@@ -190,11 +203,26 @@ class ZombiePolicyResource(dg.ConfigurableResource["ZombiePolicyResource"], Poli
 
     def policy(self) -> ZombiePolicy:
         """The policy in force, as the core takes it; :class:`PolicyRefused` when a value is refused."""
-        given = self.model_dump(include=self.model_fields_set & set(PolicySettings.model_fields))
         try:
-            return validated({**location_settings(), **given})
+            return validated({**location_settings(), **self._given()})
         except InvalidPolicy as error:
-            raise PolicyRefused(error) from None
+            raise PolicyRefused(error, self.source()) from None
+
+    def source(self) -> PolicySource:
+        """Where :meth:`policy` comes from: the location's file or the defaults, and the fields this run's config sets
+        to other values."""
+        base = location_settings()
+        overrides = [name for name, value in self._given().items() if value != base.get(name, _default_of(name))]
+        return PolicySource.of(location_file(), overrides)
+
+    def record_source(self, context: StepContext) -> PolicySource:
+        """:meth:`source` as the run's tags (the run page shows them; the runs list filters by them)."""
+        source = self.source()
+        context.instance.add_run_tags(context.op_execution_context.run_id, policy_tags(source))
+        return source
+
+    def _given(self) -> dict[str, Any]:
+        return self.model_dump(include=self.model_fields_set & set(PolicySettings.model_fields))
 
     def in_force(self, store: Store) -> ZombiePolicy:
         """The policy a cleanup applies now: suggested maximum durations included when opted in."""
@@ -223,17 +251,28 @@ def url_from_env(variable: str) -> str | None:
     return dg.EnvVar(variable) if config.setting(variable) else None
 
 
-def location_settings() -> dict[str, Any]:
-    """The settings of the location's policy file (``$ZOMBIE_POLICY_FILE``), those it changes from the defaults;
-    none without a file. Read once per process and file."""
+def location_file() -> PolicyFile | None:
+    """The location's policy file (``$ZOMBIE_POLICY_FILE``) as read, or None without one. Read once per process and
+    file: a run's process reads it when it loads the location, and its hash names what that run took."""
     path = config.policy_file()
-    return {} if path is None else dict(_settings_of_file(path))
+    return None if path is None else _read_file(path)
 
 
 @functools.cache
-def _settings_of_file(path: Path) -> tuple[tuple[str, Any], ...]:
-    policy = policy_from_file(path)
-    return tuple(policy.model_dump(include=set(PolicySettings.model_fields), exclude_defaults=True).items())
+def _read_file(path: Path) -> PolicyFile:
+    return read_policy_file(path)
+
+
+def location_settings() -> dict[str, Any]:
+    """The settings of the location's policy file, those it changes from the defaults; none without a file."""
+    file = location_file()
+    return (
+        {} if file is None else file.policy.model_dump(include=set(PolicySettings.model_fields), exclude_defaults=True)
+    )
+
+
+def _default_of(name: str) -> Any:
+    return PolicySettings.model_fields[name].get_default(call_default_factory=True)
 
 
 def policy_from_env() -> ZombiePolicyResource:

@@ -118,6 +118,7 @@ def job_duration_tallies(
     from zombie_pipeline.statistics.sources import read_history
 
     window = context.partition_time_window
+    zombie_policy.record_source(context)
     with databases.store_for(context, "job_duration_tallies: reading a day of job history") as store:
         generation = _queue_generation(store, zombie_policy.policy())
         try:
@@ -253,6 +254,7 @@ def job_duration_statistics(
     from zombie_pipeline.statistics.reports import markdown_table, offenders_markdown, policy_snippet, write_reports
 
     rules = config.rules()  # a value out of bounds is refused before anything is read
+    source = zombie_policy.record_source(context)
     with databases.store_for(context, "job_duration_statistics: reading the window's suggestions and history") as store:
         policy = zombie_policy.in_force(store)  # "current T2" is the one the cleanup applies
         generation = _queue_generation(store, policy)
@@ -298,6 +300,7 @@ def job_duration_statistics(
     return dg.MaterializeResult(
         metadata={
             "window": window_text(report),
+            "policy_source": source.describe(),
             "statistics": dg.MetadataValue.md(markdown_table(report)),
             **charts,
             "zombie_policy_snippet": dg.MetadataValue.md("```yaml\n" + policy_snippet(report) + "```"),
