@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 #: Nouns whose plural is not the noun and an ``s``.
 _PLURALS = {
     "retry": "retries",
@@ -36,3 +38,10 @@ def counted(count: int | float, noun: str, many: str | None = None) -> str:
     return (
         f"{count:g} {plural(count, noun, many)}" if isinstance(count, float) else f"{count} {plural(count, noun, many)}"
     )
+
+
+def shown(value: object) -> str:
+    """A value as a person typed it: ``-3`` for the float -3.0 an option parsed, ``1.5``, ``'abc'``."""
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:g}" if abs(value) < 1e15 else repr(value)
+    return repr(value)

@@ -19,6 +19,7 @@ import pymongo
 from zombie_pipeline import config
 from zombie_pipeline.app.errors import OptionRefused, Progress, cut_short, progress_of
 from zombie_pipeline.config import SettingError
+from zombie_pipeline.messages import shown
 from zombie_pipeline.policy import InvalidPolicy, PolicySource, ZombiePolicy, read_policy_file
 from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients, database_error
 from zombie_pipeline.queue.documents import Job, utc_now
@@ -144,6 +145,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_workers(args: argparse.Namespace) -> int:
     from zombie_pipeline.queue.evidence import decide
 
+    if args.duration is not None and not args.duration > 0:
+        raise OptionRefused(f"--duration must be positive, got {shown(args.duration)}")
     rates = WorkerRates(
         workers=args.workers,
         crashes_per_worker_hour=args.crashes_per_worker_hour,
@@ -208,7 +211,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    print(", ".join(f"{count} {name.replace('_', ' ')}" for name, count in sorted(pool.counts.items())))
+    print(f"in all: {pool.summary()}")
     return 0
 
 

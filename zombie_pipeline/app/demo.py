@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ import pymongo
 from zombie_pipeline import config
 from zombie_pipeline.app.errors import OptionRefused, Progress, cut_short, progress_of
 from zombie_pipeline.cleanup.detection import count_stale, started_filter
+from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
 from zombie_pipeline.cleanup.run import RunSummary
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.failures import result_cause
@@ -128,6 +129,8 @@ def run_demo(
         run_config = {"ops": {"reconcile": {"config": {"dry_run": real_database}}}, "loggers": QUIET}
         with _instance() as instance:
             succeeded = _cleanup(resources, run_config, instance, real_database)
+            progress("reading the quarantines")
+            print(quarantines_text(active_quarantines(store, utc_now())))
             if succeeded:
                 progress("starting the simulated workers")
                 with _living_queue(store, generation, policy, seed, rates or WorkerRates(), enabled=not real_database):
@@ -227,6 +230,25 @@ def _cleanup(
     return True
 
 
+def quarantines_text(quarantines: Sequence[Mapping[str, Any]]) -> str:
+    """The quarantines holding now, and how an operator lifts one."""
+    if not quarantines:
+        return "  quarantined now: none"
+    lines = [f"  quarantined now ({len(quarantines)}: their crashes are not re-enqueued until lifted or lapsed):"]
+    for quarantine in quarantines:
+        row = quarantine_row(quarantine)
+        lines.append(
+            f"  - {row['dataset']} {row['type']}: {row['crashes']} crashes within {row['window_hours']} h, since "
+            f"{row['since']} UTC, lapses {row['lapses_at']} UTC"
+        )
+    first = quarantine_row(quarantines[0])
+    lines.append(
+        "  lift one with lift_quarantine_job (Launchpad config: ops: lift_quarantine: config: dataset: "
+        f"{first['dataset']}, job_type: {first['type']}): its withheld jobs run again"
+    )
+    return "\n".join(lines)
+
+
 def step_metadata(result: dg.ExecuteInProcessResult, step: str) -> dict[str, Any]:
     """The metadata a step recorded on its output."""
     for event in result.events_for_node(step):
@@ -272,8 +294,7 @@ def _living_queue(
     finally:
         stopping.set()
         thread.join(timeout=60)
-        line = ", ".join(f"{count} {name.replace('_', ' ')}" for name, count in sorted(pool.counts.items()))
-        print(f"\nsimulated workers, while the statistics ran: {line or 'nothing to do'}")
+        print(f"\nsimulated workers, while the statistics ran: {pool.summary()}")
 
 
 def _statistics(resources: DeploymentResources, instance: dg.DagsterInstance, save_suggestions: bool) -> None:
