@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from zombie_pipeline.messages import shown
 from zombie_pipeline.queue.documents import (
     DEFAULT_ZOMBIE_HTTP_STATUS,
     Cause,
@@ -466,7 +467,7 @@ def problems_of(error: ValidationError) -> list[str]:
             continue
         what = str(cause) if problem["type"] == "value_error" and cause is not None else problem["msg"]
         what = what.removeprefix("Input ").removeprefix("Value error, ")
-        problems.append(f"{path}={problem['input']!r}: {what}")
+        problems.append(f"{path}={shown(problem['input'])}: {what}")
     return problems
 
 

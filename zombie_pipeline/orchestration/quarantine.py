@@ -42,8 +42,9 @@ def lift_quarantine(
                 store, zombie_policy.in_force(store), config.dataset, config.job_type, context.run_id, utc_now()
             )
         except quarantine.NotQuarantined as error:  # the same request would be refused again: no retry
-            raise dg.Failure(description=str(error), allow_retries=False) from None
-    metadata = {
+            asked = {"dataset": config.dataset, "job_type": config.job_type}
+            raise dg.Failure(description=str(error), metadata=asked, allow_retries=False) from None
+    metadata: dict[str, Any] = {
         "dataset": lifted.dataset,
         "job_type": lifted.job_type,
         "withheld_jobs_rerun": lifted.scheduled,

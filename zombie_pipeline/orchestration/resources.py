@@ -152,6 +152,8 @@ class Databases(dg.ConfigurableResource["Databases"]):
         except dg.Failure as failure:
             if failure.allow_retries and _last_attempt(context):
                 raise dg.Failure(failure.description, failure.metadata, allow_retries=False) from None
+            if failure.allow_retries:  # the cause in a line of its own: Dagster's retry event buries it in frames
+                context.log.warning(f"{failure.description} ({_attempt(context)}: the step is tried again)")
             raise
 
     def describe(self) -> dict[str, str]:
@@ -169,6 +171,13 @@ def _unavailable(error: DatabaseUnavailable) -> dg.Failure:
     """A step's failure for a database error: the one line, and where it looked and how long, as metadata; retried
     by the step's policy only if waiting may help (a refused password is not)."""
     return dg.Failure(description=str(error), metadata=dict(error.facts), allow_retries=error.transient)
+
+
+def _attempt(context: StepContext) -> str:
+    """``attempt 1 of 3``: which attempt of a step with a retry policy this is."""
+    step = context.op_execution_context
+    policy = step.op_def.retry_policy
+    return f"attempt {step.retry_number + 1} of {(policy.max_retries if policy else 0) + 1}"
 
 
 def _last_attempt(context: StepContext) -> bool:

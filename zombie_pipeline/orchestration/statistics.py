@@ -128,7 +128,8 @@ class DurationStatisticsConfig(dg.Config, SuggestionSettings):
         try:
             return SuggestionRules.of(self)
         except InvalidPolicy as error:
-            raise dg.Failure(description=str(error), allow_retries=False) from None
+            refused = dg.MetadataValue.json(list(error.problems) or [str(error)])
+            raise dg.Failure(description=str(error), metadata={"refused": refused}, allow_retries=False) from None
 
 
 class DailyTalliesStorage(dg.ConfigurableIOManagerFactory["DailyTalliesFiles"]):
@@ -184,7 +185,9 @@ def job_duration_tallies(
             )
         except CacheIndexMissing as error:
             raise dg.Failure(
-                description=str(error), metadata={"to_create_it": "create_cache_index: true in this asset's config"}
+                description=str(error),
+                metadata={"to_create_it": "create_cache_index: true in this asset's config"},
+                allow_retries=False,
             ) from None
         rows = ["| type | jobs | successful | zombies |", "|---|---|---|---|"]
         for job_type, tally in sorted(period.tallies.items()):
@@ -214,7 +217,11 @@ def _queue_generation(store: Store, policy: ZombiePolicy) -> QueueGeneration:
         return generations.required_queue()
     except GenerationUnknown as error:
         candidates = dg.MetadataValue.json(list(generations.queue_verdict.candidates))
-        raise dg.Failure(description=str(error), metadata={"queue_generation_candidates": candidates}) from None
+        metadata: dict[str, Any] = {
+            "queue_generation_candidates": candidates,
+            "to_decide": "set queue_generation in the policy",
+        }
+        raise dg.Failure(description=str(error), metadata=metadata, allow_retries=False) from None
 
 
 def metadata_key(prefix: str, job_type: str) -> str:
