@@ -19,7 +19,7 @@ import pymongo
 from zombie_pipeline import config
 from zombie_pipeline.app.errors import OptionRefused, Progress, cut_short, progress_of
 from zombie_pipeline.config import SettingError
-from zombie_pipeline.messages import shown
+from zombie_pipeline.messages import counted, shown
 from zombie_pipeline.policy import InvalidPolicy, PolicySource, ZombiePolicy, read_policy_file
 from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients, database_error
 from zombie_pipeline.queue.documents import Job, utc_now
@@ -121,8 +121,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         result = simulate(store, workload, overwrite=args.overwrite_database, progress=progress)
     print("  ".join(f"{role}: {where}" for role, where in resources["databases"].describe().items()))
     print(
-        f"a {workload.generation} queue (cache {workload.cache.name}): {workload.total} jobs, {result.cache_entries} cache "
-        f"entries, {result.past_jobs} past jobs, in {result.insert_commands} inserts"
+        f"a {workload.generation} queue (cache {workload.cache.name}): {counted(workload.total, 'job')}, "
+        f"{counted(result.cache_entries, 'cache entry')}, {counted(result.past_jobs, 'past job')}, in "
+        f"{counted(result.insert_commands, 'insert')}"
     )
     for status, count in sorted(result.jobs_by_status.items()):
         print(f"  {status:<10} {count:>8}")
@@ -132,7 +133,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"  zombies: {zombies}; {len(result.running_ids)} healthy running")
     if result.past is not None:
         print(
-            f"  the {result.past.days} days before: cleaned daily, {result.past.finalized} zombies finalized, "
+            f"  the {result.past.days} days before: cleaned daily, {counted(result.past.finalized, 'zombie')} finalized, "
             f"{result.past.offender_finalized} of them user42/endless-audio's (a repeat offender)"
         )
     print(
@@ -201,7 +202,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
         pool.run(args.duration if args.duration is not None else float("inf"), stopping.is_set)
     except KeyboardInterrupt:
         _say(
-            f"stopped at once: {pool.held()} jobs left started, which look dead after the heartbeat timeout (a cleanup "
+            f"stopped at once: {counted(pool.held(), 'job')} left started, which look dead after the heartbeat timeout (a cleanup "
             "finalizes them); the workers' claim on the queue expires in "
             f"{claim.expires_seconds:g} s"
         )

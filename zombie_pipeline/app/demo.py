@@ -35,6 +35,7 @@ from zombie_pipeline.app.errors import OptionRefused, Progress, cut_short, progr
 from zombie_pipeline.cleanup.detection import count_stale, started_filter
 from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
 from zombie_pipeline.cleanup.run import RunSummary
+from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.failures import result_cause
 from zombie_pipeline.orchestration.repeat_offenders import repeat_offenders
@@ -177,7 +178,7 @@ def _prepare_queue(
     missing = healthy_beside(dead, policy) - healthy
     if missing > 0:  # their workers stopped long ago: a deployment has healthy jobs beside its dead ones
         print(
-            f"{dead} zombies beside {healthy} healthy started jobs (the simulated workers stopped since): adding "
+            f"{counted(dead, 'zombie')} beside {counted(healthy, 'healthy started job')} (the simulated workers stopped since): adding "
             f"{missing} healthy started jobs ..."
         )
         simulate(
@@ -216,7 +217,7 @@ def _cleanup(
     if real_database:
         found = step_metadata(result, "find_zombies").get("candidates")
         print(
-            f"  dry run: {found.value if found else 0} zombies found and left alone (their evidence: the find_zombies step)"
+            f"  dry run: {counted(found.value if found else 0, 'zombie')} found and left alone (their evidence: the find_zombies step)"
         )
         return True
     summary = RunSummary(
@@ -343,12 +344,13 @@ def statistics_text(metadata: Mapping[str, Any]) -> str:
     """The statistics as their report file (JSON) says: a line per type, the files, the policy snippet."""
     report = json.loads(Path(metadata["json"].value).read_text())
     lines = [
-        f"  {report['jobs_read']} runs read ({report['source']}), {report['events_read']} zombies finalized in the "
+        f"  {counted(report['jobs_read'], 'run')} read ({report['source']}), {counted(report['events_read'], 'zombie')} "
+        "finalized in the "
         f"window; {metadata['types_to_change'].value} of {len(report['types'])} job types change their T2:"
     ]
     for entry in report["types"]:
         successes = entry.get("success_count") or 0
-        line = f"  {entry['type']:<32} {successes:>5} successes, "
+        line = f"  {entry['type']:<32} {successes:>5} {plural(successes, 'success')}, "
         if entry["enough_data"]:
             line += f"T2 {entry['current_t2_seconds']} s -> {entry['suggested_t2_seconds']} s ({entry['change']})"
         else:
@@ -371,13 +373,13 @@ def offenders_text(metadata: Mapping[str, Any]) -> str:
     offenders = metadata["offenders"].value
     lines = [
         f"  repeat offenders ({metadata['window'].value}): {offenders} dataset{'' if offenders == 1 else 's'} "
-        f"finalized at least {threshold} times, of {metadata['datasets_finalized'].value} finalized "
-        f"({metadata['finalizations'].value} finalizations)"
+        f"finalized at least {counted(threshold, 'time')}, of {metadata['datasets_finalized'].value} finalized "
+        f"({counted(metadata['finalizations'].value, 'finalization')})"
     ]
     for row in rows[:5]:
         limit = ", retry limit reached" if row["retry_limit_reached"] else ""
         lines.append(
-            f"  - {row['dataset']} {row['type']}: {row['finalizations']} times, last {row['last_seen']}, last error "
+            f"  - {row['dataset']} {row['type']}: {counted(row['finalizations'], 'time')}, last {row['last_seen']}, last error "
             f"{row['last_error']}{limit}"
         )
     return "\n".join(lines)

@@ -21,6 +21,7 @@ from zombie_pipeline.cleanup.compensations import CompensationError
 from zombie_pipeline.cleanup.detection import Candidate
 from zombie_pipeline.cleanup.plan import CleanupOptions, CleanupPlan
 from zombie_pipeline.cleanup.results import Count
+from zombie_pipeline.messages import counted
 from zombie_pipeline.orchestration.metadata import (
     counts_metadata,
     malformed_metadata,
@@ -123,7 +124,9 @@ def reconcile(
         result = run.reconcile(store, plan)
     metadata.update(counts_metadata(result.counts))
     if result.counts[Count.TAKEN_OVER]:
-        context.log.warning(f"completed {result.counts[Count.TAKEN_OVER]} finalizations left by crashed runs")
+        context.log.warning(
+            f"completed {counted(result.counts[Count.TAKEN_OVER], 'finalization')} left by crashed runs"
+        )
     context.add_output_metadata(metadata)
     return plan.add(result)
 
@@ -161,7 +164,7 @@ def find_zombies(
         context.log.warning(f"{len(detection.malformed)} started jobs are malformed and were left alone")
     context.add_output_metadata(metadata)
     if plan.options.dry_run:
-        context.log.info(f"dry run: {len(rows)} zombies would be finalized; nothing written")
+        context.log.info(f"dry run: {counted(len(rows), 'zombie')} would be finalized; nothing written")
         return []
     return detection.candidates
 
