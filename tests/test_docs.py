@@ -1,7 +1,8 @@
-"""The README says what the code does: the policy's fields and defaults, every environment variable, every
-command and option, and the one choice every page states (the transactions default); docs/deploy.md quotes the
-cleanup's runtime limit as the code sets it, one figure for a cleanup of 1,000 zombies, and a Secret holding every
-variable the pipeline reads."""
+"""The docs say what the code does: the policy's fields and defaults and every environment variable
+(docs/configuration.md), every command and option (docs/cli.md), and the one choice every page states (the
+transactions default); docs/deploy.md quotes the cleanup's runtime limit as the code sets it, one figure for a cleanup
+of 1,000 zombies, and a Secret holding every variable the pipeline reads. The README's first screen says what it is,
+the two commands and where to go next; every link of the README and the docs leads somewhere."""
 
 from __future__ import annotations
 
@@ -16,16 +17,19 @@ from zombie_pipeline.orchestration.cleanup import CLEANUP_MAX_RUNTIME_SECONDS
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.connections import DEFAULT_TIMEOUT_MS, EMBEDDED_TIMEOUT_MS
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+CONFIGURATION = (REPO / "docs" / "configuration.md").read_text()
+CLI = (REPO / "docs" / "cli.md").read_text()
 #: How the table writes a field whose default is "none given": what then applies.
 UNSET = {"queue_generation": "detected", "cache_generation": "detected", "enqueue_retries": "per generation"}
 
 
-def section(title: str) -> str:
-    """The README's section under ``title``, to the next heading."""
-    start = README.index(title)
-    following = re.search(r"\n#{2,3} ", README[start + len(title) :])
-    return README[start : start + len(title) + (following.start() if following else len(README))]
+def section(title: str, page: str = CONFIGURATION) -> str:
+    """The section of ``page`` under ``title``, to the next heading."""
+    start = page.index(title)
+    following = re.search(r"\n#{2,3} ", page[start + len(title) :])
+    return page[start : start + len(title) + (following.start() if following else len(page))]
 
 
 def table_rows(text: str) -> list[list[str]]:
@@ -53,7 +57,7 @@ def written(name: str, value: object) -> str:
 
 def test_the_policy_table_lists_every_field_of_the_policy_with_its_default():
     documented: dict[str, str] = {}
-    for cells in table_rows(section("### Policy (`zombie_policy` resource)")):
+    for cells in table_rows(section("## Policy (`zombie_policy` resource)")):
         names = re.findall(r"`(\w+)`", cells[0])
         defaults = [default.strip() for default in cells[1].split(" / ")]
         assert len(names) == len(defaults), cells
@@ -72,17 +76,25 @@ def test_every_environment_variable_the_pipeline_reads_is_in_the_readmes_table()
     assert variables - documented == set()
 
 
-@pytest.mark.parametrize("command", ["demo", "simulate", "workers", "db"])
-def test_every_command_and_each_of_its_options_is_in_the_readmes_command_line(command):
-    text = section("## Command line")
-    parser = cli.build_parser().parse_args([command] + (["status"] if command == "db" else [])).command_parser
+COMMANDS = {"demo": [], "simulate": [], "workers": [], "db": ["status"], "status": [], "policy": ["check"]}
+
+
+def test_the_docs_describe_every_command():
+    assert set(COMMANDS) == set(cli.build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr,arg-type]
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_and_each_of_its_options_is_in_the_docs_command_line(command):
+    text = section("## Command line", CLI)
+    parser = cli.build_parser().parse_args([command, *COMMANDS[command]]).command_parser
     options = {option for action in parser._actions for option in action.option_strings if option.startswith("--")}
     options -= {"--help"}
 
     synopsis = next(line for line in text.splitlines() if line.startswith(f"zombie-pipeline {command}"))
     assert {option for option in options if option not in synopsis} == set()
     if command != "db":
-        listed = {cells[0].strip("`") for cells in table_rows(text.split(f"**`{command}`**", 1)[1].split("**`")[0])}
+        described = re.split(r"\*\*`", text.split(f"**`{command}", 1)[1])[0]
+        listed = {cells[0].strip("`") for cells in table_rows(described) if cells[0].startswith("`--")}
         assert listed == options
 
 
@@ -94,14 +106,55 @@ def test_every_page_says_transactions_are_off_by_default_as_the_policy():
     assert "Off (the default)" in (ZombiePolicy.model_fields["transactions"].description or "")
 
 
-def test_the_readme_documents_the_database_timeout_with_its_default():
+def test_the_docs_document_the_database_timeout_with_its_default():
     rows = {cells[0].strip("`"): cells[1] for cells in table_rows(section("## Pointing it at a real MongoDB"))}
     assert rows[config.MONGO_TIMEOUT_ENV] == f"`{DEFAULT_TIMEOUT_MS}`, `{EMBEDDED_TIMEOUT_MS}` on the embedded default"
 
 
+def test_the_docs_give_the_exit_statuses_of_policy_check_as_the_code_defines_them():
+    from zombie_pipeline.app.policy_check import Verdict
+
+    rows = {cells[0] for cells in table_rows(CLI.split("**`policy check", 1)[1]) if cells[0].isdigit()}
+    assert rows == {str(int(verdict)) for verdict in Verdict}
+
+
+# --- the README's first screen, and the links ---------------------------------------------------------------------
+
+
+def test_the_readmes_first_screen_says_what_it_is_the_two_commands_and_where_to_go_next():
+    first_screen = README[: README.index("## Where to go next")]
+    assert len(first_screen.splitlines()) <= 40
+    assert "pip install -e '.[embedded]' && .venv/bin/zombie-pipeline demo" in first_screen
+    assert "pip install -e '.[dev]' && .venv/bin/python -m pytest" in first_screen
+    next_steps = re.findall(r"\]\((docs/[\w.-]+\.md)\)", README[README.index("## Where to go next") :])
+    assert {"docs/cli.md", "docs/ui.md", "docs/configuration.md", "docs/deploy.md"} <= set(next_steps)
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
+def test_every_link_of_a_page_leads_to_a_file_and_a_heading_that_exist(page):
+    text = page.read_text()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://|mailto:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        assert linked.exists(), (page.name, target)
+        if anchor and linked.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.MULTILINE)
+            assert anchor in {slug(heading) for heading in headings}, (page.name, target)
+
+
 # --- docs/deploy.md: the figures the code defines, quoted as it defines them ------------------------------------------
 
-REPO = Path(__file__).resolve().parents[1]
 DEPLOY_DOCS = (REPO / "docs" / "deploy.md").read_text()
 INSTANCE_FILE = (REPO / "deploy" / "dagster.yaml").read_text()
 

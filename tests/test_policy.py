@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -10,10 +11,13 @@ import pytest
 from zombie_pipeline.policy import (
     InvalidPolicy,
     PolicyError,
+    PolicySource,
     SuggestionRules,
     SuggestionSettings,
     ZombiePolicy,
     policy_from_file,
+    read_policy_file,
+    validated,
 )
 from zombie_pipeline.queue.documents import ErrorCode
 
@@ -163,7 +167,7 @@ def test_the_rules_are_picked_out_of_a_larger_configuration_and_checked_in_one_l
         window_days: int = 3
 
     assert SuggestionRules.of(Configured(quantile=0.9)) == SuggestionRules(quantile=0.9)
-    with pytest.raises(InvalidPolicy, match=r"^invalid suggestion rules: quantile=2\.0: should be less than 1$"):
+    with pytest.raises(InvalidPolicy, match=r"^invalid suggestion rules: quantile=2: should be less than 1$"):
         SuggestionRules.of(Configured(quantile=2.0))
 
 
@@ -190,7 +194,7 @@ def test_a_policy_file_holds_the_settings_at_its_top_or_the_reports_snippet_past
         ("heartbeat_timeout_seconds: 0\n", "heartbeat_timeout_seconds=0: should be greater than 0"),
         ("no_such_setting: 1\n", "no_such_setting is not a policy field"),
         ("- a list\n", "must hold a mapping of policy settings, got list"),
-        ("heartbeat_timeout_seconds: [unclosed\n", "cannot be read as YAML"),
+        ("heartbeat_timeout_seconds: [unclosed\n", "is not valid YAML"),
     ],
     ids=["a bound", "an unknown field", "not a mapping", "not YAML"],
 )
@@ -205,6 +209,59 @@ def test_a_policy_file_that_cannot_be_used_is_refused_in_one_line_naming_the_fil
     assert message.startswith(f"invalid zombie policy: {path}") and said in message and "\n" not in message
 
 
-def test_a_missing_policy_file_is_refused_naming_it(tmp_path):
-    with pytest.raises(InvalidPolicy, match="cannot be read"):
+def test_a_missing_policy_file_is_said_to_be_missing_not_unreadable_yaml(tmp_path):
+    with pytest.raises(InvalidPolicy, match=r"^invalid zombie policy: .*absent\.yaml does not exist$"):
         policy_from_file(tmp_path / "absent.yaml")
+    with pytest.raises(InvalidPolicy, match=r"is a directory, not a policy file$"):
+        policy_from_file(tmp_path)
+
+
+def test_a_misspelt_field_is_refused_with_the_field_it_looks_like():
+    with pytest.raises(InvalidPolicy) as refused:
+        validated({"heartbeat_timout_seconds": 600, "max_duration_seconds_by_typ": {}, "zzz": 1})
+
+    assert refused.value.problems == (
+        "heartbeat_timout_seconds is not a policy field (did you mean heartbeat_timeout_seconds?)",
+        "max_duration_seconds_by_typ is not a policy field (did you mean max_duration_seconds_by_type?)",
+        "zzz is not a policy field",
+    )
+
+
+def test_every_refusal_of_a_file_is_a_line_of_its_own_naming_the_file(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text("heartbeat_timeout_seconds: 0\nmax_stale_fraction: 7\nretry_jitter: -1\n")
+
+    with pytest.raises(InvalidPolicy) as refused:
+        read_policy_file(path)
+
+    assert refused.value.lines() == [
+        f"invalid zombie policy: {path}: heartbeat_timeout_seconds=0: should be greater than 0",
+        f"invalid zombie policy: {path}: max_stale_fraction=7: should be less than or equal to 1",
+        f"invalid zombie policy: {path}: retry_jitter=-1: should be greater than or equal to 0",
+    ]
+    assert str(refused.value) == "; ".join(refused.value.lines()).replace(f"; invalid zombie policy: {path}: ", "; ")
+
+
+def test_the_rules_across_fields_are_each_a_refusal_of_their_own():
+    with pytest.raises(InvalidPolicy) as refused:
+        validated({"max_duration_seconds": 10, "max_duration_seconds_by_type": {"a.b": 500}})
+
+    assert len(refused.value.problems) == 2
+    assert (
+        refused.value.problems[1]
+        == "max_duration_seconds_by_type has a job type that is not one: type contains a dot ('a.b')"
+    )
+
+
+def test_a_policy_file_is_read_with_the_hash_of_its_content(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text("heartbeat_timeout_seconds: 600\n")
+
+    read = read_policy_file(path)
+
+    assert read.sha256 == hashlib.sha256(b"heartbeat_timeout_seconds: 600\n").hexdigest()
+    assert read.settings == {"heartbeat_timeout_seconds": 600}
+    assert PolicySource.of(read, ["http_status"]).describe() == (
+        f"file {path} (sha256 {read.sha256[:12]}), run config overrides http_status"
+    )
+    assert PolicySource.of(None).describe() == "default"

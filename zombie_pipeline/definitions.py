@@ -23,6 +23,12 @@ from zombie_pipeline.orchestration.sensors import (
     pipeline_failure_sensor,
     stale_jobs_sensor,
 )
+from zombie_pipeline.policy import InvalidPolicy
+
+try:
+    resources = resources_from_env()
+except InvalidPolicy as refused:  # each refusal on its own line, as `zombie-pipeline policy check` says them
+    raise InvalidPolicy("\n".join(refused.lines())) from None
 
 defs = dg.Definitions.merge(
     dg.Definitions(jobs=[kill_zombies_job, quarantine.lift_quarantine_job]),  # the cleanup, and lifting a quarantine
@@ -53,5 +59,5 @@ defs = dg.Definitions.merge(
             cleanup_overdue_sensor,
         ],
     ),
-    dg.Definitions(resources=resources_from_env()),
+    dg.Definitions(resources=resources),
 )

@@ -7,6 +7,9 @@ is read or written, with every offending field named at once.
 
 from __future__ import annotations
 
+import difflib
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from zombie_pipeline.messages import shown
 from zombie_pipeline.queue.documents import (
     DEFAULT_ZOMBIE_HTTP_STATUS,
     DEPLOYMENT_MAX_FAILED_RUNS,
@@ -34,8 +38,30 @@ class InvalidPolicy(ValueError):
     """A policy refused, in one line that names each offending field with the value it was given.
 
     What a person reads where the policy is configured (the CLI, a run's failure, the failure webhook):
-    pydantic's own message spans several lines per field and links to its documentation.
+    pydantic's own message spans several lines per field and links to its documentation. ``problems``: each
+    refusal on its own (``field=value: why``), for :meth:`lines`; ``where``: the file they were found in.
     """
+
+    def __init__(self, message: str, problems: Sequence[str] = (), where: str | None = None) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+        self.where = where
+
+    def lines(self) -> list[str]:
+        """Each refusal as a line of its own, naming the file: what ``policy check`` prints, and the location's load
+        error says."""
+        if not self.problems:
+            return [str(self)]
+        where = f"{self.where}: " if self.where else ""
+        return [f"{INVALID_POLICY}{where}{problem}" for problem in self.problems]
+
+
+class PolicyProblems(ValueError):
+    """The rules across fields a policy breaks, each on its own (a model validator's error, kept whole by pydantic)."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__(INVALID_POLICY + "; ".join(problems))
+        self.problems = tuple(problems)
 
 
 @dataclass(frozen=True)
@@ -290,7 +316,7 @@ class ZombiePolicy(PolicySettings):
                 f"cache_generation must be one of {sorted(CACHE_GENERATIONS)} or unset, got {self.cache_generation!r}"
             )
         if problems:
-            raise ValueError(INVALID_POLICY + "; ".join(problems))
+            raise PolicyProblems(problems)
         return self
 
     def termination_silence_seconds(self) -> int:
@@ -347,16 +373,40 @@ class ZombiePolicy(PolicySettings):
 
 #: Where the report's ready-to-paste snippet puts the settings (``resources: zombie_policy: config:``).
 SNIPPET_PATH = ("resources", "zombie_policy", "config")
+#: How many hex digits of a policy file's SHA-256 name its content (in run tags and summaries).
+DIGEST_LENGTH = 12
 
 
-def policy_from_file(path: Path) -> ZombiePolicy:
+@dataclass(frozen=True)
+class PolicyFile:
+    """A policy file as read: its path, the SHA-256 of the bytes read, the settings it gives, the policy they make."""
+
+    path: Path
+    sha256: str
+    settings: dict[str, Any]
+    policy: ZombiePolicy
+
+    @property
+    def digest(self) -> str:
+        return self.sha256[:DIGEST_LENGTH]
+
+
+def read_policy_file(path: Path) -> PolicyFile:
     """The policy a YAML (or JSON) file holds: its settings at the top, or the statistics report's snippet pasted
-    whole (``resources: zombie_policy: config: ...``); :class:`InvalidPolicy` naming the file when it cannot be read
-    or a value is refused."""
+    whole (``resources: zombie_policy: config: ...``); :class:`InvalidPolicy` naming the file when it is missing, cannot
+    be read, or a value is refused (every refused value at once)."""
     try:
-        loaded = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise InvalidPolicy(f"{INVALID_POLICY}{path} cannot be read as YAML: {' '.join(str(error).split())}") from None
+        content = path.read_bytes()
+    except FileNotFoundError:
+        raise InvalidPolicy(f"{INVALID_POLICY}{path} does not exist") from None
+    except IsADirectoryError:
+        raise InvalidPolicy(f"{INVALID_POLICY}{path} is a directory, not a policy file") from None
+    except OSError as error:
+        raise InvalidPolicy(f"{INVALID_POLICY}{path} cannot be read: {error.strerror or error}") from None
+    try:
+        loaded = yaml.safe_load(content)
+    except yaml.YAMLError as error:
+        raise InvalidPolicy(f"{INVALID_POLICY}{path} is not valid YAML: {' '.join(str(error).split())}") from None
     settings = loaded if loaded is not None else {}
     for key in SNIPPET_PATH:
         if isinstance(settings, dict) and set(settings) == {key}:
@@ -366,9 +416,38 @@ def policy_from_file(path: Path) -> ZombiePolicy:
             f"{INVALID_POLICY}{path} must hold a mapping of policy settings, got {type(settings).__name__}"
         )
     try:
-        return validated(settings)
+        policy = validated(settings)
     except InvalidPolicy as error:
-        raise InvalidPolicy(f"{INVALID_POLICY}{path}: {str(error).removeprefix(INVALID_POLICY)}") from None
+        raise InvalidPolicy(
+            f"{INVALID_POLICY}{path}: {str(error).removeprefix(INVALID_POLICY)}", error.problems, str(path)
+        ) from None
+    return PolicyFile(path, hashlib.sha256(content).hexdigest(), settings, policy)
+
+
+def policy_from_file(path: Path) -> ZombiePolicy:
+    """The policy of :func:`read_policy_file`."""
+    return read_policy_file(path).policy
+
+
+@dataclass(frozen=True)
+class PolicySource:
+    """Where the policy of a run came from: the location's policy file (its path and the hash of what was read) or
+    the defaults, and the fields the run's own config set to other values (a Launchpad run's)."""
+
+    path: str | None = None
+    digest: str | None = None
+    overrides: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, file: PolicyFile | None, overrides: Sequence[str] = ()) -> PolicySource:
+        if file is None:
+            return cls(overrides=tuple(sorted(overrides)))
+        return cls(str(file.path), file.digest, tuple(sorted(overrides)))
+
+    def describe(self) -> str:
+        """``file /etc/policy.yaml (sha256 1a2b3c4d5e6f)`` or ``default``, then the run config's overrides."""
+        text = f"file {self.path} (sha256 {self.digest})" if self.path else "default"
+        return text + (f", run config overrides {', '.join(self.overrides)}" if self.overrides else "")
 
 
 def validated(values: dict[str, Any]) -> ZombiePolicy:
@@ -376,27 +455,43 @@ def validated(values: dict[str, Any]) -> ZombiePolicy:
     try:
         return ZombiePolicy(**values)
     except ValidationError as error:
-        raise InvalidPolicy(INVALID_POLICY + one_line(error)) from None
+        problems = problems_of(error)
+        raise InvalidPolicy(INVALID_POLICY + "; ".join(problems), problems) from None
 
 
 def one_line(error: ValidationError) -> str:
     """Each problem of a validation error as ``field=value: what is wrong``, joined by ``; ``."""
-    problems = []
+    return "; ".join(problems_of(error))
+
+
+def problems_of(error: ValidationError) -> list[str]:
+    """Each problem of a validation error as ``field=value: what is wrong``; a field that is none names the one it
+    looks like."""
+    problems: list[str] = []
     for problem in error.errors(include_url=False):
         cause = (problem.get("ctx") or {}).get("error")
         if not problem["loc"]:  # a rule across fields: its own message already names them
+            if isinstance(cause, PolicyProblems):
+                problems.extend(cause.problems)
+                continue
             text = str(cause) if cause is not None else problem["msg"]
             problems.append(text.removeprefix(INVALID_POLICY).removeprefix(INVALID_RULES))
             continue
         field = problem["loc"][0]
         path = str(field) + "".join(f"[{part!r}]" for part in problem["loc"][1:])
         if problem["type"] == "extra_forbidden":
-            problems.append(f"{path} is not a policy field")
+            problems.append(f"{path} is not a policy field{did_you_mean(str(field), PolicySettings.model_fields)}")
             continue
         what = str(cause) if problem["type"] == "value_error" and cause is not None else problem["msg"]
         what = what.removeprefix("Input ").removeprefix("Value error, ")
-        problems.append(f"{path}={problem['input']!r}: {what}")
-    return "; ".join(problems)
+        problems.append(f"{path}={shown(problem['input'])}: {what}")
+    return problems
+
+
+def did_you_mean(word: str, known: Sequence[str] | Any) -> str:
+    """`` (did you mean X?)`` naming the one of ``known`` that ``word`` looks like, or nothing."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.7)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 class SuggestionSettings(BaseModel):

@@ -518,10 +518,16 @@ REFUSED_OPTIONS = [
     (["simulate", "--finished", "-3"], "--finished must be a non-negative integer, got -3"),
     (["simulate", "--never-heartbeated", "-1"], "--never-heartbeated must be a non-negative integer, got -1"),
     (["simulate", "--past-days", "-1"], "--past-days must be a non-negative integer, got -1"),
-    (["simulate", "--days", "0"], "--days must be positive, got 0.0"),
+    (["simulate", "--days", "0"], "--days must be positive, got 0\n"),  # as typed, not 0.0
+    (["simulate", "--days", "-3"], "--days must be positive, got -3\n"),
     (["workers", "--workers", "0"], "--workers must be a positive integer, got 0"),
-    (["workers", "--speed", "0"], "--speed must be positive, got 0.0"),
-    (["workers", "--restart-seconds", "-5"], "--restart-seconds must be zero or more, got -5.0"),
+    (["workers", "--speed", "0"], "--speed must be positive, got 0\n"),
+    (
+        ["workers", "--speed", "0.5e-1", "--heartbeat-seconds", "-1.5"],
+        "--heartbeat-seconds must be positive, got -1.5\n",
+    ),
+    (["workers", "--restart-seconds", "-5"], "--restart-seconds must be zero or more, got -5\n"),
+    (["workers", "--duration", "-3"], "--duration must be positive, got -3\n"),
     (["workers", "--waiting-target", "-1"], "--waiting-target must be a non-negative integer, got -1"),
 ]
 

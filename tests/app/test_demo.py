@@ -87,7 +87,17 @@ def test_a_first_demo_shows_the_cleanup_the_statistics_and_a_repeat_offender_fro
     # the repeat offender of the week, from the materialization's table
     assert "repeat offenders (" in printed and "1 dataset finalized at least 3 times" in printed
     assert f"- {OFFENDER[1]} {OFFENDER[0]}: 7 times" in printed
-    assert "simulated workers, while the statistics ran:" in printed
+    # the quarantine its history began (the offender's third crash in 72 hours), and how to lift it
+    assert "quarantined now (1: their crashes are not re-enqueued until lifted or lapsed):" in printed
+    assert f"  - {OFFENDER[1]} {OFFENDER[0]}: 3 crashes within 72 h, since " in printed
+    assert f"lift_quarantine_job (Launchpad config: ops: lift_quarantine: config: dataset: {OFFENDER[1]}, " in printed
+    # a retry scheduled after a delay says why: the timeouts' re-runs wait for the deployment's executor
+    scheduled = int(re.findall(r"(\d+) scheduled after a delay", printed)[0])
+    if scheduled:
+        assert re.search(
+            r"scheduled after a delay \(\d+ timeouts?: (its|their) re-run waits until the deployment's", printed
+        )
+    assert "simulated workers, while the statistics ran: " in printed and " crashed" not in printed
     # the runs outlive the demo, where the command it prints opens the UI: Dagster's own CLI lists them from there
     [kept, command] = re.findall(r"These runs are kept in (\S+); the Dagster UI shows them: (.+)", printed)[0]
     assert Path(kept) == embedded_home / "dagster"

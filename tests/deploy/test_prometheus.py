@@ -162,7 +162,7 @@ def test_the_dashboards_panels_have_their_own_ids_places_and_the_chosen_data_sou
 def test_the_helm_values_and_the_docs_name_the_gateway_variable():
     assert config.PUSHGATEWAY_URL_ENV in (REPO_ROOT / "deploy" / "helm" / "values.yaml").read_text()
     assert f"`{config.PUSHGATEWAY_URL_ENV}`" in DOCS
-    assert f"`{config.PUSHGATEWAY_URL_ENV}`" in (REPO_ROOT / "README.md").read_text()
+    assert f"`{config.PUSHGATEWAY_URL_ENV}`" in (REPO_ROOT / "docs" / "configuration.md").read_text()
 
 
 def test_the_docs_list_every_metric():

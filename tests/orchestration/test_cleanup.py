@@ -1,13 +1,16 @@
 """kill_zombies_job through Dagster: the ops, their metadata, dry run, brake, partitions, suggestions opted in."""
 
+import hashlib
 from typing import Any
 
+import dagster as dg
 import pytest
 
 from tests.helpers import (
     ago,
     database_resources,
     databases_from_env,
+    found,
     job_document,
     report_suggesting,
     run_kill_zombies,
@@ -15,10 +18,9 @@ from tests.helpers import (
     step_metadata,
     workload,
 )
-from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
-from zombie_pipeline.orchestration.resources import (
-    ZombiePolicyResource,
-)
+from zombie_pipeline.config import CACHE_URL_ENV, POLICY_FILE_ENV, QUEUE_URL_ENV
+from zombie_pipeline.orchestration.resources import ZombiePolicyResource, resources_from_env
+from zombie_pipeline.orchestration.tags import POLICY_OVERRIDES_TAG, POLICY_SHA256_TAG, POLICY_SOURCE_TAG
 from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status, utc_now
 from zombie_pipeline.queue.secrets import redact_url
 from zombie_pipeline.simulation.embedded import free_port
@@ -50,6 +52,49 @@ def test_the_job_finalizes_the_zombies_and_reports_them_in_its_metadata(store, r
     assert "finalized 14 zombies" in summary["summary"]
     assert step_metadata(result, "reconcile")["policy"]["heartbeat_timeout_seconds"] == 300
     assert store.jobs.count_documents({ID: {"$in": simulation.zombie_ids}, Job.STATUS: Status.ERROR}) == 14
+
+
+def test_a_run_records_its_policy_file_and_the_fields_its_config_overrode_as_tags_and_in_its_summary(
+    store, resources, monkeypatch, tmp_path
+):
+    path = tmp_path / "policy.yaml"
+    path.write_text("heartbeat_timeout_seconds: 600\nhttp_status: 503\n")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    monkeypatch.setenv(POLICY_FILE_ENV, str(path))
+    simulate(store, WORKLOAD)
+    overridden = {"resources": {"zombie_policy": {"config": {"http_status": 502, "heartbeat_timeout_seconds": 600}}}}
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = run_kill_zombies(
+            {**resources, "zombie_policy": resources_from_env()["zombie_policy"]},
+            instance=instance,
+            run_config=overridden,
+        )
+        tags = found(instance.get_run_by_id(result.run_id)).tags
+
+    assert result.success
+    # the run page shows its tags: the file, what it held when the run read it, and the one field set otherwise
+    assert (tags[POLICY_SOURCE_TAG], tags[POLICY_SHA256_TAG], tags[POLICY_OVERRIDES_TAG]) == (
+        f"file:{path}",
+        digest,
+        "http_status",
+    )
+    said = f"policy: file {path} (sha256 {digest}), run config overrides http_status"
+    assert said in step_metadata(result, "summarize")["summary"]
+    assert step_metadata(result, "reconcile")["policy_source"] == said.removeprefix("policy: ")
+
+
+def test_a_run_without_a_policy_file_records_the_default_policy(store, resources, monkeypatch):
+    monkeypatch.delenv(POLICY_FILE_ENV, raising=False)
+    simulate(store, WORKLOAD)
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = run_kill_zombies(resources, instance=instance)
+        tags = found(instance.get_run_by_id(result.run_id)).tags
+
+    assert tags[POLICY_SOURCE_TAG] == "default"
+    assert POLICY_SHA256_TAG not in tags and POLICY_OVERRIDES_TAG not in tags
+    assert step_metadata(result, "summarize")["summary"].split("\n")[0].endswith("; policy: default")
 
 
 def test_a_dry_run_shows_the_evidence_table_and_writes_nothing(store, resources):

@@ -176,10 +176,16 @@ def test_a_bad_policy_in_the_launchpad_fails_the_first_step_in_one_line_naming_f
 
     expected = (
         "invalid zombie policy: heartbeat_timeout_seconds=0: should be greater than 0; "
-        "max_stale_fraction=7.0: should be less than or equal to 1"
+        "max_stale_fraction=7: should be less than or equal to 1"  # as typed, though Dagster made it a float
     )
     assert not result.success
     assert result_cause(result) == expected
+    [failure] = [event for event in result.all_events if event.is_step_failure]
+    refused = found(failure.step_failure_data.user_failure_data).metadata
+    assert refused["refused"].value == expected.removeprefix("invalid zombie policy: ").split("; ")
+    assert (
+        refused["policy_source"].value == "default, run config overrides heartbeat_timeout_seconds, max_stale_fraction"
+    )
     assert [event.step_key for event in result.all_events if event.is_step_failure] == ["reconcile"]
     assert attempts(result, "reconcile") == 1
     assert retried_run(instance, result) == "false"

@@ -146,7 +146,7 @@ def test_the_asset_materializes_the_week_with_its_counts_and_table(week, resourc
         "reasons": {"missing_heartbeat": 2, "terminated": 1},
         "retry_limit_reached": 0,
     }
-    assert "**Repeat offenders 2024-03-04 00:00 – 2024-03-11 00:00 UTC**: 1 datasets" in metadata["report"]
+    assert "**Repeat offenders 2024-03-04 00:00 – 2024-03-11 00:00 UTC**: 1 dataset" in metadata["report"]
     assert "| `user/big` | `/splits` | 3 (2 / 0 / 1 / 0) |" in metadata["report"]
 
 
@@ -224,7 +224,7 @@ def test_the_statistics_report_has_a_section_on_the_windows_offenders(week, reso
     (materialization,) = result.asset_materializations_for_node(job_duration_statistics.op.name)
     section = text(materialization.metadata["repeat_offenders"])
     assert section.startswith(
-        "**Repeat offenders 2024-03-04 00:00 – 2024-03-11 00:00 UTC**: 1 datasets finalized at least 3 times"
+        "**Repeat offenders 2024-03-04 00:00 – 2024-03-11 00:00 UTC**: 1 dataset finalized at least 3 times"
     )
     assert "| `user/big` | `/splits` |" in section
     assert section in Path(text(materialization.metadata["markdown"])).read_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from zombie_pipeline.config import (
     QUEUE_URL_ENV,
     SettingError,
 )
+from zombie_pipeline.messages import shown
 from zombie_pipeline.orchestration.resources import Databases, PolicyRefused, ZombiePolicyResource, resources_from_env
 from zombie_pipeline.policy import InvalidPolicy, PolicyError, PolicySettings, ZombiePolicy
 from zombie_pipeline.queue.connections import (
@@ -31,6 +33,7 @@ from zombie_pipeline.queue.connections import (
     DatabaseUnavailable,
     client_for,
 )
+from zombie_pipeline.queue.secrets import redact_url
 from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.statistics.suggestion_log import save_suggestions
 
@@ -94,9 +97,9 @@ def test_the_url_is_config_only_as_the_name_of_its_variable_and_describe_redacts
     }
     assert databases.cache_url is None  # unset: the embedded server
     assert QUEUE_URL_ENV in config  # an EnvVar: the UI shows its name
-    for shown in (description, config):
+    for text in (description, config):
         for secret in (PASSWORD, quote_plus(PASSWORD), "zombie:"):
-            assert secret not in shown
+            assert secret not in text
 
 
 def test_a_configured_url_keeps_the_drivers_retryable_writes():
@@ -148,10 +151,11 @@ def test_the_locations_policy_comes_from_its_policy_file_read_when_it_loads(monk
     assert resource.policy().heartbeat_timeout_seconds == 600
 
 
-def test_a_bad_policy_file_fails_the_locations_load_in_one_line(monkeypatch, tmp_path):
-    """Refused before any run can write anything: Dagster shows the location's load error."""
+def test_a_bad_policy_file_fails_the_locations_load_with_a_line_per_refusal_from_one_frame(monkeypatch, tmp_path):
+    """Refused before any run can write anything: Dagster shows the location's load error, the lines that
+    ``zombie-pipeline policy check`` prints, raised where the location is defined (Dagster hides its own frames)."""
     path = tmp_path / "policy.yaml"
-    path.write_text("max_stale_fraction: 7\n")
+    path.write_text("max_stale_fraction: 7\nheartbeat_timout_seconds: 600\n")
     env = {**os.environ, POLICY_FILE_ENV: str(path)}
 
     loaded = subprocess.run(
@@ -159,9 +163,14 @@ def test_a_bad_policy_file_fails_the_locations_load_in_one_line(monkeypatch, tmp
     )
 
     assert loaded.returncode != 0
-    assert f"InvalidPolicy: invalid zombie policy: {path}: max_stale_fraction=7: should be less than or equal to 1" in (
-        loaded.stderr
-    )
+    said = loaded.stderr[loaded.stderr.index("InvalidPolicy: ") :].splitlines()
+    assert said[:2] == [
+        f"InvalidPolicy: invalid zombie policy: {path}: max_stale_fraction=7: should be less than or equal to 1",
+        f"invalid zombie policy: {path}: heartbeat_timout_seconds is not a policy field (did you mean "
+        "heartbeat_timeout_seconds?)",
+    ]
+    user_frames = [line for line in loaded.stderr.splitlines() if "zombie_pipeline" in line and "File " in line]
+    assert len(user_frames) == 1 and "definitions.py" in user_frames[0]
 
 
 def test_a_launchpad_run_overrides_one_setting_of_the_locations_policy_and_keeps_the_others(monkeypatch, tmp_path):
@@ -267,7 +276,7 @@ def test_the_resource_refuses_a_bad_value_in_one_line_naming_it_and_never_to_be_
     for field, value in values.items():  # each field, and for a bound it broke, with the value it was given
         assert field in failure.description, failure.description
         if not across_fields:
-            assert f"{field}={value!r}" in failure.description, failure.description
+            assert f"{field}={shown(value)}" in failure.description, failure.description  # as typed
 
 
 def test_a_name_that_is_no_policy_field_is_refused_when_the_resource_is_built():
@@ -296,3 +305,39 @@ def test_the_policy_in_force_takes_the_suggestions_only_when_it_opts_in(store):
     assert ZombiePolicyResource(**configured).in_force(store) == ZombiePolicy(**configured)
     in_force = ZombiePolicyResource(**configured, use_suggested_max_durations=True).in_force(store)
     assert in_force.max_duration_seconds_by_type == {"/splits": 1_500, "/first-rows": 1_800}
+
+
+def test_a_database_out_of_reach_is_said_in_a_line_of_its_own_at_each_attempt_and_fails_with_its_facts():
+    """Dagster's retry event shows the cause under its own frames: the step's log says it first, in one line."""
+    url = f"mongodb://127.0.0.1:{free_port()}/?directConnection=true"
+    shown = redact_url(url)
+
+    @dg.op(retry_policy=dg.RetryPolicy(max_retries=1))
+    def counting(context, databases: Databases) -> None:
+        with databases.store_for(context, "counting: counting jobs") as store:
+            store.jobs.count_documents({})
+
+    @dg.job
+    def count() -> None:
+        counting()
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = count.execute_in_process(
+            resources={"databases": Databases(queue_url=url, cache_url=url, timeout_ms=300)},
+            instance=instance,
+            raise_on_error=False,
+        )
+        logged = [(record.level, record.user_message) for record in instance.all_logs(result.run_id)]
+
+    warned = [message for level, message in logged if level == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith(f"cannot reach MongoDB at {shown} (from $QUEUE_MONGO_URL)")
+    assert warned[0].endswith("(attempt 1 of 2: the step is tried again)") and "\n" not in warned[0]
+    [failure] = [event for event in result.all_events if event.is_step_failure]
+    data = found(failure.step_failure_data.user_failure_data)
+    assert found(data.description).startswith(f"cannot reach MongoDB at {shown}")
+    assert {key: value.value for key, value in data.metadata.items()} == {
+        "url": shown,
+        "database": "datasets_server_queue",
+        "timeout_ms": 300,
+        "variable": QUEUE_URL_ENV,
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from pathlib import Path
 
 import dagster as dg
@@ -27,6 +28,7 @@ from zombie_pipeline.orchestration.statistics import (
 from zombie_pipeline.queue.documents import ID, Job, Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.ownership import drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.statistics.analysis import analyze_window
 from zombie_pipeline.statistics.charts import INLINE_MARKDOWN_LIMIT
@@ -212,6 +214,39 @@ def test_a_partial_window_says_which_days_to_compute_to_complete_it(resources, s
     assert _metadata(run, job_duration_statistics)["to_complete_it"] == (
         "2024-03-07 – 2024-03-09 not computed yet: materialize job_duration_tallies for them, then this partition again"
     )
+
+
+def test_days_read_from_a_simulation_dropped_since_are_left_out_of_the_window_and_named(
+    resources, store: Store, tmp_path
+):
+    """``simulate --drop`` then a backfill of the last day only: the day before, computed from the dropped databases,
+    is not mixed into the new ones' window."""
+    end = dt.datetime(2024, 3, 11, tzinfo=UTC)
+    history = workload(finished=300, crashed=0, never_heartbeated=0, overdue=0, running=0, waiting=0, days=2)
+    simulate(store, history, now=end)
+    first = store.simulation_id()
+    with dg.instance_for_test() as instance:
+        for day in ("2024-03-09", "2024-03-10"):
+            assert dg.materialize(
+                [job_duration_tallies], partition_key=day, resources=resources, instance=instance
+            ).success
+        drop_simulation(store)
+        simulate(store, replace(history, seed=8), now=end)
+        assert store.simulation_id() not in (None, first)
+        window = dg.materialize(
+            [job_duration_tallies, job_duration_statistics],
+            partition_key="2024-03-10",
+            resources=resources,
+            instance=instance,
+            run_config=_statistics_config(tmp_path, window_days=2, save_suggestions=False),
+        )
+        logged = [record.user_message for record in instance.all_logs(window.run_id)]
+
+    metadata = _metadata(window, job_duration_statistics)
+    assert metadata["days_of_other_databases"] == ["2024-03-09"]
+    assert (metadata["days_present"], metadata["missing_days"]) == (1, ["2024-03-09"])
+    assert any("the tallies of 2024-03-09 were read from other databases than these" in line for line in logged)
+    assert not any("Couldn't load partition" in line for line in logged)  # the window's unused days: no noise
 
 
 def assert_plottable_per_type(metadata: dict, period) -> None:

@@ -236,15 +236,32 @@ def test_a_pool_run_for_long_says_what_its_workers_did_once_a_period(store: Stor
     reports = [line for line in lines if " UTC, the last 1 s: " in line]
     assert 2 <= len(reports) <= 4, lines
     assert all(re.fullmatch(REPORT_LINE, line) for line in reports), reports
-    assert all(f" jobs in flight on {pool.workers} workers" in line for line in reports)
+    assert all(f" in flight on {pool.workers} workers" in line for line in reports)
     assert sum(int(found(re.search(r"(\d+) enqueued", line)).group(1)) for line in reports) <= pool.counts["enqueued"]
 
 
 #: What a report line says: what the workers did in the period, and what they hold.
 REPORT_LINE = (
-    r"\d\d:\d\d:\d\d UTC, the last 1 s: \d+ started, \d+ finished \(\d+ in error, \d+ stopped at their maximum "
-    r"duration\), \d+ died, \d+ finalized by a cleanup, \d+ enqueued; \d+ jobs in flight on \d+ workers"
+    r"\d\d:\d\d:\d\d UTC, the last 1 s: \d+ started, \d+ finished \(\d+ in error, \d+ stopped at (its|their) maximum "
+    r"duration\), \d+ died, \d+ finalized by a cleanup, \d+ enqueued; \d+ jobs? in flight on \d+ workers?"
 )
+
+
+def test_the_stop_summary_counts_the_deaths_that_happened_not_the_crashes_planned_for_jobs_finished_at_the_stop(
+    store: Store,
+):
+    steady_queue(store)
+    doomed = replace(STEADY, crashes_per_worker_hour=3_600.0)  # a crash planned within a second or so of each job
+    pool = WorkerPool(store, QUEUE_GENERATIONS[NEWEST], DEFAULT_POLICY, doomed, seed=2)
+    pool.adopt_running()
+    pool.tick()
+    planned = [run for run in pool.runs if run is not None and run.fate.name == "CRASH"]
+    assert planned, "no crash planned: another seed"
+
+    pool.stop()  # before any of them came
+
+    assert pool.counts["died"] == len(pool.died) == 0 and "crashed" not in pool.counts
+    assert ", 0 died, " in pool.summary() and "crash" not in pool.summary()
 
 
 def test_a_pool_outlives_a_database_outage_saying_so_once_and_beats_again_once_it_answers(tmp_path):

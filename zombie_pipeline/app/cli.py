@@ -1,27 +1,32 @@
-"""``zombie-pipeline``: simulate a queue, run the embedded server, and a demo of the whole pipeline."""
+"""``zombie-pipeline``: the queue's status, a policy checked, a simulated queue and its workers, the embedded server, and
+a demo of the whole pipeline."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import re
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pymongo
 
 from zombie_pipeline import config
-from zombie_pipeline.app.errors import OptionRefused, cut_short, progress_of
+from zombie_pipeline.app.errors import OptionRefused, Progress, cut_short, progress_of
 from zombie_pipeline.config import SettingError
-from zombie_pipeline.policy import InvalidPolicy, ZombiePolicy
-from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients, database_error, default_timeout_ms
-from zombie_pipeline.queue.documents import Job
+from zombie_pipeline.messages import counted, shown
+from zombie_pipeline.policy import InvalidPolicy, PolicySource, ZombiePolicy, read_policy_file
+from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients, database_error
+from zombie_pipeline.queue.documents import Job, utc_now
 from zombie_pipeline.queue.evidence import GenerationUnknown
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.secrets import redact
+from zombie_pipeline.queue.targets import DatabaseTargets, timeouts_from_env
 from zombie_pipeline.simulation import embedded
 from zombie_pipeline.simulation.ownership import NotOurs, check_ours, drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
@@ -116,8 +121,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         result = simulate(store, workload, overwrite=args.overwrite_database, progress=progress)
     print("  ".join(f"{role}: {where}" for role, where in resources["databases"].describe().items()))
     print(
-        f"a {workload.generation} queue (cache {workload.cache.name}): {workload.total} jobs, {result.cache_entries} cache "
-        f"entries, {result.past_jobs} past jobs, in {result.insert_commands} inserts"
+        f"a {workload.generation} queue (cache {workload.cache.name}): {counted(workload.total, 'job')}, "
+        f"{counted(result.cache_entries, 'cache entry')}, {counted(result.past_jobs, 'past job')}, in "
+        f"{counted(result.insert_commands, 'insert')}"
     )
     for status, count in sorted(result.jobs_by_status.items()):
         print(f"  {status:<10} {count:>8}")
@@ -127,7 +133,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"  zombies: {zombies}; {len(result.running_ids)} healthy running")
     if result.past is not None:
         print(
-            f"  the {result.past.days} days before: cleaned daily, {result.past.finalized} zombies finalized, "
+            f"  the {result.past.days} days before: cleaned daily, {counted(result.past.finalized, 'zombie')} finalized, "
             f"{result.past.offender_finalized} of them user42/endless-audio's (a repeat offender)"
         )
     print(
@@ -140,6 +146,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_workers(args: argparse.Namespace) -> int:
     from zombie_pipeline.queue.evidence import decide
 
+    if args.duration is not None and not args.duration > 0:
+        raise OptionRefused(f"--duration must be positive, got {shown(args.duration)}")
     rates = WorkerRates(
         workers=args.workers,
         crashes_per_worker_hour=args.crashes_per_worker_hour,
@@ -194,7 +202,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
         pool.run(args.duration if args.duration is not None else float("inf"), stopping.is_set)
     except KeyboardInterrupt:
         _say(
-            f"stopped at once: {pool.held()} jobs left started, which look dead after the heartbeat timeout (a cleanup "
+            f"stopped at once: {counted(pool.held(), 'job')} left started, which look dead after the heartbeat timeout (a cleanup "
             "finalizes them); the workers' claim on the queue expires in "
             f"{claim.expires_seconds:g} s"
         )
@@ -204,13 +212,47 @@ def cmd_workers(args: argparse.Namespace) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    print(", ".join(f"{count} {name.replace('_', ' ')}" for name, count in sorted(pool.counts.items())))
+    print(f"in all: {pool.summary()}")
     return 0
 
 
 def _say(line: str) -> None:
     """A line of a long-running command, at once (its output may be a file or a pipe)."""
     print(line, flush=True)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from zombie_pipeline.app.status import queue_status, status_text
+    from zombie_pipeline.statistics.suggestion_log import effective_policy
+
+    targets = DatabaseTargets.from_env()
+    if None in targets.urls() and embedded.running_server() is None:  # reading only: never starts a server
+        raise OptionRefused(
+            f"no MongoDB URL is set ({config.QUEUE_URL_ENV}, {config.CACHE_URL_ENV}) and the embedded server is not "
+            "running: nothing to read (zombie-pipeline db start, or set the URLs)"
+        )
+    file = config.policy_file()
+    source = PolicySource.of(read_policy_file(file) if file else None)
+    progress = Progress("status", targets.urls(), targets.timeouts(), then="")
+    with progress.watching():
+        progress("reaching the databases")
+        targets.check_reachable()
+        store = targets.store()
+        progress("reading the queue and the audit trail")
+        policy = effective_policy(read_policy_file(file).policy if file else ZombiePolicy(), store.suggestions)
+        status = queue_status(store, policy, utc_now(), targets.describe())
+    status["policy"]["source"] = source.describe()
+    print(json.dumps(status, indent=2, default=str) if args.json else status_text(status, source.describe()))
+    return 0
+
+
+def cmd_policy(args: argparse.Namespace) -> int:
+    from zombie_pipeline.app.policy_check import check
+
+    def refuse(line: str) -> None:
+        print(f"zombie-pipeline: {line}", file=sys.stderr)
+
+    return int(check(Path(args.file) if args.file else None, print, refuse))
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -265,7 +307,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="zombie-pipeline", description=__doc__)
+    parser = _Parser(
+        prog="zombie-pipeline",
+        description="Zombie jobs of a MongoDB job queue: the queue's status, a policy file checked, a simulated "
+        "deployment and its workers, the embedded MongoDB-compatible server, and a demo of the whole pipeline.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     sim = commands.add_parser(
@@ -391,6 +437,33 @@ def build_parser() -> argparse.ArgumentParser:
     workers.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     workers.set_defaults(handler=cmd_workers, command_parser=workers)
 
+    status = commands.add_parser(
+        "status",
+        help="how the queue is doing: started jobs, zombies, the last cleanups, quarantines, the last day",
+        description="Read the queue and the audit trail (nothing written, in a second or two on a queue of 100,000 "
+        "jobs) and say: the started jobs of each type by age against its maximum duration (T2) and silent past the "
+        "heartbeat timeout, the zombies a cleanup would finalize now and whether the brake would hold it back, the "
+        "last cleanups and what they finalized by cause, the quarantines, the zombies finalized in the last 24 hours "
+        "and how long they waited (detection time), the late results and the pipeline's failures of the last day, "
+        "the retries waiting for their delay. The policy is the location's ($ZOMBIE_POLICY_FILE, else the defaults).",
+    )
+    status.add_argument("--json", action="store_true", help="print it as JSON, for scripts and dashboards")
+    status.set_defaults(handler=cmd_status, command_parser=status)
+
+    policy = commands.add_parser(
+        "policy",
+        help="check a policy file before a deploy or a restart",
+        description="Check a policy file as the code location will when it loads it: every refusal at once, each on "
+        "a line of its own (a missing file, a misspelt field with the one it looks like, a value out of bounds); then "
+        "the job types it names against the deployment's (the queue's when a database answers, else the job_types "
+        "partitions of the Dagster instance). Exit status: 0 the policy loads and every job type it names is known; "
+        "2 the location would refuse it; 3 it names job types the deployment has never had; 4 its job types could "
+        "not be checked (no database answered, no Dagster instance knows them).",
+    )
+    policy.add_argument("action", choices=["check"])
+    policy.add_argument("file", nargs="?", metavar="FILE", help="the policy file (default: $ZOMBIE_POLICY_FILE)")
+    policy.set_defaults(handler=cmd_policy, command_parser=policy)
+
     db = commands.add_parser(
         "db",
         help="the embedded MongoDB-compatible server",
@@ -495,11 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _database_error(error: pymongo.errors.PyMongoError, command: str) -> DatabaseUnavailable:
     """A database error no step of ``command`` caught, in the one line of :func:`database_error`."""
-    try:
-        timeout_ms = config.mongo_timeout_ms(default_timeout_ms(embedded=not any(config.configured_urls())))
-    except SettingError:
-        timeout_ms = default_timeout_ms(embedded=not any(config.configured_urls()))
-    return database_error(error, command, config.configured_urls(), timeout_ms, "")
+    return database_error(error, command, config.configured_urls(), timeouts_from_env(), "")
 
 
 if __name__ == "__main__":

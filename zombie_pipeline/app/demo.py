@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,9 @@ import pymongo
 from zombie_pipeline import config
 from zombie_pipeline.app.errors import OptionRefused, Progress, cut_short, progress_of
 from zombie_pipeline.cleanup.detection import count_stale, started_filter
+from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
 from zombie_pipeline.cleanup.run import RunSummary
+from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.failures import result_cause
 from zombie_pipeline.orchestration.repeat_offenders import repeat_offenders
@@ -128,6 +130,8 @@ def run_demo(
         run_config = {"ops": {"reconcile": {"config": {"dry_run": real_database}}}, "loggers": QUIET}
         with _instance() as instance:
             succeeded = _cleanup(resources, run_config, instance, real_database)
+            progress("reading the quarantines")
+            print(quarantines_text(active_quarantines(store, utc_now())))
             if succeeded:
                 progress("starting the simulated workers")
                 with _living_queue(store, generation, policy, seed, rates or WorkerRates(), enabled=not real_database):
@@ -174,7 +178,7 @@ def _prepare_queue(
     missing = healthy_beside(dead, policy) - healthy
     if missing > 0:  # their workers stopped long ago: a deployment has healthy jobs beside its dead ones
         print(
-            f"{dead} zombies beside {healthy} healthy started jobs (the simulated workers stopped since): adding "
+            f"{counted(dead, 'zombie')} beside {counted(healthy, 'healthy started job')} (the simulated workers stopped since): adding "
             f"{missing} healthy started jobs ..."
         )
         simulate(
@@ -213,7 +217,7 @@ def _cleanup(
     if real_database:
         found = step_metadata(result, "find_zombies").get("candidates")
         print(
-            f"  dry run: {found.value if found else 0} zombies found and left alone (their evidence: the find_zombies step)"
+            f"  dry run: {counted(found.value if found else 0, 'zombie')} found and left alone (their evidence: the find_zombies step)"
         )
         return True
     summary = RunSummary(
@@ -225,6 +229,25 @@ def _cleanup(
     if len(summary.rows) > 8:
         print(f"  ... and {len(summary.rows) - 8} more (in the run's metadata: the Dagster UI, below)")
     return True
+
+
+def quarantines_text(quarantines: Sequence[Mapping[str, Any]]) -> str:
+    """The quarantines holding now, and how an operator lifts one."""
+    if not quarantines:
+        return "  quarantined now: none"
+    lines = [f"  quarantined now ({len(quarantines)}: their crashes are not re-enqueued until lifted or lapsed):"]
+    for quarantine in quarantines:
+        row = quarantine_row(quarantine)
+        lines.append(
+            f"  - {row['dataset']} {row['type']}: {row['crashes']} crashes within {row['window_hours']} h, since "
+            f"{row['since']} UTC, lapses {row['lapses_at']} UTC"
+        )
+    first = quarantine_row(quarantines[0])
+    lines.append(
+        "  lift one with lift_quarantine_job (Launchpad config: ops: lift_quarantine: config: dataset: "
+        f"{first['dataset']}, job_type: {first['type']}): its withheld jobs run again"
+    )
+    return "\n".join(lines)
 
 
 def step_metadata(result: dg.ExecuteInProcessResult, step: str) -> dict[str, Any]:
@@ -272,16 +295,13 @@ def _living_queue(
     finally:
         stopping.set()
         thread.join(timeout=60)
-        line = ", ".join(f"{count} {name.replace('_', ' ')}" for name, count in sorted(pool.counts.items()))
-        print(f"\nsimulated workers, while the statistics ran: {line or 'nothing to do'}")
+        print(f"\nsimulated workers, while the statistics ran: {pool.summary()}")
 
 
 def _statistics(resources: DeploymentResources, instance: dg.DagsterInstance, save_suggestions: bool) -> None:
     """The week ending yesterday through Dagster: each day's tallies, then the week's statistics and repeat
     offenders; printed from what their materializations recorded. Daily partitions are whole UTC days."""
-    quiet: dict[str, Any] = {
-        "loggers": QUIET
-    }  # the window's unused days (its mapping spans 28) would each log a warning
+    quiet: dict[str, Any] = {"loggers": QUIET}  # the demo prints what the runs recorded, not their logs
     window_end = dt.datetime.combine(utc_now().date(), dt.time(), tzinfo=dt.UTC)
     days = [(window_end - dt.timedelta(days=n)).date().isoformat() for n in range(DEFAULT_WINDOW_DAYS, 0, -1)]
     for day in days:
@@ -324,12 +344,13 @@ def statistics_text(metadata: Mapping[str, Any]) -> str:
     """The statistics as their report file (JSON) says: a line per type, the files, the policy snippet."""
     report = json.loads(Path(metadata["json"].value).read_text())
     lines = [
-        f"  {report['jobs_read']} runs read ({report['source']}), {report['events_read']} zombies finalized in the "
+        f"  {counted(report['jobs_read'], 'run')} read ({report['source']}), {counted(report['events_read'], 'zombie')} "
+        "finalized in the "
         f"window; {metadata['types_to_change'].value} of {len(report['types'])} job types change their T2:"
     ]
     for entry in report["types"]:
         successes = entry.get("success_count") or 0
-        line = f"  {entry['type']:<32} {successes:>5} successes, "
+        line = f"  {entry['type']:<32} {successes:>5} {plural(successes, 'success')}, "
         if entry["enough_data"]:
             line += f"T2 {entry['current_t2_seconds']} s -> {entry['suggested_t2_seconds']} s ({entry['change']})"
         else:
@@ -352,13 +373,13 @@ def offenders_text(metadata: Mapping[str, Any]) -> str:
     offenders = metadata["offenders"].value
     lines = [
         f"  repeat offenders ({metadata['window'].value}): {offenders} dataset{'' if offenders == 1 else 's'} "
-        f"finalized at least {threshold} times, of {metadata['datasets_finalized'].value} finalized "
-        f"({metadata['finalizations'].value} finalizations)"
+        f"finalized at least {counted(threshold, 'time')}, of {metadata['datasets_finalized'].value} finalized "
+        f"({counted(metadata['finalizations'].value, 'finalization')})"
     ]
     for row in rows[:5]:
         limit = ", retry limit reached" if row["retry_limit_reached"] else ""
         lines.append(
-            f"  - {row['dataset']} {row['type']}: {row['finalizations']} times, last {row['last_seen']}, last error "
+            f"  - {row['dataset']} {row['type']}: {counted(row['finalizations'], 'time')}, last {row['last_seen']}, last error "
             f"{row['last_error']}{limit}"
         )
     return "\n".join(lines)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pymongo
@@ -23,7 +23,9 @@ class Progress:
     URL and ``$ZOMBIE_MONGO_TIMEOUT_MS``, then ``then``: how to go on from there.
     """
 
-    def __init__(self, command: str, urls: Sequence[str | None], timeout_ms: int, then: str) -> None:
+    def __init__(
+        self, command: str, urls: Sequence[str | None], timeout_ms: int | Mapping[str | None, int], then: str
+    ) -> None:
         self.command = command
         self.urls = list(urls)
         self.timeout_ms = timeout_ms
@@ -53,6 +55,6 @@ def cut_short(again: str) -> str:
 
 
 def progress_of(command: str, resources: Any, then: str = NOTHING_WRITTEN) -> Progress:
-    """A command's :class:`Progress` on the databases of ``resources``: their URLs and their timeout."""
+    """A command's :class:`Progress` on the databases of ``resources``: their URLs and each one's timeout."""
     databases = resources["databases"]
-    return Progress(command, databases.urls(), databases.wait_ms(), then)
+    return Progress(command, databases.urls(), databases.timeouts(), then)

@@ -36,6 +36,7 @@ class CleanupPlan:
     started_at: dt.datetime
     counts: tuple[tuple[str, int], ...] = ()  # what the steps so far did
     found: tuple[tuple[str, str, int], ...] = ()  # (job type, reason, zombies) as detection returned them
+    policy_source: str = ""  # where the policy came from (``policy.PolicySource.describe``), for the summary
 
     def add(self, result: StepResult) -> CleanupPlan:
         merged = Counter(dict(self.counts))

@@ -50,16 +50,19 @@ from zombie_pipeline.cleanup.results import (
     StepResult,
     cache_count,
     cause_count,
+    cause_retry_count,
     finalized_row,
     reason_count,
     retry_count,
 )
 from zombie_pipeline.cleanup.retries import enqueue_due_retries, pending_retries
+from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     CAUSES,
     REASONS,
     CacheOutcome,
+    Cause,
     Event,
     EventState,
     RetryOutcome,
@@ -276,23 +279,44 @@ class RunSummary:
 
     counts: Counter[Any]
     rows: list[dict[str, Any]]
+    policy_source: str = ""  # where the run's policy came from (``policy.PolicySource.describe``)
 
     def one_line(self) -> str:
         c = self.counts
         reasons = ", ".join(f"{c[reason_count(reason)]} {reason.replace('_', ' ')}" for reason in REASONS)
         causes = ", ".join(f"{c[cause_count(cause)]} {cause.replace('_', ' ')}" for cause in CAUSES)
-        return (
-            f"finalized {c[Count.FINALIZED]} zombies ({reasons}; by cause: {causes}); "
-            f"{c[Count.LOST_TO_LIVE_WORKER]} lost to live workers; "
-            f"{c[cache_count(CacheOutcome.WRITTEN)]} cache errors written, "
+        lost, limited = c[Count.LOST_TO_LIVE_WORKER], c[retry_count(RetryOutcome.LIMIT_REACHED)]
+        pending = c[Count.RETRIES_PENDING]
+        line = (
+            f"finalized {counted(c[Count.FINALIZED], 'zombie')} ({reasons}; by cause: {causes}); "
+            f"{lost} lost to {plural(lost, 'a live worker', 'live workers')}; "
+            f"{counted(c[cache_count(CacheOutcome.WRITTEN)], 'cache error')} written, "
             f"{c[cache_count(CacheOutcome.SKIPPED_FRESHER)]} kept as fresher; "
-            f"{c[retry_count(RetryOutcome.ENQUEUED)]} retries enqueued, {c[retry_count(RetryOutcome.SCHEDULED)]} scheduled "
-            f"after a delay, {c[retry_count(RetryOutcome.LIMIT_REACHED)]} at their retry limit, "
+            f"{counted(c[retry_count(RetryOutcome.ENQUEUED)], 'retry')} enqueued, {self.scheduled()}, "
+            f"{limited} at {plural(limited, 'its', 'their')} retry limit, "
             f"{c[retry_count(RetryOutcome.QUARANTINED)]} quarantined; "
-            f"{c[Count.DUE_RETRY_ENQUEUED]} delayed retries enqueued, {c[Count.RETRIES_PENDING]} still waiting for their "
-            f"delay; compensations: {c[Count.COMPENSATION_DONE]} done, {c[Count.COMPENSATION_TO_RETRY]} to try again, "
-            f"{c[Count.COMPENSATION_FAILED]} given up on; {c[Count.LATE_RESULTS]} finalized jobs seen alive afterwards"
+            f"{counted(c[Count.DUE_RETRY_ENQUEUED], 'delayed retry')} enqueued, {pending} still waiting for "
+            f"{plural(pending, 'its', 'their')} delay; compensations: {c[Count.COMPENSATION_DONE]} done, "
+            f"{c[Count.COMPENSATION_TO_RETRY]} to try again, {c[Count.COMPENSATION_FAILED]} given up on; "
+            f"{counted(c[Count.LATE_RESULTS], 'finalized job')} seen alive afterwards"
         )
+        return line + (f"; policy: {self.policy_source}" if self.policy_source else "")
+
+    def scheduled(self) -> str:
+        """The retries scheduled after a delay, and why: a timeout's re-run waits until its own executor has stopped
+        the job (``deployment_max_job_duration_seconds``); the others wait out ``retry_delay_seconds``."""
+        scheduled = self.counts[retry_count(RetryOutcome.SCHEDULED)]
+        timeouts = self.counts[cause_retry_count(Cause.TIMEOUT, RetryOutcome.SCHEDULED)]
+        reasons = []
+        if timeouts:
+            reasons.append(
+                f"{timeouts} {plural(timeouts, 'timeout')}: {plural(timeouts, 'its', 'their')} re-run waits until "
+                f"the deployment's executor has stopped {plural(timeouts, 'it', 'them')} "
+                "(deployment_max_job_duration_seconds + 90 s after the start)"
+            )
+        if scheduled - timeouts:
+            reasons.append(f"{scheduled - timeouts} after retry_delay_seconds")
+        return f"{scheduled} scheduled after a delay" + (f" ({'; '.join(reasons)})" if reasons else "")
 
     def markdown(self) -> str:
         """The one line, then the finalizations per type and cause (with their reason) and what became of their
@@ -309,7 +333,9 @@ class RunSummary:
         return "\n".join(lines)
 
 
-def summarize(store: Store, run_id: str, step_counts: Mapping[str, int] | None = None) -> RunSummary:
+def summarize(
+    store: Store, run_id: str, step_counts: Mapping[str, int] | None = None, policy_source: str = ""
+) -> RunSummary:
     """Counts and a table of every finalization this run drove, read back from the audit trail."""
     counts: Counter[Any] = Counter(step_counts or {})
     for name in SUMMARY_COUNTS:
@@ -327,4 +353,4 @@ def summarize(store: Store, run_id: str, step_counts: Mapping[str, int] | None =
         row["retry"] = event.get(Event.RETRY_OUTCOME)
         row["effects"] = ", ".join(event.get(Event.EFFECTS) or [])
         rows.append(row)
-    return RunSummary(counts=counts, rows=rows)
+    return RunSummary(counts=counts, rows=rows, policy_source=policy_source)

@@ -21,6 +21,7 @@ from zombie_pipeline.cleanup.compensations import CompensationError
 from zombie_pipeline.cleanup.detection import Candidate
 from zombie_pipeline.cleanup.plan import CleanupOptions, CleanupPlan
 from zombie_pipeline.cleanup.results import Count
+from zombie_pipeline.messages import counted
 from zombie_pipeline.orchestration.metadata import (
     counts_metadata,
     malformed_metadata,
@@ -85,6 +86,7 @@ class CleanupConfig(dg.Config):
 def reconcile(
     context: dg.OpExecutionContext, config: CleanupConfig, databases: Databases, zombie_policy: ZombiePolicyResource
 ) -> CleanupPlan:
+    source = zombie_policy.record_source(context)  # the run's tags say where its policy came from, even refused
     zombie_policy.policy()  # a refused value fails the run here, before the first command to a database
     with databases.store_for(
         context, "reconcile: telling the generation and completing what crashed runs left"
@@ -93,13 +95,16 @@ def reconcile(
         try:
             prepared = run.prepare(store, policy, context.run_id, config.options(context))
         except (CompensationError, run.UnknownJobTypes) as error:  # refused before anything is written
-            raise dg.Failure(description=str(error), allow_retries=False) from None
-        plan = prepared.plan
+            raise dg.Failure(
+                description=str(error), metadata={"policy_source": source.describe()}, allow_retries=False
+            ) from None
+        plan = replace(prepared.plan, policy_source=source.describe())
         context.instance.add_run_tags(context.run_id, scope_tags(plan.options))
         if zombie_policy.use_suggested_max_durations:
             context.log.info(f"suggested maximum durations in force: {policy.max_duration_seconds_by_type}")
         metadata: dict[str, Any] = {
             **databases.describe(),
+            "policy_source": source.describe(),
             "policy": dg.MetadataValue.json(policy.as_dict()),
             **{f"policy/{name}": value for name, value in policy.as_dict().items() if isinstance(value, (int, float))},
             "dry_run": plan.options.dry_run,
@@ -119,7 +124,9 @@ def reconcile(
         result = run.reconcile(store, plan)
     metadata.update(counts_metadata(result.counts))
     if result.counts[Count.TAKEN_OVER]:
-        context.log.warning(f"completed {result.counts[Count.TAKEN_OVER]} finalizations left by crashed runs")
+        context.log.warning(
+            f"completed {counted(result.counts[Count.TAKEN_OVER], 'finalization')} left by crashed runs"
+        )
     context.add_output_metadata(metadata)
     return plan.add(result)
 
@@ -157,7 +164,7 @@ def find_zombies(
         context.log.warning(f"{len(detection.malformed)} started jobs are malformed and were left alone")
     context.add_output_metadata(metadata)
     if plan.options.dry_run:
-        context.log.info(f"dry run: {len(rows)} zombies would be finalized; nothing written")
+        context.log.info(f"dry run: {counted(len(rows), 'zombie')} would be finalized; nothing written")
         return []
     return detection.candidates
 
@@ -234,8 +241,9 @@ def summarize(
     context: dg.OpExecutionContext, plan: CleanupPlan, databases: Databases, metrics_gateway: MetricsGateway
 ) -> dict[str, int]:
     with databases.store_for(context, "summarize: reading the run back from the audit trail") as store:
-        summary = run.summarize(store, plan.run_id, dict(plan.counts))
+        summary = run.summarize(store, plan.run_id, dict(plan.counts), plan.policy_source)
         metadata: dict[str, Any] = {
+            "policy_source": plan.policy_source,
             **counts_metadata(summary.counts),
             "finalized_jobs": table_metadata(summary.rows),
             "summary": dg.MetadataValue.md(summary.markdown()),

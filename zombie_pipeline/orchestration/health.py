@@ -33,6 +33,7 @@ from pydantic import Field
 from zombie_pipeline import metrics, monitoring
 from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.config import CLEANUP_OVERDUE_MINUTES_ENV, DEFAULT_CLEANUP_OVERDUE_MINUTES, cleanup_overdue_minutes
+from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.orchestration import recency
 from zombie_pipeline.orchestration.metadata import malformed_metadata, table_metadata
 from zombie_pipeline.orchestration.pushgateway import MetricsGateway
@@ -89,6 +90,7 @@ def queue_health(
     zombie_policy: ZombiePolicyResource,
     metrics_gateway: MetricsGateway,
 ) -> dg.MaterializeResult[None]:
+    source = zombie_policy.record_source(context)
     with databases.store_for(context, "queue_health: reading the queue") as store:
         policy = zombie_policy.in_force(store)
         now = utc_now()
@@ -98,6 +100,7 @@ def queue_health(
         metadata: dict[str, Any] = {
             **snapshot.as_dict(),
             "repeat_offenders": offenders.offenders_total,  # listed by the daily repeat_offenders asset
+            "policy_source": source.describe(),
             "policy": dg.MetadataValue.json(policy.as_dict()),
             "queue": databases.describe()["queue"],
         }
@@ -148,8 +151,9 @@ def no_zombies_left(
         metadata=metadata,
         description=None
         if count == 0
-        else f"{len(left.candidates)} jobs that were zombies at {as_of:%Y-%m-%d %H:%M:%S} UTC are still started"
-        + (f"; {len(left.malformed)} started jobs are malformed and left alone" if left.malformed else ""),
+        else f"{counted(len(left.candidates), 'job')} that {plural(len(left.candidates), 'was a zombie', 'were zombies')} "
+        f"at {as_of:%Y-%m-%d %H:%M:%S} UTC {plural(len(left.candidates), 'is', 'are')} still started"
+        + (f"; {counted(len(left.malformed), 'started job')} malformed, left alone" if left.malformed else ""),
     )
 
 
@@ -188,8 +192,8 @@ def zombies_have_cache_errors(
         metadata=metadata,
         description=None
         if audit.passed
-        else f"of {audit.checked} zombies finalized since {since:%Y-%m-%d %H:%M} UTC, {audit.missing} have no cache "
-        f"entry and {audit.wrong} an entry without their error",
+        else f"of {counted(audit.checked, 'zombie')} finalized since {since:%Y-%m-%d %H:%M} UTC, {audit.missing} "
+        f"{plural(audit.missing, 'has', 'have')} no cache entry and {audit.wrong} an entry without {plural(audit.wrong, 'its', 'their')} error",
     )
 
 

@@ -34,6 +34,7 @@ def lift_quarantine(
     databases: Databases,
     zombie_policy: ZombiePolicyResource,
 ) -> dict[str, Any]:
+    zombie_policy.record_source(context)
     zombie_policy.policy()  # a refused value fails the run here, before the first command to a database
     with databases.store_for(context, "lift_quarantine: lifting a quarantine") as store:
         try:
@@ -41,8 +42,9 @@ def lift_quarantine(
                 store, zombie_policy.in_force(store), config.dataset, config.job_type, context.run_id, utc_now()
             )
         except quarantine.NotQuarantined as error:  # the same request would be refused again: no retry
-            raise dg.Failure(description=str(error), allow_retries=False) from None
-    metadata = {
+            asked = {"dataset": config.dataset, "job_type": config.job_type}
+            raise dg.Failure(description=str(error), metadata=asked, allow_retries=False) from None
+    metadata: dict[str, Any] = {
         "dataset": lifted.dataset,
         "job_type": lifted.job_type,
         "withheld_jobs_rerun": lifted.scheduled,

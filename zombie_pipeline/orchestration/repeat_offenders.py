@@ -18,6 +18,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from zombie_pipeline.messages import counted
 from zombie_pipeline.orchestration.metadata import table_metadata
 from zombie_pipeline.orchestration.resources import Databases
 from zombie_pipeline.orchestration.statistics import DAILY_PARTITIONS, GROUP
@@ -146,7 +147,8 @@ def offenders_check(found: RepeatOffenders) -> dg.AssetCheckResult:
         },
         description=None
         if found.offenders_total == 0
-        else f"{found.offenders_total} datasets finalized at least {found.threshold} times in {found.window_text()}: "
+        else f"{counted(found.offenders_total, 'dataset')} finalized at least {counted(found.threshold, 'time')} in "
+        f"{found.window_text()}: "
         + ", ".join(names)
         + (f" and {more} more" if more else "")
         + (f"; quarantined: {', '.join(quarantined)}" if quarantined else "")

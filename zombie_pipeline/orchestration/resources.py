@@ -11,26 +11,31 @@ import contextlib
 import functools
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, TypedDict
+from typing import Any, TypedDict
 
 import dagster as dg
 import pymongo
 from pydantic import Field
 from pymongo.database import Database
-from pymongo.errors import ConfigurationError
 
 from zombie_pipeline import config
 from zombie_pipeline.config import SettingError
 from zombie_pipeline.orchestration.pushgateway import MetricsGateway, metrics_gateway_from_env
-from zombie_pipeline.policy import InvalidPolicy, PolicySettings, ZombiePolicy, policy_from_file, validated
+from zombie_pipeline.orchestration.tags import policy_tags
+from zombie_pipeline.policy import (
+    InvalidPolicy,
+    PolicyFile,
+    PolicySettings,
+    PolicySource,
+    ZombiePolicy,
+    read_policy_file,
+    validated,
+)
 from zombie_pipeline.queue.connections import (
     DEFAULT_TIMEOUT_MS,
     EMBEDDED_TIMEOUT_MS,
     DatabaseUnavailable,
-    check_reachable,
-    client_for,
     database_error,
-    default_timeout_ms,
 )
 from zombie_pipeline.queue.documents import (
     DEFAULT_CACHE_COLLECTION,
@@ -41,8 +46,8 @@ from zombie_pipeline.queue.documents import (
     DEFAULT_QUEUE_DATABASE,
     DEFAULT_SUGGESTIONS_COLLECTION,
 )
-from zombie_pipeline.queue.secrets import redact_url, scrub
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.targets import DatabaseTargets
 from zombie_pipeline.simulation import embedded
 from zombie_pipeline.statistics.suggestion_log import effective_policy
 
@@ -50,15 +55,12 @@ StepContext = dg.OpExecutionContext | dg.AssetExecutionContext | dg.AssetCheckEx
 
 
 class Databases(dg.ConfigurableResource["Databases"]):
-    """The queue database (jobs, and our own collections beside them) and the cache database, on one MongoDB or two.
+    """The queue database (jobs, and our own collections beside them) and the cache database, on one MongoDB or two:
+    a configured ``queue.targets.DatabaseTargets``.
 
     :meth:`store_for` is how a step reaches them: checked first, and any database error within the step said in one
     line (the masked URL, what the step was doing, the setting that bounds every wait).
     """
-
-    #: Where the deployment's definitions read the URLs, named in the messages of a database out of reach.
-    QUEUE_URL_VARIABLE: ClassVar[str] = config.QUEUE_URL_ENV
-    CACHE_URL_VARIABLE: ClassVar[str] = config.CACHE_URL_ENV
 
     queue_url: str | None = Field(
         default=None, description=f"MongoDB URL of the queue (${config.QUEUE_URL_ENV}); unset: the embedded server."
@@ -78,53 +80,55 @@ class Databases(dg.ConfigurableResource["Databases"]):
         default=None,
         description="How long any wait on a database may last before a step fails, in milliseconds, more than 0: "
         f"connecting, choosing a server, each reply, each operation with its retry (unset: ${config.MONGO_TIMEOUT_ENV}, "
-        f"else {DEFAULT_TIMEOUT_MS}, or {EMBEDDED_TIMEOUT_MS} on the embedded default).",
+        f"else {DEFAULT_TIMEOUT_MS} for a URL, {EMBEDDED_TIMEOUT_MS} for the embedded default).",
     )
 
-    def urls(self) -> list[str | None]:
-        """The configured URLs (None: the embedded default), queue first: what messages mask."""
-        return [_value(self.queue_url), _value(self.cache_url)]
-
-    def wait_ms(self) -> int:
-        """The bound on every wait: this config's, else ``$ZOMBIE_MONGO_TIMEOUT_MS``, else the default for the target."""
-        if self.timeout_ms is None:
-            embedded_default = None in self.urls()
-            return config.mongo_timeout_ms(default_timeout_ms(embedded=embedded_default))
-        if self.timeout_ms <= 0:
-            raise SettingError(
-                f"timeout_ms={self.timeout_ms} (the databases resource's config) must be a positive number of milliseconds"
-            )
-        return self.timeout_ms
-
-    def queue(self) -> Database[Any]:
-        return self._database(self.urls()[0], self.queue_database, self.QUEUE_URL_VARIABLE)
-
-    def cache(self) -> Database[Any]:
-        return self._database(self.urls()[1], self.cache_database, self.CACHE_URL_VARIABLE)
-
-    def store(self) -> Store:
-        """The collections of both databases, unchecked (a sensor checks what it reads itself)."""
-        return Store.of(
-            self.queue(),
-            self.cache(),
+    def targets(self) -> DatabaseTargets:
+        """Where the databases are, as configured (an ``EnvVar`` read now, outside a run)."""
+        return DatabaseTargets(
+            queue_url=_value(self.queue_url),
+            cache_url=_value(self.cache_url),
+            queue_database=self.queue_database,
+            cache_database=self.cache_database,
             jobs_collection=self.jobs_collection,
             cache_collection=self.cache_collection,
             events_collection=self.events_collection,
             failures_collection=self.failures_collection,
             suggestions_collection=self.suggestions_collection,
+            timeout_ms=self.timeout_ms,
         )
+
+    def urls(self) -> list[str | None]:
+        """The configured URLs (None: the embedded default), queue first: what messages mask."""
+        return self.targets().urls()
+
+    def wait_ms(self) -> int:
+        """The longest bound on a wait: this config's, else ``$ZOMBIE_MONGO_TIMEOUT_MS``, else each URL's default."""
+        return self.targets().wait_ms()
+
+    def timeouts(self) -> dict[str | None, int]:
+        """Each URL's bound on every wait (``DatabaseTargets.timeout_of``)."""
+        return self.targets().timeouts()
+
+    def queue(self) -> Database[Any]:
+        return self.targets().queue()
+
+    def cache(self) -> Database[Any]:
+        return self.targets().cache()
+
+    def store(self) -> Store:
+        """The collections of both databases, unchecked (a sensor checks what it reads itself)."""
+        return self.targets().store()
 
     def check_reachable(self, cache: bool = True) -> None:
         """:class:`DatabaseUnavailable`, one line naming the variable and the masked URL, for a database out of reach
         (the queue's; the cache's too unless ``cache=False``)."""
-        queue_url, cache_url = self.urls()
-        check_reachable(self.queue(), queue_url, self.QUEUE_URL_VARIABLE)
-        if cache:
-            check_reachable(self.cache(), cache_url, self.CACHE_URL_VARIABLE)
+        self.targets().check_reachable(cache)
 
     @contextlib.contextmanager
     def store_for(self, context: StepContext, doing: str) -> Iterator[Store]:
-        """The store of a step, checked; every database error in the block a one-line :class:`dagster.Failure`.
+        """The store of a step, checked; every database error in the block a one-line :class:`dagster.Failure`, with
+        what it was doing and where as metadata.
 
         A malformed URL or timeout is refused and never retried; a database out of reach, or an error in the middle
         of the step, is retried by the step's retry policy where waiting may help. On the step's last attempt the
@@ -137,37 +141,24 @@ class Databases(dg.ConfigurableResource["Databases"]):
                 self.check_reachable()
                 yield store
             except SettingError as error:
-                raise dg.Failure(description=str(error), allow_retries=False) from None
+                raise dg.Failure(description=str(error), metadata={"doing": doing}, allow_retries=False) from None
+            except embedded.EmbeddedServerError as error:  # not installed, or would not start: said as it is
+                metadata = {"doing": doing, "embedded_server_home": str(config.home())}
+                raise dg.Failure(description=str(error), metadata=metadata, allow_retries=False) from None
             except DatabaseUnavailable as error:
                 raise _unavailable(error) from None
             except pymongo.errors.PyMongoError as error:
-                raise _unavailable(database_error(error, doing, self.urls(), self.wait_ms())) from None
+                raise _unavailable(database_error(error, doing, self.urls(), self.timeouts())) from None
         except dg.Failure as failure:
             if failure.allow_retries and _last_attempt(context):
                 raise dg.Failure(failure.description, failure.metadata, allow_retries=False) from None
+            if failure.allow_retries:  # the cause in a line of its own: Dagster's retry event buries it in frames
+                context.log.warning(f"{failure.description} ({_attempt(context)}: the step is tried again)")
             raise
 
     def describe(self) -> dict[str, str]:
         """Where each database is, without credentials."""
-        queue_url, cache_url = self.urls()
-        return {
-            "queue": f"{redact_url(queue_url)} database={self.queue_database}",
-            "cache": f"{redact_url(cache_url)} database={self.cache_database}",
-        }
-
-    def _database(self, url: str | None, name: str, variable: str) -> Database[Any]:
-        """The database; :class:`SettingError` naming the variable when its URL is not one pymongo accepts."""
-        timeout_ms = self.wait_ms()
-        target = url or embedded.ensure_server().url
-        # The embedded server applies a retried write twice when a connection resets as it executes it: no retries
-        # there (a reset fails the step, and its retry or the next run completes it); a real MongoDB applies it once.
-        try:
-            return client_for(target, timeout_ms, retry_writes=url is not None)[name]
-        except ConfigurationError as error:  # the value itself is not shown: a malformed URL may still hold a password
-            raise SettingError(
-                f"{variable} is not a MongoDB URL: {scrub(str(error), [target])} (expected "
-                "mongodb://[user:password@]host[:port][/?options] or mongodb+srv://...)"
-            ) from None
+        return self.targets().describe()
 
 
 def _value(url: str | None) -> str | None:
@@ -182,6 +173,13 @@ def _unavailable(error: DatabaseUnavailable) -> dg.Failure:
     return dg.Failure(description=str(error), metadata=dict(error.facts), allow_retries=error.transient)
 
 
+def _attempt(context: StepContext) -> str:
+    """``attempt 1 of 3``: which attempt of a step with a retry policy this is."""
+    step = context.op_execution_context
+    policy = step.op_def.retry_policy
+    return f"attempt {step.retry_number + 1} of {(policy.max_retries if policy else 0) + 1}"
+
+
 def _last_attempt(context: StepContext) -> bool:
     """Whether a step's retry policy has no retry left for it (True for a step without one)."""
     step = context.op_execution_context
@@ -190,10 +188,14 @@ def _last_attempt(context: StepContext) -> bool:
 
 
 class PolicyRefused(dg.Failure, InvalidPolicy):
-    """A run's failure for a policy that is refused: one line naming each field and value, never retried."""
+    """A run's failure for a policy that is refused: one line naming each field and value, never retried; each
+    refusal and where the policy came from as metadata."""
 
-    def __init__(self, error: InvalidPolicy) -> None:
-        super().__init__(description=str(error), allow_retries=False)
+    def __init__(self, error: InvalidPolicy, source: PolicySource | None = None) -> None:
+        metadata: dict[str, Any] = {"refused": dg.MetadataValue.json(list(error.problems) or [str(error)])}
+        if source is not None:
+            metadata["policy_source"] = source.describe()
+        super().__init__(description=str(error), metadata=metadata, allow_retries=False)
 
 
 class ZombiePolicyResource(dg.ConfigurableResource["ZombiePolicyResource"], PolicySettings):
@@ -210,11 +212,26 @@ class ZombiePolicyResource(dg.ConfigurableResource["ZombiePolicyResource"], Poli
 
     def policy(self) -> ZombiePolicy:
         """The policy in force, as the core takes it; :class:`PolicyRefused` when a value is refused."""
-        given = self.model_dump(include=self.model_fields_set & set(PolicySettings.model_fields))
         try:
-            return validated({**location_settings(), **given})
+            return validated({**location_settings(), **self._given()})
         except InvalidPolicy as error:
-            raise PolicyRefused(error) from None
+            raise PolicyRefused(error, self.source()) from None
+
+    def source(self) -> PolicySource:
+        """Where :meth:`policy` comes from: the location's file or the defaults, and the fields this run's config sets
+        to other values."""
+        base = location_settings()
+        overrides = [name for name, value in self._given().items() if value != base.get(name, _default_of(name))]
+        return PolicySource.of(location_file(), overrides)
+
+    def record_source(self, context: StepContext) -> PolicySource:
+        """:meth:`source` as the run's tags (the run page shows them; the runs list filters by them)."""
+        source = self.source()
+        context.instance.add_run_tags(context.op_execution_context.run_id, policy_tags(source))
+        return source
+
+    def _given(self) -> dict[str, Any]:
+        return self.model_dump(include=self.model_fields_set & set(PolicySettings.model_fields))
 
     def in_force(self, store: Store) -> ZombiePolicy:
         """The policy a cleanup applies now: suggested maximum durations included when opted in."""
@@ -243,17 +260,28 @@ def url_from_env(variable: str) -> str | None:
     return dg.EnvVar(variable) if config.setting(variable) else None
 
 
-def location_settings() -> dict[str, Any]:
-    """The settings of the location's policy file (``$ZOMBIE_POLICY_FILE``), those it changes from the defaults;
-    none without a file. Read once per process and file."""
+def location_file() -> PolicyFile | None:
+    """The location's policy file (``$ZOMBIE_POLICY_FILE``) as read, or None without one. Read once per process and
+    file: a run's process reads it when it loads the location, and its hash names what that run took."""
     path = config.policy_file()
-    return {} if path is None else dict(_settings_of_file(path))
+    return None if path is None else _read_file(path)
 
 
 @functools.cache
-def _settings_of_file(path: Path) -> tuple[tuple[str, Any], ...]:
-    policy = policy_from_file(path)
-    return tuple(policy.model_dump(include=set(PolicySettings.model_fields), exclude_defaults=True).items())
+def _read_file(path: Path) -> PolicyFile:
+    return read_policy_file(path)
+
+
+def location_settings() -> dict[str, Any]:
+    """The settings of the location's policy file, those it changes from the defaults; none without a file."""
+    file = location_file()
+    return (
+        {} if file is None else file.policy.model_dump(include=set(PolicySettings.model_fields), exclude_defaults=True)
+    )
+
+
+def _default_of(name: str) -> Any:
+    return PolicySettings.model_fields[name].get_default(call_default_factory=True)
 
 
 def policy_from_env() -> ZombiePolicyResource:

@@ -21,8 +21,11 @@ statistics run executes them: every run loads the whole code location, and a cle
 """
 
 import datetime as dt
+import pickle
 import warnings
+from collections.abc import Mapping
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 from pydantic import Field
@@ -42,7 +45,12 @@ from zombie_pipeline.statistics.offenders import DEFAULT_THRESHOLD, find_offende
 from zombie_pipeline.statistics.suggestion_log import save_suggestions
 from zombie_pipeline.statistics.tallies import READ_BATCH_SIZE, Period
 
+if TYPE_CHECKING:
+    from upath import UPath
+
 GROUP = STATISTICS_GROUP
+#: The pickle protocol of Dagster's filesystem IO manager (its PICKLE_PROTOCOL).
+PICKLE_PROTOCOL = 4
 PARTITIONS_START = config.statistics_start().isoformat()
 MAX_WINDOW_DAYS = 28
 SUGGESTED_T2_METADATA_PREFIX = "suggested_t2_seconds/"
@@ -59,6 +67,29 @@ with warnings.catch_warnings():  # beta flag: windows that begin before the firs
     _WINDOW_MAPPING = dg.TimeWindowPartitionMapping(
         start_offset=-(MAX_WINDOW_DAYS - 1), end_offset=0, allow_nonexistent_upstream_partitions=True
     )
+
+
+class DailyTalliesFiles(dg.UPathIOManager):
+    """One pickle per day; a day not computed is None (said at debug level), not an error."""
+
+    extension = ""
+
+    def __init__(self, base_dir: str) -> None:
+        from upath import UPath
+
+        super().__init__(base_path=UPath(base_dir))
+
+    def dump_to_path(self, context: dg.OutputContext, obj: Any, path: "UPath") -> None:
+        with path.open("wb") as file:
+            pickle.dump(obj, file, PICKLE_PROTOCOL)
+
+    def load_from_path(self, context: dg.InputContext, path: "UPath") -> Any:
+        try:
+            with path.open("rb") as file:
+                return pickle.load(file)
+        except FileNotFoundError:
+            context.log.debug(f"no tallies at {path}: that day was not computed")
+            return None
 
 
 class DailyTalliesConfig(dg.Config):
@@ -97,10 +128,37 @@ class DurationStatisticsConfig(dg.Config, SuggestionSettings):
         try:
             return SuggestionRules.of(self)
         except InvalidPolicy as error:
-            raise dg.Failure(description=str(error), allow_retries=False) from None
+            refused = dg.MetadataValue.json(list(error.problems) or [str(error)])
+            raise dg.Failure(description=str(error), metadata={"refused": refused}, allow_retries=False) from None
 
 
-@dg.asset(group_name=GROUP, partitions_def=DAILY_PARTITIONS, kinds={"mongodb", "pandas"})
+class DailyTalliesStorage(dg.ConfigurableIOManagerFactory["DailyTalliesFiles"]):
+    """Where the daily tallies are kept: pickled under the instance's storage directory, as Dagster's filesystem IO
+    manager keeps them (``$DAGSTER_HOME/storage/job_duration_tallies/<day>``), so the days computed before stay read.
+
+    A day of a window not computed yet loads as None, which the statistics list as missing. Dagster's own manager
+    logs a warning for each (``allow_missing_partitions``): the 28 days the window's mapping spans, some 21 of them
+    outside a 7-day window, in every statistics run.
+    """
+
+    base_dir: str | None = Field(default=None, description="Unset: the instance's storage directory.")
+
+    def create_io_manager(self, context: dg.InitResourceContext) -> DailyTalliesFiles:
+        instance = context.instance
+        return DailyTalliesFiles(self.base_dir or (instance.storage_directory() if instance else "."))
+
+
+with warnings.catch_warnings():  # beta: an asset's own IO manager, so that every job and materialize() uses it
+    warnings.simplefilter("ignore", dg.BetaWarning)
+    _daily_asset = dg.asset(
+        group_name=GROUP,
+        partitions_def=DAILY_PARTITIONS,
+        kinds={"mongodb", "pandas"},
+        io_manager_def=DailyTalliesStorage(),
+    )
+
+
+@_daily_asset
 def job_duration_tallies(
     context: dg.AssetExecutionContext,
     config: DailyTalliesConfig,
@@ -118,6 +176,7 @@ def job_duration_tallies(
     from zombie_pipeline.statistics.sources import read_history
 
     window = context.partition_time_window
+    zombie_policy.record_source(context)
     with databases.store_for(context, "job_duration_tallies: reading a day of job history") as store:
         generation = _queue_generation(store, zombie_policy.policy())
         try:
@@ -126,7 +185,9 @@ def job_duration_tallies(
             )
         except CacheIndexMissing as error:
             raise dg.Failure(
-                description=str(error), metadata={"to_create_it": "create_cache_index: true in this asset's config"}
+                description=str(error),
+                metadata={"to_create_it": "create_cache_index: true in this asset's config"},
+                allow_retries=False,
             ) from None
         rows = ["| type | jobs | successful | zombies |", "|---|---|---|---|"]
         for job_type, tally in sorted(period.tallies.items()):
@@ -156,7 +217,11 @@ def _queue_generation(store: Store, policy: ZombiePolicy) -> QueueGeneration:
         return generations.required_queue()
     except GenerationUnknown as error:
         candidates = dg.MetadataValue.json(list(generations.queue_verdict.candidates))
-        raise dg.Failure(description=str(error), metadata={"queue_generation_candidates": candidates}) from None
+        metadata: dict[str, Any] = {
+            "queue_generation_candidates": candidates,
+            "to_decide": "set queue_generation in the policy",
+        }
+        raise dg.Failure(description=str(error), metadata=metadata, allow_retries=False) from None
 
 
 def metadata_key(prefix: str, job_type: str) -> str:
@@ -202,12 +267,13 @@ def completing(missing: list[str]) -> str:
     return "; ".join(parts)
 
 
-def tallies_by_day(tallies: dict[str, Period] | Period | None) -> dict[str, Period]:
-    """The window's daily tallies by day. The IO manager hands one day over bare, not in a mapping: the window of
-    the first daily partition (a backfill's first day) holds only that one."""
+def tallies_by_day(tallies: Mapping[str, Period | None] | Period | None) -> dict[str, Period]:
+    """The window's daily tallies by day, those computed. The IO manager hands one day over bare, not in a mapping:
+    the window of the first daily partition (a backfill's first day) holds only that one; a day not computed is
+    None (``DailyTalliesFiles``)."""
     if isinstance(tallies, Period):
         return {f"{tallies.start:%Y-%m-%d}": tallies}
-    return tallies or {}
+    return {day: period for day, period in (tallies or {}).items() if period is not None}
 
 
 def window_days_of(partition_key: str, window_days: int) -> list[str]:
@@ -225,8 +291,7 @@ def window_days_of(partition_key: str, window_days: int) -> list[str]:
         "tallies": dg.AssetIn(
             key=job_duration_tallies.key,
             partition_mapping=_WINDOW_MAPPING,
-            metadata={"allow_missing_partitions": True},
-            dagster_type=dg.Any,  # a mapping of days, or one day bare (see tallies_by_day)
+            dagster_type=dg.Any,  # a mapping of days, or one day bare, a day not computed None (see tallies_by_day)
         )
     },
 )
@@ -236,7 +301,7 @@ def job_duration_statistics(
     databases: Databases,
     zombie_policy: ZombiePolicyResource,
     metrics_gateway: MetricsGateway,
-    tallies: dict[str, Period] | Period | None,
+    tallies: Mapping[str, Period | None] | Period | None,
 ) -> dg.MaterializeResult[None]:
     """Duration statistics and suggested T2 per job type over the window ending with this day.
 
@@ -253,13 +318,16 @@ def job_duration_statistics(
     from zombie_pipeline.statistics.reports import markdown_table, offenders_markdown, policy_snippet, write_reports
 
     rules = config.rules()  # a value out of bounds is refused before anything is read
+    source = zombie_policy.record_source(context)
     with databases.store_for(context, "job_duration_statistics: reading the window's suggestions and history") as store:
         policy = zombie_policy.in_force(store)  # "current T2" is the one the cleanup applies
         generation = _queue_generation(store, policy)
         wanted = window_days_of(context.partition_key, config.window_days)
         by_day = tallies_by_day(tallies)
-        loaded = [by_day[day] for day in wanted if day in by_day]
-        missing = [day for day in wanted if day not in by_day]
+        current = store.simulation_id()  # days read from a simulation dropped since are left out, and said
+        dropped = [day for day in wanted if day in by_day and by_day[day].origin != current]
+        loaded = [by_day[day] for day in wanted if day in by_day and day not in dropped]
+        missing = [day for day in wanted if day not in by_day or day in dropped]
         window_end = context.partition_time_window.end
         window_start = window_end - dt.timedelta(days=config.window_days)
         report = window_report(store, generation, policy, loaded, window_start, window_end, rules, missing)
@@ -269,6 +337,11 @@ def job_duration_statistics(
         )
         files = write_reports(report, config.reports_dir, sections=[offenders])
         saved = save_suggestions(store.suggestions, report) if config.save_suggestions else False
+    if dropped:
+        context.log.warning(
+            f"the tallies of {day_ranges(dropped)} were read from other databases than these (a simulation dropped "
+            "since: simulate --drop): left out of the window"
+        )
     if missing:
         context.log.warning(f"a partial window: {completing(missing)}")
     if config.save_suggestions and not saved:
@@ -298,6 +371,7 @@ def job_duration_statistics(
     return dg.MaterializeResult(
         metadata={
             "window": window_text(report),
+            "policy_source": source.describe(),
             "statistics": dg.MetadataValue.md(markdown_table(report)),
             **charts,
             "zombie_policy_snippet": dg.MetadataValue.md("```yaml\n" + policy_snippet(report) + "```"),
@@ -313,6 +387,7 @@ def job_duration_statistics(
             "days_present": report.days_present,
             "days_expected": report.days_expected,
             "missing_days": dg.MetadataValue.json(report.missing_days),
+            "days_of_other_databases": dg.MetadataValue.json(dropped),
             **({"to_complete_it": completing(missing)} if missing else {}),
             "suggestions_saved": saved,
             "skipped_documents": sum(report.bad_data.values()),

@@ -5,6 +5,7 @@ import json
 import dagster as dg
 
 from zombie_pipeline.cleanup.plan import CleanupOptions
+from zombie_pipeline.policy import PolicySource
 
 CLEANUP_GROUP = "zombie_cleanup"
 STATISTICS_GROUP = "duration_statistics"
@@ -20,6 +21,23 @@ PARTITION_TAG = "dagster/partition"
 #: runs list shows (a dry run; the job types, a JSON list, absent for every type).
 DRY_RUN_TAG = "zombie_pipeline/dry_run"
 JOB_TYPES_TAG = "zombie_pipeline/job_types"
+
+
+#: Where a run's policy came from (``policy.PolicySource``), tagged by the first step that takes it: ``default``, or
+#: ``file:<path>`` with the file's SHA-256 (its first 12 hex digits), and the fields the run's config overrode.
+POLICY_SOURCE_TAG = "zombie_pipeline/policy_source"
+POLICY_SHA256_TAG = "zombie_pipeline/policy_sha256"
+POLICY_OVERRIDES_TAG = "zombie_pipeline/policy_overrides"
+
+
+def policy_tags(source: PolicySource) -> dict[str, str]:
+    """The tags that say where a run's policy came from."""
+    tags = {POLICY_SOURCE_TAG: f"file:{source.path}" if source.path else "default"}
+    if source.digest:
+        tags[POLICY_SHA256_TAG] = source.digest
+    if source.overrides:
+        tags[POLICY_OVERRIDES_TAG] = ",".join(source.overrides)
+    return tags
 
 
 def scope_tags(options: CleanupOptions) -> dict[str, str]:

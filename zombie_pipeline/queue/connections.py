@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pymongo
@@ -134,20 +134,24 @@ def database_error(
     error: pymongo.errors.PyMongoError,
     doing: str,
     urls: Sequence[str | None],
-    timeout_ms: int,
+    timeout_ms: int | Mapping[str | None, int],
     then: str = NEXT_RUN_COMPLETES,
 ) -> DatabaseUnavailable:
     """One line for a database error met in the middle of a step: where, doing what, and which setting bounds the wait.
 
     ``urls``: the URLs the step works with (None: the embedded default); the one
     the error names is shown if it names one of them, else all of them, masked.
-    A lost connection, a stall past the timeout, a command the server refused:
-    each is said in its own words, never as pymongo's traceback. ``then`` says
-    what the databases hold after it and how to go on (a cleanup's next run
-    completes what the failed one left; a command says its own; empty: nothing).
+    ``timeout_ms``: the bound on every wait, or each URL's own. A lost connection,
+    a stall past the timeout, a command the server refused: each is said in its
+    own words, never as pymongo's traceback. ``then`` says what the databases
+    hold after it and how to go on (a cleanup's next run completes what the
+    failed one left; a command says its own; empty: nothing).
     """
+    named = _named_by(error, urls)
+    if not isinstance(timeout_ms, int):
+        timeout_ms = max(timeout_ms.get(url, DEFAULT_TIMEOUT_MS) for url in named)
     cause = f"{type(error).__name__.lstrip('_')}: {_first_words(error, *urls)}"
-    where = " and ".join(redact_url(url) for url in _named_by(error, urls))
+    where = " and ".join(redact_url(url) for url in named)
     bound = f"${MONGO_TIMEOUT_ENV} bounds every wait on the database ({timeout_ms} ms)"
     if isinstance(error, pymongo.errors.OperationFailure) and not error.timeout:
         what = f"MongoDB at {where} refused a command ({cause})"
@@ -158,7 +162,7 @@ def database_error(
     else:
         what = f"MongoDB at {where} failed ({cause})"
     facts: dict[str, str | int] = {
-        "url": ", ".join(redact_url(url) for url in _named_by(error, urls)),
+        "url": ", ".join(redact_url(url) for url in named),
         "doing": doing,
         "error": type(error).__name__,
         "variable": MONGO_TIMEOUT_ENV,

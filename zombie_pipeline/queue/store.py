@@ -141,6 +141,12 @@ class Store:
         marker = self.simulations.find_one(sort=[(ID, -1)])
         return str(marker[SimulationMark.GENERATION]) if marker else None
 
+    def simulation_id(self) -> str | None:
+        """Which simulation these databases hold: the ``_id`` of the first mark since they were last dropped (later
+        simulations add to it), or None where the simulator wrote nothing (a deployment's databases)."""
+        marker = self.simulations.find_one(sort=[(ID, 1)], projection={ID: 1})
+        return str(marker[ID]) if marker else None
+
     def queue_collection_names(self) -> frozenset[str]:
         return frozenset(self.jobs.database.list_collection_names())
 

@@ -65,6 +65,7 @@ from pymongo.errors import DuplicateKeyError
 
 from zombie_pipeline.cleanup.effects import DeploymentEffects, Finished
 from zombie_pipeline.cleanup.side_collections import SideCollections
+from zombie_pipeline.messages import counted, plural, shown
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, stored_failed_runs
 from zombie_pipeline.queue.documents import (
@@ -130,18 +131,18 @@ class WorkerRates:
     def __post_init__(self) -> None:
         problems = []
         if not isinstance(self.workers, int) or self.workers < 1:
-            problems.append(f"workers must be a positive integer, got {self.workers!r}")
+            problems.append(f"workers must be a positive integer, got {shown(self.workers)}")
         for name in ("crashes_per_worker_hour", "overruns_per_worker_hour", "restart_seconds"):
             if not getattr(self, name) >= 0:
-                problems.append(f"{name} must be zero or more, got {getattr(self, name)!r}")
+                problems.append(f"{name} must be zero or more, got {shown(getattr(self, name))}")
         for name in ("max_overrunning_share", "terminated_share"):
             if not 0 <= getattr(self, name) <= 1:
-                problems.append(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+                problems.append(f"{name} must be in [0, 1], got {shown(getattr(self, name))}")
         for name in ("speed", "heartbeat_seconds"):
             if not getattr(self, name) > 0:
-                problems.append(f"{name} must be positive, got {getattr(self, name)!r}")
+                problems.append(f"{name} must be positive, got {shown(getattr(self, name))}")
         if self.waiting_target is not None and (not isinstance(self.waiting_target, int) or self.waiting_target < 0):
-            problems.append(f"waiting_target must be a non-negative integer, got {self.waiting_target!r}")
+            problems.append(f"waiting_target must be a non-negative integer, got {shown(self.waiting_target)}")
         if problems:
             raise WorkloadError("invalid worker rates: " + "; ".join(problems))
 
@@ -237,6 +238,17 @@ def plain_error(error: pymongo.errors.PyMongoError, doing: str) -> str:
 def _duration(seconds: float) -> str:
     """``60`` -> ``minute``, ``90`` -> ``90 s``: the span a report line covers."""
     return "minute" if seconds == 60 else f"{seconds:g} s"
+
+
+def _tally(done: Counter[Any]) -> str:
+    """What workers did, as it happened: started, finished, died, finalized under them, enqueued."""
+    finished, stopped = done["finished_success"] + done["finished_error"], done["stopped_at_max_duration"]
+    terminated = f" ({done['terminated']} after a SIGTERM)" if done["terminated"] else ""
+    return (
+        f"{done['started']} started, {finished} finished ({done['finished_error']} in error, {stopped} stopped at "
+        f"{plural(stopped, 'its', 'their')} maximum duration), {done['died']} died{terminated}, "
+        f"{done['finished_by_someone_else']} finalized by a cleanup, {done['enqueued']} enqueued"
+    )
 
 
 def _sleep(seconds: float, stop: Callable[[], bool]) -> None:
@@ -411,13 +423,15 @@ class WorkerPool:
 
     def report(self, done: Counter[Any]) -> str:
         """One line of what the workers did (``done``: counts since the last line), and what they hold now."""
-        finished = done["finished_success"] + done["finished_error"]
         return (
-            f"{self.now():%H:%M:%S} UTC, the last {_duration(self.report_seconds)}: {done['started']} started, {finished} finished "
-            f"({done['finished_error']} in error, {done['stopped_at_max_duration']} stopped at their maximum "
-            f"duration), {done['died']} died, {done['finished_by_someone_else']} finalized by a cleanup, "
-            f"{done['enqueued']} enqueued; {self.held()} jobs in flight on {self.workers} workers"
+            f"{self.now():%H:%M:%S} UTC, the last {_duration(self.report_seconds)}: {_tally(done)}; "
+            f"{counted(self.held(), 'job')} in flight on {counted(self.workers, 'worker')}"
         )
+
+    def summary(self) -> str:
+        """What the workers did since they started: the deaths that happened, not the crashes planned for the jobs
+        they were still running when stopped (those jobs were finished)."""
+        return f"{counted(self.counts['adopted'], 'running job')} adopted, {_tally(self.counts)}"
 
     def stop(self) -> None:
         """Finish the jobs in flight (their workers shut down cleanly, a crash to come included), in a few commands for
@@ -483,7 +497,7 @@ class WorkerPool:
         if job is None:
             return None
         run = self._plan(job, now)
-        self.counts["crashed" if run.fate is Fate.CRASH else "started"] += 1
+        self.counts["started"] += 1  # a crash it may meet is counted when it happens (died), not when planned
         return run
 
     def _take_waiting(self) -> JobDocument | None:

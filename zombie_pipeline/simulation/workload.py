@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from zombie_pipeline.messages import shown
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import Job
 from zombie_pipeline.queue.generations import (
@@ -85,7 +86,7 @@ class Workload:
 
     def __post_init__(self) -> None:
         problems = [
-            f"{name} must be a non-negative integer, got {getattr(self, name)!r}"
+            f"{name} must be a non-negative integer, got {shown(getattr(self, name))}"
             for name in (
                 "finished",
                 "crashed",
@@ -100,12 +101,12 @@ class Workload:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0
         ]
         if not isinstance(self.days, (int, float)) or not self.days > 0:
-            problems.append(f"days must be positive, got {self.days!r}")
+            problems.append(f"days must be positive, got {shown(self.days)}")
         if self.generation not in QUEUE_GENERATIONS:
-            problems.append(f"generation must be one of {', '.join(QUEUE_GENERATIONS)}, got {self.generation!r}")
+            problems.append(f"generation must be one of {', '.join(QUEUE_GENERATIONS)}, got {shown(self.generation)}")
         if self.cache_generation is not None and self.cache_generation not in CACHE_GENERATIONS:
             problems.append(
-                f"cache_generation must be one of {', '.join(CACHE_GENERATIONS)}, got {self.cache_generation!r}"
+                f"cache_generation must be one of {', '.join(CACHE_GENERATIONS)}, got {shown(self.cache_generation)}"
             )
         if problems:
             raise WorkloadError("invalid workload: " + "; ".join(problems))
@@ -123,7 +124,7 @@ class Workload:
     ) -> Workload:
         """``jobs`` in all; the fractions say which share of them is in which state."""
         if not isinstance(jobs, int) or jobs < 0:
-            raise WorkloadError(f"invalid workload: jobs must be a non-negative integer, got {jobs!r}")
+            raise WorkloadError(f"invalid workload: jobs must be a non-negative integer, got {shown(jobs)}")
         fractions = {
             "crashed": crashed_fraction,
             "never_heartbeated": never_heartbeated_fraction,
@@ -132,7 +133,7 @@ class Workload:
             "waiting": waiting_fraction,
         }
         bad = [
-            f"{name}_fraction must be in [0, 1], got {value!r}"
+            f"{name}_fraction must be in [0, 1], got {shown(value)}"
             for name, value in fractions.items()
             if not 0 <= value <= 1
         ]

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from zombie_pipeline import config
+from zombie_pipeline.messages import counted
 from zombie_pipeline.queue.documents import CAUSES, REASONS, Status
 from zombie_pipeline.statistics.analysis import DurationReport, TypeReport
 from zombie_pipeline.statistics.charts import plot_durations
@@ -337,7 +338,7 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
     """A few plain lines per type, for a terminal: what to change and how sure we are."""
     q = percentile_name(report.rules.quantile)
     lines = [
-        f"Job durations, {window_text(report)}: {report.jobs_read} {_read_what(report)}, {report.events_read} zombies "
+        f"Job durations, {window_text(report)}: {report.jobs_read} {_read_what(report)}, {counted(report.events_read, 'zombie')} "
         "finalized in the window (the ones of the day running count in tomorrow's)"
     ]
     for entry in report.types:
@@ -377,7 +378,7 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
     for times in report.detection:
         lines.append(
             f"detection time, {times.reason}: p50 {format_duration(times.p50_seconds)}, p99 "
-            f"{format_duration(times.p99_seconds)} ({times.zombies} zombies)"
+            f"{format_duration(times.p99_seconds)} ({counted(times.zombies, 'zombie')})"
         )
     notes = _data_notes(report)
     if notes:
@@ -395,8 +396,9 @@ def offenders_markdown(found: RepeatOffenders, max_rows: int = 20) -> str:
     Short enough to read in a report: past ``max_rows`` rows the rest are counted, not listed.
     """
     lines = [
-        f"**Repeat offenders {found.window_text()}**: {found.offenders_total} datasets finalized at least {found.threshold} times "
-        f"({found.events} finalizations of {found.datasets} datasets in the window).",
+        f"**Repeat offenders {found.window_text()}**: {counted(found.offenders_total, 'dataset')} finalized at least "
+        f"{counted(found.threshold, 'time')} ({counted(found.events, 'finalization')} of "
+        f"{counted(found.datasets, 'dataset')} in the window).",
         "",
     ]
     rows = found.rows()

@@ -123,6 +123,7 @@ class Period:
     events_read: int = 0
     source: str = "jobs"  # see SOURCES
     detection: dict[str, np.ndarray] = field(default_factory=dict)  # reason -> the events' detection_seconds
+    origin: str | None = None  # the simulation read (``Store.simulation_id``); None: a deployment's databases
 
     def tally(self, job_type: str) -> Tally:
         return self.tallies.setdefault(job_type, Tally())
