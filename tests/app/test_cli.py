@@ -266,7 +266,7 @@ def test_a_sentinel_in_a_foreign_database_survives_every_command_run_with_its_ur
     assert cli.main(["demo"]) == 0
     printed = capsys.readouterr().out
     assert "simulates nothing and writes nothing" in printed
-    assert "kill_zombies_job: succeeded" in printed and "dry run: 1 zombies found and left alone" in printed
+    assert "kill_zombies_job: succeeded" in printed and "dry run: 1 zombie found and left alone" in printed
     assert "duration_statistics and repeat_offenders of the 7 days" in printed  # read, computed, not recorded
     assert contents(queue, cache) == before
     assert set(queue.client.list_database_names()) == databases
@@ -473,7 +473,7 @@ def test_error_outputs_are_one_line_naming_the_problem_with_no_traceback_nor_cre
         "bad worker rate": (
             ["workers", "--crashes-per-worker-hour", "-2"],
             {},
-            "--crashes-per-worker-hour must be zero or more, got -2.0",
+            "--crashes-per-worker-hour must be zero or more, got -2",
         ),
         "unreachable URL with a password": (
             ["simulate"],
