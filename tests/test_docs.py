@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from zombie_pipeline import config
@@ -194,3 +195,27 @@ def test_the_kubectl_secret_holds_every_variable_the_pipeline_reads_but_those_th
 
     assert set_by_the_image == {config.DAGSTER_HOME_ENV, config.HOME_ENV}
     assert in_secret == variables - set_by_the_image
+
+
+UI = (REPO / "docs" / "ui.md").read_text()
+#: docs/ui.md's list of what the code location holds, every subsection of it.
+UI_CONTENTS = UI[UI.index("## What is there") : UI.index("## Screens")]
+
+
+def test_the_ui_page_has_a_row_for_every_job_schedule_sensor_and_check_and_names_every_asset():
+    from zombie_pipeline.definitions import defs
+
+    listed = {cells[0].strip("`").split("` ")[0] for cells in table_rows(UI_CONTENTS)}
+    defined = {job.name for job in defs.jobs or []}
+    defined |= {schedule.name for schedule in defs.schedules or []}
+    defined |= {sensor.name for sensor in defs.sensors or []}
+    assets = set()
+    for asset in defs.assets or []:
+        assert isinstance(asset, dg.AssetsDefinition)
+        assets |= {key.to_user_string() for key in asset.keys}
+        defined |= {key.name for key in asset.check_keys}
+    for checks in defs.asset_checks or []:
+        defined |= {key.name for key in checks.check_keys}
+
+    assert defined - listed == set()
+    assert {name for name in assets if f"`{name}`" not in UI_CONTENTS} == set()
