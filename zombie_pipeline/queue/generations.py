@@ -91,13 +91,9 @@ class QueueGeneration:
     null_heartbeats: bool = False
     #: How the deployment of the time counts a crashed job's failed runs.
     failed_runs: FailedRunsRule = FailedRunsRule.EVERY_FAILURE
-    #: The finish frees every lock the job owns (``release_locks(owner=job_id)``: 2023-08-07 to 2024-08-22), such as
-    #: the ``refs/convert/parquet`` branch lock of a conversion that died holding it.
+    #: The finish frees every lock the job owns (``release_locks(owner=job_id)``: 2023-08-07, 664692d90, to
+    #: 2024-08-22, 9e221e096), such as the ``refs/convert/parquet`` branch lock of a conversion that died holding it.
     frees_owned_locks: bool = False
-    #: The era's backfill judges a cache entry without ``job_runner_version`` obsolete and re-runs it, whatever its
-    #: error or failed runs (``CacheState.is_job_runner_obsolete`` on ``pd.NA``); from 2024-06 the value reads as NaN
-    #: and nothing is re-run for it. None: no backfill rule of the era was read.
-    reruns_versionless_entries: bool | None = None
     #: The commit of dataset-viewer the generation's finish was read from (its date in ``docs/generations.md``).
     read_from: str = ""
 
@@ -217,7 +213,6 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             frozenset(),
             UnicityFormat.COMMAS,
             "2023-04",
-            reruns_versionless_entries=True,
             read_from="ca1d155af54b1aa372d9677115d12ce94fd1021b",
         ),
         QueueGeneration(
@@ -228,7 +223,6 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             UnicityFormat.COMMAS,
             "2023-04",
             lock_fields=_LOCK_2023_06,
-            reruns_versionless_entries=True,
             read_from="2996e47b6f4abca258b1a59d942dd1019aac2c60",
         ),
         QueueGeneration(
@@ -240,7 +234,6 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             "2023-04",
             lock_fields=_LOCK_2023_07,
             frees_owned_locks=True,
-            reruns_versionless_entries=True,
             read_from="d73fafbeb2a0a8848a30c038110820319e6a531f",
         ),
         QueueGeneration(
@@ -257,7 +250,6 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             lock_fields=_LOCK_2023_12,
             failed_runs=FailedRunsRule.SAME_REVISION_ELSE_ZERO,
             frees_owned_locks=True,
-            reruns_versionless_entries=True,
             read_from="436f33a6ad6933f3d7b3ba50e7f820832cf62950",
         ),
         QueueGeneration(
@@ -272,7 +264,6 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             job_metrics_by_dataset_status=True,
             lock_fields=_LOCK_2023_12,
             failed_runs=FailedRunsRule.SAME_REVISION_ELSE_ZERO,
-            reruns_versionless_entries=False,
             read_from="c0e223c3886c1988d0eb5d856bd380347c9e0dea",
         ),
         QueueGeneration(
@@ -287,7 +278,6 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             job_metrics_by_dataset_status=True,
             lock_fields=_LOCK_2023_12,
             cache_updated_index=True,
-            reruns_versionless_entries=False,
             read_from="f62009e0555b1274e7f6ddc7058dc796993f28b6",
         ),
     )
