@@ -15,6 +15,7 @@ from zombie_pipeline.app import cli
 from zombie_pipeline.orchestration.cleanup import CLEANUP_MAX_RUNTIME_SECONDS
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.connections import DEFAULT_TIMEOUT_MS, EMBEDDED_TIMEOUT_MS
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 #: How the table writes a field whose default is "none given": what then applies.
@@ -141,3 +142,14 @@ def test_the_kubectl_secret_holds_every_variable_the_pipeline_reads_but_those_th
 
     assert set_by_the_image == {config.DAGSTER_HOME_ENV, config.HOME_ENV}
     assert in_secret == variables - set_by_the_image
+
+
+def test_the_generations_page_has_a_row_per_generation_citing_the_commit_its_finish_was_read_from():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "generations.md").read_text()
+    table = page.split("### What each generation's finish does with failed runs, versions and owned locks", 1)[1]
+    first_table = table[table.index("\n|") : table.index("\n\n", table.index("\n|"))]
+    rows = {cells[0].strip("`"): cells[1] for cells in table_rows(first_table)[1:]}  # the header left out
+    assert set(rows) == set(QUEUE_GENERATIONS)
+    for name, generation in QUEUE_GENERATIONS.items():
+        assert len(generation.read_from) == 40
+        assert rows[name].startswith(generation.read_from[:9]), name
