@@ -19,7 +19,9 @@ beside the repository, else ``/work/shared/dataset-viewer``.
 Layout: ``$ZOMBIE_DEPLOYMENT_CACHE/<label>/`` (default ``~/.cache/zombie-pipeline/deployment/<label>/``,
 shared by every clone of the repository) holds ``source/`` (``libs/libcommon`` at the commit), ``venv/``,
 ``requirements.txt`` (what was pinned) and ``deployment.json`` (the manifest, written last: its presence
-means ready).
+means ready). An era set up with other requirements than the script now pins is set up again. Where the package
+registry does not provide an era's pins, ``deployment-failure.json`` records why, the other eras are set up all the
+same, and that era's tests skip saying so; any other failure exits non-zero (and its tests fail under CI).
 """
 
 from __future__ import annotations
@@ -95,13 +97,29 @@ NEEDED = (
     "fsspec",
     # each era's backfill rule (libcommon.state.CacheState) builds the processing graph with it
     "networkx",
+    # and imports its profiler (libcommon.prometheus) and the configuration (libcommon.config), as its
+    # orchestrator (the worker's own finish of a crashed job) does
+    "prometheus-client",
+    "psutil",
+    "environs",
+    "s3fs",  # the orchestrator's storage client, from 2024 (with cryptography for its URL signer)
+    "cryptography",
+    "pillow",  # and its assets (images, audio)
+    "pydub",
 )
 # Imported too, but only reached through another dependency: pinned when the lock has them.
-NEEDED_IF_LOCKED = ("python-dateutil", "dnspython")
+NEEDED_IF_LOCKED = ("python-dateutil", "dnspython", "marshmallow", "python-dotenv", "aiobotocore", "botocore", "cffi")
+# The modules that must import wherever the commit has them: the tests drive them, and a test never falls back.
+MUST_IMPORT = ("libcommon.state",)
+FAILURE = "deployment-failure.json"
 
 
 class SetupError(RuntimeError):
     pass
+
+
+class RegistryError(SetupError):
+    """The package registry did not provide the era's pins: recorded, so that its tests skip saying so."""
 
 
 def cache_root() -> Path:
@@ -262,12 +280,12 @@ def pinned_requirements(source: Path, extra: list[str]) -> tuple[list[str], list
 # setup
 
 
-def run(command: list[str], what: str) -> None:
+def run(command: list[str], what: str, error: type[SetupError] = SetupError) -> None:
     log(f"{what}: {' '.join(command)}")
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-30:])
-        raise SetupError(f"{what} failed:\n{tail}")
+        raise error(f"{what} failed:\n{tail}")
 
 
 def directory_size(path: Path) -> int:
@@ -317,9 +335,15 @@ def setup(
     manifest_path = directory / MANIFEST
     if manifest_path.exists() and not force:
         ready: dict[str, Any] = json.loads(manifest_path.read_text())
-        if ready.get("commit") == commit or (git_dir is not None and str(ready.get("commit", "")).startswith(commit)):
+        same_commit = ready.get("commit") == commit or (
+            git_dir is not None and str(ready.get("commit", "")).startswith(commit)
+        )
+        wanted = pinned_requirements(directory / "source", extra)[0] if (directory / "source").exists() else None
+        if same_commit and ready.get("requirements") == wanted:
             log(f"{label}: already set up at {ready['commit'][:9]} in {directory} (--force to redo)")
             return ready
+        if same_commit:
+            log(f"{label}: set up at {ready['commit'][:9]} with other requirements than these: redone")
     resolved, archive = libcommon_at(git_dir, commit)
     if directory.exists():
         log(f"{label}: removing {directory}")
@@ -339,7 +363,7 @@ def setup(
     run([python, "-m", "venv", str(directory / "venv")], f"{label}: virtualenv")
     interpreter = venv_python(directory)
     pip = [str(interpreter), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    run(pip + ["-r", str(directory / "requirements.txt")], f"{label}: dependencies")
+    run(pip + ["-r", str(directory / "requirements.txt")], f"{label}: dependencies", RegistryError)
     # libcommon itself, from the extracted source; its pyproject pins one exact Python
     # (3.9.15 in 2023, 3.14.5 in 2026) and the tests run it on this one.
     run(pip + ["--no-deps", "--ignore-requires-python", str(source)], f"{label}: libcommon")
@@ -352,6 +376,16 @@ def setup(
             "Add what is missing with --extra 'package==version' and run setup again."
         )
     description = json.loads(check.stdout)["result"]
+    broken = {
+        module: error
+        for module, error in description.get("imports", {}).items()
+        if module in MUST_IMPORT and error is not None
+    }
+    if broken:
+        raise SetupError(
+            f"{label}: {', '.join(f'{module} does not import ({error})' for module, error in broken.items())}.\n"
+            "Add what is missing to NEEDED (pinned from the lock), or with --extra 'package==version'."
+        )
     freeze = subprocess.run(
         [str(interpreter), "-m", "pip", "freeze", "--disable-pip-version-check"], capture_output=True, text=True
     ).stdout.split()
@@ -428,13 +462,26 @@ def main(argv: list[str] | None = None) -> int:
     labels = sorted(KNOWN_LABELS) if options.all else [options.label]
     if options.all and options.commit:
         parser.error("--commit goes with one --label")
-    try:
-        for label in labels:
+    failed = False
+    for label in labels:
+        try:
             setup(options.git_dir, label, options.commit, options.python, options.extra, options.force)
-    except SetupError as error:
-        print(f"[deployment_client] error: {error}", file=sys.stderr)
-        return 1
-    return 0
+        except RegistryError as error:  # recorded: the era's tests skip with it; the other eras go on
+            record_failure(label, str(error))
+            print(f"[deployment_client] {label}: the registry did not provide its pins: {error}", file=sys.stderr)
+        except SetupError as error:  # not recorded: the era's tests fail under CI, saying it is not set up
+            print(f"[deployment_client] error: {error}", file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
+
+
+def record_failure(label: str, reason: str) -> None:
+    """Why ``label`` could not be set up, where its tests look (``tests/deployment_client.missing_reason``)."""
+    directory = label_dir(label)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / FAILURE).write_text(
+        json.dumps({"label": label, "reason": reason, "at": datetime.now(UTC).isoformat()}, indent=2) + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from zombie_pipeline.app import cli
 from zombie_pipeline.orchestration.cleanup import CLEANUP_MAX_RUNTIME_SECONDS
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.connections import DEFAULT_TIMEOUT_MS, EMBEDDED_TIMEOUT_MS
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -219,3 +220,14 @@ def test_the_ui_page_has_a_row_for_every_job_schedule_sensor_and_check_and_names
 
     assert defined - listed == set()
     assert {name for name in assets if f"`{name}`" not in UI_CONTENTS} == set()
+
+
+def test_the_generations_page_has_a_row_per_generation_citing_the_commit_its_finish_was_read_from():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "generations.md").read_text()
+    table = page.split("### What each generation's finish does with failed runs, versions and owned locks", 1)[1]
+    first_table = table[table.index("\n|") : table.index("\n\n", table.index("\n|"))]
+    rows = {cells[0].strip("`"): cells[1] for cells in table_rows(first_table)[1:]}  # the header left out
+    assert set(rows) == set(QUEUE_GENERATIONS)
+    for name, generation in QUEUE_GENERATIONS.items():
+        assert len(generation.read_from) == 40
+        assert rows[name].startswith(generation.read_from[:9]), name

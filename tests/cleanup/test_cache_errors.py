@@ -66,17 +66,21 @@ def test_the_error_entry_has_only_the_fields_its_generation_declares(generation)
         assert (name in entry) == cache.declares(name)
 
 
-def test_the_entry_carries_the_jobs_revision_and_keeps_the_version_the_worker_left():
+def test_the_entry_carries_the_jobs_revision_and_the_steps_version_the_cache_shows_never_an_invented_one():
     job = crashed_job(revision="rev-9")
     previous = cache_document(job, ago(3_600), generation=NEWEST.name) | {Cache.JOB_RUNNER_VERSION: 7}
 
-    entry = error_entry(event_of(job), previous, NEWEST, POLICY.http_status, failed_runs=1)
+    entry = error_entry(event_of(job), previous, NEWEST, POLICY.http_status, failed_runs=1, step_version=8)
 
     assert entry[Cache.DATASET_GIT_REVISION] == "rev-9"
-    assert entry[Cache.JOB_RUNNER_VERSION] == 7
+    assert entry[Cache.JOB_RUNNER_VERSION] == 8  # the step's, as the deployment writes it on a crash
+    assert (
+        error_entry(event_of(job), None, NEWEST, POLICY.http_status, 1, step_version=8)[Cache.JOB_RUNNER_VERSION] == 8
+    )
+    assert error_entry(event_of(job), previous, NEWEST, POLICY.http_status, 1)[Cache.JOB_RUNNER_VERSION] == 7
     assert Cache.JOB_RUNNER_VERSION not in error_entry(
         event_of(job), None, NEWEST, POLICY.http_status, 1
-    )  # never invented
+    )  # where the cache shows none: never invented
 
 
 def metrics(store) -> dict[tuple, int]:

@@ -131,6 +131,35 @@ def test_a_lock_named_by_its_old_owner_field_is_freed_by_that_field(store):
     assert lock[Lock.JOB_ID] is None and Lock.OWNER not in lock  # only the field the document already has
 
 
+@pytest.mark.parametrize(
+    ("generation", "worker_gone", "branch_freed"),
+    [
+        pytest.param("2023-12", True, True, id="2023-12-dead"),
+        pytest.param("2023-12", False, False, id="2023-12-past-its-maximum-duration"),
+        pytest.param("2024-06", True, False, id="2024-06-dead"),
+    ],
+)
+def test_where_the_finish_frees_every_lock_a_job_owns_a_dead_jobs_branch_lock_is_freed(
+    store, generation, worker_gone, branch_freed
+):
+    job = started("alice/a", 45)
+    branch = "alice/a--refs/convert/parquet"
+    store.locks.insert_many(
+        [
+            {ID: job[Job.UNICITY_ID], Lock.OWNER: "a-worker", Lock.UPDATED_AT: NOW},
+            {ID: branch, Lock.OWNER: str(job[ID]), Lock.UPDATED_AT: NOW},
+            {ID: "bob/b--refs/convert/parquet", Lock.OWNER: "another-job", Lock.UPDATED_AT: NOW},
+        ]
+    )
+
+    effects_of(store, QUEUE_GENERATIONS[generation]).after_finish([Finished(job, NOW, worker_gone=worker_gone)], NOW)
+
+    owners = {lock[ID]: lock[Lock.OWNER] for lock in store.locks.find()}
+    assert owners[job[Job.UNICITY_ID]] is None
+    assert owners[branch] == (None if branch_freed else str(job[ID]))
+    assert owners["bob/b--refs/convert/parquet"] == "another-job"
+
+
 def test_an_insert_counts_the_waiting_jobs_and_their_worker_sizes_unless_their_dataset_is_blocked(store):
     store.blockages.insert_one({Blockage.DATASET: "blocked/b", Blockage.BLOCKED_AT: NOW})
     jobs = [

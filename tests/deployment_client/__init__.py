@@ -9,11 +9,13 @@ and sends it actions::
     ids = client.run("create_jobs", jobs=[{"type": "/splits", "dataset": "user/ds"}])["job_ids"]
     assert client.run("load_all")["ok"]
 
-:func:`missing_reason` says why a label cannot run and how to set it up (tests skip with it).
+:func:`missing_reason` says why a label cannot run and how to set it up: its tests skip with it where the package
+registry did not provide the era's pins (:func:`registry_failure`), and anywhere but in CI; in CI they fail.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import queue
@@ -25,9 +27,15 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).resolve().with_name("driver.py")
+SETUP_SCRIPT = REPO / "scripts" / "deployment_client.py"
 CACHE_ENV = "ZOMBIE_DEPLOYMENT_CACHE"
 MANIFEST = "deployment.json"
-LABELS = ("current", "2023")
+#: Written by the setup where the package registry did not provide an era's pins: the one reason a test may skip in CI.
+FAILURE = "deployment-failure.json"
+#: Every era of the deployment's client the tests drive: early 2023 and today's, and the three queues between.
+LABELS = ("current", "2023", "2023-07", "2023-12", "2024-06")
+#: The eras whose client has a backfill rule, a worker's finish and git-branch locks (``libcommon.orchestrator``).
+ERAS = ("2023-07", "2023-12", "2024-06")
 DEFAULT_TIMEOUT_SECONDS = 120.0
 
 
@@ -53,19 +61,39 @@ def manifest(label: str) -> dict[str, Any] | None:
 
 
 def setup_command(label: str) -> str:
-    return (
-        f"python scripts/deployment_client.py setup --label {label} "
-        "--git-dir <a clone or bare mirror of huggingface/dataset-viewer>"
-    )
+    return f"python scripts/deployment_client.py setup --label {label} (or setup --all, as .ci/run does)"
+
+
+def registry_failure(label: str) -> str | None:
+    """Why the package registry did not provide the era's pins, as its setup recorded it; None if it did."""
+    path = deployment_dir(label) / FAILURE
+    return str(json.loads(path.read_text())["reason"]) if path.exists() else None
+
+
+def _pinned_now(label: str) -> list[str]:
+    """The requirements the setup script pins today for the era's extracted source."""
+    spec = importlib.util.spec_from_file_location("deployment_client_setup", SETUP_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return list(script.pinned_requirements(deployment_dir(label) / "source", [])[0])
 
 
 def missing_reason(label: str) -> str | None:
     """None when the label is ready, else why not and the command that sets it up."""
-    if manifest(label) is None or not python_of(label).exists():
-        where = deployment_dir(label)
+    failure = registry_failure(label)
+    if failure is not None:
+        return f"the package registry did not provide the pins of deployment client {label!r}: {failure[-1500:]}"
+    where = deployment_dir(label)
+    ready = manifest(label)
+    if ready is None or not python_of(label).exists():
         return (
             f"deployment client {label!r} not set up (no {where / MANIFEST}): run {setup_command(label)}"
             f"{'' if CACHE_ENV in os.environ else f' (or set {CACHE_ENV} to a folder holding it)'}"
+        )
+    if ready.get("requirements") != _pinned_now(label):
+        return f"deployment client {label!r} in {where} was set up with other requirements than today's: run " + (
+            setup_command(label)
         )
     return None
 

@@ -44,6 +44,18 @@ Actions (arguments in parentheses, all optional unless marked *):
   retryable, below its limit); commits without failed runs' limits refuse.
 - ``backfill_difficulty`` (dataset*, difficulty): for each cache entry of the dataset, the difficulty the backfill
   gives its next run from its failed runs, with the library's constants; commits without the bonus refuse.
+
+Actions of an era's backfill, worker and locks (2023-07 on; ``libcommon.orchestrator`` and ``libcommon.state``):
+
+- ``step_versions``: each job type's ``job_runner_version`` in the era's processing graph.
+- ``backfill_plan`` (dataset*, revision*): the era's own ``DatasetBackfillPlan`` of the dataset at that revision;
+  for each cache entry of the dataset, the plan's verdict (``cache_is_error_to_retry``,
+  ``cache_is_job_runner_obsolete``, ``up_to_date``, ...), whether it re-runs it, and what its ``CacheState`` read.
+- ``kill_as_crashed`` (job_id*, error: crashed|exceeded): the era's worker finishing a dead job
+  (``JobManager.set_crashed`` / ``set_exceeded_maximum_duration``): the error built by its own exception class,
+  the step's version from its processing graph, the finish by its orchestrator (error entry, job, locks, next steps).
+- ``take_branch_lock`` (dataset*, owner*, branch): ``lock.git_branch(...).acquire()`` with short waits, left held
+  (a worker that dies writing to the branch); whether it was taken.
 """
 
 from __future__ import annotations
@@ -52,8 +64,10 @@ import argparse
 import datetime as dt
 import enum
 import importlib
+import importlib.util
 import inspect
 import json
+import numbers
 import os
 import pkgutil
 import sys
@@ -110,6 +124,21 @@ class ActionError(Exception):
 # The library, whatever its generation
 
 
+def allow_the_graph_as_a_default() -> None:
+    """Let the orchestrator of 2024 import on Python 3.11, unchanged.
+
+    Its dataclasses take the processing graph, itself a dataclass and so unhashable, as a field's default: the
+    Python its era pinned (3.9) accepted it, 3.11 refuses it ("mutable default"). The identity hash (what the graph
+    would have without ``eq``) restores 3.9's acceptance; nothing compares or hashes graphs.
+    """
+    try:
+        from libcommon.processing_graph import ProcessingGraph
+    except ImportError:
+        return
+    if ProcessingGraph.__hash__ is None:
+        ProcessingGraph.__hash__ = object.__hash__
+
+
 class Library:
     """What this commit's libcommon provides, found by import and introspection."""
 
@@ -117,6 +146,7 @@ class Library:
         import libcommon
 
         self.libcommon = libcommon
+        allow_the_graph_as_a_default()
         self.modules: dict[str, Any] = {}
         queue_pkg = importlib.import_module("libcommon.queue")
         self.modules["libcommon.queue"] = queue_pkg
@@ -212,6 +242,22 @@ class Library:
     def cache_model(self) -> Any | None:
         return self.model_for(getattr(self.constants, "CACHE_COLLECTION_RESPONSES", "cachedResponsesBlue"))
 
+    #: Modules beyond the queue's and the cache's that the era tests drive: its backfill rule, and its worker's finish.
+    ERA_MODULES = ("libcommon.state", "libcommon.orchestrator", "libcommon.processing_graph")
+
+    def imports(self) -> dict[str, Any]:
+        """Each of :attr:`ERA_MODULES` the commit has: None where it imports, else why not."""
+        found: dict[str, Any] = {}
+        for name in self.ERA_MODULES:
+            if importlib.util.find_spec(name) is None:
+                continue
+            try:
+                importlib.import_module(name)
+                found[name] = None
+            except Exception as error:  # noqa: BLE001  (a missing dependency, or a Python too old for its syntax)
+                found[name] = f"{type(error).__name__}: {error}"
+        return found
+
     def describe(self) -> dict[str, Any]:
         from importlib import metadata
 
@@ -221,6 +267,7 @@ class Library:
             "mongoengine": metadata.version("mongoengine"),
             "pymongo": metadata.version("pymongo"),
             "modules": sorted(self.modules),
+            "imports": self.imports(),
             "models": {
                 model._get_collection_name(): {
                     "class": model.__name__,
@@ -305,6 +352,11 @@ def call_with_supported(function: Callable[..., Any], kwargs: dict[str, Any], wh
     return function(**accepted)
 
 
+def same_as(column: Any, value: Any) -> Any:
+    """The rows of a pandas column equal to ``value``; a None (a dataset-level entry's config) matches the missing."""
+    return column.isna() if value is None else column == value
+
+
 def accepts(function: Callable[..., Any], name: str) -> bool:
     return name in inspect.signature(function).parameters
 
@@ -333,6 +385,10 @@ class Driver:
             "state": self.state,
             "backfill_reruns": self.backfill_reruns,
             "backfill_difficulty": self.backfill_difficulty,
+            "step_versions": self.step_versions,
+            "backfill_plan": self.backfill_plan,
+            "kill_as_crashed": self.kill_as_crashed,
+            "take_branch_lock": self.take_branch_lock,
         }
 
     # -- protocol ----------------------------------------------------------------------------
@@ -539,7 +595,7 @@ class Driver:
             }
             if CacheState is not None:
                 frame = self.library.simple_cache.get_cache_entries_df(dataset=dataset, cache_kinds=[document.kind])
-                frame = frame[(frame["config"] == document.config) & (frame["split"] == document.split)]
+                frame = frame[same_as(frame["config"], document.config) & same_as(frame["split"], document.split)]
                 state = CacheState(dataset, document.config, document.split, document.kind, 1, frame)
                 entry["rerun"], entry["rule"] = bool(state.is_error_to_retry()), "CacheState.is_error_to_retry"
             else:  # CacheState.is_error_to_retry's condition, with the library's own limits
@@ -569,6 +625,119 @@ class Driver:
             difficulty = min(constants.DEFAULT_DIFFICULTY_MAX, base + failed_runs * bonus)
             entries.append({"kind": document.kind, "failed_runs": failed_runs, "difficulty": difficulty})
         return {"entries": entries}
+
+    # -- an era's backfill, worker and locks -------------------------------------------------
+
+    def _processing_graph(self) -> Any:
+        module = importlib.import_module("libcommon.processing_graph")
+        graph = getattr(module, "processing_graph", None)
+        if graph is None:  # until 2023-12 each service built it from its configuration
+            from libcommon.config import ProcessingGraphConfig
+
+            graph = module.ProcessingGraph(config=ProcessingGraphConfig())
+        return graph
+
+    def step_versions(self, args: dict[str, Any]) -> dict[str, Any]:
+        graph = self._processing_graph()
+        return {step.job_type: step.job_runner_version for step in graph.get_topologically_ordered_processing_steps()}
+
+    def backfill_plan(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The era's ``DatasetBackfillPlan``: its verdict on every cache entry of the dataset."""
+        dataset, revision = self._required(args, "dataset"), self._required(args, "revision")
+        orchestrator = importlib.import_module("libcommon.orchestrator")
+        graph = self._processing_graph()
+        plan_class = orchestrator.DatasetBackfillPlan
+        kwargs: dict[str, Any] = {"dataset": dataset, "revision": revision, "processing_graph": graph}
+        if accepts(plan_class, "cache_max_days"):  # 2023: entries older than this were re-run too
+            from libcommon.config import CacheConfig
+
+            kwargs["cache_max_days"] = CacheConfig().max_days
+        plan = plan_class(**kwargs)
+        verdicts: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+        for bucket, artifacts in vars(plan.cache_status).items():
+            for artifact in artifacts.values():
+                metadata = artifact.cache_state.cache_entry_metadata or {}
+                seen = metadata.get("job_runner_version")
+                verdicts[(artifact.processing_step.cache_kind, artifact.config, artifact.split)] = {
+                    "verdict": bucket,
+                    "rerun": bucket != "up_to_date",
+                    "step_version": artifact.processing_step.job_runner_version,
+                    # what its CacheState read: an int, None (2023: pd.NA), or NaN (2024)
+                    "runner_version_read": int(seen) if isinstance(seen, numbers.Integral) else repr(seen),
+                    "failed_runs_read": to_jsonable(metadata.get("failed_runs")),
+                }
+        entries = []
+        for document in self.library.simple_cache.CachedResponseDocument.objects(dataset=dataset):
+            entry = {
+                "kind": document.kind,
+                "config": document.config,
+                "split": document.split,
+                "http_status": int(document.http_status),
+                "error_code": document.error_code,
+                "job_runner_version": document.job_runner_version,
+                "failed_runs": getattr(document, "failed_runs", None),
+            }
+            entry.update(verdicts.get((document.kind, document.config, document.split), {"verdict": None}))
+            entries.append(entry)
+        return {"entries": entries}
+
+    def kill_as_crashed(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The era's worker finishing a job whose worker died (or ran too long), through the era's own code."""
+        from http import HTTPStatus
+
+        job_id = self._required(args, "job_id")
+        orchestrator = importlib.import_module("libcommon.orchestrator")
+        exceptions = importlib.import_module("libcommon.exceptions")
+        if args.get("error") == "exceeded":
+            error = exceptions.JobManagerExceededMaximumDurationError(
+                message="Job manager was killed while running this job (job exceeded maximum duration)."
+            )
+        else:
+            error = exceptions.JobManagerCrashedError(
+                message="Job manager crashed while running this job (missing heartbeats)."
+            )
+        graph = self._processing_graph()
+        job = self.library.Queue().get_job_with_id(job_id=job_id)
+        job_info = job.info()
+        started_at = job.started_at.replace(tzinfo=dt.UTC) if job.started_at else None
+        job_result = {
+            "job_info": job_info,
+            "job_runner_version": graph.get_processing_step_by_job_type(job_info["type"]).job_runner_version,
+            "is_success": False,
+            "output": {
+                "content": dict(error.as_response()),
+                "http_status": HTTPStatus(error.status_code),
+                "error_code": error.code,
+                "details": dict(error.as_response_with_cause()),
+                "progress": None,
+            },
+            # read from 2024-06 (JobManager's get_duration_or_none), ignored before
+            "duration": (dt.datetime.now(dt.UTC) - started_at).total_seconds() if started_at else None,
+        }
+        if hasattr(orchestrator, "DatasetOrchestrator"):  # 2023: the dataset's orchestrator finishes it
+            orchestrator.DatasetOrchestrator(
+                dataset=job_info["params"]["dataset"], processing_graph=graph, blocked_datasets=[]
+            ).finish_job(job_result=job_result)
+        else:
+            orchestrator.finish_job(job_result=job_result, processing_graph=graph)
+        return {"job_id": job_id, "job_runner_version": job_result["job_runner_version"], "error_code": error.code}
+
+    def _lock_class(self) -> Any:
+        for module in self.library.modules.values():
+            candidate = getattr(module, "lock", None)
+            if inspect.isclass(candidate) and hasattr(candidate, "git_branch"):
+                return candidate
+        raise ActionError("libcommon at this commit has no lock with git_branch")
+
+    def take_branch_lock(self, args: dict[str, Any]) -> dict[str, Any]:
+        dataset, owner = self._required(args, "dataset"), self._required(args, "owner")
+        branch = args.get("branch") or "refs/convert/parquet"
+        branch_lock = self._lock_class().git_branch(dataset=dataset, branch=branch, owner=str(owner), sleeps=[0.05] * 3)
+        try:
+            branch_lock.acquire()
+        except TimeoutError:
+            return {"taken": False, "key": branch_lock.key}
+        return {"taken": True, "key": branch_lock.key}
 
     # -- load_all ----------------------------------------------------------------------------
 
@@ -682,11 +851,12 @@ class Driver:
 
     def recount_metrics(self, args: dict[str, Any]) -> dict[str, Any]:
         metrics: dict[str, Any] = {}
-        metrics_module = self.library.metrics
-        if metrics_module is not None and hasattr(metrics_module, "JobTotalMetricDocument"):
-            metrics["jobTotalMetric"] = self._job_total_metric(metrics_module.JobTotalMetricDocument)
-        if metrics_module is not None and hasattr(metrics_module, "WorkerSizeJobsCountDocument"):
-            metrics["workerTypeJobCounts"] = self._worker_size_metric(metrics_module.WorkerSizeJobsCountDocument)
+        job_totals = self.library.model_for("jobTotalMetric")  # declared in queue.py until 2024, in metrics.py after
+        if job_totals is not None:
+            metrics["jobTotalMetric"] = self._job_total_metric(job_totals)
+        worker_sizes = self.library.model_for("workerTypeJobCounts")
+        if worker_sizes is not None:
+            metrics["workerTypeJobCounts"] = self._worker_size_metric(worker_sizes)
         cache_metric = getattr(self.library.simple_cache, "CacheTotalMetricDocument", None)
         if cache_metric is not None:
             metrics["cacheTotalMetric"] = self._cache_total_metric(cache_metric)
@@ -717,11 +887,32 @@ class Driver:
         return sorted(rows, key=lambda row: json.dumps(row, sort_keys=True))
 
     def _job_total_metric(self, model: Any) -> dict[str, Any]:
-        keys = ["job_type", "status", "dataset_status"]
-        stored = {(m.job_type, m.status, m.dataset_status): m.total for m in model.objects()}
-        recount = dict(self.library.Queue().get_jobs_total_by_type_status_and_dataset_status())
+        queue = self.library.Queue()
+        keys: list[str]
+        stored: dict[tuple[Any, ...], int]
+        recount: dict[tuple[Any, ...], int]
+        if "dataset_status" in model._fields:  # 2024-07 on
+            keys = ["job_type", "status", "dataset_status"]
+            stored = {(m.job_type, m.status, m.dataset_status): m.total for m in model.objects()}
+            recount_by = "Queue.get_jobs_total_by_type_status_and_dataset_status"
+            recount = dict(queue.get_jobs_total_by_type_status_and_dataset_status())
+        else:
+            keys = ["job_type", "status"]
+            stored = {(m.job_type, m.status): m.total for m in model.objects()}
+            if hasattr(queue, "get_jobs_total_by_type_and_status"):  # 2023-12
+                recount_by = "Queue.get_jobs_total_by_type_and_status"
+                recount = dict(queue.get_jobs_total_by_type_and_status())
+            else:  # 2023-07: every status of each job type, finished ones included
+                recount_by = "Queue.get_jobs_count_by_status"
+                job_types = self.connections.raw_collection(self.library.job_model()).distinct("type")
+                recount = {
+                    (job_type, status): total
+                    for job_type in set(job_types) | {key[0] for key in stored}
+                    for status, total in queue.get_jobs_count_by_status(job_type=job_type).items()
+                    if total
+                }
         return {
-            "recount_by": "Queue.get_jobs_total_by_type_status_and_dataset_status",
+            "recount_by": recount_by,
             "stored": self._rows(stored, keys),
             "recount": self._rows(recount, keys),
             "differences": self._compare(stored, recount, keys),
@@ -762,7 +953,10 @@ class Driver:
     def _cache_total_metric(self, model: Any) -> dict[str, Any]:
         keys = ["kind", "http_status", "error_code"]
         stored = {(m.kind, m.http_status, m.error_code): m.total for m in model.objects()}
-        recount = dict(self.library.simple_cache.get_responses_count_by_kind_status_and_error_code())
+        counts = self.library.simple_cache.get_responses_count_by_kind_status_and_error_code()
+        if isinstance(counts, list):  # 2023: a row per (kind, http_status, error_code)
+            counts = {(row["kind"], row["http_status"], row["error_code"]): row["count"] for row in counts}
+        recount = dict(counts)
         return {
             "recount_by": "simple_cache.get_responses_count_by_kind_status_and_error_code",
             "stored": self._rows(stored, keys),

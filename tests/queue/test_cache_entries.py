@@ -4,7 +4,15 @@ from bson import ObjectId
 
 from tests.helpers import HANDSHAKES, ago, job_document, logged_store
 from zombie_pipeline.cleanup.detection import query_plan_of
-from zombie_pipeline.queue.cache_entries import DETAIL_JOB_ID, entries_of_jobs, is_fresher, key_of, written_for
+from zombie_pipeline.queue.cache_entries import (
+    DETAIL_JOB_ID,
+    current_runner_version,
+    entries_of_jobs,
+    is_fresher,
+    key_of,
+    step_version,
+    written_for,
+)
 from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, ZombieEvent, cache_key_of_job, utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 
@@ -79,3 +87,31 @@ def test_an_entry_is_fresher_than_a_job_when_it_was_updated_after_the_job_starte
     assert is_fresher({Cache.UPDATED_AT: ago(300)}, job)
     assert not is_fresher({Cache.UPDATED_AT: ago(900)}, job)
     assert not is_fresher({}, job)
+
+
+def test_a_steps_version_is_the_one_of_its_kinds_newest_success_and_none_where_it_never_succeeded(store):
+    def entry(kind: str, dataset: str, http_status: int, version: object) -> dict:
+        job = job_document(kind, dataset)
+        return {**cache_document(job, utc_now()), Cache.HTTP_STATUS: http_status, Cache.JOB_RUNNER_VERSION: version}
+
+    store.cache.insert_many(
+        [
+            entry("/parquet", "u/old", 200, 2),
+            entry("/parquet", "u/new", 200, 3),
+            entry("/parquet", "u/error", 500, 7),  # an error, maybe ours: not the step's word
+            entry("/parquet", "u/odd", 200, "3.0.0"),  # not a number
+            entry("/splits", "u/other-kind", 200, 9),
+            entry("/never-succeeded", "u/a", 501, 4),
+        ]
+    )
+
+    assert step_version(store.cache, "/parquet") == 3
+    assert step_version(store.cache, "/never-succeeded") is None
+
+
+def test_an_error_entry_carries_the_higher_of_the_steps_version_and_the_previous_entrys_or_none():
+    assert current_runner_version(None, 3) == 3
+    assert current_runner_version({Cache.JOB_RUNNER_VERSION: 4}, 3) == 4  # a version only grows
+    assert current_runner_version({Cache.JOB_RUNNER_VERSION: 2}, None) == 2
+    assert current_runner_version({Cache.JOB_RUNNER_VERSION: True}, None) is None
+    assert current_runner_version({}, None) is None

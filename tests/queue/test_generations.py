@@ -19,6 +19,7 @@ from zombie_pipeline.queue.generations import (
     OLDEST_CACHE_GENERATION,
     OLDEST_QUEUE_GENERATION,
     QUEUE_GENERATIONS,
+    FailedRunsRule,
     FinishStyle,
     cache_generation_of,
 )
@@ -164,6 +165,23 @@ def test_a_crash_counts_one_failed_run_more_than_the_entry_of_the_same_revision(
     assert (
         failed_runs_after_crash({Cache.HTTP_STATUS: 500, Cache.FAILED_RUNS: 2}, {Job.TYPE: "/splits"}) == 3
     )  # no revision
+
+
+@pytest.mark.parametrize(
+    ("previous", "failed_runs"),
+    [
+        pytest.param(None, 0, id="no-entry"),
+        pytest.param({Cache.HTTP_STATUS: 500, Cache.FAILED_RUNS: 2, Cache.DATASET_GIT_REVISION: "r1"}, 0, id="r1"),
+        pytest.param({Cache.HTTP_STATUS: 500, Cache.FAILED_RUNS: 2, Cache.DATASET_GIT_REVISION: "r2"}, 3, id="r2"),
+    ],
+)
+def test_until_2026_a_crash_counts_a_failed_run_only_after_an_entry_of_its_revision(previous, failed_runs):
+    job = {Job.TYPE: "/splits", Job.DATASET: "u/d", Job.REVISION: "r2"}
+    rule = FailedRunsRule.SAME_REVISION_ELSE_ZERO
+
+    assert failed_runs_after_crash(previous, job, rule) == failed_runs
+    assert {QUEUE_GENERATIONS[name].failed_runs for name in ("2023-12", "2024-06")} == {rule}
+    assert QUEUE_GENERATIONS["2026-05"].failed_runs is FailedRunsRule.EVERY_FAILURE
 
 
 def test_an_entry_keeps_only_what_its_generation_declares():

@@ -31,6 +31,7 @@ from zombie_pipeline.queue.documents import (
     ID,
     LOCKS_COLLECTION,
     SIMULATED_WORKERS_COLLECTION,
+    Cache,
     Job,
     Lock,
     Reason,
@@ -40,6 +41,7 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning
 from zombie_pipeline.simulation.workload import WorkloadError
@@ -406,3 +408,39 @@ def test_heartbeats_are_never_held_behind_a_ticks_finishes_and_starts_on_a_slow_
     assert pool.counts["finished_success"] + pool.counts["finished_error"] > 10
     # a beat interval, and at most one job's finish or start (about a dozen commands) before the beats due are written
     assert gaps and max(gaps) < STEADY.heartbeat_seconds + 15 * slow.seconds, max(gaps)
+
+
+@pytest.mark.parametrize(("generation", "after_a_success"), [("2024-06", 0), ("2026-05", 2)])
+def test_a_success_sets_the_failed_runs_to_0_until_2026_and_keeps_them_since(
+    store: Store, generation: str, after_a_success: int
+):
+    clock = VirtualClock()
+    simulate(
+        store,
+        workload(
+            finished=0, crashed=0, never_heartbeated=0, terminated=0, overdue=0, running=3, waiting=0,
+            generation=generation, cache_generation=None, policy=POLICY, seed=5,
+        ),
+        now=clock.now(),
+    )  # fmt: skip
+    running = list(store.jobs.find({Job.STATUS: Status.STARTED}))
+    store.cache.delete_many({})
+    store.cache.insert_many(
+        [cache_document(job, clock.now(), 500, "UnexpectedError", failed_runs=2) for job in running]
+    )
+    steady = replace(RATES, crashes_per_worker_hour=0, overruns_per_worker_hour=0, waiting_target=0)
+    pool = WorkerPool(
+        store, QUEUE_GENERATIONS[generation], POLICY, steady, seed=3, clock=clock.monotonic, now=clock.now
+    )
+    pool.adopt_running()
+
+    for _ in range(MAX_TICKS):
+        pool.tick()
+        clock.advance(TICK_SECONDS)
+        if pool.counts["finished_success"] == len(running):
+            break
+    pool.stop()
+
+    assert pool.counts["finished_success"] == len(running)
+    entries = [(entry[Cache.HTTP_STATUS], entry[Cache.FAILED_RUNS]) for entry in store.cache.find()]
+    assert entries == [(200, after_a_success)] * len(running)

@@ -4,9 +4,11 @@ One entry per cache key, in the cache's own document generation (only the
 fields it declares), never over a fresher result: an entry updated after the
 zombie started holds what a newer run computed. The entry carries the job's
 ``revision`` as ``dataset_git_revision`` where jobs have one, the runner version
-the worker left (we never invent one), the run's ``duration``, and
-``failed_runs`` counted as the deployment counts it
-(``queue.cache_entries.failed_runs_after_crash``), but for a death whose cause
+of the job's step as the deployment writes it on a crash (its processing graph's,
+which the cache shows: ``queue.cache_entries.step_version``; none where the cache
+shows none, never a guess), the run's ``duration``, and ``failed_runs`` counted as
+the deployment in front counts it (its generation's rule:
+``queue.cache_entries.failed_runs_after_crash``), but for a death whose cause
 costs no run (a deploy, by default: ``causes``), whose entry keeps the count it
 had; ``cacheTotalMetric`` is kept in step where the cache has it. ``details``
 (a free dictionary in every generation) carries the event's facts, its cause
@@ -41,10 +43,13 @@ from zombie_pipeline.queue.cache_entries import (
     DETAIL_QUARANTINED,
     CacheKey,
     carried_failed_runs,
+    current_runner_version,
     entries_of_jobs,
+    failed_runs_after_crash,
     is_fresher,
     key_of,
     runner_version_of,
+    step_version,
     stored_failed_runs,
     written_for,
 )
@@ -74,7 +79,7 @@ from zombie_pipeline.queue.documents import (
     terminated_too_often_message,
     utc,
 )
-from zombie_pipeline.queue.generations import CacheGeneration
+from zombie_pipeline.queue.generations import CacheGeneration, FailedRunsRule
 from zombie_pipeline.queue.store import READ_BATCH, Store, duplicate_indexes
 from zombie_pipeline.queue.transactions import Conflict
 
@@ -126,9 +131,11 @@ def error_entry(
     http_status: int,
     failed_runs: int,
     quarantined: str | None = None,
+    step_version: int | None = None,
 ) -> CacheEntry:
     """The cache entry telling users why the job failed, with only the generation's fields; ``quarantined``: the
-    sentence that says its (dataset, job type) is quarantined, instead of the reason's."""
+    sentence that says its (dataset, job type) is quarantined, instead of the reason's; ``step_version``: the
+    version of the job's step the cache shows (``cache_entries.step_version``)."""
     job = event[Event.JOB]
     message = quarantined or message_of(event)
     finalized_at = event[Event.FINALIZED_AT]
@@ -158,8 +165,10 @@ def error_entry(
         # the job's revision where jobs carry one, else what the worker left
         Cache.DATASET_GIT_REVISION: job.get(Job.REVISION) or (existing or {}).get(Cache.DATASET_GIT_REVISION),
     }
-    if existing is not None:  # keep what the worker knew; never invent a version
-        entry[generation.version_field] = runner_version_of(existing)
+    if generation.version_field == Cache.JOB_RUNNER_VERSION:  # the step's version now, as the deployment writes it
+        entry[Cache.JOB_RUNNER_VERSION] = current_runner_version(existing, step_version)
+    elif existing is not None:  # a semver string (2023-01): the worker's own, from its entry
+        entry[Cache.WORKER_VERSION] = runner_version_of(existing)
     duration = round((finalized_at - utc(job[Job.STARTED_AT])).total_seconds(), 3)
     for name, value in ((Cache.DURATION, duration), (Cache.FAILED_RUNS, failed_runs)):
         if generation.declares(name):
@@ -179,6 +188,8 @@ class CacheErrors:
     keeps_metrics: bool
     #: The causes whose death costs no failed run (the policy's: ``ZombiePolicy.costless_causes``).
     costless: frozenset[str] = frozenset()
+    #: How the deployment in front counts a failed run (its queue generation's rule).
+    failed_runs: FailedRunsRule = FailedRunsRule.EVERY_FAILURE
 
     def write(
         self,
@@ -202,6 +213,7 @@ class CacheErrors:
         planned: dict[CacheKey, CacheEntry] = {}
         expected: dict[Any, tuple[CacheKey, int, int, PreviousEntrySummary | None]] = {}
         replaced: dict[CacheKey, CacheEntry | None] = {}
+        versions: dict[str, int | None] = {}  # each kind's step version, read once for the batch where needed
         for event in events:
             job = event[Event.JOB]
             key = key_of(cache_key_of_job(job))
@@ -217,14 +229,20 @@ class CacheErrors:
                 )
             else:
                 carried = carried_failed_runs(entry, job)
-                failed_runs = carried + (cause_of_event(event) not in self.costless)
+                costs_a_run = cause_of_event(event) not in self.costless
+                failed_runs = failed_runs_after_crash(entry, job, self.failed_runs) if costs_a_run else carried
                 notice = quarantined.get(event[ID])
                 if notice is not None and self.generation.declares(Cache.FAILED_RUNS):  # the backfill's limit reached
                     failed_runs = max(
                         failed_runs, DEPLOYMENT_MAX_FAILED_RUNS.get(ErrorCode(event[Event.ERROR_CODE]), 0)
                     )
                 if key not in planned:  # two zombies of one key (a broken queue) share one entry
-                    document = error_entry(event, entry, self.generation, self.http_status, failed_runs, notice)
+                    kind = job[Job.TYPE]
+                    if kind not in versions and self.generation.declares(Cache.JOB_RUNNER_VERSION):
+                        versions[kind] = step_version(self.store.cache, kind, session)
+                    document = error_entry(
+                        event, entry, self.generation, self.http_status, failed_runs, notice, versions.get(kind)
+                    )
                     document[ID] = entry[ID] if entry is not None else ObjectId()
                     operations.append(_write_operation(entry, document))
                     planned[key] = document

@@ -86,6 +86,9 @@ class Finished:
     job: JobSnapshot
     finished_at: dt.datetime
     status: str = Status.ERROR  # where finished jobs are kept, the status it was given
+    #: Its worker is gone (every reason but a timeout, whose worker may still be running): the locks it owned are
+    #: orphans, and a finish that frees a job's locks frees them.
+    worker_gone: bool = True
 
     @property
     def id(self) -> Any:
@@ -128,7 +131,7 @@ class DeploymentEffects:
         if PAST_JOBS_COLLECTION in self.side:
             effects.merge(self._record_past_jobs(finished, now, session))
         if LOCKS_COLLECTION in self.side:
-            self._release_locks([item.job for item in finished], now, session)
+            self._release_locks(finished, now, session)
             for item in finished:
                 effects.by_job[item.id].append(Effect.LOCKS_RELEASED)
         return effects
@@ -275,25 +278,26 @@ class DeploymentEffects:
             effects.by_job[event_id] = [Effect.BLOCKED_DATASET]
         return effects
 
-    def _release_locks(self, jobs: list[JobSnapshot], now: dt.datetime, session: ClientSession | None) -> None:
-        """Free the lock keyed by each job's ``unicity_id``, as the deployment's finish does, so its re-run can start.
+    def _release_locks(self, finished: list[Finished], now: dt.datetime, session: ClientSession | None) -> None:
+        """Free the locks the deployment's finish frees, in one command.
 
-        Locks the job took for itself (a git branch) are left to their TTL, as the
-        deployment leaves them: a job past its maximum duration may still be running.
-        Only the owner field a lock document already has is written (early locks named it ``job_id``).
+        The lock keyed by each job's ``unicity_id``, so that its re-run can start (the deployment's own finish
+        from 2024-08-22; before, the cleanup's: docs/generations.md). Where the generation's finish frees every
+        lock the job owns (2023-08-07 to 2024-08-22: ``release_locks(owner=job_id)``), those of each job whose
+        worker is gone too, such as a conversion's ``refs/convert/parquet`` branch lock: a job past its maximum
+        duration may still be running, and its worker frees its own when it leaves them. Only the owner field a
+        lock document already has is written (early locks named it ``job_id``).
         """
-        keys = sorted({job[Job.UNICITY_ID] for job in jobs})
+        keys = sorted({item.job[Job.UNICITY_ID] for item in finished})
         released = {Lock.UPDATED_AT: now}
-        self.store.locks.bulk_write(
-            [
-                UpdateMany(
-                    {ID: {"$in": keys}, Lock.OWNER: {"$exists": True}}, {"$set": {Lock.OWNER: None, **released}}
-                ),
-                UpdateMany(
-                    {ID: {"$in": keys}, Lock.JOB_ID: {"$ne": None}, Lock.OWNER: {"$exists": False}},
-                    {"$set": {Lock.JOB_ID: None, **released}},
-                ),
-            ],
-            ordered=False,
-            session=session,
-        )
+        operations = [
+            UpdateMany({ID: {"$in": keys}, Lock.OWNER: {"$exists": True}}, {"$set": {Lock.OWNER: None, **released}}),
+            UpdateMany(
+                {ID: {"$in": keys}, Lock.JOB_ID: {"$ne": None}, Lock.OWNER: {"$exists": False}},
+                {"$set": {Lock.JOB_ID: None, **released}},
+            ),
+        ]
+        owners = sorted(str(item.id) for item in finished if item.worker_gone)
+        if self.side.generation.frees_owned_locks and owners:
+            operations.append(UpdateMany({Lock.OWNER: {"$in": owners}}, {"$set": {Lock.OWNER: None, **released}}))
+        self.store.locks.bulk_write(operations, ordered=False, session=session)

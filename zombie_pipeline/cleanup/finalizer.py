@@ -66,6 +66,7 @@ from zombie_pipeline.cleanup.strategies import FinishOutcome, FinishStrategy, So
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     ID,
+    WORKER_GONE,
     Event,
     EventState,
     Job,
@@ -112,7 +113,12 @@ class Finalizer:
             log=EventLog(store.events, run_id, policy),
             strategy=strategy,
             cache_errors=CacheErrors(
-                store, cache, policy.http_status, effects.side.cache_metrics, policy.costless_causes
+                store,
+                cache,
+                policy.http_status,
+                effects.side.cache_metrics,
+                policy.costless_causes,
+                generation.failed_runs,
             ),
             effects=effects,
             retries=Retries(store, policy, effects, strategy.enqueues_retries(policy)),
@@ -208,4 +214,7 @@ class Finalizer:
 
 
 def _finished(events: list[ZombieEvent]) -> list[Finished]:
-    return [Finished(event[Event.JOB], event[Event.FINALIZED_AT]) for event in events]
+    return [
+        Finished(event[Event.JOB], event[Event.FINALIZED_AT], worker_gone=event[Event.REASON] in WORKER_GONE)
+        for event in events
+    ]

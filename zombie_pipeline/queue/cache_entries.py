@@ -10,6 +10,7 @@ from pymongo.collection import Collection
 
 from zombie_pipeline.queue.documents import (
     CACHE_KEY,
+    HTTP_OK,
     ID,
     Cache,
     CacheEntry,
@@ -20,6 +21,7 @@ from zombie_pipeline.queue.documents import (
     cache_key_of_job,
     utc,
 )
+from zombie_pipeline.queue.generations import FailedRunsRule
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import READ_BATCH
 
@@ -73,6 +75,35 @@ def runner_version_of(entry: Mapping[str, Any]) -> Any:
     return entry.get(Cache.WORKER_VERSION)
 
 
+def step_version(cache: Collection[CacheEntry], kind: str, session: ClientSession | None = None) -> int | None:
+    """The ``job_runner_version`` of the kind's newest successful entry: one the deployment's runner of the step wrote.
+
+    A crashed job's entry carries the version of its step in the deployment's processing graph, which only the
+    deployment knows; its cache shows it where a run of the step succeeded (the cleanup's own entries are errors).
+    Newest by ``_id``: one point read on the deployment's ``(kind, http_status, _id)`` index (declared from 2023-07;
+    ``(kind, _id)`` before). None for a kind without a successful entry.
+    """
+    newest = cache.find(
+        {Cache.KIND: kind, Cache.HTTP_STATUS: HTTP_OK, Cache.JOB_RUNNER_VERSION: {"$type": "number"}},
+        {Cache.JOB_RUNNER_VERSION: 1},
+        session=session,
+    )
+    for entry in newest.sort(ID, -1).limit(1):
+        return int(entry[Cache.JOB_RUNNER_VERSION])
+    return None
+
+
+def current_runner_version(previous: Mapping[str, Any] | None, step_version: int | None) -> int | None:
+    """The ``job_runner_version`` the deployment writes on a crashed job's entry (its step's version now), as far as
+    the cache shows it: the higher of the step's newest success's and the key's previous entry's (a version only
+    grows); None when neither has one."""
+    known = [step_version, (previous or {}).get(Cache.JOB_RUNNER_VERSION)]
+    versions = [
+        int(version) for version in known if isinstance(version, (int, float)) and not isinstance(version, bool)
+    ]
+    return max(versions) if versions else None
+
+
 def stored_failed_runs(entry: Mapping[str, Any] | None) -> int:
     """The failed runs an entry records: its field where the generation has one, else in ``details``."""
     if not entry:
@@ -84,22 +115,30 @@ def stored_failed_runs(entry: Mapping[str, Any] | None) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def failed_runs_after_crash(previous: Mapping[str, Any] | None, job: Mapping[str, Any]) -> int:
-    """``failed_runs`` of the error entry of a crashed ``job``, as the deployment counts it.
+def failed_runs_after_crash(
+    previous: Mapping[str, Any] | None, job: Mapping[str, Any], rule: FailedRunsRule = FailedRunsRule.EVERY_FAILURE
+) -> int:
+    """``failed_runs`` of the error entry of a crashed ``job``, as the deployment of ``rule``'s time counts it.
 
-    The previous entry's count carries over when it is about the same revision
-    of the dataset (or the job carries no revision); a success does not reset it.
+    Today's: the previous entry's count carries over when it is about the same revision of the dataset (or
+    the job carries no revision), plus one; a success does not reset it. Until 2026-05: the same count plus
+    one when that entry is about the same revision, else 0 (a first entry included).
     """
+    if rule is FailedRunsRule.SAME_REVISION_ELSE_ZERO and not _about_the_same_revision(previous, job):
+        return 0
     return carried_failed_runs(previous, job) + 1
 
 
 def carried_failed_runs(previous: Mapping[str, Any] | None, job: Mapping[str, Any]) -> int:
     """The failed runs ``job``'s error entry starts from: the previous entry's, if about the same revision."""
+    return stored_failed_runs(previous) if _about_the_same_revision(previous, job) else 0
+
+
+def _about_the_same_revision(previous: Mapping[str, Any] | None, job: Mapping[str, Any]) -> bool:
     if not previous:
-        return 0
+        return False
     revision = job.get(Job.REVISION)
-    same_revision = revision is None or previous.get(Cache.DATASET_GIT_REVISION) == revision
-    return stored_failed_runs(previous) if same_revision else 0
+    return revision is None or previous.get(Cache.DATASET_GIT_REVISION) == revision
 
 
 def written_for(entry: Mapping[str, Any] | None, event: ZombieEvent) -> bool:

@@ -271,6 +271,8 @@ class Reason(StrEnum):
 
 
 REASONS = tuple(Reason)
+#: The reasons whose worker is gone (dead, or SIGTERMed then silent); a job past its maximum duration still beats.
+WORKER_GONE = frozenset({Reason.MISSING_HEARTBEAT, Reason.NEVER_HEARTBEATED, Reason.TERMINATED})
 ERROR_CODE_OF_REASON = {
     Reason.MISSING_HEARTBEAT: ErrorCode.CRASHED,
     Reason.NEVER_HEARTBEATED: ErrorCode.CRASHED,

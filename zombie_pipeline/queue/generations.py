@@ -40,6 +40,18 @@ class FinishStyle(StrEnum):
     DELETED = "deleted"  # 2023-12 on: the job is deleted once its cache entry is written
 
 
+class FailedRunsRule(StrEnum):
+    """How the deployment counts ``failed_runs`` in a failed job's error entry (its code's era, not its cache's)."""
+
+    #: 2024-01-10 (9cd2be848) to 2026-05-27: the previous entry's count + 1 when that entry is about the job's revision,
+    #: else 0, no previous entry included (``orchestrator.finish_job``).
+    SAME_REVISION_ELSE_ZERO = "same_revision_else_zero"
+    #: 2026-05-27 (f3763e22c) on: the previous entry's count when about the job's revision (else 0), + 1
+    #: (``orchestrator.get_failed_runs``, ``save_job_result``). Before 2024 the deployment counted none: the cleanup's
+    #: own count (in ``details``) follows this rule.
+    EVERY_FAILURE = "every_failure"
+
+
 class DurationsSource(StrEnum):
     """Where the durations of finished runs can be read, once a day is over."""
 
@@ -77,6 +89,13 @@ class QueueGeneration:
     cache_updated_index: bool = False
     #: A job's heartbeat may be an explicit null (an update that set it to None), not only a missing key.
     null_heartbeats: bool = False
+    #: How the deployment of the time counts a crashed job's failed runs.
+    failed_runs: FailedRunsRule = FailedRunsRule.EVERY_FAILURE
+    #: The finish frees every lock the job owns (``release_locks(owner=job_id)``: 2023-08-07, 664692d90, to
+    #: 2024-08-22, 9e221e096), such as the ``refs/convert/parquet`` branch lock of a conversion that died holding it.
+    frees_owned_locks: bool = False
+    #: The commit of dataset-viewer the generation's finish was read from (its date in ``docs/generations.md``).
+    read_from: str = ""
 
     def declares(self, field_name: str) -> bool:
         return field_name in self.job_fields
@@ -178,8 +197,24 @@ _RATE_LIMITED = frozenset(
 QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
     generation.name: generation
     for generation in (
-        QueueGeneration("2023-01", _JOB_2023_01, _ALL_STATUSES, frozenset(), UnicityFormat.BRACKETS, "2023-01"),
-        QueueGeneration("2023-05", _JOB_2023_05, _NO_SKIPPED, frozenset(), UnicityFormat.COMMAS, "2023-04"),
+        QueueGeneration(
+            "2023-01",
+            _JOB_2023_01,
+            _ALL_STATUSES,
+            frozenset(),
+            UnicityFormat.BRACKETS,
+            "2023-01",
+            read_from="d55cbcc6f92564f042a4dafdbb3bb5e919099a15",
+        ),
+        QueueGeneration(
+            "2023-05",
+            _JOB_2023_05,
+            _NO_SKIPPED,
+            frozenset(),
+            UnicityFormat.COMMAS,
+            "2023-04",
+            read_from="ca1d155af54b1aa372d9677115d12ce94fd1021b",
+        ),
         QueueGeneration(
             "2023-06",
             _JOB_2023_05,
@@ -188,6 +223,7 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             UnicityFormat.COMMAS,
             "2023-04",
             lock_fields=_LOCK_2023_06,
+            read_from="2996e47b6f4abca258b1a59d942dd1019aac2c60",
         ),
         QueueGeneration(
             "2023-07",
@@ -197,6 +233,8 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             UnicityFormat.COMMAS_WITH_REVISION,
             "2023-04",
             lock_fields=_LOCK_2023_07,
+            frees_owned_locks=True,
+            read_from="d73fafbeb2a0a8848a30c038110820319e6a531f",
         ),
         QueueGeneration(
             "2023-12",
@@ -210,6 +248,9 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             finish=FinishStyle.DELETED,
             null_heartbeats=True,
             lock_fields=_LOCK_2023_12,
+            failed_runs=FailedRunsRule.SAME_REVISION_ELSE_ZERO,
+            frees_owned_locks=True,
+            read_from="436f33a6ad6933f3d7b3ba50e7f820832cf62950",
         ),
         QueueGeneration(
             "2024-06",
@@ -222,6 +263,8 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             null_heartbeats=True,
             job_metrics_by_dataset_status=True,
             lock_fields=_LOCK_2023_12,
+            failed_runs=FailedRunsRule.SAME_REVISION_ELSE_ZERO,
+            read_from="c0e223c3886c1988d0eb5d856bd380347c9e0dea",
         ),
         QueueGeneration(
             "2026-05",
@@ -235,6 +278,7 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             job_metrics_by_dataset_status=True,
             lock_fields=_LOCK_2023_12,
             cache_updated_index=True,
+            read_from="f62009e0555b1274e7f6ddc7058dc796993f28b6",
         ),
     )
 }

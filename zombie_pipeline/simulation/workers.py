@@ -92,7 +92,7 @@ from zombie_pipeline.queue.documents import (
     utc_now,
     worker_size,
 )
-from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QueueGeneration
+from zombie_pipeline.queue.generations import CACHE_GENERATIONS, FailedRunsRule, QueueGeneration
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.shapes import job_document
 from zombie_pipeline.simulation.simulator import START_LOCK_TTL_SECONDS
@@ -638,7 +638,11 @@ class WorkerPool:
         key = cache_key_of_job(job)
         previous = self.store.cache.find_one(key, {Cache.CONTENT: 0})
         failed = error_code is not None
-        failed_runs = failed_runs_after_crash(previous, job) if failed else stored_failed_runs(previous)
+        rule = self.generation.failed_runs
+        if failed:
+            failed_runs = failed_runs_after_crash(previous, job, rule)
+        else:  # a success set the count to 0 until 2026-05 (orchestrator.finish_job); since, it keeps it
+            failed_runs = 0 if rule is FailedRunsRule.SAME_REVISION_ELSE_ZERO else stored_failed_runs(previous)
         entry = {
             **key,
             Cache.HTTP_STATUS: DEFAULT_ZOMBIE_HTTP_STATUS if failed else HTTP_OK,
