@@ -7,10 +7,14 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `benchmarks` is not an installed package
 
 from benchmarks.cleanup_bench import BASELINE, OURS, ratios  # noqa: E402
 from benchmarks.run import GROWTH_PNG, RESULTS_JSON, RESULTS_MD, Config, run  # noqa: E402
+
+pytestmark = pytest.mark.slow  # a whole benchmark run: run apart by .ci/run
 
 
 def test_harness_produces_figures(tmp_path: Path) -> None:

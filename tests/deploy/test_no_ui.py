@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 import dagster as dg
+import pytest
 from dagster._core.scheduler.instigation import InstigatorStatus
 
 from tests.deploy import processes
@@ -28,6 +29,8 @@ from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workload import Workload
+
+pytestmark = pytest.mark.slow  # a whole production stack: run apart by .ci/run
 
 DOCS = (REPO_ROOT / "docs" / "deploy.md").read_text()
 INSTALLED = "/opt/zombie-pipeline/bin/"
