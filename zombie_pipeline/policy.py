@@ -93,6 +93,12 @@ class PolicySettings(BaseModel):
     heartbeat_interval_seconds: int = Field(
         default=60, description="How often the deployment's workers heartbeat (its heartbeatIntervalSeconds)."
     )
+    watch_deadlines: bool = Field(
+        default=True,
+        description="Release each dead job at its deadline: a standing zombie_watch_job run, kept running by "
+        "zombie_watch_sensor wherever a Dagster daemon runs, acts within seconds of the moment the rules allow "
+        "(docs/detection.md). false: no watcher; stale_jobs_sensor and kill_zombies_schedule alone, as before.",
+    )
     max_duration_seconds: int = Field(default=1200, description="Default maximum duration (T2) of a job.")
     max_duration_seconds_by_type: dict[str, int] = Field(
         default_factory=dict, description="T2 per job type, overriding max_duration_seconds."

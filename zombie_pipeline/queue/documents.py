@@ -43,6 +43,8 @@ RETRIES_COLLECTION = "zombieRetries"
 SIMULATED_WORKERS_COLLECTION = "zombieSimulatedWorkers"
 #: The (dataset, job type) pairs whose jobs keep crashing their workers: not re-enqueued while quarantined.
 QUARANTINE_COLLECTION = "zombieQuarantine"
+#: The lease of the watch run that acts at the queue's deadlines (``cleanup.watch``): one document, renewed by it.
+WATCHERS_COLLECTION = "zombieWatchers"
 #: The deployment's collections beside the queue and the cache (which generation has which: ``generations``).
 LOCKS_COLLECTION = "locks"
 JOB_METRICS_COLLECTION = "jobTotalMetric"
@@ -374,6 +376,9 @@ class Event:
     # Seconds from the job's last sign of life (start, heartbeat, SIGTERM) to its finalization; for a job still
     # running past its T2, from that deadline.
     DETECTION_SECONDS: Final = "detection_seconds"
+    # Seconds from the moment the job's rules first allowed finalizing it (its deadline) to its finalization: what the
+    # cleanup that finalized it added to the rule.
+    RELEASE_LAG_SECONDS: Final = "release_lag_seconds"
     RUN_ID: Final = "run_id"  # the run that claimed the job
     STATE: Final = "state"
     LEASE_OWNER: Final = "lease_owner"  # the run driving the event now (a reconcile may take over)
@@ -514,6 +519,7 @@ class ZombieEvent(TypedDict, total=False):
     detected_at: dt.datetime
     finalized_at: dt.datetime
     detection_seconds: float
+    release_lag_seconds: float
     run_id: str
     state: str
     lease_owner: str
@@ -545,6 +551,47 @@ class RetryDocument(TypedDict, total=False):
     due_at: dt.datetime
     state: str
     decided_at: dt.datetime
+
+
+class WatchLease:
+    """Field names of the watcher's lease (``zombieWatchers``, ``_id`` :data:`WATCH_LEASE_ID`): which watch run acts at
+    the deadlines, and until when. Renewed by the watch loop itself between its passes, so a watcher that dies or
+    hangs lets it lapse: what the fallback cleanups and the relaunch sensor read."""
+
+    HOLDER: Final = "holder"  # the run id of the watch run acting
+    LEASE_UNTIL: Final = "lease_until"
+    RENEWED_AT: Final = "renewed_at"
+    SINCE: Final = "since"  # when the holder took the lease
+    ENDS_AT: Final = "ends_at"  # when the holder hands over: its run's planned end
+    STATE: Final = "state"  # a WatchState
+    WATCHED: Final = "watched"  # started jobs watched at the last refresh
+    NEXT_DEADLINE: Final = "next_deadline"
+    FINALIZED: Final = "finalized"  # finalizations of the holder so far
+
+
+WATCH_LEASE_ID: Final = "watcher"
+
+
+class WatchState(StrEnum):
+    WATCHING = "watching"
+    HOLDING = "holding"  # deadlines falling due together (a wave, a fleet going quiet): held to be judged as one
+    BRAKED = "braked"  # the brake refused what fell due
+    ENDED = "ended"  # handed over, or stopped
+
+
+class WatchLeaseDocument(TypedDict, total=False):
+    """The watcher's lease (:class:`WatchLease` names the fields)."""
+
+    _id: str
+    holder: str
+    lease_until: dt.datetime
+    renewed_at: dt.datetime
+    since: dt.datetime
+    ends_at: dt.datetime
+    state: str
+    watched: int
+    next_deadline: dt.datetime | None
+    finalized: int
 
 
 class Quarantine:

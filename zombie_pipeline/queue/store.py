@@ -26,12 +26,14 @@ from zombie_pipeline.queue.documents import (
     QUARANTINE_COLLECTION,
     RETRIES_COLLECTION,
     SIMULATIONS_COLLECTION,
+    WATCHERS_COLLECTION,
     WORKER_SIZE_METRICS_COLLECTION,
     CacheEntry,
     JobDocument,
     QuarantineDocument,
     RetryDocument,
     SimulationMark,
+    WatchLeaseDocument,
     ZombieEvent,
 )
 from zombie_pipeline.queue.indexes import (
@@ -100,6 +102,7 @@ class Store:
     cache_metrics: Collection[Document]
     simulations: Collection[Document]
     quarantine: Collection[QuarantineDocument]
+    watchers: Collection[WatchLeaseDocument]
 
     @classmethod
     def of(
@@ -127,12 +130,13 @@ class Store:
             cache_metrics=cache_db[CACHE_METRICS_COLLECTION],
             simulations=queue_db[SIMULATIONS_COLLECTION],
             quarantine=typed(queue_db, QUARANTINE_COLLECTION, QuarantineDocument),
+            watchers=typed(queue_db, WATCHERS_COLLECTION, WatchLeaseDocument),
         )
 
     @property
     def ours(self) -> tuple[Collection[Any], ...]:
         """The collections this project owns; the deployment never reads them."""
-        return (self.events, self.failures, self.suggestions, self.retries, self.quarantine)
+        return (self.events, self.failures, self.suggestions, self.retries, self.quarantine, self.watchers)
 
     def simulated_generation(self) -> str | None:
         """The queue generation the simulator wrote these databases in (its mark in ``zombieSimulations``), or None
