@@ -1,7 +1,8 @@
 """The code location: every job, asset, check, schedule and sensor, with the resources from the environment.
 
 Grouped by domain, as ``orchestration/`` is: the cleanup (``kill_zombies_job``,
-partitioned by job type, and ``lift_quarantine_job``), the queue's health after a cleanup (``queue_health``
+partitioned by job type, and ``lift_quarantine_job``), the watcher that releases each dead job at its deadline
+(``zombie_watch_job``, kept running by ``zombie_watch_sensor``), the queue's health after a cleanup (``queue_health``
 and its checks), the duration statistics (daily tallies, window statistics,
 T2 suggestions), the repeat offenders (daily, in the statistics' group and job),
 then the automation that runs them.
@@ -9,7 +10,7 @@ then the automation that runs them.
 
 import dagster as dg
 
-from zombie_pipeline.orchestration import health, quarantine, repeat_offenders, statistics
+from zombie_pipeline.orchestration import health, quarantine, repeat_offenders, statistics, watch
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import resources_from_env
 from zombie_pipeline.orchestration.schedules import (
@@ -26,6 +27,7 @@ from zombie_pipeline.orchestration.sensors import (
 
 defs = dg.Definitions.merge(
     dg.Definitions(jobs=[kill_zombies_job, quarantine.lift_quarantine_job]),  # the cleanup, and lifting a quarantine
+    dg.Definitions(jobs=[watch.zombie_watch_job], sensors=[watch.zombie_watch_sensor]),  # the watcher, on by default
     dg.Definitions(  # the queue's health after a cleanup
         assets=[health.queue_health],
         asset_checks=[

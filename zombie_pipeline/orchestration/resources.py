@@ -208,17 +208,18 @@ class ZombiePolicyResource(dg.ConfigurableResource["ZombiePolicyResource"], Poli
     :class:`PolicyRefused`, a one-line ``dg.Failure`` that no retry repeats.
     """
 
-    def policy(self) -> ZombiePolicy:
-        """The policy in force, as the core takes it; :class:`PolicyRefused` when a value is refused."""
+    def policy(self, fresh: bool = False) -> ZombiePolicy:
+        """The policy in force, as the core takes it; :class:`PolicyRefused` when a value is refused. ``fresh``: the
+        policy file read again, not as this process first read it (a run that lasts, a sensor that decides for it)."""
         given = self.model_dump(include=self.model_fields_set & set(PolicySettings.model_fields))
         try:
-            return validated({**location_settings(), **given})
+            return validated({**location_settings(fresh), **given})
         except InvalidPolicy as error:
             raise PolicyRefused(error) from None
 
-    def in_force(self, store: Store) -> ZombiePolicy:
+    def in_force(self, store: Store, fresh: bool = False) -> ZombiePolicy:
         """The policy a cleanup applies now: suggested maximum durations included when opted in."""
-        return effective_policy(self.policy(), store.suggestions)
+        return effective_policy(self.policy(fresh), store.suggestions)
 
 
 class FailureWebhook(dg.ConfigurableResource["FailureWebhook"]):
@@ -243,11 +244,15 @@ def url_from_env(variable: str) -> str | None:
     return dg.EnvVar(variable) if config.setting(variable) else None
 
 
-def location_settings() -> dict[str, Any]:
+def location_settings(fresh: bool = False) -> dict[str, Any]:
     """The settings of the location's policy file (``$ZOMBIE_POLICY_FILE``), those it changes from the defaults;
-    none without a file. Read once per process and file."""
+    none without a file. Read once per process and file, unless ``fresh``."""
     path = config.policy_file()
-    return {} if path is None else dict(_settings_of_file(path))
+    if path is None:
+        return {}
+    if fresh:
+        _settings_of_file.cache_clear()
+    return dict(_settings_of_file(path))
 
 
 @functools.cache
