@@ -172,6 +172,33 @@ def test_detection_times_are_a_histogram_per_reason_counted_from_the_audit_trail
     assert bucket("terminated", "+Inf") == 0  # a reason nothing died of: an empty histogram, not a missing one
 
 
+def test_release_lags_are_a_histogram_per_reason_counted_from_the_audit_trail(store):
+    """A cleanup run long after the deadlines records how long after each one it came; the histogram counts them."""
+    late = [
+        job_document(dataset=f"user/z-{i}", started_at=ago(900), last_heartbeat=ago(300 + seconds))
+        for i, seconds in enumerate((3, 40, 400))
+    ]
+    store.jobs.insert_many(late)
+    run_cleanup(store, ZombiePolicy(), "run-1")
+    recorded = sorted(event[Event.RELEASE_LAG_SECONDS] for event in store.events.find())
+
+    values = exposed(
+        metrics.cleanup_figures(
+            metrics.audit_totals(store.events), {}, {}, ago(5), ago(0), heartbeat_timeout_seconds=300
+        )
+    )
+
+    def bucket(le: str) -> float:
+        return values[("zombie_pipeline_release_lag_seconds_bucket", (("le", le), ("reason", "missing_heartbeat")))]
+
+    assert [round(seconds, -1) for seconds in recorded] == [0, 40, 400]  # measured now: a fraction of a second more
+    assert [bucket(le) for le in ("2", "5", "60", "300", "600", "+Inf")] == [0, 1, 2, 2, 3, 3]
+    assert values[("zombie_pipeline_release_lag_seconds_sum", (("reason", "missing_heartbeat"),))] == pytest.approx(
+        sum(recorded)
+    )
+    assert values[("zombie_pipeline_release_lag_seconds_count", (("reason", "terminated"),))] == 0
+
+
 def test_a_cleanup_that_found_nothing_pushes_zeros_for_every_job_type_reason_and_outcome_it_knows():
     """A series absent is a blank panel, not a zero; a counter first seen at 1 hides its first increase."""
     totals = metrics.AuditTotals(

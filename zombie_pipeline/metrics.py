@@ -132,6 +132,15 @@ DETECTION_TIME = _histogram(
 #: The detection time histogram's upper bounds, in seconds: around the heartbeat timeout (300 s) and its alert (+3 min)
 #: finely, then coarsely up to an hour.
 DETECTION_BUCKETS = (30.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 420.0, 480.0, 540.0, 600.0, 900.0, 1800.0, 3600.0)
+RELEASE_LAG = _histogram(
+    "release_lag_seconds",
+    "How long after its deadline (the moment the rules allowed it) each zombie was finalized, by reason: what the "
+    "cleanup that finalized it, watcher or run, added to the rule (the audit trail's release_lag_seconds).",
+    "reason",
+)
+#: The release lag histogram's upper bounds, in seconds: the watcher's seconds finely, a sensor's tick and a run's start,
+#: a schedule's ten minutes.
+RELEASE_LAG_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 HEARTBEAT_TIMEOUT = _gauge(
     "policy_heartbeat_timeout_seconds",
     "The policy's heartbeat_timeout_seconds in the last cleanup: the detection time alert's reference.",
@@ -229,7 +238,7 @@ STATISTICS_WINDOW_END = _gauge(
 )
 
 CLEANUP_METRICS = (
-    ZOMBIES_FINALIZED, FRESHER_ENTRIES_KEPT, RETRIES, LATE_RESULTS, DETECTION_TIME, HEARTBEAT_TIMEOUT, ZOMBIES_FOUND,
+    ZOMBIES_FINALIZED, FRESHER_ENTRIES_KEPT, RETRIES, LATE_RESULTS, DETECTION_TIME, RELEASE_LAG, HEARTBEAT_TIMEOUT, ZOMBIES_FOUND,
     RACES_LOST, DELAYED_RETRIES_ENQUEUED, COMPENSATION_RUNS, CLEANUP_DURATION, LAST_SUCCESS,
 )  # fmt: skip
 BRAKE_METRICS = (BRAKE_ENGAGED, STALE_RATIO, MAX_STALE_RATIO)
@@ -335,6 +344,7 @@ class AuditTotals:
     late_results: Counter[Any] = field(default_factory=Counter)  # job type -> events whose job showed life afterwards
     skipped: int = 0  # events whose type, reason or code cannot be a label value (written by hand or an old version)
     detection: dict[str, Histogram] = field(default_factory=dict)  # reason -> detection times (recorded since 2026-12)
+    release_lag: dict[str, Histogram] = field(default_factory=dict)  # reason -> release lags (recorded since 2026-12)
 
 
 _REASONS = {str(reason) for reason in REASONS}
@@ -384,25 +394,28 @@ def audit_totals(events: Collection[ZombieEvent]) -> AuditTotals:
         if key.get(_LATE) is not None:
             totals.late_results[job_type] += count
     totals.detection = detection_histograms(events)
+    totals.release_lag = detection_histograms(events, Event.RELEASE_LAG_SECONDS, RELEASE_LAG_BUCKETS)
     return totals
 
 
-def detection_histograms(events: Collection[ZombieEvent]) -> dict[str, Histogram]:
-    """Per reason, the finalized events' detection times counted into :data:`DETECTION_BUCKETS`, on the server."""
-    seconds = f"${Event.DETECTION_SECONDS}"
+def detection_histograms(
+    events: Collection[ZombieEvent],
+    figure: str = Event.DETECTION_SECONDS,
+    bounds: tuple[float, ...] = DETECTION_BUCKETS,
+) -> dict[str, Histogram]:
+    """Per reason, the finalized events' detection times (or another of their figures in seconds, ``figure``) counted
+    into ``bounds``, on the server."""
+    seconds = f"${figure}"
     at_or_below = {
-        f"le{index}": {"$sum": {"$cond": [{"$lte": [seconds, bound]}, 1, 0]}}
-        for index, bound in enumerate(DETECTION_BUCKETS)
+        f"le{index}": {"$sum": {"$cond": [{"$lte": [seconds, bound]}, 1, 0]}} for index, bound in enumerate(bounds)
     }
     pipeline = on_index(
         {Event.STATE: EventState.DONE},
-        {Event.DETECTION_SECONDS: {"$type": "number"}},
+        {figure: {"$type": "number"}},
         {"$group": {ID: f"${Event.REASON}", _COUNT: {"$sum": 1}, _SUM: {"$sum": seconds}, **at_or_below}},
     )
     return {
-        group[ID]: Histogram(
-            DETECTION_BUCKETS, tuple(group[name] for name in at_or_below), group[_COUNT], float(group[_SUM])
-        )
+        group[ID]: Histogram(bounds, tuple(group[name] for name in at_or_below), group[_COUNT], float(group[_SUM]))
         for group in aggregate_rows(events, pipeline)
         if group[ID] in _REASONS
     }
@@ -440,6 +453,8 @@ def cleanup_figures(
     for reason in REASONS:
         histogram = totals.detection.get(reason) or no_observations(DETECTION_BUCKETS)
         figures.set_histogram(DETECTION_TIME, histogram, reason=reason)
+        lags = totals.release_lag.get(reason) or no_observations(RELEASE_LAG_BUCKETS)
+        figures.set_histogram(RELEASE_LAG, lags, reason=reason)
     figures.set(HEARTBEAT_TIMEOUT, heartbeat_timeout_seconds)
     for job_type in job_types:
         figures.set(FRESHER_ENTRIES_KEPT, totals.fresher_kept.get(job_type, 0), job_type=job_type)

@@ -18,10 +18,10 @@ What falls due together is judged together. Passes come at most every ``min_pass
 due by then as one batch. The brake counts, beside what is due, the jobs finalized in the last *window* (the
 policy's ``wave_window_seconds``, at most half the heartbeat timeout) as stale and as started: what
 :func:`run.find` would have seen had they not been finalized yet. And when the deadlines due within the next window
-would engage the brake, or make the jobs due now part of a wave of deaths (``causes``), the pass waits for them, one
-window at most: a fleet going quiet at once is refused as a whole, not released one deadline at a time until half
-of it is gone, and a wave is a deploy, as a cleanup that saw it at once would judge them. The jobs among them that
-beat meanwhile drop out.
+would engage the brake, the pass waits for them, one window at most: a fleet going quiet at once is refused as a
+whole, not released one deadline at a time until half of it is gone; the jobs among them that beat meanwhile drop
+out. A wave of deaths (``causes``) is not waited for: its members are judged as they fall due, the finalized ones
+counting for the next (from its tenth death on, a deploy), as a cleanup whose tick splits a wave judges it.
 
 The watch keeps what a cleanup's first step keeps too: every ``reconcile_seconds`` it takes over what dead runs left
 half done and enqueues the retries that are due (:func:`run.reconcile`). Compensations and the audit of late results
@@ -65,7 +65,6 @@ from zombie_pipeline.queue.documents import (
     Event,
     Job,
     JobSnapshot,
-    Reason,
     WatchLease,
     WatchState,
     as_utc,
@@ -80,8 +79,6 @@ WATCHED_FIELDS = (Job.TYPE, Job.DATASET, Job.DIFFICULTY, Job.STARTED_AT, Job.LAS
 #: A deadline is past once the clock is beyond it: the watch wakes this much after it.
 TICK = dt.timedelta(milliseconds=1)
 TURNED_OFF = "the policy turns the watcher off (watch_deadlines: false)"
-#: The reasons of a worker that died: the ones a wave is made of (a SIGTERMed one is a deploy death anyway).
-_SILENT = (Reason.MISSING_HEARTBEAT, Reason.NEVER_HEARTBEATED)
 
 
 class Listener(Protocol):
@@ -359,14 +356,14 @@ class Watch:
 
     def _hold(self, due: list[Candidate], now: dt.datetime, window: float, recent: int, started: int) -> bool:
         """Whether the jobs due now wait for the ones falling due within the window after them (one window at most):
-        with them, the brake would engage, or the ones due now would be part of a wave."""
+        with them, the brake would engage."""
         if self.hold_since is not None and now >= self.hold_since + dt.timedelta(seconds=window):
             self.hold_since = self.hold_until = None
             return False
         ids = {candidate.id for candidate in due}
         horizon = now + dt.timedelta(seconds=window)
         soon = [item for item in self.watched.values() if now <= item.due_at <= horizon and item.job[ID] not in ids]
-        why = self._forecast(due, soon, now, window, recent, started)
+        why = self._forecast(due, soon, recent, started)
         if why is None:
             self.hold_since = self.hold_until = None
             return False
@@ -380,27 +377,18 @@ class Watch:
         self.hold_until = min(self.hold_since + dt.timedelta(seconds=window), max(item.due_at for item in soon) + TICK)
         return True
 
-    def _forecast(
-        self, due: list[Candidate], soon: list[Watched], now: dt.datetime, window: float, recent: int, started: int
-    ) -> str | None:
-        """Why the jobs due now should wait for ``soon``, or None."""
+    def _forecast(self, due: list[Candidate], soon: list[Watched], recent: int, started: int) -> str | None:
+        """Why the jobs due now should wait for ``soon``: with them, the brake would engage; else None.
+
+        Only the brake: which of the silent jobs are dead is not known before their deadlines, and slow workers (beats
+        up to 0.7 of the timeout apart, alive) fill every window's look-ahead. Holding for a wave of deaths on that
+        forecast held ordinary deaths half a minute on the production stack; the brake's forecast needs half the fleet.
+        """
         if not soon:
             return None
         forecast = Brake.of(self.policy, stale=len(due) + len(soon) + recent, started=started + recent)
         if forecast.engaged:
             return f"with them, {forecast.stale} of {forecast.started} started jobs would look dead (the brake)"
-        dying = [death for item in soon if item.rule.reason in _SILENT and (death := causes.death_of(item.job))]
-        dead = [causes.death_of(c.job) if c.reason in _SILENT and c.terminated_at is None else None for c in due]
-        if not dying or not any(dead):
-            return None
-        earlier = causes.recent_deaths(self.store.events, now)
-        known = [death for death in dead if death is not None]
-        alone = causes.in_waves(known + earlier, self.policy.wave_window_seconds, self.policy.wave_min_workers)
-        together = causes.in_waves(
-            known + dying + earlier, self.policy.wave_window_seconds, self.policy.wave_min_workers
-        )
-        if any(with_them and not without for with_them, without in zip(together[: len(known)], alone)):
-            return f"with them, the jobs due now are part of a wave of {len(known) + len(dying)} deaths (a deploy)"
         return None
 
     def _refuse(self, brake: Brake, now: dt.datetime) -> None:
