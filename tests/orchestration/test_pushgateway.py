@@ -18,6 +18,7 @@ from tests.helpers import ago, crashed_job, database_resources, run_kill_zombies
 from tests.pushgateway import running_pushgateway
 from zombie_pipeline import metrics
 from zombie_pipeline.orchestration.health import queue_health
+from zombie_pipeline.orchestration.heartbeat_gaps import heartbeat_gap_tallies
 from zombie_pipeline.orchestration.pushgateway import PUSH_FAILED, PUSH_JOB, MetricsGateway
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
 from zombie_pipeline.orchestration.statistics import (
@@ -265,7 +266,7 @@ def test_the_statistics_push_the_suggestions_they_record(store, resources, gatew
                 [job_duration_tallies], partition_key=day, resources=resources, instance=instance
             ).success
         window = dg.materialize(
-            [job_duration_tallies, job_duration_statistics], selection=[job_duration_statistics], partition_key=yesterday,
+            [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics], selection=[job_duration_statistics], partition_key=yesterday,
             resources=resources, instance=instance, run_config=config,
         )  # fmt: skip
 
@@ -302,7 +303,7 @@ def test_a_past_window_is_not_pushed(store, resources, gateway, tmp_path):
     config = {"ops": {job_duration_statistics.op.name: {"config": {"reports_dir": str(tmp_path), "window_days": 1}}}}
     with dg.instance_for_test() as instance:
         result = dg.materialize(
-            [job_duration_tallies, job_duration_statistics], selection=[job_duration_statistics], partition_key="2024-03-10",
+            [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics], selection=[job_duration_statistics], partition_key="2024-03-10",
             resources={**resources, "zombie_policy": ZombiePolicyResource(queue_generation="2023-01")}, instance=instance,
             run_config=config,
         )  # fmt: skip

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, WORKER_UNTOLD, Job, as_utc, job_type_problem, utc, worker_size
+from zombie_pipeline.queue.indexes import HEARTBEAT_GAP_INDEXES, ensure_indexes
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.statistics.gap_log import GapBatch, prune, write_batch
 from zombie_pipeline.statistics.gap_tallies import GapKey
@@ -91,6 +92,7 @@ class GapObserver:
         self._refused: GapBatch | None = None  # a flush whose write failed: sent again, under its id, first
         self._previous: dt.datetime | None = None
         self._pruned_on: dt.date | None = None
+        self._indexed = False
 
     @property
     def watched(self) -> int:
@@ -161,6 +163,9 @@ class GapObserver:
         """Record what was observed since the last flush. A database error is raised and nothing is lost: the next
         flush sends a refused write again under the same id (applied once, whether or not it had been)."""
         now = utc(now)
+        if not self._indexed:
+            ensure_indexes(store.heartbeat_gaps, HEARTBEAT_GAP_INDEXES)
+            self._indexed = True
         if self._refused is not None:
             write_batch(store.heartbeat_gaps, self._refused, now)
             self._refused = None

@@ -20,10 +20,16 @@ import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from zombie_pipeline.queue.documents import WORKER_UNTOLD
 from zombie_pipeline.statistics.gap_histogram import GapHistogram
 
 #: (job type, worker size) of a tally.
 GapKey = tuple[str, str]
+
+
+def row_name(job_type: str, worker: str) -> str:
+    """How a report names a (job type, worker size): the type alone where the queue tells no worker size."""
+    return f"`{job_type}`" if worker == WORKER_UNTOLD else f"`{job_type}` on {worker}"
 
 
 @dataclass

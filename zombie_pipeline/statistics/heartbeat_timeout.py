@@ -29,10 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import WORKER_UNTOLD
 from zombie_pipeline.statistics.formatting import format_duration, format_rare_share
 from zombie_pipeline.statistics.gap_histogram import GapHistogram
-from zombie_pipeline.statistics.gap_tallies import GapPeriod, GapTally
+from zombie_pipeline.statistics.gap_tallies import GapPeriod, GapTally, row_name
 from zombie_pipeline.statistics.quantiles import (
     percentile_name,
     readable_round_up,
@@ -79,10 +78,6 @@ def gap_bound(gaps: GapHistogram, quantile: float, confidence: float) -> float |
         return None
     index = upper_bound_index(gaps.count, quantile, confidence)
     return None if index is None else gaps.order_statistic(index + 1)
-
-
-def row_name(job_type: str, worker: str) -> str:
-    return f"`{job_type}`" if worker == WORKER_UNTOLD else f"`{job_type}` on {worker}"
 
 
 @dataclass(frozen=True)
