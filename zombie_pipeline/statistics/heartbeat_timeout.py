@@ -229,7 +229,7 @@ def _flags(suggestion: HeartbeatTimeoutSuggestion) -> list[str]:
             f"lower to {format_duration(chosen.seconds)} (the {name} bound x {margin} of {', '.join(suggestion.set_by)}): "
             f"each death found {format_duration(chosen.saved_per_death)} sooner, "
             f"{format_duration(chosen.saved_seconds)} over the window's {suggestion.deaths} deaths; on the window's "
-            f"gaps it would have finalized {chosen.gaps_longer} live jobs ({format_rare_share(chosen.gap_share)} of "
+            f"gaps it would have finalized {chosen.gaps_longer} live ones ({format_rare_share(chosen.gap_share)} of "
             f"{suggestion.gaps:,} gaps)"
         )
     else:
@@ -253,7 +253,7 @@ def _flags(suggestion: HeartbeatTimeoutSuggestion) -> list[str]:
         longer = row.tally.gaps.longer_than(suggestion.suggested_seconds)
         if row.bound is None and longer:
             flags.append(
-                f"{row.name} has too few gaps for a bound ({row.gaps:,}), and {longer} of them were longer than "
+                f"{row.name} has too few gaps for a bound ({row.gaps:,}), and {longer} of them longer than "
                 f"{format_duration(suggestion.suggested_seconds)}"
             )
     if suggestion.ended_unseen and suggestion.deployment_seconds is not None:
