@@ -635,6 +635,7 @@ class HeartbeatGaps:
     LONGEST_GAP: Final = "longest_gap_seconds"
     FINISHED: Final = "finished"  # jobs watched from their start that finished, by their longest silence
     FINISHED_COUNT: Final = "finished_count"
+    FINISHED_SECONDS: Final = "finished_seconds"  # the sum of their longest silences
     LONGEST_FINISHED: Final = "longest_finished_seconds"
     PARTLY_WATCHED: Final = "finished_partly_watched"  # finished jobs first seen after their first heartbeat
     FINALIZED: Final = "finalized"  # jobs a cleanup of ours finalized while watched: their last gap never closed

@@ -72,6 +72,7 @@ def _update(tally: GapTally, flush_id: str, now: dt.datetime) -> dict[str, Any]:
         HeartbeatGaps.GAP_COUNT: tally.gaps.count,
         HeartbeatGaps.GAP_SECONDS: tally.gaps.total_seconds,
         HeartbeatGaps.FINISHED_COUNT: tally.finished.count,
+        HeartbeatGaps.FINISHED_SECONDS: tally.finished.total_seconds,
         HeartbeatGaps.PARTLY_WATCHED: tally.partly_watched,
         HeartbeatGaps.FINALIZED: tally.finalized,
         HeartbeatGaps.ENDED_UNSEEN: tally.ended_unseen,
@@ -159,7 +160,9 @@ def _read(document: Mapping[str, Any]) -> tuple[GapKey, GapTally]:
             document.get(HeartbeatGaps.LONGEST_GAP, 0.0),
         ),
         finished=histogram_of(
-            document.get(HeartbeatGaps.FINISHED), 0.0, document.get(HeartbeatGaps.LONGEST_FINISHED, 0.0)
+            document.get(HeartbeatGaps.FINISHED),
+            document.get(HeartbeatGaps.FINISHED_SECONDS, 0.0),
+            document.get(HeartbeatGaps.LONGEST_FINISHED, 0.0),
         ),
         partly_watched=counts[0],
         finalized=counts[1],
