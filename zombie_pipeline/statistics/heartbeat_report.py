@@ -95,7 +95,7 @@ def heartbeat_markdown(suggestion: HeartbeatTimeoutSuggestion) -> list[str]:
         rows = [_candidate(candidate, suggestion) for candidate in suggestion.candidates]
         lines += [*table_lines(header, rows), ""]
     lines += [f"- {flag}" for flag in suggestion.flags]
-    return lines
+    return [*lines, "", "```yaml", *heartbeat_snippet(suggestion).splitlines(), "```"]
 
 
 def heartbeat_snippet(suggestion: HeartbeatTimeoutSuggestion) -> str:
