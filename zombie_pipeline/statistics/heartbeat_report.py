@@ -169,6 +169,8 @@ def heartbeat_json(suggestion: HeartbeatTimeoutSuggestion) -> dict[str, Any]:
 
 def heartbeat_summary(suggestion: HeartbeatTimeoutSuggestion) -> list[str]:
     """A few terminal lines: the verdict and its flags."""
+    if not suggestion.rows:
+        return [f"heartbeat timeout {format_duration(suggestion.current_seconds)} kept: {suggestion.flags[0]}"]
     change = "lower" if suggestion.lowering else "keep"
     lines = [
         f"heartbeat timeout {format_duration(suggestion.current_seconds)} -> "
