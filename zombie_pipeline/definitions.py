@@ -3,14 +3,14 @@
 Grouped by domain, as ``orchestration/`` is: the cleanup (``kill_zombies_job``,
 partitioned by job type, and ``lift_quarantine_job``), the watcher that releases each dead job at its deadline
 (``zombie_watch_job``, kept running by ``zombie_watch_sensor``), the queue's health after a cleanup (``queue_health``
-and its checks), the duration statistics (daily tallies, window statistics,
-T2 suggestions), the repeat offenders (daily, in the statistics' group and job),
+and its checks), the duration statistics (daily tallies and heartbeat gaps, window statistics,
+T2 and heartbeat timeout suggestions), the repeat offenders (daily, in the statistics' group and job),
 then the automation that runs them.
 """
 
 import dagster as dg
 
-from zombie_pipeline.orchestration import health, quarantine, repeat_offenders, statistics, watch
+from zombie_pipeline.orchestration import health, heartbeat_gaps, quarantine, repeat_offenders, statistics, watch
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import resources_from_env
 from zombie_pipeline.orchestration.schedules import (
@@ -39,7 +39,11 @@ defs = dg.Definitions.merge(
         jobs=[health.queue_health_job],
     ),
     dg.Definitions(  # the duration statistics
-        assets=[statistics.job_duration_tallies, statistics.job_duration_statistics],
+        assets=[
+            statistics.job_duration_tallies,
+            heartbeat_gaps.heartbeat_gap_tallies,
+            statistics.job_duration_statistics,
+        ],
         jobs=[statistics.duration_statistics_job],
     ),
     dg.Definitions(  # the repeat offenders, with their check no_repeat_offenders

@@ -9,7 +9,7 @@ rules and the dashboard name nothing else) and turns what a run knows into :clas
 Names and labels follow Prometheus' conventions and dataset-viewer's vocabulary: the prefix
 ``zombie_pipeline_``, base units in the name (``_seconds``, ``_ratio``, ``_timestamp_seconds``),
 ``_total`` on counters, and bounded labels only: ``job_type`` (dataset-viewer's ``kind``),
-``reason``, ``cause``, ``error_code``, ``outcome``, ``quantile``. A dataset is never a label. The queue
+``worker_type`` (a worker size), ``reason``, ``cause``, ``error_code``, ``outcome``, ``quantile``. A dataset is never a label. The queue
 database is not a label here either: the push's grouping key adds it.
 
 Counters are the audit trail's totals (``zombieEvents`` keeps every finalization): they only grow,
@@ -61,6 +61,7 @@ from zombie_pipeline.queue.store import aggregate_rows
 
 if TYPE_CHECKING:  # the cleanup pushes its figures without the statistics' pandas
     from zombie_pipeline.statistics.analysis import DurationReport
+    from zombie_pipeline.statistics.gap_tallies import GapPeriod
 
 PREFIX = "zombie_pipeline_"
 
@@ -236,6 +237,23 @@ SUGGESTION_CENSORED = _gauge(
 STATISTICS_WINDOW_END = _gauge(
     "statistics_window_end_timestamp_seconds", "End of the window the pushed statistics describe (unix time)."
 )
+SUGGESTED_HEARTBEAT_TIMEOUT = _gauge(
+    "suggested_heartbeat_timeout_seconds",
+    "The heartbeat timeout the window's heartbeat gaps support (the current one where they support no lower one).",
+)
+
+# --- pushed by heartbeat_gap_tallies: the gaps a watcher saw since its first watch ---------------------------------
+
+HEARTBEAT_GAP = _histogram(
+    "heartbeat_gap_seconds",
+    "Gaps between the signs of life (start, heartbeats) of live jobs, as a watcher saw them, by job type and the worker "
+    "size their difficulty sends them to ('any' where the queue records none) (the gap log's totals).",
+    "job_type",
+    "worker_type",
+)
+#: The gap histogram's upper bounds, in seconds: finely around the deployment's one-minute heartbeat, then up to the
+#: heartbeat timeout and past it. Whole seconds: each is an edge of the gap log's buckets, so each count is exact.
+GAP_BUCKETS = (5.0, 10.0, 20.0, 30.0, 45.0, 55.0, 60.0, 65.0, 75.0, 90.0, 120.0, 180.0, 240.0, 300.0, 600.0)
 
 CLEANUP_METRICS = (
     ZOMBIES_FINALIZED, FRESHER_ENTRIES_KEPT, RETRIES, LATE_RESULTS, DETECTION_TIME, RELEASE_LAG, HEARTBEAT_TIMEOUT, ZOMBIES_FOUND,
@@ -248,10 +266,11 @@ HEALTH_METRICS = (
 )  # fmt: skip
 STATISTICS_METRICS = (
     SUGGESTED_MAX_DURATION, SUGGESTION_MADE, CONFIGURED_MAX_DURATION, SUGGESTION_RUNS, SUCCESSFUL_RUN_DURATION, SUGGESTION_CENSORED,
-    STATISTICS_WINDOW_END,
+    STATISTICS_WINDOW_END, SUGGESTED_HEARTBEAT_TIMEOUT,
 )  # fmt: skip
+GAP_METRICS = (HEARTBEAT_GAP,)
 #: Every metric the pipeline pushes: the one list the alert rules and the dashboard are checked against.
-METRICS = CLEANUP_METRICS + BRAKE_METRICS + HEALTH_METRICS + STATISTICS_METRICS
+METRICS = CLEANUP_METRICS + BRAKE_METRICS + HEALTH_METRICS + STATISTICS_METRICS + GAP_METRICS
 METRIC_NAMES = frozenset(metric.name for metric in METRICS)
 
 
@@ -537,6 +556,21 @@ def statistics_figures(report: DurationReport) -> Figures:
             if value is not None:
                 figures.set(SUCCESSFUL_RUN_DURATION, value, job_type=job_type, quantile=_quantile_label(quantile))
     figures.set(STATISTICS_WINDOW_END, report.window_end.timestamp())
+    if report.heartbeat is not None:
+        figures.set(SUGGESTED_HEARTBEAT_TIMEOUT, report.heartbeat.suggested_seconds)
+    return figures
+
+
+# --- what the gap tallies push --------------------------------------------------------------------------------
+
+
+def heartbeat_gap_figures(totals: GapPeriod) -> Figures:
+    """Per job type and worker size, the gaps since the first watch counted into :data:`GAP_BUCKETS`."""
+    figures = Figures()
+    for (job_type, worker), tally in sorted(totals.tallies.items()):
+        gaps = tally.gaps
+        histogram = Histogram(GAP_BUCKETS, gaps.at_or_below(GAP_BUCKETS), gaps.count, gaps.total_seconds)
+        figures.set_histogram(HEARTBEAT_GAP, histogram, job_type=job_type, worker_type=worker)
     return figures
 
 

@@ -1,6 +1,8 @@
 """The watcher in Dagster: a watch run finalizing at the deadlines, the sensor keeping one running, the fallback."""
 
 import datetime as dt
+import itertools
+import threading
 
 import dagster as dg
 import pytest
@@ -28,7 +30,10 @@ from zombie_pipeline.orchestration.watch import (
     zombie_watch_job,
     zombie_watch_sensor,
 )
-from zombie_pipeline.queue.documents import ID, Event, Job, Status, WatchState, utc_now
+from zombie_pipeline.queue.documents import ID, Event, Job, Status, WatchState, utc_now, worker_size
+from zombie_pipeline.simulation import shapes
+from zombie_pipeline.statistics.gap_histogram import GapHistogram
+from zombie_pipeline.statistics.gap_log import read_totals
 
 NOW = dt.datetime(2026, 12, 1, 12, tzinfo=dt.UTC)
 STARTED, QUEUED = dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.QUEUED
@@ -200,3 +205,48 @@ def test_stale_jobs_sensor_leaves_stale_jobs_to_a_live_watcher_and_takes_over_on
     [request] = tick(stale_jobs_sensor, instance, sensor_resources).run_requests
     assert request.tags["zombie_pipeline/stale_jobs"] == "1"
     assert store.jobs.count_documents({Job.STATUS: Status.STARTED}) == 2
+
+
+def test_a_watch_run_records_the_heartbeat_gaps_it_saw_in_the_gap_log(store, resources, instance):
+    """The gap observer rides every watch run: a job beating every 2.5 s while the watch reads the jobs every 2 s
+    leaves its gaps in the gap log, under its type and worker size, each one a gap it really had; a job the watch
+    finalized leaves none."""
+    era = "2023-07"  # the first to record a job's difficulty: its worker size
+    beats = [milliseconds(ago(1))]  # as the database keeps them
+    beating = shapes.job_document(dataset="user/beating", generation=era, difficulty=80, started_at=ago(120),
+                                  last_heartbeat=beats[0])  # fmt: skip
+    dead = shapes.job_document(dataset="user/dead", generation=era, difficulty=80, started_at=ago(900),
+                               last_heartbeat=ago(800))  # fmt: skip
+    store.jobs.insert_many([beating, dead])
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(2.5):
+            beats.append(milliseconds(utc_now()))
+            store.jobs.update_one({ID: beating[ID]}, {"$set": {Job.LAST_HEARTBEAT: beats[-1]}})
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        result = zombie_watch_job.execute_in_process(
+            run_config={"ops": {"watch_deadlines": {"config": {"run_minutes": 0.15}}}, "loggers": QUIET_LOGGERS},
+            resources={**resources, "zombie_policy": ZombiePolicyResource(queue_generation=era)},
+            instance=instance,
+        )
+    finally:
+        stop.set()
+        beater.join(timeout=10)
+
+    assert result.success
+    logged = read_totals(store.heartbeat_gaps)
+    key = (beating[Job.TYPE], worker_size(80))
+    assert set(logged.tallies) == {key}
+    tally = logged.tallies[key]
+    truth = GapHistogram.of((later - earlier).total_seconds() for earlier, later in itertools.pairwise(beats))
+    assert tally.gaps.count >= 2  # some 3 beats in the run's 9 s, each seen by a refresh
+    assert all(count <= truth.counts.get(bucket, 0) for bucket, count in tally.gaps.counts.items()), (tally, truth)
+    assert tally.finalized == 1 and tally.unobserved == 0  # the dead job, finalized by the watch
+
+
+def milliseconds(moment: dt.datetime) -> dt.datetime:
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)

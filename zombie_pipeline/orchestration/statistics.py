@@ -10,6 +10,9 @@ Two assets share one daily partitioning (UTC days):
   (no job is read again), writes the report files, records the suggestions
   in ``zombieT2Suggestions`` and shows them as metadata.
 
+Beside them, ``heartbeat_gap_tallies`` (``orchestration/heartbeat_gaps.py``) holds one day of the heartbeat gaps
+a watcher saw: the window reads its days too, and suggests the heartbeat timeout from them.
+
 The window asset depends on the last :data:`MAX_WINDOW_DAYS` daily partitions
 (a partition mapping is fixed when the code location loads); its config picks
 how many of them to use. Days not computed yet are skipped and listed: each
@@ -38,6 +41,7 @@ from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS
 from zombie_pipeline.statistics.formatting import day_ranges, window_text
+from zombie_pipeline.statistics.gap_tallies import GapPeriod, combine_gaps
 from zombie_pipeline.statistics.offenders import DEFAULT_THRESHOLD, find_offenders
 from zombie_pipeline.statistics.suggestion_log import save_suggestions
 from zombie_pipeline.statistics.tallies import READ_BATCH_SIZE, Period
@@ -48,6 +52,10 @@ MAX_WINDOW_DAYS = 28
 SUGGESTED_T2_METADATA_PREFIX = "suggested_t2_seconds/"
 #: The one T2 for every type that the window supports: the deployment's MAX_JOB_DURATION_SECONDS, plotted per day.
 DEPLOYMENT_LIMIT_METADATA = "deployment_max_job_duration_seconds"
+#: The heartbeat timeout the window's gaps support (the current one where they support no lower one), plotted per day.
+HEARTBEAT_TIMEOUT_METADATA = "suggested_heartbeat_timeout_seconds"
+#: The daily heartbeat gaps the window reads (``orchestration/heartbeat_gaps.py``, which imports this module).
+GAP_TALLIES_KEY = dg.AssetKey("heartbeat_gap_tallies")
 #: Offending datasets listed in the statistics report (the repeat_offenders asset lists more).
 REPORT_OFFENDERS = 20
 #: Windows ending this recently are pushed to the Pushgateway: the daily schedule's (the day that just ended), not
@@ -210,6 +218,14 @@ def tallies_by_day(tallies: dict[str, Period] | Period | None) -> dict[str, Peri
     return tallies or {}
 
 
+def window_gaps(
+    gap_tallies: dict[str, GapPeriod] | GapPeriod | None, days: list[str], start: dt.datetime, end: dt.datetime
+) -> GapPeriod:
+    """The window's heartbeat gaps, from the daily gap tallies of its days (a day not computed holds none)."""
+    by_day = {f"{gap_tallies.start:%Y-%m-%d}": gap_tallies} if isinstance(gap_tallies, GapPeriod) else gap_tallies or {}
+    return combine_gaps([by_day[day] for day in days if day in by_day], start, end)
+
+
 def window_days_of(partition_key: str, window_days: int) -> list[str]:
     """The days of the window ending with ``partition_key``, oldest first (those before the first partition included:
     they are days the window lacks too)."""
@@ -227,7 +243,13 @@ def window_days_of(partition_key: str, window_days: int) -> list[str]:
             partition_mapping=_WINDOW_MAPPING,
             metadata={"allow_missing_partitions": True},
             dagster_type=dg.Any,  # a mapping of days, or one day bare (see tallies_by_day)
-        )
+        ),
+        "gap_tallies": dg.AssetIn(
+            key=GAP_TALLIES_KEY,
+            partition_mapping=_WINDOW_MAPPING,
+            metadata={"allow_missing_partitions": True},
+            dagster_type=dg.Any,  # a mapping of days, or one day bare
+        ),
     },
 )
 def job_duration_statistics(
@@ -237,6 +259,7 @@ def job_duration_statistics(
     zombie_policy: ZombiePolicyResource,
     metrics_gateway: MetricsGateway,
     tallies: dict[str, Period] | Period | None,
+    gap_tallies: dict[str, GapPeriod] | GapPeriod | None,
 ) -> dg.MaterializeResult[None]:
     """Duration statistics and suggested T2 per job type over the window ending with this day.
 
@@ -249,7 +272,7 @@ def job_duration_statistics(
     ``use_suggested_max_durations``. The window ending with the last day is pushed to the Pushgateway.
     """
     from zombie_pipeline.statistics.analysis import window_report
-    from zombie_pipeline.statistics.charts import duration_charts
+    from zombie_pipeline.statistics.charts import duration_charts, gap_chart
     from zombie_pipeline.statistics.reports import markdown_table, offenders_markdown, policy_snippet, write_reports
 
     rules = config.rules()  # a value out of bounds is refused before anything is read
@@ -262,7 +285,8 @@ def job_duration_statistics(
         missing = [day for day in wanted if day not in by_day]
         window_end = context.partition_time_window.end
         window_start = window_end - dt.timedelta(days=config.window_days)
-        report = window_report(store, generation, policy, loaded, window_start, window_end, rules, missing)
+        gaps = window_gaps(gap_tallies, wanted, window_start, window_end)
+        report = window_report(store, generation, policy, loaded, window_start, window_end, rules, missing, gaps)
         # the report's section on repeat offenders: the window's datasets finalized at least DEFAULT_THRESHOLD times
         offenders = offenders_markdown(
             find_offenders(store, window_start, window_end, DEFAULT_THRESHOLD, limit=REPORT_OFFENDERS)
@@ -291,6 +315,10 @@ def job_duration_statistics(
         metadata_key("chart", job_type): dg.MetadataValue.md(chart)
         for job_type, chart in duration_charts(report).items()
     }
+    heartbeat: dict[str, dg.MetadataValue] = {}
+    if report.heartbeat is not None:  # always there from window_report: the type checker does not know it
+        heartbeat["heartbeat_gaps_chart"] = dg.MetadataValue.md(gap_chart(report.heartbeat))
+        heartbeat[HEARTBEAT_TIMEOUT_METADATA] = dg.MetadataValue.float(float(report.heartbeat.suggested_seconds))
     if window_end >= utc_now() - CURRENT_WINDOW:
         pushed = metrics_gateway.push(context, partial(metrics.statistics_figures, report), databases.queue_database)
     else:
@@ -300,6 +328,7 @@ def job_duration_statistics(
             "window": window_text(report),
             "statistics": dg.MetadataValue.md(markdown_table(report)),
             **charts,
+            **heartbeat,
             "zombie_policy_snippet": dg.MetadataValue.md("```yaml\n" + policy_snippet(report) + "```"),
             "repeat_offenders": dg.MetadataValue.md(offenders),
             **suggested,

@@ -46,7 +46,9 @@ from zombie_pipeline.orchestration.tags import (
     TRIGGER_TAG,
     WATCHED_QUEUE_DATABASE_TAG,
 )
+from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import utc_now
+from zombie_pipeline.statistics.gap_observer import GapObserver
 
 #: How long one watch run watches, from taking the lease to handing it over.
 WATCH_RUN_SECONDS = 3600
@@ -65,10 +67,10 @@ WATCH_START_GRACE_SECONDS = 120
 RELAUNCH_BACKOFF_SECONDS = (0, 60, 300, 900)
 
 
-def listeners() -> list[Listener]:
-    """What each watch run tells of the started jobs it reads every refresh (the heartbeat gaps' recorder, where it is
-    wired)."""
-    return []
+def listeners(policy: ZombiePolicy) -> list[Listener]:
+    """What each watch run tells of the started jobs it reads every refresh: the heartbeat gaps' observer, so that the
+    gaps are recorded in the gap log wherever the watcher runs (``heartbeat_gap_tallies`` reads them)."""
+    return [GapObserver(policy)]
 
 
 class WatchConfig(dg.Config):
@@ -109,7 +111,7 @@ def watch_deadlines(
         partial(zombie_policy.in_force, store, fresh=True),
         context.run_id,
         WatchSettings(run_seconds=config.run_minutes * 60),
-        listeners=listeners(),
+        listeners=listeners(policy),
         log=context.log,
         on_brake=pushed,
     )

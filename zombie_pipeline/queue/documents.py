@@ -25,6 +25,8 @@ DEFAULT_CACHE_COLLECTION = "cachedResponsesBlue"
 DEFAULT_EVENTS_COLLECTION = "zombieEvents"
 DEFAULT_FAILURES_COLLECTION = "zombiePipelineFailures"
 DEFAULT_SUGGESTIONS_COLLECTION = "zombieT2Suggestions"
+#: The heartbeat gaps a watcher saw, per day, job type and worker size (``statistics.gap_log``).
+HEARTBEAT_GAPS_COLLECTION = "zombieHeartbeatGaps"
 #: Written by the simulator: the proof that a database's documents are ours to drop or fill.
 SIMULATIONS_COLLECTION = "zombieSimulations"
 
@@ -661,6 +663,37 @@ class T2Suggestion:
     ENOUGH_DATA: Final = "enough_data"
     CENSORED: Final = "censored"
     SAMPLES: Final = "samples"
+
+
+class HeartbeatGaps:
+    """Field names of ``zombieHeartbeatGaps``: the gaps between live jobs' heartbeats, one document per (UTC day, job
+    type, worker size), and one per (job type, worker size) with no day holding its totals since the first watch.
+
+    The ``_id`` is the key itself (``{day, type, worker}``): job types are values, never field names. Histograms map
+    a bucket's upper edge, in whole milliseconds written as text, to a count (``statistics.gap_histogram``).
+    """
+
+    DAY: Final = "day"  # ISO day the gap ended (a finished job: the day it was last seen); None on the totals
+    TYPE: Final = "type"
+    WORKER: Final = "worker"  # the worker size the job's difficulty sends it to, or WORKER_UNTOLD
+    GAPS: Final = "gaps"  # completed gaps between a live job's signs of life (its start, then its heartbeats)
+    GAP_COUNT: Final = "gap_count"
+    GAP_SECONDS: Final = "gap_seconds"  # their sum
+    LONGEST_GAP: Final = "longest_gap_seconds"
+    FINISHED: Final = "finished"  # jobs watched from their start that finished, by their longest silence
+    FINISHED_COUNT: Final = "finished_count"
+    FINISHED_SECONDS: Final = "finished_seconds"  # the sum of their longest silences
+    LONGEST_FINISHED: Final = "longest_finished_seconds"
+    PARTLY_WATCHED: Final = "finished_partly_watched"  # finished jobs first seen after their first heartbeat
+    FINALIZED: Final = "finalized"  # jobs a cleanup of ours finalized while watched: their last gap never closed
+    ENDED_UNSEEN: Final = "ended_unseen"  # gone without our finalization, so silent the deployment's killer may have
+    UNOBSERVED: Final = "unobserved"  # gaps that ended while the watcher looked away too long to tell them
+    FLUSHES: Final = "flushes"  # the last flushes applied: a flush sent again finds itself here
+    UPDATED_AT: Final = "updated_at"
+
+
+#: The worker size of a job whose queue does not say (no ``difficulty`` before 2023-07): any worker may run it.
+WORKER_UNTOLD = "any"
 
 
 # --- reading and writing values of any generation ------------------------------

@@ -19,6 +19,7 @@ from zombie_pipeline.queue.documents import (
     DEFAULT_FAILURES_COLLECTION,
     DEFAULT_JOBS_COLLECTION,
     DEFAULT_SUGGESTIONS_COLLECTION,
+    HEARTBEAT_GAPS_COLLECTION,
     ID,
     JOB_METRICS_COLLECTION,
     LOCKS_COLLECTION,
@@ -39,6 +40,7 @@ from zombie_pipeline.queue.documents import (
 from zombie_pipeline.queue.indexes import (
     CACHE_INDEXES,
     EVENT_INDEXES,
+    HEARTBEAT_GAP_INDEXES,
     JOB_INDEXES,
     QUARANTINE_INDEXES,
     RETRY_INDEXES,
@@ -103,6 +105,7 @@ class Store:
     simulations: Collection[Document]
     quarantine: Collection[QuarantineDocument]
     watchers: Collection[WatchLeaseDocument]
+    heartbeat_gaps: Collection[Document]
 
     @classmethod
     def of(
@@ -131,12 +134,21 @@ class Store:
             simulations=queue_db[SIMULATIONS_COLLECTION],
             quarantine=typed(queue_db, QUARANTINE_COLLECTION, QuarantineDocument),
             watchers=typed(queue_db, WATCHERS_COLLECTION, WatchLeaseDocument),
+            heartbeat_gaps=queue_db[HEARTBEAT_GAPS_COLLECTION],
         )
 
     @property
     def ours(self) -> tuple[Collection[Any], ...]:
         """The collections this project owns; the deployment never reads them."""
-        return (self.events, self.failures, self.suggestions, self.retries, self.quarantine, self.watchers)
+        return (
+            self.events,
+            self.failures,
+            self.suggestions,
+            self.retries,
+            self.quarantine,
+            self.watchers,
+            self.heartbeat_gaps,
+        )
 
     def simulated_generation(self) -> str | None:
         """The queue generation the simulator wrote these databases in (its mark in ``zombieSimulations``), or None
@@ -159,4 +171,5 @@ class Store:
         created += ensure_indexes(self.events, EVENT_INDEXES)
         created += ensure_indexes(self.retries, RETRY_INDEXES)
         created += ensure_indexes(self.quarantine, QUARANTINE_INDEXES)
+        created += ensure_indexes(self.heartbeat_gaps, HEARTBEAT_GAP_INDEXES)
         return created
