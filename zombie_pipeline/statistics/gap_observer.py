@@ -1,11 +1,11 @@
 """The heartbeat gaps of live jobs, measured by watching the started jobs refresh after refresh.
 
 A watcher re-reads the started jobs every second or two and hands each refresh to its listeners
-(:class:`zombie_pipeline.cleanup.watch.Listener`; ``zombie_watch_job`` hands each watch this one).
-:class:`GapObserver` is one: it follows each job's signs of life (its start,
-then every new ``last_heartbeat``) and counts the time between two of them as a *gap* of the job's type, on
-the worker size its ``difficulty`` sends it to (where the queue records one). What it counts, and what it
-leaves out as seen only in part, is :mod:`.gap_tallies`' to say; the rules in short:
+(:class:`zombie_pipeline.cleanup.watch.Listener`). :class:`GapObserver` is one, handed to every watch by
+``zombie_watch_job``: it follows each job's signs of life (its start, then every new ``last_heartbeat``) and counts
+the time between two of them as a *gap* of the job's type, on the worker size its ``difficulty`` sends it to (where
+the queue records one). What it counts, and what it leaves out as seen only in part, is :mod:`.gap_tallies`' to say;
+the rules in short:
 
 - a job first seen before its first heartbeat has its first gap counted from its start, and is *watched
   whole*: every silence of its life is seen;
