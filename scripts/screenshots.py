@@ -260,6 +260,7 @@ def shoot(browser: str, base: Path, mongo_url: str, args: argparse.Namespace) ->
             KILL_CRON_ENV: "",
             WEBHOOK_URL_ENV: "",
             COMPENSATION_URL_ENV: f"http://127.0.0.1:{free_port()}/undo",  # nothing listens there
+            **harness.watcher_off(base),  # the cleanup run shown finds the zombies (a watch run would take them first)
         }
         dev = harness.DagsterDev(base / "dagster_home", free_port(), env).start(timeout=180)
         print(f"dagster dev at {dev.url}")

@@ -103,7 +103,13 @@ def test_the_location_name_is_the_same_for_workspace_and_pyproject():
 
 def test_the_jobs_schedules_and_sensors_are_the_pipelines():
     jobs = {job.name for job in REPOSITORY.get_all_jobs() if not job.name.startswith("__")}
-    assert jobs == {"kill_zombies_job", "lift_quarantine_job", "queue_health_job", "duration_statistics_job"}
+    assert jobs == {
+        "kill_zombies_job",
+        "lift_quarantine_job",
+        "queue_health_job",
+        "duration_statistics_job",
+        "zombie_watch_job",
+    }
     assert {s.name for s in REPOSITORY.schedule_defs} == {"kill_zombies_schedule", "duration_stats_schedule"}
     assert {s.name for s in REPOSITORY.sensor_defs} == {
         "stale_jobs_sensor",
@@ -111,6 +117,7 @@ def test_the_jobs_schedules_and_sensors_are_the_pipelines():
         "cleanup_checks_sensor",
         "pipeline_failure_sensor",
         "cleanup_overdue_sensor",
+        "zombie_watch_sensor",
     }
 
 
@@ -162,6 +169,9 @@ def test_sensors_target_the_right_jobs_and_write_only_when_turned_on():
     )  # Dagster daemon evaluates sensors every 30 s: the shortest that means anything
     # it alarms when no cleanup succeeds: on before the cleanups are, it would cry wolf
     assert sensors["cleanup_overdue_sensor"].default_status == dg.DefaultSensorStatus.STOPPED
+    # the watcher writes too, but is on by default wherever a daemon runs: an operator turns it off (issue 34)
+    assert sensors["zombie_watch_sensor"].job_name == "zombie_watch_job"
+    assert sensors["zombie_watch_sensor"].default_status == dg.DefaultSensorStatus.RUNNING
 
 
 def test_cleanup_is_partitioned_by_the_job_types_the_sensor_registers():

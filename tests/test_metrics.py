@@ -18,10 +18,13 @@ from zombie_pipeline.monitoring import QueueSnapshot
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import CAUSES, CAUSES_OF_REASON, ID, REASONS, Event, EventState, Job, RetryOutcome
 from zombie_pipeline.simulation.shapes import cache_document
+from zombie_pipeline.statistics.gap_histogram import GapHistogram
+from zombie_pipeline.statistics.gap_tallies import GapPeriod, GapTally
+from zombie_pipeline.statistics.heartbeat_timeout import suggest_heartbeat_timeout
 from zombie_pipeline.statistics.quantiles import PERCENTILES
 
 #: Every label a metric may carry: each takes a bounded set of values (a dataset never is one).
-BOUNDED_LABELS = {"job_type", "reason", "cause", "error_code", "outcome", "quantile"}
+BOUNDED_LABELS = {"job_type", "worker_type", "reason", "cause", "error_code", "outcome", "quantile"}
 UTC = dt.UTC
 
 
@@ -172,6 +175,33 @@ def test_detection_times_are_a_histogram_per_reason_counted_from_the_audit_trail
     assert bucket("terminated", "+Inf") == 0  # a reason nothing died of: an empty histogram, not a missing one
 
 
+def test_release_lags_are_a_histogram_per_reason_counted_from_the_audit_trail(store):
+    """A cleanup run long after the deadlines records how long after each one it came; the histogram counts them."""
+    late = [
+        job_document(dataset=f"user/z-{i}", started_at=ago(900), last_heartbeat=ago(300 + seconds))
+        for i, seconds in enumerate((3, 40, 400))
+    ]
+    store.jobs.insert_many(late)
+    run_cleanup(store, ZombiePolicy(), "run-1")
+    recorded = sorted(event[Event.RELEASE_LAG_SECONDS] for event in store.events.find())
+
+    values = exposed(
+        metrics.cleanup_figures(
+            metrics.audit_totals(store.events), {}, {}, ago(5), ago(0), heartbeat_timeout_seconds=300
+        )
+    )
+
+    def bucket(le: str) -> float:
+        return values[("zombie_pipeline_release_lag_seconds_bucket", (("le", le), ("reason", "missing_heartbeat")))]
+
+    assert [round(seconds, -1) for seconds in recorded] == [0, 40, 400]  # measured now: a fraction of a second more
+    assert [bucket(le) for le in ("2", "5", "60", "300", "600", "+Inf")] == [0, 1, 2, 2, 3, 3]
+    assert values[("zombie_pipeline_release_lag_seconds_sum", (("reason", "missing_heartbeat"),))] == pytest.approx(
+        sum(recorded)
+    )
+    assert values[("zombie_pipeline_release_lag_seconds_count", (("reason", "terminated"),))] == 0
+
+
 def test_a_cleanup_that_found_nothing_pushes_zeros_for_every_job_type_reason_and_outcome_it_knows():
     """A series absent is a blank panel, not a zero; a counter first seen at 1 hides its first increase."""
     totals = metrics.AuditTotals(
@@ -275,3 +305,42 @@ def test_a_type_without_enough_runs_has_no_suggestion_pushed():
     assert not any(name == "zombie_pipeline_suggested_max_duration_seconds" for name, _ in values)
     assert values[("zombie_pipeline_configured_max_duration_seconds", (("job_type", "/splits"),))] == 1200
     assert values[("zombie_pipeline_suggestion_made", (("job_type", "/splits"),))] == 0  # said, not left blank
+
+
+def test_the_heartbeat_gaps_are_a_histogram_per_job_type_and_worker_size_counted_from_the_gap_logs_totals():
+    gaps = [58.0, 60.0, 60.0, 61.5, 64.0, 90.0, 200.0, 700.0]
+    light = GapTally(gaps=GapHistogram.of(gaps))
+    totals = GapPeriod(
+        start=dt.datetime(2024, 3, 1, tzinfo=UTC),
+        end=dt.datetime(2024, 3, 8, tzinfo=UTC),
+        tallies={("/splits", "light"): light, ("/first-rows", "any"): GapTally(gaps=GapHistogram.of([30.0]))},
+    )
+
+    values = exposed(metrics.heartbeat_gap_figures(totals))
+
+    labels = (("job_type", "/splits"), ("worker_type", "light"))
+    for bound in metrics.GAP_BUCKETS:
+        le = (("job_type", "/splits"), ("le", f"{bound:g}"), ("worker_type", "light"))
+        assert values[("zombie_pipeline_heartbeat_gap_seconds_bucket", le)] == sum(gap <= bound for gap in gaps)
+    infinity = (("job_type", "/splits"), ("le", "+Inf"), ("worker_type", "light"))
+    assert values[("zombie_pipeline_heartbeat_gap_seconds_bucket", infinity)] == len(gaps)
+    assert values[("zombie_pipeline_heartbeat_gap_seconds_count", labels)] == len(gaps)
+    assert values[("zombie_pipeline_heartbeat_gap_seconds_sum", labels)] == sum(gaps)
+    assert (
+        values[("zombie_pipeline_heartbeat_gap_seconds_count", (("job_type", "/first-rows"), ("worker_type", "any")))]
+        == 1
+    )
+
+
+def test_the_statistics_push_the_heartbeat_timeout_their_gaps_support(store):
+    report = report_suggesting({"/splits": 600})
+    gaps = GapTally(gaps=GapHistogram.of([60.0 + index % 7 for index in range(4_000)]))
+    policy = ZombiePolicy()
+    report.heartbeat = suggest_heartbeat_timeout(
+        GapPeriod(start=report.window_start, end=report.window_end, tallies={("/splits", "light"): gaps}), policy, 3
+    )
+
+    values = exposed(metrics.statistics_figures(report))
+
+    assert report.heartbeat.suggested_seconds == 120  # the p99.9 bound (66 s) x 1.5, at the two-heartbeat floor
+    assert values[("zombie_pipeline_suggested_heartbeat_timeout_seconds", ())] == 120

@@ -1,15 +1,16 @@
 """The code location: every job, asset, check, schedule and sensor, with the resources from the environment.
 
 Grouped by domain, as ``orchestration/`` is: the cleanup (``kill_zombies_job``,
-partitioned by job type, and ``lift_quarantine_job``), the queue's health after a cleanup (``queue_health``
-and its checks), the duration statistics (daily tallies, window statistics,
-T2 suggestions), the repeat offenders (daily, in the statistics' group and job),
+partitioned by job type, and ``lift_quarantine_job``), the watcher that releases each dead job at its deadline
+(``zombie_watch_job``, kept running by ``zombie_watch_sensor``), the queue's health after a cleanup (``queue_health``
+and its checks), the duration statistics (daily tallies and heartbeat gaps, window statistics,
+T2 and heartbeat timeout suggestions), the repeat offenders (daily, in the statistics' group and job),
 then the automation that runs them.
 """
 
 import dagster as dg
 
-from zombie_pipeline.orchestration import health, quarantine, repeat_offenders, statistics
+from zombie_pipeline.orchestration import health, heartbeat_gaps, quarantine, repeat_offenders, statistics, watch
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.resources import resources_from_env
 from zombie_pipeline.orchestration.schedules import (
@@ -32,6 +33,7 @@ except InvalidPolicy as refused:  # each refusal on its own line, as `zombie-pip
 
 defs = dg.Definitions.merge(
     dg.Definitions(jobs=[kill_zombies_job, quarantine.lift_quarantine_job]),  # the cleanup, and lifting a quarantine
+    dg.Definitions(jobs=[watch.zombie_watch_job], sensors=[watch.zombie_watch_sensor]),  # the watcher, on by default
     dg.Definitions(  # the queue's health after a cleanup
         assets=[health.queue_health],
         asset_checks=[
@@ -43,7 +45,11 @@ defs = dg.Definitions.merge(
         jobs=[health.queue_health_job],
     ),
     dg.Definitions(  # the duration statistics
-        assets=[statistics.job_duration_tallies, statistics.job_duration_statistics],
+        assets=[
+            statistics.job_duration_tallies,
+            heartbeat_gaps.heartbeat_gap_tallies,
+            statistics.job_duration_statistics,
+        ],
         jobs=[statistics.duration_statistics_job],
     ),
     dg.Definitions(  # the repeat offenders, with their check no_repeat_offenders

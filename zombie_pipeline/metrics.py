@@ -9,7 +9,7 @@ rules and the dashboard name nothing else) and turns what a run knows into :clas
 Names and labels follow Prometheus' conventions and dataset-viewer's vocabulary: the prefix
 ``zombie_pipeline_``, base units in the name (``_seconds``, ``_ratio``, ``_timestamp_seconds``),
 ``_total`` on counters, and bounded labels only: ``job_type`` (dataset-viewer's ``kind``),
-``reason``, ``cause``, ``error_code``, ``outcome``, ``quantile``. A dataset is never a label. The queue
+``worker_type`` (a worker size), ``reason``, ``cause``, ``error_code``, ``outcome``, ``quantile``. A dataset is never a label. The queue
 database is not a label here either: the push's grouping key adds it.
 
 Counters are the audit trail's totals (``zombieEvents`` keeps every finalization): they only grow,
@@ -61,6 +61,7 @@ from zombie_pipeline.queue.store import aggregate_rows
 
 if TYPE_CHECKING:  # the cleanup pushes its figures without the statistics' pandas
     from zombie_pipeline.statistics.analysis import DurationReport
+    from zombie_pipeline.statistics.gap_tallies import GapPeriod
 
 PREFIX = "zombie_pipeline_"
 
@@ -132,6 +133,15 @@ DETECTION_TIME = _histogram(
 #: The detection time histogram's upper bounds, in seconds: around the heartbeat timeout (300 s) and its alert (+3 min)
 #: finely, then coarsely up to an hour.
 DETECTION_BUCKETS = (30.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 420.0, 480.0, 540.0, 600.0, 900.0, 1800.0, 3600.0)
+RELEASE_LAG = _histogram(
+    "release_lag_seconds",
+    "How long after its deadline (the moment the rules allowed it) each zombie was finalized, by reason: what the "
+    "cleanup that finalized it, watcher or run, added to the rule (the audit trail's release_lag_seconds).",
+    "reason",
+)
+#: The release lag histogram's upper bounds, in seconds: the watcher's seconds finely, a sensor's tick and a run's start,
+#: a schedule's ten minutes.
+RELEASE_LAG_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 HEARTBEAT_TIMEOUT = _gauge(
     "policy_heartbeat_timeout_seconds",
     "The policy's heartbeat_timeout_seconds in the last cleanup: the detection time alert's reference.",
@@ -227,9 +237,26 @@ SUGGESTION_CENSORED = _gauge(
 STATISTICS_WINDOW_END = _gauge(
     "statistics_window_end_timestamp_seconds", "End of the window the pushed statistics describe (unix time)."
 )
+SUGGESTED_HEARTBEAT_TIMEOUT = _gauge(
+    "suggested_heartbeat_timeout_seconds",
+    "The heartbeat timeout the window's heartbeat gaps support (the current one where they support no lower one).",
+)
+
+# --- pushed by heartbeat_gap_tallies: the gaps a watcher saw since its first watch ---------------------------------
+
+HEARTBEAT_GAP = _histogram(
+    "heartbeat_gap_seconds",
+    "Gaps between the signs of life (start, heartbeats) of live jobs, as a watcher saw them, by job type and the worker "
+    "size their difficulty sends them to ('any' where the queue records none) (the gap log's totals).",
+    "job_type",
+    "worker_type",
+)
+#: The gap histogram's upper bounds, in seconds: finely around the deployment's one-minute heartbeat, then up to the
+#: heartbeat timeout and past it. Whole seconds: each is an edge of the gap log's buckets, so each count is exact.
+GAP_BUCKETS = (5.0, 10.0, 20.0, 30.0, 45.0, 55.0, 60.0, 65.0, 75.0, 90.0, 120.0, 180.0, 240.0, 300.0, 600.0)
 
 CLEANUP_METRICS = (
-    ZOMBIES_FINALIZED, FRESHER_ENTRIES_KEPT, RETRIES, LATE_RESULTS, DETECTION_TIME, HEARTBEAT_TIMEOUT, ZOMBIES_FOUND,
+    ZOMBIES_FINALIZED, FRESHER_ENTRIES_KEPT, RETRIES, LATE_RESULTS, DETECTION_TIME, RELEASE_LAG, HEARTBEAT_TIMEOUT, ZOMBIES_FOUND,
     RACES_LOST, DELAYED_RETRIES_ENQUEUED, COMPENSATION_RUNS, CLEANUP_DURATION, LAST_SUCCESS,
 )  # fmt: skip
 BRAKE_METRICS = (BRAKE_ENGAGED, STALE_RATIO, MAX_STALE_RATIO)
@@ -239,10 +266,11 @@ HEALTH_METRICS = (
 )  # fmt: skip
 STATISTICS_METRICS = (
     SUGGESTED_MAX_DURATION, SUGGESTION_MADE, CONFIGURED_MAX_DURATION, SUGGESTION_RUNS, SUCCESSFUL_RUN_DURATION, SUGGESTION_CENSORED,
-    STATISTICS_WINDOW_END,
+    STATISTICS_WINDOW_END, SUGGESTED_HEARTBEAT_TIMEOUT,
 )  # fmt: skip
+GAP_METRICS = (HEARTBEAT_GAP,)
 #: Every metric the pipeline pushes: the one list the alert rules and the dashboard are checked against.
-METRICS = CLEANUP_METRICS + BRAKE_METRICS + HEALTH_METRICS + STATISTICS_METRICS
+METRICS = CLEANUP_METRICS + BRAKE_METRICS + HEALTH_METRICS + STATISTICS_METRICS + GAP_METRICS
 METRIC_NAMES = frozenset(metric.name for metric in METRICS)
 
 
@@ -335,6 +363,7 @@ class AuditTotals:
     late_results: Counter[Any] = field(default_factory=Counter)  # job type -> events whose job showed life afterwards
     skipped: int = 0  # events whose type, reason or code cannot be a label value (written by hand or an old version)
     detection: dict[str, Histogram] = field(default_factory=dict)  # reason -> detection times (recorded since 2026-12)
+    release_lag: dict[str, Histogram] = field(default_factory=dict)  # reason -> release lags (recorded since 2026-12)
 
 
 _REASONS = {str(reason) for reason in REASONS}
@@ -384,25 +413,28 @@ def audit_totals(events: Collection[ZombieEvent]) -> AuditTotals:
         if key.get(_LATE) is not None:
             totals.late_results[job_type] += count
     totals.detection = detection_histograms(events)
+    totals.release_lag = detection_histograms(events, Event.RELEASE_LAG_SECONDS, RELEASE_LAG_BUCKETS)
     return totals
 
 
-def detection_histograms(events: Collection[ZombieEvent]) -> dict[str, Histogram]:
-    """Per reason, the finalized events' detection times counted into :data:`DETECTION_BUCKETS`, on the server."""
-    seconds = f"${Event.DETECTION_SECONDS}"
+def detection_histograms(
+    events: Collection[ZombieEvent],
+    figure: str = Event.DETECTION_SECONDS,
+    bounds: tuple[float, ...] = DETECTION_BUCKETS,
+) -> dict[str, Histogram]:
+    """Per reason, the finalized events' detection times (or another of their figures in seconds, ``figure``) counted
+    into ``bounds``, on the server."""
+    seconds = f"${figure}"
     at_or_below = {
-        f"le{index}": {"$sum": {"$cond": [{"$lte": [seconds, bound]}, 1, 0]}}
-        for index, bound in enumerate(DETECTION_BUCKETS)
+        f"le{index}": {"$sum": {"$cond": [{"$lte": [seconds, bound]}, 1, 0]}} for index, bound in enumerate(bounds)
     }
     pipeline = on_index(
         {Event.STATE: EventState.DONE},
-        {Event.DETECTION_SECONDS: {"$type": "number"}},
+        {figure: {"$type": "number"}},
         {"$group": {ID: f"${Event.REASON}", _COUNT: {"$sum": 1}, _SUM: {"$sum": seconds}, **at_or_below}},
     )
     return {
-        group[ID]: Histogram(
-            DETECTION_BUCKETS, tuple(group[name] for name in at_or_below), group[_COUNT], float(group[_SUM])
-        )
+        group[ID]: Histogram(bounds, tuple(group[name] for name in at_or_below), group[_COUNT], float(group[_SUM]))
         for group in aggregate_rows(events, pipeline)
         if group[ID] in _REASONS
     }
@@ -440,6 +472,8 @@ def cleanup_figures(
     for reason in REASONS:
         histogram = totals.detection.get(reason) or no_observations(DETECTION_BUCKETS)
         figures.set_histogram(DETECTION_TIME, histogram, reason=reason)
+        lags = totals.release_lag.get(reason) or no_observations(RELEASE_LAG_BUCKETS)
+        figures.set_histogram(RELEASE_LAG, lags, reason=reason)
     figures.set(HEARTBEAT_TIMEOUT, heartbeat_timeout_seconds)
     for job_type in job_types:
         figures.set(FRESHER_ENTRIES_KEPT, totals.fresher_kept.get(job_type, 0), job_type=job_type)
@@ -522,6 +556,21 @@ def statistics_figures(report: DurationReport) -> Figures:
             if value is not None:
                 figures.set(SUCCESSFUL_RUN_DURATION, value, job_type=job_type, quantile=_quantile_label(quantile))
     figures.set(STATISTICS_WINDOW_END, report.window_end.timestamp())
+    if report.heartbeat is not None:
+        figures.set(SUGGESTED_HEARTBEAT_TIMEOUT, report.heartbeat.suggested_seconds)
+    return figures
+
+
+# --- what the gap tallies push --------------------------------------------------------------------------------
+
+
+def heartbeat_gap_figures(totals: GapPeriod) -> Figures:
+    """Per job type and worker size, the gaps since the first watch counted into :data:`GAP_BUCKETS`."""
+    figures = Figures()
+    for (job_type, worker), tally in sorted(totals.tallies.items()):
+        gaps = tally.gaps
+        histogram = Histogram(GAP_BUCKETS, gaps.at_or_below(GAP_BUCKETS), gaps.count, gaps.total_seconds)
+        figures.set_histogram(HEARTBEAT_GAP, histogram, job_type=job_type, worker_type=worker)
     return figures
 
 

@@ -120,6 +120,19 @@ class PolicySettings(BaseModel):
     heartbeat_interval_seconds: int = Field(
         default=60, description="How often the deployment's workers heartbeat (its heartbeatIntervalSeconds)."
     )
+    watch_deadlines: bool = Field(
+        default=True,
+        description="Release each dead job at its deadline: a standing zombie_watch_job run, kept running by "
+        "zombie_watch_sensor wherever a Dagster daemon runs, acts within seconds of the moment the rules allow "
+        "(docs/detection.md). false: no watcher; stale_jobs_sensor and kill_zombies_schedule alone, as before.",
+    )
+    deployment_max_missing_heartbeats: int | None = Field(
+        default=5,
+        description="The deployment's own maxMissingHeartbeats (the production chart: 5): its executors take a job for "
+        "dead after this many heartbeat_interval_seconds without a heartbeat. A heartbeat timeout the statistics "
+        "suggest below that product is flagged: the deployment's executors would still consider the job alive. "
+        "None: not known.",
+    )
     max_duration_seconds: int = Field(default=1200, description="Default maximum duration (T2) of a job.")
     max_duration_seconds_by_type: dict[str, int] = Field(
         default_factory=dict, description="T2 per job type, overriding max_duration_seconds."
@@ -243,6 +256,7 @@ POLICY_BOUNDS: dict[str, Bound] = {
     "termination_grace_seconds": Bound(ge=0),
     "termination_missed_heartbeats": Bound(ge=1),
     "heartbeat_interval_seconds": Bound(gt=0),
+    "deployment_max_missing_heartbeats": Bound(ge=1),
     "max_duration_seconds": Bound(gt=0),
     "max_stale_fraction": Bound(gt=0, le=1),
     "min_started_for_brake": Bound(ge=0),
@@ -322,6 +336,12 @@ class ZombiePolicy(PolicySettings):
     def termination_silence_seconds(self) -> int:
         """How long a SIGTERMed job's heartbeats must have stopped, past its grace period, for it to be dead."""
         return self.termination_missed_heartbeats * self.heartbeat_interval_seconds
+
+    def deployment_heartbeat_timeout_seconds(self) -> int | None:
+        """After how long without a heartbeat the deployment's own executors take a job for dead; None: not known."""
+        if self.deployment_max_missing_heartbeats is None:
+            return None
+        return self.deployment_max_missing_heartbeats * self.heartbeat_interval_seconds
 
     def max_duration_of(self, job_type: str) -> int:
         return self.max_duration_seconds_by_type.get(job_type, self.max_duration_seconds)

@@ -47,6 +47,8 @@ from zombie_pipeline.simulation.workload import Workload
 
 DEPLOY = REPO_ROOT / "deploy"
 CLEANUP = "kill_zombies_job"
+WATCH = "zombie_watch_job"
+WATCH_SENSOR = "zombie_watch_sensor"
 EVERY_MINUTE = "* * * * *"
 RUN_TIMEOUT = 150  # a run takes seconds; the margin is for a machine busy with the rest of the suite
 
@@ -115,10 +117,13 @@ def deployment_stack(
     before_daemon: Callable[[Operator], None] = lambda ops: None,
     prepare_queue: Callable[[Store], None] = lambda store: None,
     daemon_env: Mapping[str, str] | None = None,
+    watcher: bool = False,
 ) -> Iterator[Deployment]:
     """The deployment, the daemon started once ``before_daemon`` has turned on what the test wants; the simulated
     queue completed by ``prepare_queue`` first; ``daemon_env`` adds to the daemon's environment only (e.g. Dagster's
-    gRPC timeout of its calls to the code server)."""
+    gRPC timeout of its calls to the code server). The watcher (``zombie_watch_sensor``, running by default) is turned
+    off unless ``watcher``: the tests of the cleanups' own paths (the fallback's) want no watch run taking their
+    zombies first."""
     home = base / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(instance_yaml(instance_changes))
@@ -168,6 +173,8 @@ def deployment_stack(
                     dg.DagsterInstance.from_config(str(home)) as instance,
                     operator(instance, DEPLOY / "workspace.yaml") as ops,
                 ):
+                    if not watcher:
+                        ops.stop_sensor(WATCH_SENSOR)
                     before_daemon(ops)
                     daemon.start()
                     deployment = Deployment(store, simulation, zombies, cluster, instance, ops, env, server_env, port,

@@ -35,6 +35,16 @@ run_coordinator:
 """
 
 
+def watcher_off(base: Path) -> dict[str, str]:
+    """The environment of a ``dagster dev`` whose policy file turns the watcher off (``watch_deadlines: false``): for a
+    test of the cleanups launched by hand, whose zombies a watch run would otherwise take first."""
+    from zombie_pipeline.config import POLICY_FILE_ENV
+
+    path = base / "watcher-off.yaml"
+    path.write_text("watch_deadlines: false\n")
+    return {POLICY_FILE_ENV: str(path)}
+
+
 def repository_selector() -> dict[str, str]:
     return {"repositoryName": REPOSITORY, "repositoryLocationName": LOCATION}
 

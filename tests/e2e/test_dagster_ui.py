@@ -68,6 +68,7 @@ def dev(store, mongo_url, tmp_path_factory):
         HOME_ENV: str(base / "zombie_pipeline_home"),
         KILL_CRON_ENV: "",
         WEBHOOK_URL_ENV: "",
+        **harness.watcher_off(base),  # the cleanups launched here find their zombies (tests/e2e/test_watch_dev.py: on)
     }
     dev = harness.DagsterDev(base / "dagster_home", free_port(), env)
     try:

@@ -164,6 +164,7 @@ def comparable_state(store: Store, original_ids: set) -> dict[str, Any]:
             not in (
                 Event.FINALIZED_AT,
                 Event.DETECTION_SECONDS,  # counted to the finalization: a stamp of its run
+                Event.RELEASE_LAG_SECONDS,  # the same
                 Event.RUN_ID,
                 Event.LEASE_OWNER,
                 Event.LEASE_UNTIL,

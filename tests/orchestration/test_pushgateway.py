@@ -18,6 +18,7 @@ from tests.helpers import ago, crashed_job, database_resources, run_kill_zombies
 from tests.pushgateway import running_pushgateway
 from zombie_pipeline import metrics
 from zombie_pipeline.orchestration.health import queue_health
+from zombie_pipeline.orchestration.heartbeat_gaps import heartbeat_gap_tallies
 from zombie_pipeline.orchestration.pushgateway import PUSH_FAILED, PUSH_JOB, MetricsGateway
 from zombie_pipeline.orchestration.resources import ZombiePolicyResource
 from zombie_pipeline.orchestration.statistics import (
@@ -42,6 +43,8 @@ from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
+from zombie_pipeline.statistics.gap_histogram import GapHistogram
+from zombie_pipeline.statistics.gap_log import GapBatch, write_batch
 from zombie_pipeline.statistics.suggestion_log import latest_suggested_max_durations
 
 URL_ENV = "ZOMBIE_METRICS_TEST_MONGO_URL"
@@ -265,7 +268,7 @@ def test_the_statistics_push_the_suggestions_they_record(store, resources, gatew
                 [job_duration_tallies], partition_key=day, resources=resources, instance=instance
             ).success
         window = dg.materialize(
-            [job_duration_tallies, job_duration_statistics], selection=[job_duration_statistics], partition_key=yesterday,
+            [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics], selection=[job_duration_statistics], partition_key=yesterday,
             resources=resources, instance=instance, run_config=config,
         )  # fmt: skip
 
@@ -302,10 +305,35 @@ def test_a_past_window_is_not_pushed(store, resources, gateway, tmp_path):
     config = {"ops": {job_duration_statistics.op.name: {"config": {"reports_dir": str(tmp_path), "window_days": 1}}}}
     with dg.instance_for_test() as instance:
         result = dg.materialize(
-            [job_duration_tallies, job_duration_statistics], selection=[job_duration_statistics], partition_key="2024-03-10",
+            [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics], selection=[job_duration_statistics], partition_key="2024-03-10",
             resources={**resources, "zombie_policy": ZombiePolicyResource(queue_generation="2023-01")}, instance=instance,
             run_config=config,
         )  # fmt: skip
     [materialization] = result.asset_materializations_for_node(job_duration_statistics.op.name)
     assert text(materialization.metadata["metrics_push"]).startswith("not pushed: a past window")
     assert gateway.series(metrics.STATISTICS_WINDOW_END.name) == {}
+
+
+def test_the_gap_tallies_push_the_gaps_since_the_first_watch_whatever_day_they_hold(store, resources, gateway):
+    light, heavy = [58.0, 60.0, 61.0, 75.0, 400.0], [62.0, 130.0]
+    earlier, later = GapBatch("earlier"), GapBatch("later")
+    earlier.tally("2024-03-09", ("/splits", "light")).gaps = GapHistogram.of(light[:2])
+    later.tally("2024-03-10", ("/splits", "light")).gaps = GapHistogram.of(light[2:])
+    later.tally("2024-03-10", ("/first-rows", "heavy")).gaps = GapHistogram.of(heavy)
+    for batch in (earlier, later):
+        write_batch(store.heartbeat_gaps, batch, utc_now())
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(
+            [heartbeat_gap_tallies], partition_key="2024-03-09", resources=resources, instance=instance
+        )
+
+    [materialization] = result.asset_materializations_for_node(heartbeat_gap_tallies.op.name)
+    assert materialization.metadata[PUSH_FAILED].value == 0
+    pushed = group(store, "heartbeat_gap_tallies")
+    counts = values(gateway.series(metrics.HEARTBEAT_GAP.name + "_count", **pushed), "job_type", "worker_type")
+    assert counts == {("/splits", "light"): len(light), ("/first-rows", "heavy"): len(heavy)}  # both days, all time
+    buckets = values(gateway.series(metrics.HEARTBEAT_GAP.name + "_bucket", job_type="/splits", **pushed), "le")
+    assert buckets == {
+        **{f"{bound:g}": sum(gap <= bound for gap in light) for bound in metrics.GAP_BUCKETS},
+        "+Inf": len(light),
+    }

@@ -13,6 +13,7 @@ from bson import ObjectId
 
 from tests.helpers import QUEUE_GENERATION, database_resources, text
 from zombie_pipeline.orchestration.health import queue_health
+from zombie_pipeline.orchestration.heartbeat_gaps import heartbeat_gap_tallies
 from zombie_pipeline.orchestration.repeat_offenders import CHECK_NAME, repeat_offenders
 from zombie_pipeline.orchestration.resources import (
     Databases,
@@ -205,7 +206,7 @@ def test_the_asset_is_a_daily_statistic_run_by_the_statistics_job():
 def test_the_statistics_report_has_a_section_on_the_windows_offenders(week, resources, tmp_path):
     with dg.instance_for_test() as instance:
         result = dg.materialize(
-            [job_duration_tallies, job_duration_statistics],
+            [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics],
             selection=[
                 job_duration_statistics
             ],  # no tallies: the report says the days are missing, the section is there

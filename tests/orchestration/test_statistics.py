@@ -12,6 +12,7 @@ import pytest
 from bson import ObjectId
 
 from tests.helpers import METRICS_OFF, QUEUE_GENERATION, database_resources, found, job_document, workload
+from zombie_pipeline.orchestration.heartbeat_gaps import heartbeat_gap_tallies
 from zombie_pipeline.orchestration.resources import (
     Databases,
     ZombiePolicyResource,
@@ -75,7 +76,7 @@ def test_daily_tallies_combine_into_the_window_statistics_of_one_pass(resources,
                 _metadata(daily, job_duration_tallies), daily.output_for_node(job_duration_tallies.op.name)
             )
         window = dg.materialize(
-            [job_duration_tallies, job_duration_statistics],
+            [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics],
             selection=[job_duration_statistics],  # the window reads no job: only the stored tallies
             partition_key="2024-03-10",
             resources=resources,
@@ -141,7 +142,7 @@ def test_days_not_computed_yet_are_listed_and_bad_data_counted(resources, store:
             [job_duration_tallies], partition_key="2024-03-10", resources=resources, instance=instance
         )
         window = dg.materialize(
-            [job_duration_tallies, job_duration_statistics],
+            [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics],
             selection=[job_duration_statistics],
             partition_key="2024-03-10",
             resources=resources,
@@ -182,7 +183,7 @@ def test_in_a_backfill_each_report_says_whether_its_window_is_complete_and_what_
         reports = {}
         for day in days:
             run = dg.materialize(
-                [job_duration_tallies, job_duration_statistics],
+                [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics],
                 partition_key=day,
                 resources=resources,
                 instance=instance,
@@ -204,7 +205,7 @@ def test_in_a_backfill_each_report_says_whether_its_window_is_complete_and_what_
 def test_a_partial_window_says_which_days_to_compute_to_complete_it(resources, store: Store, tmp_path):
     with dg.instance_for_test() as instance:
         run = dg.materialize(
-            [job_duration_tallies, job_duration_statistics],
+            [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics],
             partition_key="2024-03-10",
             resources=resources,
             instance=instance,
@@ -234,7 +235,7 @@ def test_days_read_from_a_simulation_dropped_since_are_left_out_of_the_window_an
         simulate(store, replace(history, seed=8), now=end)
         assert store.simulation_id() not in (None, first)
         window = dg.materialize(
-            [job_duration_tallies, job_duration_statistics],
+            [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics],
             partition_key="2024-03-10",
             resources=resources,
             instance=instance,
@@ -300,7 +301,7 @@ def test_an_out_of_range_setting_fails_the_run_before_anything_is_read(monkeypat
     refused = r"^invalid suggestion rules: quantile=1\.5: should be less than 1$"
     with dg.instance_for_test() as instance, pytest.raises(dg.Failure, match=refused):
         dg.materialize(
-            [job_duration_tallies, job_duration_statistics],
+            [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics],
             selection=[job_duration_statistics],
             partition_key="2024-03-10",
             resources=unreachable,
@@ -310,7 +311,7 @@ def test_an_out_of_range_setting_fails_the_run_before_anything_is_read(monkeypat
 
 
 def test_the_assets_form_a_daily_group_with_a_partitioned_job():
-    assets = [job_duration_tallies, job_duration_statistics]
+    assets = [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics]
     defs = dg.Definitions(
         assets=assets,
         jobs=[duration_statistics_job],

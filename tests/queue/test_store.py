@@ -19,6 +19,7 @@ from zombie_pipeline.queue.documents import (
 from zombie_pipeline.queue.indexes import (
     CACHE_INDEXES,
     EVENT_INDEXES,
+    HEARTBEAT_GAP_INDEXES,
     JOB_INDEXES,
     QUARANTINE_INDEXES,
     RETRY_INDEXES,
@@ -69,7 +70,15 @@ def test_the_indexes_our_queries_need_are_created_once(queue_db, cache_db):
     created = store.ensure_indexes()
 
     expected = [
-        spec.full_name for spec in (*JOB_INDEXES, *CACHE_INDEXES, *EVENT_INDEXES, *RETRY_INDEXES, *QUARANTINE_INDEXES)
+        spec.full_name
+        for spec in (
+            *JOB_INDEXES,
+            *CACHE_INDEXES,
+            *EVENT_INDEXES,
+            *RETRY_INDEXES,
+            *QUARANTINE_INDEXES,
+            *HEARTBEAT_GAP_INDEXES,
+        )
     ]
     assert sorted(created) == sorted(expected)
     assert store.ensure_indexes() == []  # idempotent: every run asks

@@ -21,6 +21,9 @@ from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.statistics.analysis import analyze, window_report
 from zombie_pipeline.statistics.charts import CHART_EDGES, INLINE_MARKDOWN_LIMIT, duration_chart, duration_charts
 from zombie_pipeline.statistics.formatting import day_ranges, format_duration
+from zombie_pipeline.statistics.gap_histogram import GapHistogram
+from zombie_pipeline.statistics.gap_tallies import GapPeriod, GapTally
+from zombie_pipeline.statistics.heartbeat_timeout import suggest_heartbeat_timeout
 from zombie_pipeline.statistics.reports import markdown_table, policy_snippet, summary_text, write_reports
 from zombie_pipeline.statistics.tallies import BadData, Period, Tally
 
@@ -326,3 +329,26 @@ def test_the_report_lists_the_pairs_that_used_up_their_free_re_runs(store, tmp_p
     assert "free re-runs used up (SIGTERMed alone past them): user/evicted /a" in summary_text(report)
     listed = json.loads(write_reports(report, tmp_path).json.read_text())["free_runs_spent"]
     assert [(row["dataset"], row["charged"]) for row in listed] == [("user/evicted", 1)]
+
+
+def test_a_report_with_heartbeat_gaps_gives_the_timeout_they_support_in_every_file(report, tmp_path):
+    gaps = GapTally(gaps=GapHistogram.of((60 + np.random.default_rng(1).gamma(2.0, 2.0, 5_000)).tolist()))
+    report.heartbeat = suggest_heartbeat_timeout(
+        GapPeriod(start=report.window_start, end=report.window_end, tallies={("/fast", "light"): gaps}),
+        ZombiePolicy(),
+        report.heartbeat_deaths,
+    )
+
+    files = write_reports(report, tmp_path)
+
+    assert report.heartbeat_deaths == 2  # /fast's two missing heartbeats
+    markdown = files.markdown.read_text()
+    assert "**Heartbeat timeout** (current 5 min" in markdown and "| `/fast` on light | 5,000 |" in markdown
+    assert f"heartbeat_timeout_seconds: {report.heartbeat.suggested_seconds}  #" in markdown
+    document = json.loads(files.json.read_text())["heartbeat_timeout"]
+    assert document["suggested_seconds"] == report.heartbeat.suggested_seconds < 300
+    assert document["rows"][0]["gaps"] == 5_000 and document["deaths"] == 2
+    assert files.gap_chart is not None and files.gap_chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = summary_text(report, files)
+    assert f"heartbeat timeout 5 min -> {format_duration(report.heartbeat.suggested_seconds)} (lower)" in summary
+    assert str(files.gap_chart) in summary

@@ -38,6 +38,7 @@ from zombie_pipeline.cleanup.run import RunSummary
 from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.orchestration.cleanup import kill_zombies_job
 from zombie_pipeline.orchestration.failures import result_cause
+from zombie_pipeline.orchestration.heartbeat_gaps import heartbeat_gap_tallies
 from zombie_pipeline.orchestration.repeat_offenders import repeat_offenders
 from zombie_pipeline.orchestration.resources import DeploymentResources, resources_from_env
 from zombie_pipeline.orchestration.statistics import job_duration_statistics, job_duration_tallies
@@ -321,7 +322,7 @@ def _statistics(resources: DeploymentResources, instance: dg.DagsterInstance, sa
         "ops": {job_duration_statistics.op.name: {"config": {"save_suggestions": save_suggestions}}},
     }
     result = dg.materialize(
-        [job_duration_tallies, job_duration_statistics, repeat_offenders],
+        [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics, repeat_offenders],
         selection=[job_duration_statistics, repeat_offenders],
         partition_key=days[-1],
         resources=resources,

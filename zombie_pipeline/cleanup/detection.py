@@ -56,6 +56,7 @@ class Candidate:
     reason: Reason
     threshold_seconds: int
     detected_at: dt.datetime
+    due_at: dt.datetime  # the moment its rules first allowed finalizing it (:func:`deadline_of`)
     past_max_duration: bool = False  # also started longer ago than its type's T2 (a dead job stays a crash)
     cause: Cause | None = None  # why its worker stopped, once judged with the others (``causes.judged``)
     in_wave: bool = False  # its death fell in a wave of workers stopped at once
@@ -99,6 +100,10 @@ class Candidate:
         else:
             since = self.last_sign_of_life
         return round(max((finalized_at - since).total_seconds(), 0.0), 3)
+
+    def release_lag_seconds(self, finalized_at: dt.datetime) -> float:
+        """How long after the moment its rules allowed it the job was finalized: what a cleanup adds to the rule."""
+        return round((finalized_at - self.due_at).total_seconds(), 3)
 
     @property
     def age_seconds(self) -> float:
@@ -248,33 +253,55 @@ def problem_of(job: Mapping[str, Any]) -> str | None:
     return None
 
 
-def reason_of(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.datetime) -> tuple[Reason, int] | None:
-    """The reason a well-formed started job is a zombie, with the threshold it broke; None if it is not one.
+@dataclass(frozen=True)
+class Rule:
+    """One rule a started job can break, and the moment it breaks it: the job is a zombie by it once past ``due_at``."""
 
-    The deployment's precedence: terminated (SIGTERM older than the timeout, or older than the grace period with
-    the heartbeats stopped since: :func:`termination_cutoffs`), then dead (heartbeat stale, or never sent since a
-    start older than the timeout), then alive past its type's maximum duration. A job SIGTERMed more recently is
-    left to finish its termination.
+    reason: Reason
+    threshold_seconds: int
+    due_at: dt.datetime
+
+
+def rules_of(job: Mapping[str, Any], policy: ZombiePolicy) -> list[Rule]:
+    """The rules a well-formed started job is judged by, in the deployment's precedence, each with its moment.
+
+    Terminated (SIGTERM older than the timeout; or, sooner, older than the grace period with the heartbeats stopped
+    since: :func:`termination_cutoffs`), and nothing else for a SIGTERMed job; then dead (heartbeat stale, or never
+    sent since its start); then alive past its type's maximum duration. Every moment is known from the job as read:
+    :func:`reason_of` asks which rules have passed, the watcher (``cleanup.watch``) sleeps until the earliest.
     """
-    timeout = policy.heartbeat_timeout_seconds
-    cutoff = now - dt.timedelta(seconds=timeout)
+    timeout = dt.timedelta(seconds=policy.heartbeat_timeout_seconds)
     terminated_at = as_utc(job.get(Job.TERMINATED_AT))
     started_at = utc(job[Job.STARTED_AT])
     last_heartbeat = as_utc(job.get(Job.LAST_HEARTBEAT))
     if terminated_at is not None:
-        if terminated_at < cutoff:
-            return Reason.TERMINATED, timeout
-        fast = termination_cutoffs(policy, now)
-        if fast is not None and terminated_at < fast[0] and (last_heartbeat or started_at) < fast[1]:
-            return Reason.TERMINATED, policy.termination_grace_seconds or 0
-        return None
-    if last_heartbeat is None and started_at < cutoff:
-        return Reason.NEVER_HEARTBEATED, timeout
-    if last_heartbeat is not None and last_heartbeat < cutoff:
-        return Reason.MISSING_HEARTBEAT, timeout
-    if is_past_max_duration(job, policy, now):
-        return Reason.EXCEEDED_MAX_DURATION, policy.max_duration_of(job[Job.TYPE])
+        rules = [Rule(Reason.TERMINATED, policy.heartbeat_timeout_seconds, terminated_at + timeout)]
+        if policy.termination_grace_seconds is not None:
+            grace = dt.timedelta(seconds=policy.termination_grace_seconds)
+            silence = dt.timedelta(seconds=policy.termination_silence_seconds())
+            due = max(terminated_at + grace, (last_heartbeat or started_at) + silence)
+            rules.append(Rule(Reason.TERMINATED, policy.termination_grace_seconds, due))
+        return rules
+    if last_heartbeat is None:
+        rules = [Rule(Reason.NEVER_HEARTBEATED, policy.heartbeat_timeout_seconds, started_at + timeout)]
+    else:
+        rules = [Rule(Reason.MISSING_HEARTBEAT, policy.heartbeat_timeout_seconds, last_heartbeat + timeout)]
+    limit = policy.max_duration_of(job[Job.TYPE])
+    return [*rules, Rule(Reason.EXCEEDED_MAX_DURATION, limit, started_at + dt.timedelta(seconds=limit))]
+
+
+def reason_of(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.datetime) -> tuple[Reason, int] | None:
+    """The reason a well-formed started job is a zombie, with the threshold it broke; None if it is not one: the
+    first of its :func:`rules_of`, in their precedence, whose moment has passed."""
+    for rule in rules_of(job, policy):
+        if rule.due_at < now:
+            return rule.reason, rule.threshold_seconds
     return None
+
+
+def deadline_of(job: Mapping[str, Any], policy: ZombiePolicy) -> dt.datetime:
+    """The moment a well-formed started job becomes a zombie if nothing changes: its earliest rule's."""
+    return min(rule.due_at for rule in rules_of(job, policy))
 
 
 def is_past_max_duration(job: Mapping[str, Any], policy: ZombiePolicy, now: dt.datetime) -> bool:
@@ -303,7 +330,9 @@ def detect(
             continue
         reason, threshold = verdict
         past = is_past_max_duration(job, policy, now)
-        detection.candidates.append(Candidate(job, reason, threshold, now, past_max_duration=past))
+        detection.candidates.append(
+            Candidate(job, reason, threshold, now, deadline_of(job, policy), past_max_duration=past)
+        )
     detection.candidates.sort(key=lambda candidate: (candidate.started_at, candidate.id))
     return detection
 
@@ -431,19 +460,22 @@ class Brake:
             "min_started_for_brake": self.min_started,
         }
 
+    @classmethod
+    def of(cls, policy: ZombiePolicy, stale: int, started: int) -> Brake:
+        return cls(stale, started, policy.max_stale_fraction, policy.min_started_for_brake)
+
+
+def count_started(jobs: Collection[JobDocument], job_types: Iterable[str] | None = None) -> int:
+    """The started jobs, counted by the server on the ``(status, started_at)`` index."""
+    counted = aggregate_rows(jobs, on_index(started_filter(), _of_types(job_types), {"$count": "started"}))
+    found = next(counted, None)
+    return found["started"] if found else 0
+
 
 def brake_for(
     jobs: Collection[JobDocument], detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None
 ) -> Brake:
-    counted = aggregate_rows(jobs, on_index(started_filter(), _of_types(job_types), {"$count": "started"}))
-    found = next(counted, None)
-    started = found["started"] if found else 0
-    return Brake(
-        stale=len(detection.candidates),
-        started=started,
-        max_stale_fraction=policy.max_stale_fraction,
-        min_started=policy.min_started_for_brake,
-    )
+    return Brake.of(policy, stale=len(detection.candidates), started=count_started(jobs, job_types))
 
 
 def known_job_types(jobs: Collection[JobDocument], cache: Collection[CacheEntry]) -> set[str]:

@@ -182,6 +182,7 @@ def event_of(
         Event.DETECTED_AT: candidate.detected_at,
         Event.FINALIZED_AT: finalized_at,
         Event.DETECTION_SECONDS: candidate.detection_seconds(finalized_at),
+        Event.RELEASE_LAG_SECONDS: candidate.release_lag_seconds(finalized_at),
         Event.RUN_ID: run_id,
         Event.QUEUE_GENERATION: generation.name,
         Event.STATE: EventState.CLAIMED,

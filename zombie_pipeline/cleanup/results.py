@@ -123,4 +123,6 @@ def finalized_row(event: ZombieEvent) -> dict[str, Any]:
         cause=cause_of_event(event),
         threshold_seconds=event[Event.THRESHOLD_SECONDS],
         ran_seconds=round((event[Event.FINALIZED_AT] - utc(job[Job.STARTED_AT])).total_seconds(), 1),
+        detection_seconds=event.get(Event.DETECTION_SECONDS),
+        release_lag_seconds=event.get(Event.RELEASE_LAG_SECONDS),
     )

@@ -125,13 +125,22 @@ def reconcile(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -
     result = StepResult()
     taken = log.take_over_expired(now)
     if taken:
-        actions = compensations.registry(plan.policy)
-        for name in log.claimed_generations():
-            generation = QUEUE_GENERATIONS[name]
-            finalizer = Finalizer.build(store, plan.run_id, plan.policy, generation, plan.generations.cache, actions)
-            result.merge(finalizer.finalize())
+        result.merge(resume(store, plan))
     result.counts[Count.TAKEN_OVER] += taken
     result.counts.update(enqueue_due_retries(store, plan.policy, now))
+    return result
+
+
+def resume(store: Store, plan: CleanupPlan) -> StepResult:
+    """Finalize every event the run holds claimed, each in the queue generation of its claim: those it took over, and
+    its own that a pass left half done (a lost reply, an outage), judged from what the database holds."""
+    log = EventLog(store.events, plan.run_id, plan.policy)
+    actions = compensations.registry(plan.policy)
+    result = StepResult()
+    for name in log.claimed_generations():
+        generation = QUEUE_GENERATIONS[name]
+        finalizer = Finalizer.build(store, plan.run_id, plan.policy, generation, plan.generations.cache, actions)
+        result.merge(finalizer.finalize())
     return result
 
 

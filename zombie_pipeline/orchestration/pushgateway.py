@@ -8,7 +8,8 @@ replaces what its group held; the group is the queue database and the step that 
 - ``find_zombies``: the brake (also when it stops the cleanup);
 - ``summarize``: the audit trail's totals and the cleanup's own figures, after a successful cleanup;
 - ``queue_health``: the queue's state after it;
-- ``job_duration_statistics``: the suggested and configured T2 of the current window.
+- ``job_duration_statistics``: the suggested and configured T2 (and heartbeat timeout) of the current window;
+- ``heartbeat_gap_tallies``: the heartbeat gaps a watcher saw, since its first watch.
 
 The gateway comes from ``$ZOMBIE_PUSHGATEWAY_URL`` (``config.py``); unset, nothing is pushed. A
 gateway that is down or slow never fails a run: the step logs a warning and its metadata says so

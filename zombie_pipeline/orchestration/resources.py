@@ -210,10 +210,11 @@ class ZombiePolicyResource(dg.ConfigurableResource["ZombiePolicyResource"], Poli
     :class:`PolicyRefused`, a one-line ``dg.Failure`` that no retry repeats.
     """
 
-    def policy(self) -> ZombiePolicy:
-        """The policy in force, as the core takes it; :class:`PolicyRefused` when a value is refused."""
+    def policy(self, fresh: bool = False) -> ZombiePolicy:
+        """The policy in force, as the core takes it; :class:`PolicyRefused` when a value is refused. ``fresh``: the
+        policy file read again, not as this process first read it (a run that lasts, a sensor that decides for it)."""
         try:
-            return validated({**location_settings(), **self._given()})
+            return validated({**location_settings(fresh), **self._given()})
         except InvalidPolicy as error:
             raise PolicyRefused(error, self.source()) from None
 
@@ -233,9 +234,9 @@ class ZombiePolicyResource(dg.ConfigurableResource["ZombiePolicyResource"], Poli
     def _given(self) -> dict[str, Any]:
         return self.model_dump(include=self.model_fields_set & set(PolicySettings.model_fields))
 
-    def in_force(self, store: Store) -> ZombiePolicy:
+    def in_force(self, store: Store, fresh: bool = False) -> ZombiePolicy:
         """The policy a cleanup applies now: suggested maximum durations included when opted in."""
-        return effective_policy(self.policy(), store.suggestions)
+        return effective_policy(self.policy(fresh), store.suggestions)
 
 
 class FailureWebhook(dg.ConfigurableResource["FailureWebhook"]):
@@ -260,10 +261,13 @@ def url_from_env(variable: str) -> str | None:
     return dg.EnvVar(variable) if config.setting(variable) else None
 
 
-def location_file() -> PolicyFile | None:
+def location_file(fresh: bool = False) -> PolicyFile | None:
     """The location's policy file (``$ZOMBIE_POLICY_FILE``) as read, or None without one. Read once per process and
-    file: a run's process reads it when it loads the location, and its hash names what that run took."""
+    file, unless ``fresh``: a run's process reads it when it loads the location, and its hash names what that run
+    took."""
     path = config.policy_file()
+    if path is not None and fresh:
+        _read_file.cache_clear()
     return None if path is None else _read_file(path)
 
 
@@ -272,9 +276,10 @@ def _read_file(path: Path) -> PolicyFile:
     return read_policy_file(path)
 
 
-def location_settings() -> dict[str, Any]:
-    """The settings of the location's policy file, those it changes from the defaults; none without a file."""
-    file = location_file()
+def location_settings(fresh: bool = False) -> dict[str, Any]:
+    """The settings of the location's policy file, those it changes from the defaults; none without a file. Read
+    once per process and file, unless ``fresh``."""
+    file = location_file(fresh)
     return (
         {} if file is None else file.policy.model_dump(include=set(PolicySettings.model_fields), exclude_defaults=True)
     )

@@ -3,7 +3,9 @@
 - ``stale_jobs_sensor`` (every 30 s, stopped by default: it writes): a count
   on the ``(status, started_at)`` index; when jobs are past their thresholds it
   requests ``kill_zombies_job`` with a run key made from the stale jobs' ids, so
-  one state of the queue launches one cleanup, however many ticks see it.
+  one state of the queue launches one cleanup, however many ticks see it. While
+  a watcher holds a live lease (``orchestration/watch.py``) it leaves them to it:
+  the fallback of a watcher that died or hung, from the first tick after.
 - ``job_types_sensor`` (every 5 minutes, running by default): each job type in
   the queue becomes a ``job_types`` partition, so new types can be cleaned and
   backfilled without a deploy.
@@ -25,6 +27,7 @@ import dagster as dg
 from pymongo.errors import PyMongoError
 
 from zombie_pipeline import alerts, monitoring
+from zombie_pipeline.cleanup import watch_lease
 from zombie_pipeline.config import CLEANUP_OVERDUE_MINUTES_ENV, WEBHOOK_URL_ENV, cleanup_overdue_minutes
 from zombie_pipeline.orchestration import recency
 from zombie_pipeline.orchestration.cleanup import cleanup_in_flight, in_flight_reason, kill_zombies_job
@@ -57,7 +60,7 @@ STALE_JOBS_TICK_SECONDS = 30
         "(an indexed count). "
         "When there are any, requests a kill_zombies_job run over every type, keyed by the set of stale jobs: "
         "the same state never launches twice, and no run is requested while a cleanup of the same queue database is queued "
-        "or running. "
+        "or running, nor while a watcher holds a live lease (zombie_watch_job: this sensor is its fallback). "
         "Detection latency becomes threshold + the tick + the run's start."
     ),
 )
@@ -66,9 +69,13 @@ def stale_jobs_sensor(
 ) -> dg.SkipReason | dg.RunRequest:
     databases.check_reachable(cache=False)
     store = databases.store()
-    state = monitoring.stale_state(store.jobs, zombie_policy.in_force(store), utc_now())
+    now = utc_now()
+    state = monitoring.stale_state(store.jobs, zombie_policy.in_force(store), now)
     if state.count == 0:
         return dg.SkipReason("no started job is past its thresholds")
+    watcher = watch_lease.alive_watcher(store.watchers, now)
+    if watcher is not None:  # the fallback, once its lease lapses (dead or hung): at the first tick after
+        return dg.SkipReason(f"{state.count} stale jobs, left to the watcher: {watcher.describe(now)}")
     in_flight = cleanup_in_flight(context.instance)
     if in_flight is not None:
         reason = in_flight_reason(in_flight, context.instance)

@@ -10,6 +10,9 @@ Two assets share one daily partitioning (UTC days):
   (no job is read again), writes the report files, records the suggestions
   in ``zombieT2Suggestions`` and shows them as metadata.
 
+Beside them, ``heartbeat_gap_tallies`` (``orchestration/heartbeat_gaps.py``) holds one day of the heartbeat gaps
+a watcher saw: the window reads its days too, and suggests the heartbeat timeout from them.
+
 The window asset depends on the last :data:`MAX_WINDOW_DAYS` daily partitions
 (a partition mapping is fixed when the code location loads); its config picks
 how many of them to use. Days not computed yet are skipped and listed: each
@@ -41,6 +44,7 @@ from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS
 from zombie_pipeline.statistics.formatting import day_ranges, window_text
+from zombie_pipeline.statistics.gap_tallies import GapPeriod, combine_gaps
 from zombie_pipeline.statistics.offenders import DEFAULT_THRESHOLD, find_offenders
 from zombie_pipeline.statistics.suggestion_log import save_suggestions
 from zombie_pipeline.statistics.tallies import READ_BATCH_SIZE, Period
@@ -56,6 +60,10 @@ MAX_WINDOW_DAYS = 28
 SUGGESTED_T2_METADATA_PREFIX = "suggested_t2_seconds/"
 #: The one T2 for every type that the window supports: the deployment's MAX_JOB_DURATION_SECONDS, plotted per day.
 DEPLOYMENT_LIMIT_METADATA = "deployment_max_job_duration_seconds"
+#: The heartbeat timeout the window's gaps support (the current one where they support no lower one), plotted per day.
+HEARTBEAT_TIMEOUT_METADATA = "suggested_heartbeat_timeout_seconds"
+#: The daily heartbeat gaps the window reads (``orchestration/heartbeat_gaps.py``, which imports this module).
+GAP_TALLIES_KEY = dg.AssetKey("heartbeat_gap_tallies")
 #: Offending datasets listed in the statistics report (the repeat_offenders asset lists more).
 REPORT_OFFENDERS = 20
 #: Windows ending this recently are pushed to the Pushgateway: the daily schedule's (the day that just ended), not
@@ -276,6 +284,17 @@ def tallies_by_day(tallies: Mapping[str, Period | None] | Period | None) -> dict
     return {day: period for day, period in (tallies or {}).items() if period is not None}
 
 
+def window_gaps(
+    gap_tallies: Mapping[str, GapPeriod | None] | GapPeriod | None,
+    days: list[str],
+    start: dt.datetime,
+    end: dt.datetime,
+) -> GapPeriod:
+    """The window's heartbeat gaps, from the daily gap tallies of its days (a day not computed holds none)."""
+    by_day = {f"{gap_tallies.start:%Y-%m-%d}": gap_tallies} if isinstance(gap_tallies, GapPeriod) else gap_tallies or {}
+    return combine_gaps([gaps for day in days if (gaps := by_day.get(day)) is not None], start, end)
+
+
 def window_days_of(partition_key: str, window_days: int) -> list[str]:
     """The days of the window ending with ``partition_key``, oldest first (those before the first partition included:
     they are days the window lacks too)."""
@@ -292,7 +311,12 @@ def window_days_of(partition_key: str, window_days: int) -> list[str]:
             key=job_duration_tallies.key,
             partition_mapping=_WINDOW_MAPPING,
             dagster_type=dg.Any,  # a mapping of days, or one day bare, a day not computed None (see tallies_by_day)
-        )
+        ),
+        "gap_tallies": dg.AssetIn(
+            key=GAP_TALLIES_KEY,
+            partition_mapping=_WINDOW_MAPPING,
+            dagster_type=dg.Any,  # as the tallies: a mapping of days, or one day bare, a day not computed None
+        ),
     },
 )
 def job_duration_statistics(
@@ -302,6 +326,7 @@ def job_duration_statistics(
     zombie_policy: ZombiePolicyResource,
     metrics_gateway: MetricsGateway,
     tallies: Mapping[str, Period | None] | Period | None,
+    gap_tallies: Mapping[str, GapPeriod | None] | GapPeriod | None,
 ) -> dg.MaterializeResult[None]:
     """Duration statistics and suggested T2 per job type over the window ending with this day.
 
@@ -314,7 +339,7 @@ def job_duration_statistics(
     ``use_suggested_max_durations``. The window ending with the last day is pushed to the Pushgateway.
     """
     from zombie_pipeline.statistics.analysis import window_report
-    from zombie_pipeline.statistics.charts import duration_charts
+    from zombie_pipeline.statistics.charts import duration_charts, gap_chart
     from zombie_pipeline.statistics.reports import markdown_table, offenders_markdown, policy_snippet, write_reports
 
     rules = config.rules()  # a value out of bounds is refused before anything is read
@@ -330,7 +355,8 @@ def job_duration_statistics(
         missing = [day for day in wanted if day not in by_day or day in dropped]
         window_end = context.partition_time_window.end
         window_start = window_end - dt.timedelta(days=config.window_days)
-        report = window_report(store, generation, policy, loaded, window_start, window_end, rules, missing)
+        gaps = window_gaps(gap_tallies, wanted, window_start, window_end)
+        report = window_report(store, generation, policy, loaded, window_start, window_end, rules, missing, gaps)
         # the report's section on repeat offenders: the window's datasets finalized at least DEFAULT_THRESHOLD times
         offenders = offenders_markdown(
             find_offenders(store, window_start, window_end, DEFAULT_THRESHOLD, limit=REPORT_OFFENDERS)
@@ -364,6 +390,10 @@ def job_duration_statistics(
         metadata_key("chart", job_type): dg.MetadataValue.md(chart)
         for job_type, chart in duration_charts(report).items()
     }
+    heartbeat: dict[str, dg.MetadataValue] = {}
+    if report.heartbeat is not None:  # always there from window_report: the type checker does not know it
+        heartbeat["heartbeat_gaps_chart"] = dg.MetadataValue.md(gap_chart(report.heartbeat))
+        heartbeat[HEARTBEAT_TIMEOUT_METADATA] = dg.MetadataValue.float(float(report.heartbeat.suggested_seconds))
     if window_end >= utc_now() - CURRENT_WINDOW:
         pushed = metrics_gateway.push(context, partial(metrics.statistics_figures, report), databases.queue_database)
     else:
@@ -374,6 +404,7 @@ def job_duration_statistics(
             "policy_source": source.describe(),
             "statistics": dg.MetadataValue.md(markdown_table(report)),
             **charts,
+            **heartbeat,
             "zombie_policy_snippet": dg.MetadataValue.md("```yaml\n" + policy_snippet(report) + "```"),
             "repeat_offenders": dg.MetadataValue.md(offenders),
             **suggested,

@@ -59,6 +59,9 @@ def scope_of_tags(tags: dict[str, str]) -> tuple[tuple[str, ...] | None, bool]:
 PIPELINE_TAG = "pipeline"
 #: The queue database a cleanup works on: the run queue allows one cleanup per value at a time.
 QUEUE_DATABASE_TAG = "zombie_pipeline/queue_database"
+#: The queue database a watch run watches: the watch sensor finds the runs of its queue by it (not the cleanups' tag,
+#: whose limit of one run would hold every cleanup behind a watch run that lasts an hour).
+WATCHED_QUEUE_DATABASE_TAG = "zombie_pipeline/watched_queue_database"
 #: Dagster's run-queue priority (higher first): a cleanup goes ahead of statistics runs waiting for a slot.
 PRIORITY_TAG = "dagster/priority"
 #: Dagster's per-run limit, in seconds, after which run monitoring fails the run and stops its worker.

@@ -25,6 +25,8 @@ DEFAULT_CACHE_COLLECTION = "cachedResponsesBlue"
 DEFAULT_EVENTS_COLLECTION = "zombieEvents"
 DEFAULT_FAILURES_COLLECTION = "zombiePipelineFailures"
 DEFAULT_SUGGESTIONS_COLLECTION = "zombieT2Suggestions"
+#: The heartbeat gaps a watcher saw, per day, job type and worker size (``statistics.gap_log``).
+HEARTBEAT_GAPS_COLLECTION = "zombieHeartbeatGaps"
 #: Written by the simulator: the proof that a database's documents are ours to drop or fill.
 SIMULATIONS_COLLECTION = "zombieSimulations"
 
@@ -43,6 +45,8 @@ RETRIES_COLLECTION = "zombieRetries"
 SIMULATED_WORKERS_COLLECTION = "zombieSimulatedWorkers"
 #: The (dataset, job type) pairs whose jobs keep crashing their workers: not re-enqueued while quarantined.
 QUARANTINE_COLLECTION = "zombieQuarantine"
+#: The lease of the watch run that acts at the queue's deadlines (``cleanup.watch``): one document, renewed by it.
+WATCHERS_COLLECTION = "zombieWatchers"
 #: The deployment's collections beside the queue and the cache (which generation has which: ``generations``).
 LOCKS_COLLECTION = "locks"
 JOB_METRICS_COLLECTION = "jobTotalMetric"
@@ -397,6 +401,9 @@ class Event:
     # Seconds from the job's last sign of life (start, heartbeat, SIGTERM) to its finalization; for a job still
     # running past its T2, from that deadline.
     DETECTION_SECONDS: Final = "detection_seconds"
+    # Seconds from the moment the job's rules first allowed finalizing it (its deadline) to its finalization: what the
+    # cleanup that finalized it added to the rule.
+    RELEASE_LAG_SECONDS: Final = "release_lag_seconds"
     RUN_ID: Final = "run_id"  # the run that claimed the job
     STATE: Final = "state"
     LEASE_OWNER: Final = "lease_owner"  # the run driving the event now (a reconcile may take over)
@@ -559,6 +566,7 @@ class ZombieEvent(TypedDict, total=False):
     detected_at: dt.datetime
     finalized_at: dt.datetime
     detection_seconds: float
+    release_lag_seconds: float
     run_id: str
     state: str
     lease_owner: str
@@ -592,6 +600,47 @@ class RetryDocument(TypedDict, total=False):
     due_at: dt.datetime
     state: str
     decided_at: dt.datetime
+
+
+class WatchLease:
+    """Field names of the watcher's lease (``zombieWatchers``, ``_id`` :data:`WATCH_LEASE_ID`): which watch run acts at
+    the deadlines, and until when. Renewed by the watch loop itself between its passes, so a watcher that dies or
+    hangs lets it lapse: what the fallback cleanups and the relaunch sensor read."""
+
+    HOLDER: Final = "holder"  # the run id of the watch run acting
+    LEASE_UNTIL: Final = "lease_until"
+    RENEWED_AT: Final = "renewed_at"
+    SINCE: Final = "since"  # when the holder took the lease
+    ENDS_AT: Final = "ends_at"  # when the holder hands over: its run's planned end
+    STATE: Final = "state"  # a WatchState
+    WATCHED: Final = "watched"  # started jobs watched at the last refresh
+    NEXT_DEADLINE: Final = "next_deadline"
+    FINALIZED: Final = "finalized"  # finalizations of the holder so far
+
+
+WATCH_LEASE_ID: Final = "watcher"
+
+
+class WatchState(StrEnum):
+    WATCHING = "watching"
+    HOLDING = "holding"  # deadlines falling due together (a wave, a fleet going quiet): held to be judged as one
+    BRAKED = "braked"  # the brake refused what fell due
+    ENDED = "ended"  # handed over, or stopped
+
+
+class WatchLeaseDocument(TypedDict, total=False):
+    """The watcher's lease (:class:`WatchLease` names the fields)."""
+
+    _id: str
+    holder: str
+    lease_until: dt.datetime
+    renewed_at: dt.datetime
+    since: dt.datetime
+    ends_at: dt.datetime
+    state: str
+    watched: int
+    next_deadline: dt.datetime | None
+    finalized: int
 
 
 class Quarantine:
@@ -661,6 +710,37 @@ class T2Suggestion:
     ENOUGH_DATA: Final = "enough_data"
     CENSORED: Final = "censored"
     SAMPLES: Final = "samples"
+
+
+class HeartbeatGaps:
+    """Field names of ``zombieHeartbeatGaps``: the gaps between live jobs' heartbeats, one document per (UTC day, job
+    type, worker size), and one per (job type, worker size) with no day holding its totals since the first watch.
+
+    The ``_id`` is the key itself (``{day, type, worker}``): job types are values, never field names. Histograms map
+    a bucket's upper edge, in whole milliseconds written as text, to a count (``statistics.gap_histogram``).
+    """
+
+    DAY: Final = "day"  # ISO day the gap ended (a finished job: the day it was last seen); None on the totals
+    TYPE: Final = "type"
+    WORKER: Final = "worker"  # the worker size the job's difficulty sends it to, or WORKER_UNTOLD
+    GAPS: Final = "gaps"  # completed gaps between a live job's signs of life (its start, then its heartbeats)
+    GAP_COUNT: Final = "gap_count"
+    GAP_SECONDS: Final = "gap_seconds"  # their sum
+    LONGEST_GAP: Final = "longest_gap_seconds"
+    FINISHED: Final = "finished"  # jobs watched from their start that finished, by their longest silence
+    FINISHED_COUNT: Final = "finished_count"
+    FINISHED_SECONDS: Final = "finished_seconds"  # the sum of their longest silences
+    LONGEST_FINISHED: Final = "longest_finished_seconds"
+    PARTLY_WATCHED: Final = "finished_partly_watched"  # finished jobs first seen after their first heartbeat
+    FINALIZED: Final = "finalized"  # jobs a cleanup of ours finalized while watched: their last gap never closed
+    ENDED_UNSEEN: Final = "ended_unseen"  # gone without our finalization, so silent the deployment's killer may have
+    UNOBSERVED: Final = "unobserved"  # gaps that ended while the watcher looked away too long to tell them
+    FLUSHES: Final = "flushes"  # the last flushes applied: a flush sent again finds itself here
+    UPDATED_AT: Final = "updated_at"
+
+
+#: The worker size of a job whose queue does not say (no ``difficulty`` before 2023-07): any worker may run it.
+WORKER_UNTOLD = "any"
 
 
 # --- reading and writing values of any generation ------------------------------

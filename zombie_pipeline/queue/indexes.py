@@ -15,7 +15,7 @@ from typing import Any
 import pymongo
 from pymongo.collection import Collection
 
-from zombie_pipeline.queue.documents import Cache, Event, Job, Quarantine, ScheduledRetry
+from zombie_pipeline.queue.documents import Cache, Event, HeartbeatGaps, Job, Quarantine, ScheduledRetry
 
 INDEX_PREFIX = "zombie_pipeline_"
 
@@ -160,6 +160,14 @@ QUARANTINE_INDEXES = (
     ),
 )
 
+
+HEARTBEAT_GAP_INDEXES = (
+    IndexSpec(
+        "day",
+        ((HeartbeatGaps.DAY, pymongo.ASCENDING),),
+        "heartbeat gaps: one day's documents for its daily tallies, and the days past the retention pruned",
+    ),
+)
 
 RETRY_INDEXES = (
     IndexSpec(

@@ -19,6 +19,7 @@ from zombie_pipeline.queue.documents import (
     DEFAULT_FAILURES_COLLECTION,
     DEFAULT_JOBS_COLLECTION,
     DEFAULT_SUGGESTIONS_COLLECTION,
+    HEARTBEAT_GAPS_COLLECTION,
     ID,
     JOB_METRICS_COLLECTION,
     LOCKS_COLLECTION,
@@ -26,17 +27,20 @@ from zombie_pipeline.queue.documents import (
     QUARANTINE_COLLECTION,
     RETRIES_COLLECTION,
     SIMULATIONS_COLLECTION,
+    WATCHERS_COLLECTION,
     WORKER_SIZE_METRICS_COLLECTION,
     CacheEntry,
     JobDocument,
     QuarantineDocument,
     RetryDocument,
     SimulationMark,
+    WatchLeaseDocument,
     ZombieEvent,
 )
 from zombie_pipeline.queue.indexes import (
     CACHE_INDEXES,
     EVENT_INDEXES,
+    HEARTBEAT_GAP_INDEXES,
     JOB_INDEXES,
     QUARANTINE_INDEXES,
     RETRY_INDEXES,
@@ -100,6 +104,8 @@ class Store:
     cache_metrics: Collection[Document]
     simulations: Collection[Document]
     quarantine: Collection[QuarantineDocument]
+    watchers: Collection[WatchLeaseDocument]
+    heartbeat_gaps: Collection[Document]
 
     @classmethod
     def of(
@@ -127,12 +133,22 @@ class Store:
             cache_metrics=cache_db[CACHE_METRICS_COLLECTION],
             simulations=queue_db[SIMULATIONS_COLLECTION],
             quarantine=typed(queue_db, QUARANTINE_COLLECTION, QuarantineDocument),
+            watchers=typed(queue_db, WATCHERS_COLLECTION, WatchLeaseDocument),
+            heartbeat_gaps=queue_db[HEARTBEAT_GAPS_COLLECTION],
         )
 
     @property
     def ours(self) -> tuple[Collection[Any], ...]:
         """The collections this project owns; the deployment never reads them."""
-        return (self.events, self.failures, self.suggestions, self.retries, self.quarantine)
+        return (
+            self.events,
+            self.failures,
+            self.suggestions,
+            self.retries,
+            self.quarantine,
+            self.watchers,
+            self.heartbeat_gaps,
+        )
 
     def simulated_generation(self) -> str | None:
         """The queue generation the simulator wrote these databases in (its mark in ``zombieSimulations``), or None
@@ -161,4 +177,5 @@ class Store:
         created += ensure_indexes(self.events, EVENT_INDEXES)
         created += ensure_indexes(self.retries, RETRY_INDEXES)
         created += ensure_indexes(self.quarantine, QUARANTINE_INDEXES)
+        created += ensure_indexes(self.heartbeat_gaps, HEARTBEAT_GAP_INDEXES)
         return created

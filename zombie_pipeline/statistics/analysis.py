@@ -31,6 +31,9 @@ would have been stopped sooner and how many seconds of worker time that saves
 The deployment's own workers apply one T2 to every job (``MAX_JOB_DURATION_SECONDS``):
 :class:`DeploymentLimit` is the value the same rules support for all types at
 once, and the runs it would still cut short.
+
+Beside T2, the window's heartbeat gaps (a watcher's, :mod:`.gap_observer`) give the heartbeat
+timeout they support (:mod:`.heartbeat_timeout`).
 """
 
 from __future__ import annotations
@@ -49,11 +52,18 @@ from zombie_pipeline.cleanup.budget import spent_budgets
 from zombie_pipeline.cleanup.events import causes_between
 from zombie_pipeline.cleanup.late_results import late_results_between
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
-from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, Cause, utc
+from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, Cause, Reason, utc
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS as DEFAULT_WINDOW_DAYS  # also read from here (the demo)
 from zombie_pipeline.statistics.formatting import format_duration
+from zombie_pipeline.statistics.gap_log import read_days
+from zombie_pipeline.statistics.gap_tallies import GapPeriod
+from zombie_pipeline.statistics.heartbeat_timeout import (
+    HeartbeatTimeoutRules,
+    HeartbeatTimeoutSuggestion,
+    suggest_heartbeat_timeout,
+)
 from zombie_pipeline.statistics.quantiles import (
     percentile_name,
     quantile_interval,
@@ -66,6 +76,8 @@ from zombie_pipeline.statistics.sources import left_out_of_every_day, read_histo
 from zombie_pipeline.statistics.tallies import EMPTY_DURATIONS, READ_BATCH_SIZE, Period, Tally, combine
 
 DAY_SECONDS = 86_400
+#: The reasons whose detection waits the heartbeat timeout (a SIGTERMed job's has a rule of its own).
+HEARTBEAT_REASONS = (Reason.MISSING_HEARTBEAT, Reason.NEVER_HEARTBEATED)
 
 
 def days_between(start: dt.datetime, end: dt.datetime) -> float:
@@ -472,6 +484,12 @@ class DurationReport:
     causes: dict[str, dict[Cause, int]] = field(default_factory=dict)  # job type -> cause -> zombies finalized
     #: The (dataset, job type) pairs SIGTERMed alone past their free re-runs in the window (``cleanup.budget``), as rows.
     free_runs_spent: list[dict[str, Any]] = field(default_factory=list)
+    heartbeat: HeartbeatTimeoutSuggestion | None = None  # the heartbeat timeout the window's gaps support
+
+    @property
+    def heartbeat_deaths(self) -> int:
+        """The window's zombies whose detection the heartbeat timeout decides: they died silent."""
+        return sum(entry.zombies.get(reason, 0) for entry in self.types for reason in HEARTBEAT_REASONS)
 
     @property
     def days_expected(self) -> int:
@@ -572,8 +590,13 @@ def window_report(
     end: dt.datetime,
     rules: SuggestionRules = SuggestionRules(),
     missing_days: Sequence[str] = (),
+    gaps: GapPeriod | None = None,
+    heartbeat_rules: HeartbeatTimeoutRules = HeartbeatTimeoutRules(),
 ) -> DurationReport:
-    """The report of ``[start, end)`` from the periods of its days: the one rule, for the asset and a direct read."""
+    """The report of ``[start, end)`` from the periods of its days: the one rule, for the asset and a direct read.
+
+    ``gaps``: the window's heartbeat gaps (the daily gap tallies combined); None: read from the gap log.
+    """
     period = combine(periods) if periods else Period(start=start, end=end)
     period.start, period.end = start, end
     undated = left_out_of_every_day(store, generation)
@@ -581,6 +604,8 @@ def window_report(
     report.late_results = late_results_between(store, start, end)  # recorded after the days were tallied
     report.causes = causes_between(store, start, end)
     report.free_runs_spent = spent_budgets(store, start, end)
+    gaps = gaps if gaps is not None else read_days(store.heartbeat_gaps, start, end)
+    report.heartbeat = suggest_heartbeat_timeout(gaps, policy, report.heartbeat_deaths, heartbeat_rules)
     return report
 
 

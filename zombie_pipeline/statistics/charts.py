@@ -1,4 +1,5 @@
-"""The durations of each type as pictures: a text chart for the UI's metadata, a PNG for the report files."""
+"""The durations of each type, and the heartbeat gaps, as pictures: a text chart for the UI's metadata, a PNG for the
+report files."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import numpy as np
 
 from zombie_pipeline.statistics.analysis import DurationReport, TypeReport
 from zombie_pipeline.statistics.formatting import format_duration, window_text
+from zombie_pipeline.statistics.gap_histogram import GapHistogram, upper_edge_seconds
+from zombie_pipeline.statistics.heartbeat_timeout import HeartbeatTimeoutSuggestion
 from zombie_pipeline.statistics.quantiles import percentile_name
 
 CHART_COLUMNS = 3
@@ -211,6 +214,134 @@ def plot_durations(report: DurationReport, path: Path | str) -> Path:
     for ax in axes[len(report.types) :]:
         ax.set_visible(False)
     figure.suptitle(f"Successful job durations per type, {window_text(report)}", fontsize=12)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=90)
+    return path
+
+
+#: Bin edges of the gaps' text chart, in seconds: fine around a minute, where heartbeats come; each an edge of the
+#: gap histograms' buckets (whole seconds), so every bin's count is exact.
+GAP_CHART_EDGES = (0, 1, 2, 5, 10, 20, 30, 45, 55, 60, 65, 75, 90, 120, 180, 240, 300, 450, 600, 900, 1_800, 3_600)
+
+
+_GAP_TICKS = (1, 10, 30, 60, 120, 300, 600, 1_800, 3_600, 36_000, 86_400)
+
+
+def _gap_bin(seconds: float) -> int:
+    return max(int(np.searchsorted(GAP_CHART_EDGES, seconds, side="left")) - 1, 0)
+
+
+def gap_chart(suggestion: HeartbeatTimeoutSuggestion, width: int = CHART_BAR_WIDTH) -> str:
+    """Every observed gap in one text histogram (bins closed on the right, as the buckets), the timeouts marked."""
+    gaps = GapHistogram()
+    for row in suggestion.rows:
+        gaps = gaps + row.tally.gaps
+    counts = np.zeros(len(GAP_CHART_EDGES), dtype=np.int64)
+    for key, count in gaps.counts.items():
+        counts[_gap_bin(upper_edge_seconds(key))] += count
+    lines = [f"{gaps.count:,} heartbeat gaps of {len(suggestion.rows)} job types and worker sizes"]
+    marks: dict[int, list[str]] = {}
+    named = [("current", suggestion.current_seconds), ("deployment's", suggestion.deployment_seconds)]
+    if suggestion.lowering:
+        named.append(("suggested", suggestion.suggested_seconds))
+    for name, seconds in named:
+        if seconds is not None:
+            marks.setdefault(_gap_bin(seconds), []).append(f"{name} {format_duration(seconds)}")
+    shown = [index for index, count in enumerate(counts) if count] + list(marks)
+    first, last = min(shown), max(shown)
+    largest = max(int(counts.max()), 1)
+    labels = [
+        f"{format_duration(GAP_CHART_EDGES[index])} – "
+        + (format_duration(GAP_CHART_EDGES[index + 1]) if index + 1 < len(GAP_CHART_EDGES) else "more")
+        for index in range(first, last + 1)
+    ]
+    label_width, count_width = max(map(len, labels)), len(f"{largest:,}")
+    for index, label in zip(range(first, last + 1), labels):
+        count = int(counts[index])
+        line = f"{label:<{label_width}} {count:>{count_width},} {_bar(count, largest, width)}"
+        if index in marks:
+            line += ("  " if count else "") + "◀ " + ", ".join(marks[index])
+        lines.append(line.rstrip())
+    return "```text\n" + "\n".join(lines) + "\n```"
+
+
+def plot_gaps(suggestion: HeartbeatTimeoutSuggestion, title: str, path: Path | str) -> Path:
+    """One panel per job type and worker size: its gaps and its finished jobs' longest silences on log axes, the
+    current timeout red, the suggested one green, the deployment's grey, the quantile's bound dotted."""
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    count = max(len(suggestion.rows), 1)
+    rows, columns = math.ceil(count / CHART_COLUMNS), min(count, CHART_COLUMNS)
+    height = 3.4 * rows + 0.8
+    figure = Figure(figsize=(5.2 * columns, height))
+    figure.subplots_adjust(left=0.07, right=0.98, bottom=0.6 / height, top=1 - 0.9 / height, hspace=0.6, wspace=0.25)
+    axes = np.atleast_1d(figure.subplots(rows, columns, squeeze=False)).ravel()
+    q = percentile_name(suggestion.rules.quantile)
+    marks = [suggestion.current_seconds, suggestion.suggested_seconds, suggestion.deployment_seconds or 1]
+    for ax, row in zip(axes, suggestion.rows):
+        series = [
+            (row.tally.gaps, "#4c72b0", f"{row.gaps:,} gaps"),
+            (row.tally.finished, "#dd8452", f"{row.tally.finished.count:,} finished jobs' longest silence"),
+        ]
+        shortest = min(
+            [upper_edge_seconds(key) for key in (*row.tally.gaps.counts, *row.tally.finished.counts)]
+            + [suggestion.interval_seconds]
+        )
+        low, high = max(shortest / 2, 0.1), max(row.tally.gaps.longest, row.tally.finished.longest, *marks) * 1.5
+        bins = np.geomspace(low, high, 60)
+        for histogram, color, label in series:
+            if histogram.count:
+                values = [min(upper_edge_seconds(key), histogram.longest) for key in histogram.counts]
+                ax.hist(
+                    values,
+                    bins=bins,
+                    weights=list(histogram.counts.values()),
+                    histtype="stepfilled",
+                    color=color,
+                    alpha=0.7,
+                    label=label,
+                )
+        ax.axvline(
+            suggestion.current_seconds,
+            color="#c44e52",
+            linestyle="--",
+            linewidth=1.6,
+            label=f"current {format_duration(suggestion.current_seconds)}",
+        )
+        if suggestion.lowering:
+            ax.axvline(
+                suggestion.suggested_seconds,
+                color="#2ca02c",
+                linewidth=2.0,
+                label=f"suggested {format_duration(suggestion.suggested_seconds)}",
+            )
+        if suggestion.deployment_seconds is not None:
+            ax.axvline(
+                suggestion.deployment_seconds,
+                color="0.5",
+                linestyle="-.",
+                linewidth=1.2,
+                label=f"deployment's {format_duration(suggestion.deployment_seconds)}",
+            )
+        if row.bound is not None:
+            ax.axvline(
+                row.bound, color="0.2", linestyle=":", linewidth=1.2, label=f"{q} bound {format_duration(row.bound)}"
+            )
+        ax.set_title(row.name.replace("`", "") + ("" if row.bound is not None else "  (too few gaps)"), fontsize=10)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(low, high)
+        ax.set_ylim(0.5, max(ax.get_ylim()[1], 1) * 50)  # headroom: the legend sits above the bars
+        ax.minorticks_off()
+        ticks = [tick for tick in _GAP_TICKS if low <= tick <= high]
+        ax.set_xticks(ticks, [format_duration(tick) for tick in ticks])
+        ax.set_xlabel("silence between signs of life (log scale)")
+        ax.set_ylabel("gaps or jobs (log scale)")
+        ax.legend(fontsize=7, loc="upper left")
+    for ax in axes[len(suggestion.rows) :]:
+        ax.set_visible(False)
+    figure.suptitle(f"Heartbeat gaps per job type and worker size, {title}", fontsize=12)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=90)
     return path

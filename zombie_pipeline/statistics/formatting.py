@@ -28,6 +28,15 @@ def format_share(value: float | None) -> str:
     return "–" if value is None else f"{value:.1%}"
 
 
+def format_rare_share(value: float | None) -> str:
+    """A share however small: ``0.019%`` rather than ``0.0%`` (a good timeout's mistakes are rare); ``0%`` is none."""
+    if value is None:
+        return "–"
+    if value == 0 or value >= 0.1:
+        return f"{value:.0%}"
+    return f"{100 * value:.2g}%"
+
+
 def window_text(report: DurationReport) -> str:
     """The window and whether its figures cover all of it: in a backfill, which reports are the complete ones."""
     window = f"{report.window_start:%Y-%m-%d %H:%M} – {report.window_end:%Y-%m-%d %H:%M} UTC"
@@ -52,3 +61,16 @@ def day_ranges(days: Sequence[str]) -> str:
         else:
             runs.append([date])
     return ", ".join(f"{run[0]}" if len(run) == 1 else f"{run[0]} – {run[-1]}" for run in runs)
+
+
+def table_lines(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table: its header, rule and rows, a cell's pipes escaped and its line breaks made spaces."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(_cell(value) for value in row) + " |" for row in rows),
+    ]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

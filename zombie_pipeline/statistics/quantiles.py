@@ -91,15 +91,29 @@ def quantile_interval(
 
 
 def _upper_rank(n: int, quantile: float, confidence: float) -> int | None:
-    """The index (from 0) of the order statistic of ``n`` durations that bounds ``quantile`` from above; None: none does.
+    """The index (from 0) of the order statistic of ``n`` durations that bounds ``quantile`` from above, as the upper
+    side of a two-sided interval at ``confidence``; None: none does."""
+    return upper_bound_index(n, quantile, 1 - (1.0 - confidence) / 2)
 
-    ``u - 1`` with ``P(B <= u-1) >= 1 - alpha/2``, ``B ~ Binomial(n, quantile)``.
+
+def upper_bound_index(n: int, quantile: float, level: float) -> int | None:
+    """The index (from 0) of the smallest order statistic of ``n`` values at or above the ``quantile`` with
+    probability at least ``level`` (a one-sided upper bound); None: not even the largest is.
+
+    The ``u``-th smallest value lies at or above the quantile when at most ``u - 1`` values fall below it: with
+    ``B ~ Binomial(n, quantile)`` counting them, the index is ``u - 1``, the smallest with ``P(B <= u-1) >= level``.
     """
     counts = _likely_counts(n, quantile)
     cdf = binomial_cdf(n, quantile, counts)
     ranks = np.arange(counts.start, counts.stop)
-    high_ranks = ranks[(ranks < n) & (cdf >= 1 - (1.0 - confidence) / 2)]
+    high_ranks = ranks[(ranks < n) & (cdf >= level)]
     return int(high_ranks[0]) if len(high_ranks) else None
+
+
+def samples_for_upper_bound(quantile: float, level: float) -> int:
+    """The fewest values whose largest one bounds ``quantile`` from above with probability ``level``: once
+    ``quantile^n <= 1 - level`` (a one-sided bound of p99.9 at 95 %: 2,995 values)."""
+    return math.ceil(math.log(1.0 - level) / math.log(quantile) - 1e-9)
 
 
 #: Beyond this many runs, :func:`runs_for_upper_bound_below` gives up: no window of a deployment holds them.
@@ -141,7 +155,7 @@ def runs_for_upper_bound(quantile: float, confidence: float = DEFAULT_CONFIDENCE
     :func:`quantile_interval` has an upper side once ``P(all n below the quantile) = quantile^n``
     drops to ``(1 - confidence) / 2``: 368 durations for p99 at 95 %, 72 for p95.
     """
-    return math.ceil(math.log((1.0 - confidence) / 2) / math.log(quantile) - 1e-9)
+    return samples_for_upper_bound(quantile, 1 - (1.0 - confidence) / 2)
 
 
 def readable_round_up(seconds: float) -> int:

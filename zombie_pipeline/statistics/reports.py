@@ -21,8 +21,10 @@ from zombie_pipeline import config
 from zombie_pipeline.messages import counted
 from zombie_pipeline.queue.documents import CAUSES, REASONS, Status
 from zombie_pipeline.statistics.analysis import DurationReport, TypeReport
-from zombie_pipeline.statistics.charts import plot_durations
+from zombie_pipeline.statistics.charts import plot_durations, plot_gaps
 from zombie_pipeline.statistics.formatting import day_ranges, format_duration, format_share, window_text
+from zombie_pipeline.statistics.formatting import table_lines as _table
+from zombie_pipeline.statistics.heartbeat_report import heartbeat_json, heartbeat_markdown, heartbeat_summary
 from zombie_pipeline.statistics.offenders import RepeatOffenders
 from zombie_pipeline.statistics.quantiles import percentile_name, runs_for_upper_bound
 from zombie_pipeline.statistics.tallies import SOURCES
@@ -38,6 +40,7 @@ class ReportFiles:
     json: Path
     chart: Path
     markdown: Path
+    gap_chart: Path | None = None  # the heartbeat gaps, where the window has some
 
 
 def _interval(entry: TypeReport) -> str:
@@ -66,10 +69,6 @@ def _backtest(entry: TypeReport) -> str:
     if entry.backtest_given_more_time:
         parts.append(f"gives {entry.backtest_given_more_time} stopped jobs more time")
     return "; ".join(parts)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def markdown_table(report: DurationReport) -> str:
@@ -145,6 +144,7 @@ def markdown_table(report: DurationReport) -> str:
         "",
         *free_runs_lines(report.free_runs_spent),
         "",
+        *(heartbeat_markdown(report.heartbeat) + [""] if report.heartbeat is not None else []),
         _data_notes(report),
     ]
     return "\n".join(lines).rstrip() + "\n"
@@ -277,14 +277,6 @@ def deployment_limit_text(report: DurationReport) -> str:
     return text
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
-        *("| " + " | ".join(_cell(value) for value in row) + " |" for row in rows),
-    ]
-
-
 def _read_what(report: DurationReport) -> str:
     return "cache entries" if report.source == "cache" else "finished jobs"
 
@@ -375,6 +367,8 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
     if report.free_runs_spent:
         pairs = ", ".join(f"{row['dataset']} {row['type']}" for row in report.free_runs_spent)
         lines.append(f"free re-runs used up (SIGTERMed alone past them): {pairs}")
+    if report.heartbeat is not None:
+        lines.extend(heartbeat_summary(report.heartbeat))
     for times in report.detection:
         lines.append(
             f"detection time, {times.reason}: p50 {format_duration(times.p50_seconds)}, p99 "
@@ -384,7 +378,10 @@ def summary_text(report: DurationReport, files: ReportFiles | None = None) -> st
     if notes:
         lines.append(notes)
     if files is not None:
-        lines.append(f"Reports: {files.markdown}, {files.csv}, {files.json}, {files.chart}")
+        lines.append(
+            f"Reports: {files.markdown}, {files.csv}, {files.json}, {files.chart}"
+            + (f", {files.gap_chart}" if files.gap_chart is not None else "")
+        )
     lines.append("Suggested configuration:")
     lines.extend("  " + line for line in policy_snippet(report).splitlines())
     return "\n".join(lines) + "\n"
@@ -506,6 +503,7 @@ def report_json(report: DurationReport) -> dict[str, Any]:
             "late_results_by_type": report.late_results,
             "finalized_by_type_and_cause": report.causes,
             "free_runs_spent": report.free_runs_spent,
+            "heartbeat_timeout": heartbeat_json(report.heartbeat) if report.heartbeat is not None else None,
         }
     )
     return as_json
@@ -532,11 +530,13 @@ def write_reports(
     directory = Path(directory) if directory is not None else config.reports_dir()
     directory.mkdir(parents=True, exist_ok=True)
     stem = report_stem(report)
+    gaps = report.heartbeat is not None and bool(report.heartbeat.rows)
     files = ReportFiles(
         csv=directory / f"{stem}.csv",
         json=directory / f"{stem}.json",
         chart=directory / f"{stem}.png",
         markdown=directory / f"{stem}.md",
+        gap_chart=directory / f"{stem}_gaps.png" if gaps else None,
     )
     report.statistics_frame().to_csv(files.csv, index=False)
     files.json.write_text(json.dumps(report_json(report), indent=2) + "\n")
@@ -548,6 +548,8 @@ def write_reports(
         + "".join("\n" + section for section in sections)
     )
     plot_durations(report, files.chart)
+    if report.heartbeat is not None and files.gap_chart is not None:
+        plot_gaps(report.heartbeat, window_text(report), files.gap_chart)
     return files
 
 
