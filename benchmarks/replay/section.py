@@ -84,7 +84,8 @@ def contenders(
                              policy=policy, start=latency))  # fmt: skip
         out.append(replace(out[-1], name=f"a+c@{latency.name}", label=f"(a) + {out[-1].label}", killer=True,
                            deployment=settings.deployment))  # fmt: skip
-    watcher = Contender("w", "(w) the watcher (issue 34, modelled)", watcher=True, policy=policy, lag=lag)
+    lag_told = "its release lag measured" if lag.samples else "its release lag modelled"
+    watcher = Contender("w", f"(w) the watcher (issue 34, {lag_told})", watcher=True, policy=policy, lag=lag)
     out += [watcher, replace(watcher, name="a+w", label="(a) + (w)", killer=True, deployment=settings.deployment)]
     if incident:
         return out
