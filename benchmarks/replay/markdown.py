@@ -93,12 +93,15 @@ def targets_table(found: list[dict[str, Any]]) -> str:
 
 def _recorded(recorded: dict[str, Any]) -> str:
     changed = recorded["cleanup_files_changed_since"]
-    since = (
-        f"the real cleanup's code has changed since in {len(changed)} files of zombie_pipeline/cleanup and "
-        f"zombie_pipeline/queue ({', '.join(Path(f).name for f in changed)}): it witnesses that commit's cleanup"
-        if changed
-        else "the real cleanup's code (zombie_pipeline/cleanup, zombie_pipeline/queue) is unchanged since"
-    )
+    if changed is None:
+        since = "whether the real cleanup's code changed since is unknown (that commit is not in this clone)"
+    elif changed:
+        since = (
+            f"the real cleanup's code has changed since in {len(changed)} files of zombie_pipeline/cleanup and "
+            f"zombie_pipeline/queue ({', '.join(Path(f).name for f in changed)}): it witnesses that commit's cleanup"
+        )
+    else:
+        since = "the real cleanup's code (zombie_pipeline/cleanup, zombie_pipeline/queue) is unchanged since"
     return (
         f"**Recorded by the run of {recorded['started_at']} at commit {recorded['commit']}** (`{recorded['command']}`), "
         f"read from {recorded['path']}, not run again by this command; {since}."

@@ -185,10 +185,11 @@ def recorded_witness(settings: ReplaySettings, path: Path) -> dict[str, Any]:
     origin = seen.get("recorded_by") or {"started_at": meta["started_at"], "command": meta["command"],
                                          "commit": meta["code"]["commit"]}  # fmt: skip
     commit = origin["commit"]  # the run that ran it, when the one read had itself reused it
-    changed = subprocess.run(
+    diff = subprocess.run(
         ["git", "diff", "--name-only", commit, "--", "zombie_pipeline/cleanup", "zombie_pipeline/queue"],
         cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, check=False,
-    ).stdout.split()  # fmt: skip
+    )  # fmt: skip
+    changed = diff.stdout.split() if diff.returncode == 0 else None  # None: the commit is not in this clone
     recorded_by = {**origin, "path": str(path), "cleanup_files_changed_since": changed}
     return {**seen, "recorded_by": recorded_by}
 
