@@ -385,6 +385,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     replay.add_argument("--replay-incident-seeds", type=int, help="seeds of the cluster incident (default 5)")
     replay.add_argument("--replay-parallel", type=int, help="seeds replayed at once (default 2)")
     replay.add_argument("--replay-no-witness", action="store_true", help="skip the real cleanup's witness seed")
+    replay.add_argument(
+        "--replay-witness-from",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="reuse the witness a previous run recorded there (e.g. docs/benchmarks-results.json), labelled as its own",
+    )
     replay.add_argument("--heartbeat-timeout", type=int, help="the cleanup's heartbeat timeout (default 300)")
     replay.add_argument("--max-duration", type=int, help="the cleanup's T2 for every type (default 2520)")
     replay.add_argument(
@@ -437,6 +443,8 @@ def _replay_options(args: argparse.Namespace, config: Config) -> None:
         replay.parallel = args.replay_parallel
     if args.replay_no_witness:
         replay.witness = False
+    if args.replay_witness_from:
+        replay.witness_from = args.replay_witness_from
     if args.heartbeat_timeout:
         replay.heartbeat_timeout_seconds = args.heartbeat_timeout
     if args.max_duration:

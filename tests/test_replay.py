@@ -4,6 +4,7 @@ seeds are ``python -m benchmarks.run --only detection``, never a test."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import sys
@@ -20,8 +21,9 @@ from benchmarks.replay.deployment import DeploymentSettings, pass_times  # noqa:
 from benchmarks.replay.figures import seed_record  # noqa: E402
 from benchmarks.replay.fleet import INCIDENT_POOLS, Pool, desired_pods, scale_down_choice  # noqa: E402
 from benchmarks.replay.generate import TraceSettings, generate  # noqa: E402
-from benchmarks.replay.latency import ReleaseLag, StartLatency  # noqa: E402
+from benchmarks.replay.latency import ReleaseLag, StartLatency, release_lag  # noqa: E402
 from benchmarks.replay.rules import Rule  # noqa: E402
+from benchmarks.replay.section import ReplaySettings, _described, recorded_witness  # noqa: E402
 from benchmarks.replay.trace import Actor, Beats, Checks, Fate, Job, Pod, Trace, constant, lifecycle  # noqa: E402
 from zombie_pipeline.cleanup import run  # noqa: E402
 from zombie_pipeline.policy import ZombiePolicy  # noqa: E402
@@ -171,6 +173,39 @@ def test_beside_the_killer_whoever_deletes_first_takes_the_job():
     assert [f.actor for f in outcome.finalizations[0]] == [Actor.KILL_STUCK]
     outcome, _ = run_one(trace_of(crashed), both, [(1_260.98, 0)])  # read before the watcher, finished after it
     assert [f.actor for f in outcome.finalizations[0]] == [Actor.WATCHER, Actor.KILL_STUCK]  # its cache error again
+
+
+def test_the_watchers_lag_pools_the_true_lags_of_every_run_the_watch_script_measured(tmp_path: Path):
+    def measured(samples: list[float], at: str) -> dict[str, object]:
+        return {"conditions": {"measured_at": at, "cpu_bound_processes_beside": 0},
+                "recorded_release_lag_samples_seconds": [9.0] * len(samples),  # what events said: not the truth
+                "release_lag_samples_seconds": samples}  # fmt: skip
+
+    path = tmp_path / "watch_release_lag.json"
+    path.write_text(json.dumps({"timeout60_idle": measured([0.2, 0.1], "2026-12-05T08:16:12+00:00"),
+                                "timeout300_idle": measured([0.4], "2026-12-05T08:29:42+00:00")}))  # fmt: skip
+    lag = release_lag((0.5,), path)
+    assert sorted(lag.samples) == [0.1, 0.2, 0.4]
+    assert lag.draw(random.Random(1)) in lag.samples
+    assert "3 samples" in lag.source and "timeout60_idle (2" in lag.source and "timeout300_idle (1" in lag.source
+    modelled = release_lag((0.5,), tmp_path / "absent.json")
+    assert modelled.samples == () and modelled.source.startswith("model:")
+
+
+def test_a_reused_witness_is_labelled_as_the_run_that_recorded_it_and_refused_for_other_settings(tmp_path: Path):
+    settings = ReplaySettings()
+    described = json.loads(json.dumps(_described(settings), default=str))
+    meta = {"started_at": "2026-12-05T03:29:49+00:00", "command": "python -m benchmarks.run --only detection",
+            "code": {"commit": "0000000"}}  # fmt: skip
+    witness = {"seed": 1, "contender": "c@local-loaded", "finalize_seconds": [0.02]}
+    path = tmp_path / "benchmarks-results.json"
+    path.write_text(json.dumps({"replay": {"settings": described, "witness": witness, "meta": meta}}))
+    seen = recorded_witness(settings, path)
+    assert seen["finalize_seconds"] == [0.02]
+    assert seen["recorded_by"]["started_at"] == meta["started_at"] and seen["recorded_by"]["commit"] == "0000000"
+    assert seen["recorded_by"]["cleanup_files_changed_since"] is None  # not a commit of this clone: not "unchanged"
+    with pytest.raises(SystemExit, match="heartbeat_timeout_seconds"):
+        recorded_witness(replace(settings, heartbeat_timeout_seconds=240), path)
 
 
 # --- the real cleanup ----------------------------------------------------------------------------------------

@@ -12,9 +12,10 @@
 * **Sensor ticks** (:class:`TickSpacing`): Dagster's sensor daemon loops at least every ``MIN_INTERVAL_LOOP_TIME``
   = 5 s (``dagster/_daemon/sensor.py``) and evaluates a sensor once ``minimum_interval_seconds`` (30) has passed
   since its last tick: 30 s + up to a loop's 5 s + the evaluation.
-* **The watcher's release lag** (:func:`release_lag`): ``watch_release_lag.json`` beside the benchmarks when the
-  watch work has measured it on its production stack, else a model: the refresh of the deadlines (uniform 0-2 s)
-  + a finalize batch's cost as the witness replay measured it on the real cleanup. One function: swap its source.
+* **The watcher's release lag** (:func:`release_lag`): measured where ``scripts/watch_release_lag.py`` wrote
+  ``watch_release_lag.json`` beside the benchmarks (the true lag of every death of each of its runs on the production
+  stack, the runs pooled), else a model: the refresh of the deadlines (uniform 0-2 s) + a finalize batch's cost as
+  the witness replay measured it on the real cleanup.
 """
 
 from __future__ import annotations
@@ -142,12 +143,24 @@ class ReleaseLag:
 
 
 def release_lag(finalize_seconds: tuple[float, ...], path: Path = WATCH_LAG_FILE) -> ReleaseLag:
-    """The watcher's lag: measured where the watch work left ``watch_release_lag.json`` (a list of seconds, or
-    ``{"release_lag_seconds": [...]}``), else refresh + a finalize batch's measured cost."""
+    """The watcher's lag: the true release lags of every run in ``watch_release_lag.json`` pooled (each run, keyed by
+    its name, holds ``release_lag_samples_seconds`` and its ``conditions``), else refresh + a finalize batch's cost."""
     if path.exists():
-        document = json.loads(path.read_text())
-        values = document if isinstance(document, list) else document["release_lag_seconds"]
-        return ReleaseLag(tuple(float(v) for v in values), source=f"measured: {path.name}")
+        runs = json.loads(path.read_text())
+        by_run = {name: [float(v) for v in run["release_lag_samples_seconds"]] for name, run in sorted(runs.items())}
+        samples = sorted(v for values in by_run.values() for v in values)
+        if not samples:
+            raise ValueError(f"{path} holds no release_lag_samples_seconds: re-run scripts/watch_release_lag.py")
+        described = ", ".join(
+            f"{name} ({len(values)}, {runs[name]['conditions']['measured_at']})" for name, values in by_run.items()
+        )
+        p99 = samples[min(len(samples) - 1, math.ceil(0.99 * len(samples)) - 1)]
+        return ReleaseLag(
+            tuple(samples),
+            source=f"measured: {path.name} (scripts/watch_release_lag.py on the production stack), the true lag of "
+            f"every death of its {len(by_run)} runs pooled, {len(samples)} samples: {described}; p50 "
+            f"{statistics.median(samples):.2f} s, p99 {p99:.2f} s, max {samples[-1]:.2f} s",
+        )
     return ReleaseLag(
         finalize_seconds=finalize_seconds or (0.5,),
         source=f"model: uniform 0-2 s refresh + a finalize batch's cost ({len(finalize_seconds)} measured by the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from benchmarks.replay.figures import CAUSES, FLEET_BINS, MISTAKES
@@ -90,6 +91,23 @@ def targets_table(found: list[dict[str, Any]]) -> str:
                   [[t["target"], t["measured"], verdicts[t["held"]], t["missed_by"]] for t in found])  # fmt: skip
 
 
+def _recorded(recorded: dict[str, Any]) -> str:
+    changed = recorded["cleanup_files_changed_since"]
+    if changed is None:
+        since = "whether the real cleanup's code changed since is unknown (that commit is not in this clone)"
+    elif changed:
+        since = (
+            f"the real cleanup's code has changed since in {len(changed)} files of zombie_pipeline/cleanup and "
+            f"zombie_pipeline/queue ({', '.join(Path(f).name for f in changed)}): it witnesses that commit's cleanup"
+        )
+    else:
+        since = "the real cleanup's code (zombie_pipeline/cleanup, zombie_pipeline/queue) is unchanged since"
+    return (
+        f"**Recorded by the run of {recorded['started_at']} at commit {recorded['commit']}** (`{recorded['command']}`), "
+        f"read from {recorded['path']}, not run again by this command; {since}."
+    )
+
+
 def markdown(replay: dict[str, Any], command: str) -> str:
     labels = replay["labels"]
     witness = replay.get("witness") or {}
@@ -136,9 +154,11 @@ def markdown(replay: dict[str, Any], command: str) -> str:
     ]
     if witness:
         cmp_ = witness["comparison"]
+        recorded = witness.get("recorded_by")
         parts += [
             "### The witness: the real cleanup against the rules model",
             "",
+            *([_recorded(recorded), ""] if recorded else []),
             f"Seed {witness['seed']}, contender `{witness['contender']}`, the real cleanup (`run_cleanup` on the embedded "
             f"server) in {witness['wall_seconds']:.0f} s: {cmp_['finalized_by_real_cleanup']} jobs finalized by the real "
             f"cleanup, {cmp_['finalized_by_model']} by the model, {cmp_['same_moment']} by both at the same moment "

@@ -3,7 +3,9 @@
 1. **The statistics' T2s** for (d): ``statistics.analysis.analyze`` on a two-day trace of its own (the days before).
 2. **The witness**: one seed of the chart's fleet against the real cleanup (``run_cleanup``, on a fresh embedded
    server or a URL's databases), beside the rules model of the same contender: the same finalizations, else the
-   model is wrong (:mod:`.database`). Its finalize steps' wall times are the watcher's finalize cost.
+   model is wrong (:mod:`.database`). Its finalize steps' wall times are the watcher's finalize cost when its lag is
+   not measured. It takes most of the section's time and does not depend on the watcher's lag, so ``witness_from``
+   reuses the one a previous run recorded in its results file, labelled as that run's (:func:`recorded_witness`).
 3. **The seeds** (``seeds``, 20 by default), in ``parallel`` processes: each seed's trace of the chart's fleet
    against every contender (:func:`contenders`), and a few seeds of a cluster incident (:data:`.fleet.INCIDENT_POOLS`)
    as a separate case.
@@ -13,8 +15,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -52,6 +56,8 @@ class ReplaySettings:
     max_duration_seconds: int = 2520
     watcher_what_if_timeout_seconds: int = 240
     witness: bool = True
+    #: A results file (docs/benchmarks-results.json) whose witness is reused instead of running the real cleanup again.
+    witness_from: Path | None = None
     witness_latency: str = "local-loaded"
     parallel: int = 2
     draws: int = 400
@@ -84,7 +90,8 @@ def contenders(
                              policy=policy, start=latency))  # fmt: skip
         out.append(replace(out[-1], name=f"a+c@{latency.name}", label=f"(a) + {out[-1].label}", killer=True,
                            deployment=settings.deployment))  # fmt: skip
-    watcher = Contender("w", "(w) the watcher (issue 34, modelled)", watcher=True, policy=policy, lag=lag)
+    lag_told = "its release lag measured" if lag.samples else "its release lag modelled"
+    watcher = Contender("w", f"(w) the watcher (issue 34, {lag_told})", watcher=True, policy=policy, lag=lag)
     out += [watcher, replace(watcher, name="a+w", label="(a) + (w)", killer=True, deployment=settings.deployment)]
     if incident:
         return out
@@ -160,6 +167,33 @@ def witness(
         }
 
 
+def recorded_witness(settings: ReplaySettings, path: Path) -> dict[str, Any]:
+    """The witness a previous run recorded in ``path``, with that run's date, command and commit, and the files of the
+    real cleanup changed since; refused when that run replayed another trace or policy (another witness)."""
+    try:
+        recorded = json.loads(path.read_text())["replay"]
+        seen, meta = recorded["witness"], recorded["meta"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"{path} holds no recorded witness of the detection replay: {error!r}") from None
+    if not seen:
+        raise SystemExit(f"{path}: the run of {meta.get('started_at', '?')} recorded no witness")
+    now = json.loads(json.dumps(_described(settings), default=str))  # as the results file holds them
+    keys = ("trace", "heartbeat_timeout_seconds", "max_duration_seconds", "witness_latency")
+    differ = [key for key in keys if recorded["settings"].get(key) != now[key]]
+    if differ:
+        raise SystemExit(f"{path}: its witness replayed other settings ({', '.join(differ)}): run the witness again")
+    origin = seen.get("recorded_by") or {"started_at": meta["started_at"], "command": meta["command"],
+                                         "commit": meta["code"]["commit"]}  # fmt: skip
+    commit = origin["commit"]  # the run that ran it, when the one read had itself reused it
+    diff = subprocess.run(
+        ["git", "diff", "--name-only", commit, "--", "zombie_pipeline/cleanup", "zombie_pipeline/queue"],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    changed = diff.stdout.split() if diff.returncode == 0 else None  # None: the commit is not in this clone
+    recorded_by = {**origin, "path": str(path), "cleanup_files_changed_since": changed}
+    return {**seen, "recorded_by": recorded_by}
+
+
 def _causes(outcome: Any) -> dict[str, dict[str, int]]:
     """The real cleanup's finalizations by the cause it told and what became of their retry."""
     out: dict[str, dict[str, int]] = {}
@@ -187,7 +221,10 @@ def replay_section(
     placeholder = release_lag(())
     cast = contenders(settings, latencies, placeholder, t2_by_type, float(largest))
     seen: dict[str, Any] = {}
-    if settings.witness:
+    if settings.witness_from is not None:
+        seen = recorded_witness(settings, settings.witness_from)
+        log(f"  witness: recorded by the run of {seen['recorded_by']['started_at']} ({seen['recorded_by']['commit']})")
+    elif settings.witness:
         sensor = next(c for c in cast if c.name == f"c@{loaded.name}")
         seen = witness(settings, sensor, url, log)
     lag = release_lag(tuple(seen.get("finalize_seconds", ())))
