@@ -1,5 +1,5 @@
-"""The watcher in Dagster: ``zombie_watch_job``, one long run at a time, and ``zombie_watch_sensor``, which keeps one
-running wherever a daemon runs.
+"""The watcher in Dagster: ``zombie_watch_job``, one long run at a time, and ``zombie_watch_sensor`` (``sensors.py``),
+which keeps one running wherever a daemon runs.
 
 The run's one op drives :class:`~zombie_pipeline.cleanup.watch.Watch` for an hour: every finalization a line of its
 log as it happens, the whole as its metadata and summary at the end, as a cleanup's. The sensor asks for the next
