@@ -39,9 +39,9 @@ def main() -> None:
 
 
 def measure(zombies: int, repeats: int) -> None:
-    from zombie_pipeline.orchestration.cleanup import kill_zombies_job
-    from zombie_pipeline.orchestration.pushgateway import MetricsGateway
-    from zombie_pipeline.orchestration.resources import resources_from_env
+    from zombie_pipeline.defs.cleanup.jobs import kill_zombies_job
+    from zombie_pipeline.defs.pushgateway import MetricsGateway
+    from zombie_pipeline.defs.resources import resources_from_env
     from zombie_pipeline.policy import ZombiePolicy
     from zombie_pipeline.simulation.ownership import drop_simulation
     from zombie_pipeline.simulation.simulator import simulate

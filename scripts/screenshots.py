@@ -54,7 +54,7 @@ from zombie_pipeline.config import (  # noqa: E402
     QUEUE_URL_ENV,
     WEBHOOK_URL_ENV,
 )
-from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, PARTITION_TAG  # noqa: E402
+from zombie_pipeline.defs.tags import CLEANUP_RUN_TAG, PARTITION_TAG  # noqa: E402
 from zombie_pipeline.policy import ZombiePolicy  # noqa: E402
 from zombie_pipeline.queue.connections import client_for, close_clients  # noqa: E402
 from zombie_pipeline.queue.generations import (  # noqa: E402

@@ -24,10 +24,10 @@ from zombie_pipeline.cleanup.finalizer import Finalizer
 from zombie_pipeline.cleanup.plan import CleanupOptions, CleanupPlan
 from zombie_pipeline.cleanup.results import StepResult
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
-from zombie_pipeline.orchestration.cleanup import kill_zombies_job
-from zombie_pipeline.orchestration.pushgateway import MetricsGateway
-from zombie_pipeline.orchestration.resources import Databases
-from zombie_pipeline.orchestration.tags import JOB_TYPE_PARTITIONS, QUEUE_DATABASE_TAG
+from zombie_pipeline.defs.cleanup.jobs import kill_zombies_job
+from zombie_pipeline.defs.pushgateway import MetricsGateway
+from zombie_pipeline.defs.resources import Databases
+from zombie_pipeline.defs.tags import JOB_TYPE_PARTITIONS, QUEUE_DATABASE_TAG
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, JobDocument, utc_now
 from zombie_pipeline.queue.evidence import detect_cache_generation
@@ -255,7 +255,7 @@ def unregister(listener: monitoring.CommandListener) -> None:
 # --- kill_zombies_job in process ------------------------------------------------------------------------
 
 
-#: The metrics resource without a gateway: nothing is pushed (tests/orchestration/test_pushgateway.py pushes to a real one).
+#: The metrics resource without a gateway: nothing is pushed (tests/defs/test_pushgateway.py pushes to a real one).
 METRICS_OFF = {"metrics_gateway": MetricsGateway()}
 
 

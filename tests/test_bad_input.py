@@ -35,9 +35,9 @@ from tests.helpers import (
 from tests.test_policy import BAD_POLICIES, case_id
 from zombie_pipeline.cleanup.detection import stale_filter
 from zombie_pipeline.cleanup.run import UnknownJobTypes, run_cleanup
-from zombie_pipeline.orchestration.cleanup import kill_zombies_job
-from zombie_pipeline.orchestration.failures import result_cause
-from zombie_pipeline.orchestration.resources import ZombiePolicyResource
+from zombie_pipeline.defs.cleanup.jobs import kill_zombies_job
+from zombie_pipeline.defs.failures.causes import result_cause
+from zombie_pipeline.defs.resources import ZombiePolicyResource
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
 from zombie_pipeline.queue.cache_entries import DETAIL_QUARANTINED
 from zombie_pipeline.queue.documents import (

@@ -24,8 +24,8 @@ from zombie_pipeline.config import (
     QUEUE_URL_ENV,
 )
 from zombie_pipeline.definitions import defs
-from zombie_pipeline.orchestration.pushgateway import MetricsGateway, metrics_gateway_from_env
-from zombie_pipeline.orchestration.resources import Databases, ZombiePolicyResource, resources_from_env
+from zombie_pipeline.defs.pushgateway import MetricsGateway, metrics_gateway_from_env
+from zombie_pipeline.defs.resources import Databases, ZombiePolicyResource, resources_from_env
 
 ROOT = Path(__file__).resolve().parent.parent
 DAGSTER = Path(sys.executable).parent / "dagster"

@@ -14,7 +14,7 @@ import pytest
 
 from zombie_pipeline import config
 from zombie_pipeline.app import cli
-from zombie_pipeline.orchestration.cleanup import CLEANUP_MAX_RUNTIME_SECONDS
+from zombie_pipeline.defs.cleanup.jobs import CLEANUP_MAX_RUNTIME_SECONDS
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.connections import DEFAULT_TIMEOUT_MS, EMBEDDED_TIMEOUT_MS
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS

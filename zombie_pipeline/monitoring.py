@@ -1,6 +1,6 @@
 """What the sensors and asset checks read.
 
-Plain Python and pymongo: the Dagster wiring in ``orchestration/`` calls these.
+Plain Python and pymongo: the Dagster wiring in ``defs/`` calls these.
 Every read here is meant to run every minute against a production queue, so
 each one is a count or a small projected find on an index: the stale count on
 ``(status, started_at)``, the audit trail on ``finalized_at``, the cache on its

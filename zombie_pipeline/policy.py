@@ -1,6 +1,6 @@
 """The rules of a cleanup and of the T2 suggestions: validated models, defined once.
 
-Dagster's resource and run config inherit these models (``orchestration/``), the
+Dagster's resource and run config inherit these models (``defs/``), the
 simulator takes a :class:`ZombiePolicy`, and a bad value fails before anything
 is read or written, with every offending field named at once.
 """

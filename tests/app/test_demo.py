@@ -28,7 +28,7 @@ from zombie_pipeline.config import (
     HOME_ENV,
     QUEUE_URL_ENV,
 )
-from zombie_pipeline.orchestration.resources import (
+from zombie_pipeline.defs.resources import (
     ZombiePolicyResource,
     resources_from_env,
 )

@@ -18,7 +18,7 @@ from zombie_pipeline.config import (
     QUEUE_DATABASE_ENV,
     QUEUE_URL_ENV,
 )
-from zombie_pipeline.orchestration.tags import JOB_TYPE_PARTITIONS_NAME
+from zombie_pipeline.defs.tags import JOB_TYPE_PARTITIONS_NAME
 from zombie_pipeline.simulation.embedded import free_port
 
 TYPO_AND_UNKNOWN = "max_duration_seconds_by_type:\n  splits: 2400\n  /no-such-type: 3000\n  /first-rows: 1800\n"

@@ -7,10 +7,10 @@ import datetime as dt
 import pytest
 
 from tests.helpers import ago, crashed_job, found, job_document
-from zombie_pipeline import metrics
 from zombie_pipeline.cleanup.late_results import audit_late_results
 from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.cleanup.run import run_cleanup
+from zombie_pipeline.observability import metrics
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     Cache,

@@ -35,7 +35,7 @@ from dagster._core.scheduler.instigation import TickStatus
 from tests.deploy.stack import CLEANUP, RUN_TIMEOUT, Deployment, assert_never_two_cleanups_at_once, deployment_stack
 from tests.e2e.harness import descendants
 from tests.helpers import found
-from zombie_pipeline.orchestration.tags import MAX_RUNTIME_TAG
+from zombie_pipeline.defs.tags import MAX_RUNTIME_TAG
 from zombie_pipeline.queue.documents import ID, Job, Status
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workload import Workload

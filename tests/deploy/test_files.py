@@ -22,9 +22,9 @@ from dagster._core.instance.config import dagster_instance_config
 from tests.deploy.processes import REPO_ROOT
 from tests.helpers import found
 from zombie_pipeline import config
-from zombie_pipeline.orchestration.cleanup import CLEANUP_MAX_RUNTIME_SECONDS, kill_zombies_job
-from zombie_pipeline.orchestration.statistics import duration_statistics_job
-from zombie_pipeline.orchestration.tags import (
+from zombie_pipeline.defs.cleanup.jobs import CLEANUP_MAX_RUNTIME_SECONDS, kill_zombies_job
+from zombie_pipeline.defs.statistics.assets import duration_statistics_job
+from zombie_pipeline.defs.tags import (
     MAX_RETRIES_TAG,
     MAX_RUNTIME_TAG,
     PIPELINE_TAG,

@@ -35,7 +35,7 @@ from tests.deploy.stack import (
 )
 from tests.helpers import found
 from zombie_pipeline.config import POLICY_FILE_ENV
-from zombie_pipeline.orchestration.tags import QUEUE_DATABASE_TAG, STALE_COUNT_TAG
+from zombie_pipeline.defs.tags import QUEUE_DATABASE_TAG, STALE_COUNT_TAG
 from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, Reason, Status, cache_key_of_job, utc_now
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.embedded import free_port

@@ -3,7 +3,7 @@
 ``promtool`` (Debian's ``prometheus`` package, which ``.ci/run`` installs) checks the rules, checks a Prometheus
 configuration that loads them as the docs say (``rule_files: [deploy/prometheus/*.yaml]``), and runs their unit tests
 (deploy/prometheus/tests/alerts.test.yaml), a firing and a quiet case for every rule. Every query of the rules and of
-the dashboard is parsed as PromQL and may name only metrics of ``zombie_pipeline.metrics.METRIC_NAMES`` (and
+the dashboard is parsed as PromQL and may name only metrics of ``zombie_pipeline.observability.metrics.METRIC_NAMES`` (and
 Prometheus' own ``up``, for the gateway itself). Every runbook link is the alert's section of docs/deploy.md on the
 project's repository.
 """
@@ -22,7 +22,7 @@ import yaml
 from tests.deploy.processes import REPO_ROOT
 from tests.pushgateway import binary_or_skip
 from zombie_pipeline import config
-from zombie_pipeline.metrics import METRIC_NAMES, METRIC_OF_SAMPLE
+from zombie_pipeline.observability.metrics import METRIC_NAMES, METRIC_OF_SAMPLE
 
 PROMETHEUS = REPO_ROOT / "deploy" / "prometheus"
 RULES_FILE = PROMETHEUS / "alerts.yaml"

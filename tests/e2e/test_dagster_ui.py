@@ -23,7 +23,7 @@ from zombie_pipeline.config import (
     QUEUE_URL_ENV,
     WEBHOOK_URL_ENV,
 )
-from zombie_pipeline.orchestration.tags import CLEANUP_RUN_TAG, TRIGGER_TAG
+from zombie_pipeline.defs.tags import CLEANUP_RUN_TAG, TRIGGER_TAG
 from zombie_pipeline.queue.connections import client_for
 from zombie_pipeline.queue.documents import (
     ID,

@@ -28,7 +28,7 @@ from tests.servers import REPO_ROOT
 from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
-from zombie_pipeline.orchestration.resources import (
+from zombie_pipeline.defs.resources import (
     Databases,
     ZombiePolicyResource,
 )

@@ -39,7 +39,7 @@ from tests.helpers import (
 from tests.servers import LocalServer
 from zombie_pipeline.cleanup.detection import stale_filter
 from zombie_pipeline.cleanup.run import run_cleanup
-from zombie_pipeline.orchestration.failures import result_cause
+from zombie_pipeline.defs.failures.causes import result_cause
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     CACHE_KEY,
@@ -70,7 +70,7 @@ def test_an_unreachable_database_fails_the_run_after_its_step_retries_each_withi
     server: LocalServer, urls_of
 ):
     """The first op's check waits the timeout, and its retry policy tries twice more (2 s, then 4 s later): an
-    outage that short is survived (tests/orchestration/test_failures.py); this one is not, and the run says why."""
+    outage that short is survived (tests/defs/failures/test_failures.py); this one is not, and the run says why."""
     client = connect(server.url)
     store = faults_store(client)
     store.ensure_indexes()

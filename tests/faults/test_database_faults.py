@@ -56,7 +56,7 @@ from zombie_pipeline.config import (
     QUEUE_DATABASE_ENV,
     QUEUE_URL_ENV,
 )
-from zombie_pipeline.orchestration.resources import ZombiePolicyResource, resources_from_env
+from zombie_pipeline.defs.resources import ZombiePolicyResource, resources_from_env
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.connections import client_for, close_clients
 from zombie_pipeline.queue.documents import (

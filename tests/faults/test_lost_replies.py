@@ -28,7 +28,7 @@ from tests.figures import report_figures
 from tests.helpers import database_resources, run_kill_zombies, step_failure_messages, workload
 from tests.servers import LocalServer, running_server
 from zombie_pipeline.cleanup.run import run_cleanup
-from zombie_pipeline.orchestration.resources import ZombiePolicyResource
+from zombie_pipeline.defs.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.connections import close_clients
 from zombie_pipeline.queue.documents import (

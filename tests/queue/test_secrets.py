@@ -46,7 +46,7 @@ from zombie_pipeline.config import (
     QUEUE_DATABASE_ENV,
     QUEUE_URL_ENV,
 )
-from zombie_pipeline.orchestration.resources import (
+from zombie_pipeline.defs.resources import (
     ZombiePolicyResource,
 )
 from zombie_pipeline.policy import ZombiePolicy

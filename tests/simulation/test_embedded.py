@@ -254,7 +254,7 @@ def test_the_pipeline_writes_to_the_embedded_server_without_retries(shared_serve
     """It applies a retried write twice when a connection resets as it executes it (the team's reference notes):
     a reset must fail the run, for the next one to complete, rather than count a counter's move twice."""
     from zombie_pipeline.config import QUEUE_URL_ENV
-    from zombie_pipeline.orchestration.resources import Databases
+    from zombie_pipeline.defs.resources import Databases
 
     monkeypatch.delenv(QUEUE_URL_ENV, raising=False)
     database = Databases(queue_database="q").queue()

@@ -22,8 +22,8 @@ from tests.helpers import METRICS_OFF, database_resources, run_kill_zombies
 from tests.simulation.test_workers import VirtualClock, silent_since
 from zombie_pipeline.cleanup.detection import count_stale, started_filter
 from zombie_pipeline.cleanup.run import run_cleanup
-from zombie_pipeline.orchestration.failures import result_cause
-from zombie_pipeline.orchestration.resources import ZombiePolicyResource
+from zombie_pipeline.defs.failures.causes import result_cause
+from zombie_pipeline.defs.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Cache, Job, Status, utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS

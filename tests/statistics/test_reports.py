@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.helpers import found
-from zombie_pipeline.orchestration.resources import ZombiePolicyResource
+from zombie_pipeline.defs.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import Cause, Event, EventState, FreeRuns, Job, Reason, Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS

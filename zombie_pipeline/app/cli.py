@@ -34,7 +34,7 @@ from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRat
 from zombie_pipeline.simulation.workload import STARTED_KINDS, Workload, WorkloadError, healthy_beside
 
 if TYPE_CHECKING:
-    from zombie_pipeline.orchestration.resources import DeploymentResources
+    from zombie_pipeline.defs.resources import DeploymentResources
     from zombie_pipeline.queue.store import Store
 
 # Dagster is imported only by the commands that need it: `db` answers in a fraction of a second.
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 def _store_and_resources() -> tuple[Store, DeploymentResources]:
     """The configured databases, reachable: a refused or closed port fails now (within the resources' timeout), naming the URL."""
-    from zombie_pipeline.orchestration.resources import resources_from_env
+    from zombie_pipeline.defs.resources import resources_from_env
 
     resources = resources_from_env()
     resources["databases"].check_reachable()

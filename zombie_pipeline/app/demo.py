@@ -35,13 +35,13 @@ from zombie_pipeline.app.errors import OptionRefused, Progress, cut_short, progr
 from zombie_pipeline.cleanup.detection import count_stale, started_filter
 from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
 from zombie_pipeline.cleanup.run import RunSummary
+from zombie_pipeline.defs.cleanup.jobs import kill_zombies_job
+from zombie_pipeline.defs.failures.causes import result_cause
+from zombie_pipeline.defs.resources import DeploymentResources, resources_from_env
+from zombie_pipeline.defs.statistics.assets import job_duration_statistics, job_duration_tallies
+from zombie_pipeline.defs.statistics.heartbeat_gaps import heartbeat_gap_tallies
+from zombie_pipeline.defs.statistics.repeat_offenders import repeat_offenders
 from zombie_pipeline.messages import counted, plural
-from zombie_pipeline.orchestration.cleanup import kill_zombies_job
-from zombie_pipeline.orchestration.failures import result_cause
-from zombie_pipeline.orchestration.heartbeat_gaps import heartbeat_gap_tallies
-from zombie_pipeline.orchestration.repeat_offenders import repeat_offenders
-from zombie_pipeline.orchestration.resources import DeploymentResources, resources_from_env
-from zombie_pipeline.orchestration.statistics import job_duration_statistics, job_duration_tallies
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS

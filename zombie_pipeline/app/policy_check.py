@@ -123,7 +123,7 @@ def _dagster_home() -> Path | None:
 def _partition_types(home: Path) -> set[str]:
     import dagster as dg
 
-    from zombie_pipeline.orchestration.tags import JOB_TYPE_PARTITIONS_NAME
+    from zombie_pipeline.defs.tags import JOB_TYPE_PARTITIONS_NAME
 
     try:
         with dg.DagsterInstance.from_config(str(home)) as instance:

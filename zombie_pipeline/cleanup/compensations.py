@@ -31,9 +31,9 @@ from functools import lru_cache
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
-from zombie_pipeline import webhooks
 from zombie_pipeline.cleanup.results import Count, StepResult
 from zombie_pipeline.config import setting
+from zombie_pipeline.observability import webhooks
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
     ID,

@@ -11,7 +11,7 @@
 - :mod:`.reports`, :mod:`.charts`, :mod:`.formatting`: the report as people read it.
 
 The rules, the sources and every column are described in docs/statistics.md.
-No Dagster here: ``orchestration/statistics.py`` wires these into assets.
+No Dagster here: ``defs/statistics/`` wires these into assets.
 
 This package module imports nothing: the code location loads it for the constants below, and a cleanup run, which
 loads the whole code location, must not pay for pandas, pyarrow or matplotlib (the modules above import them).

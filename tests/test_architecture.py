@@ -1,0 +1,113 @@
+"""docs/architecture.md tells the tree as it is, and the core stays apart from Dagster: every module of
+``zombie_pipeline`` is on the page's tree and every module the tree names exists; no module of the core imports
+Dagster or ``zombie_pipeline.defs``, read from each module's imports (ast), not from running it."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "zombie_pipeline"
+PAGE = (REPO / "docs" / "architecture.md").read_text()
+#: The wiring and the entry points: the only places that may import Dagster.
+NOT_CORE = ("defs/", "definitions.py", "app/")
+
+
+def modules_on_disk() -> set[str]:
+    """Every module of the package, as a path under ``zombie_pipeline/`` (``__init__.py`` left out: the package is)."""
+    return {
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "__init__.py" and "__pycache__" not in path.parts
+    }
+
+
+def modules_on_page(page: str) -> set[str]:
+    """The modules the page's tree names: its entries indented two spaces a level, a directory ending in ``/``."""
+    tree = re.search(r"## The tree\n+```text\n(.*?)```", page, re.DOTALL)
+    assert tree is not None, "docs/architecture.md has no '## The tree' section with a ```text block"
+    lines = tree.group(1).splitlines()
+    assert lines[0] == "zombie_pipeline/", lines[0]
+    parents: list[str] = []
+    modules: set[str] = set()
+    for line in lines[1:]:
+        indent = len(line) - len(line.lstrip(" "))
+        assert indent % 2 == 0 and indent >= 2, f"an entry indented by {indent} spaces: {line!r}"
+        depth = indent // 2 - 1
+        assert depth <= len(parents), f"an entry deeper than its directory: {line!r}"
+        del parents[depth:]
+        entry = line.split()[0]
+        if entry.endswith("/"):
+            parents.append(entry)
+        else:
+            modules.add("".join(parents) + entry)
+    return modules
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The modules ``path`` imports, whatever the place of the import (top level, a function, TYPE_CHECKING)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def is_core(module: str) -> bool:
+    return not module.startswith(NOT_CORE)
+
+
+def forbidden(name: str) -> bool:
+    """Dagster and its libraries (``dagster_prometheus``, ``dagster_shared``), or the wiring."""
+    return (
+        name.split(".")[0].startswith("dagster")
+        or name == "zombie_pipeline.defs"
+        or name.startswith("zombie_pipeline.defs.")
+    )
+
+
+def test_every_module_of_the_package_is_on_the_pages_tree_and_every_module_it_names_exists():
+    on_disk, on_page = modules_on_disk(), modules_on_page(PAGE)
+    assert not on_disk - on_page, f"modules missing from docs/architecture.md: {sorted(on_disk - on_page)}"
+    assert not on_page - on_disk, f"modules docs/architecture.md names that do not exist: {sorted(on_page - on_disk)}"
+
+
+def test_the_tree_is_read_as_paths():
+    tree = (
+        "## The tree\n\n```text\nzombie_pipeline/\n  config.py  x\n  queue/\n    store.py  y\n  app/\n    cli.py\n```\n"
+    )
+    assert modules_on_page(tree) == {"config.py", "queue/store.py", "app/cli.py"}
+
+
+CORE_MODULES = sorted(module for module in modules_on_disk() if is_core(module))
+
+
+def test_the_core_is_most_of_the_package():
+    assert {"queue/documents.py", "cleanup/finalizer.py", "statistics/tallies.py", "policy.py"} <= set(CORE_MODULES)
+    assert "observability/metrics.py" in CORE_MODULES and "defs/resources.py" not in CORE_MODULES
+
+
+@pytest.mark.parametrize("module", CORE_MODULES)
+def test_no_core_module_imports_dagster_or_the_wiring(module):
+    imports = imported_modules(PACKAGE / module)
+    assert not sorted(filter(forbidden, imports)), f"{module} imports {sorted(filter(forbidden, imports))}"
+
+
+def test_the_import_check_sees_every_kind_of_import(tmp_path):
+    source = tmp_path / "module.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import dagster as dg\n"
+        "if TYPE_CHECKING:\n    from zombie_pipeline.defs.resources import Databases\n"
+        "def later():\n    from zombie_pipeline import defs\n"
+    )
+    imports = imported_modules(source)
+    assert {"dagster", "zombie_pipeline.defs.resources", "zombie_pipeline.defs"} <= set(filter(forbidden, imports))
+    assert not forbidden("typing.TYPE_CHECKING") and not forbidden("zombie_pipeline.definitions")
