@@ -97,7 +97,12 @@ def test_a_first_demo_shows_the_cleanup_the_statistics_and_a_repeat_offender_fro
         assert re.search(
             r"scheduled after a delay \(\d+ timeouts?: (its|their) re-run waits until the deployment's", printed
         )
-    assert "simulated workers, while the statistics ran: " in printed and " crashed" not in printed
+    assert "simulated workers, while the statistics and the watcher ran: " in printed and " crashed" not in printed
+    # the watcher: three workers that stop beating now, each released when its deadline comes, not a poll later
+    assert "3 workers stopped beating, one every 4 s" in printed and "zombie_watch_job: succeeded" in printed
+    assert "released 3 zombies at their deadline:" in printed
+    lags = [float(lag) for lag in re.findall(r"missing_heartbeat\s+(\d+\.\d+) s after the rule allowed it", printed)]
+    assert len(lags) == 3 and max(lags) < 5, lags  # 2 s between refreshes of the deadlines, on a loaded host too
     # the runs outlive the demo, where the command it prints opens the UI: Dagster's own CLI lists them from there
     [kept, command] = re.findall(r"These runs are kept in (\S+); the Dagster UI shows them: (.+)", printed)[0]
     assert Path(kept) == embedded_home / "dagster"

@@ -4,7 +4,8 @@ On the embedded server it simulates a deployment (a week of history cleaned dail
 its worker every day, and today's zombies beside healthy started jobs), runs ``kill_zombies_job``, then the
 statistics and ``repeat_offenders`` of the week ending yesterday, through Dagster, and prints what those runs
 recorded: the cleanup's summary from its ``summarize`` step, the statistics from the report files their
-materialization names, the offenders from their materialization's table. The runs are kept in a Dagster instance
+materialization names, the offenders from their materialization's table; last, workers that stop beating as it runs, each released by a short ``zombie_watch_job``
+at its deadline. The runs are kept in a Dagster instance
 that outlives the demo (``config.dagster_home``), and the demo prints the command that opens the UI on it.
 
 The cleanup sees the queue the simulator meant, on any machine: the simulated workers only start once it is
@@ -41,9 +42,10 @@ from zombie_pipeline.defs.resources import DeploymentResources, resources_from_e
 from zombie_pipeline.defs.statistics.assets import job_duration_statistics, job_duration_tallies
 from zombie_pipeline.defs.statistics.heartbeat_gaps import heartbeat_gap_tallies
 from zombie_pipeline.defs.statistics.repeat_offenders import repeat_offenders
+from zombie_pipeline.defs.watch.jobs import zombie_watch_job
 from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import utc_now
+from zombie_pipeline.queue.documents import ID, Job, utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.ownership import check_ours, drop_simulation
@@ -62,6 +64,10 @@ GIVE_UP = (
 #: The days before today the simulated deployment was cleaned daily: the statistics' window.
 PAST_DAYS = DEFAULT_WINDOW_DAYS
 DEFAULT_FINISHED = 8_000  # some types get the 368 successful runs in the window that lowering a T2 needs
+#: The watcher's turn: this many workers stop beating, one every few seconds, and a short watch run releases each.
+WATCHED_DEATHS = 3
+DEATH_SPACING_SECONDS = 4
+WATCH_MARGIN_SECONDS = 6  # the watch run goes on this long after the last deadline
 
 
 def _instance() -> dg.DagsterInstance:
@@ -137,6 +143,8 @@ def run_demo(
                 progress("starting the simulated workers")
                 with _living_queue(store, generation, policy, seed, rates or WorkerRates(), enabled=not real_database):
                     _statistics(resources, instance, save_suggestions=not real_database)
+                    if not real_database:  # beside the living workers, as a watch meets a fleet
+                        _watch(resources, instance, store, policy, generation, seed, progress)
     print(f"\nThese runs are kept in {config.dagster_home()}; the Dagster UI shows them: {ui_command()}")
     return 0 if succeeded else 1
 
@@ -232,6 +240,77 @@ def _cleanup(
     return True
 
 
+def _watch(
+    resources: DeploymentResources,
+    instance: dg.DagsterInstance,
+    store: Store,
+    policy: ZombiePolicy,
+    generation: str,
+    seed: int,
+    progress: Progress,
+) -> None:
+    """``zombie_watch_job`` at work, as ``zombie_watch_sensor`` keeps it running wherever a daemon runs: workers whose
+    last heartbeat puts their deadline (that beat + the heartbeat timeout) a few seconds ahead, each released when
+    its deadline comes, with the lag the watcher added to the rule."""
+    progress("simulating workers that die now")
+    simulation = simulate(
+        store,
+        Workload(
+            finished=0,
+            crashed=0,
+            never_heartbeated=0,
+            terminated=0,
+            overdue=0,
+            running=WATCHED_DEATHS,
+            waiting=0,
+            seed=seed,
+            generation=generation,
+            policy=policy,
+        ),
+        progress=progress,
+    )
+    now = utc_now()
+    deadlines = [now + dt.timedelta(seconds=n * DEATH_SPACING_SECONDS) for n in range(1, WATCHED_DEATHS + 1)]
+    timeout = dt.timedelta(seconds=policy.heartbeat_timeout_seconds)
+    for job_id, deadline in zip(simulation.running_ids, deadlines, strict=True):
+        beat = deadline - timeout  # its only beat, as it started
+        store.jobs.update_one({ID: job_id}, {"$set": {Job.STARTED_AT: beat, Job.LAST_HEARTBEAT: beat}})
+    watch_seconds = (deadlines[-1] - now).total_seconds() + WATCH_MARGIN_SECONDS
+    print(
+        f"\n{counted(WATCHED_DEATHS, 'worker')} stopped beating, one every {DEATH_SPACING_SECONDS} s: their deadlines "
+        f"(last heartbeat + {timeout.total_seconds():.0f} s) come in {(deadlines[0] - now).total_seconds():.0f}-"
+        f"{(deadlines[-1] - now).total_seconds():.0f} s"
+    )
+    progress("watching the deadlines")
+    result = zombie_watch_job.execute_in_process(
+        run_config={"ops": {"watch_deadlines": {"config": {"run_minutes": watch_seconds / 60}}}, "loggers": QUIET},
+        resources=resources,
+        instance=instance,
+        raise_on_error=False,
+    )
+    print(
+        f"zombie_watch_job: {'succeeded' if result.success else 'FAILED'} (run {result.run_id[:8]}, {watch_seconds:.0f} s)"
+    )
+    if not result.success:
+        print("  " + result_cause(result))
+        return
+    rows = table_rows(result, "watch_deadlines", "finalized_jobs")
+    print(f"  released {counted(len(rows), 'zombie')} at {plural(len(rows), 'its', 'their')} deadline:")
+    for row in rows:
+        print(
+            f"  - {row['type']:<32} {row['dataset']:<28} {row['reason']:<22} {row['release_lag_seconds']:.2f} s after "
+            "the rule allowed it"
+        )
+    if len(rows) < WATCHED_DEATHS:  # a watch of dagster dev's holding the lease, or the brake: the run says which
+        metadata = step_metadata(result, "watch_deadlines")
+        print(
+            f"  the watch ended: {metadata['ended_because'].value}; {metadata['brake_refusals'].value} brake refusals"
+        )
+    print(
+        "  kept running by zombie_watch_sensor wherever a daemon runs (dagster dev included); watch_deadlines: false turns it off"
+    )
+
+
 def quarantines_text(quarantines: Sequence[Mapping[str, Any]]) -> str:
     """The quarantines holding now, and how an operator lifts one."""
     if not quarantines:
@@ -296,7 +375,7 @@ def _living_queue(
     finally:
         stopping.set()
         thread.join(timeout=60)
-        print(f"\nsimulated workers, while the statistics ran: {pool.summary()}")
+        print(f"\nsimulated workers, while the statistics and the watcher ran: {pool.summary()}")
 
 
 def _statistics(resources: DeploymentResources, instance: dg.DagsterInstance, save_suggestions: bool) -> None:

@@ -123,7 +123,8 @@ class _Generator:
         """A dataset, config and split for a job; ``unique`` ones never share a unicity id."""
         if unique:
             self.serial += 1
-            dataset = f"user{self.rng.randrange(200)}/live-{self.serial}"
+            serial = f"{self.run}-{self.serial}" if self.run else str(self.serial)  # not a name an earlier run gave
+            dataset = f"user{self.rng.randrange(200)}/live-{serial}"
         else:
             dataset = f"user{self.rng.randrange(200)}/dataset-{self.rng.randrange(2_000)}"
         config = None if job_type.level == "dataset" else self.rng.choice(["default", "en", "fr"])
