@@ -37,8 +37,8 @@ from benchmarks.harness import CommandCounter, measure, new_client, spread
 from benchmarks.servers import Servers, Template, round_trip_ms
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import Job, Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS, FinishStyle
+from zombie_pipeline.queue.jobs import Job, Status
 from zombie_pipeline.queue.store import Store
 
 OURS = "ours"

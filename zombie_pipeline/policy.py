@@ -18,14 +18,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from zombie_pipeline.messages import shown
-from zombie_pipeline.queue.documents import (
-    DEFAULT_ZOMBIE_HTTP_STATUS,
-    DEPLOYMENT_MAX_FAILED_RUNS,
-    Cause,
-    ErrorCode,
-    job_type_problem,
-)
+from zombie_pipeline.queue.cache import DEFAULT_ZOMBIE_HTTP_STATUS, DEPLOYMENT_MAX_FAILED_RUNS, ErrorCode
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import job_type_problem
+from zombie_pipeline.queue.reasons import Cause
 
 #: What a bad policy or bad rules raise when built; its message names each offending field.
 PolicyError = ValidationError

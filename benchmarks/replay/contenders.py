@@ -47,7 +47,7 @@ from benchmarks.replay.trace import (
     constant,
 )
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import Cause, Reason
+from zombie_pipeline.queue.reasons import Cause, Reason
 
 FIND_AFTER_START, FINALIZE_AFTER_FIND, DONE_AFTER_FINALIZE = 2.0, 1.0, 2.0
 

@@ -14,8 +14,10 @@ from zombie_pipeline.cleanup.detection import (
     stale_filter,
 )
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
-from zombie_pipeline.queue.documents import Job, JobDocument, Reason, Status, utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION
+from zombie_pipeline.queue.jobs import Job, JobDocument, Status
+from zombie_pipeline.queue.reasons import Reason
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
 

@@ -43,9 +43,9 @@ from zombie_pipeline.defs.statistics.heartbeat_gaps import heartbeat_gap_tallies
 from zombie_pipeline.defs.statistics.repeat_offenders import repeat_offenders
 from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.ownership import check_ours, drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning

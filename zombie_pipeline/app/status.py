@@ -24,21 +24,12 @@ from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_ro
 from zombie_pipeline.cleanup.retries import pending_retries
 from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    CAUSES,
-    ID,
-    REASONS,
-    Event,
-    EventState,
-    Failure,
-    Job,
-    LateResult,
-    Status,
-    as_utc,
-    utc,
-)
+from zombie_pipeline.queue.audit_documents import Event, EventState, Failure, LateResult
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.reasons import CAUSES, REASONS
 from zombie_pipeline.queue.store import Store, aggregate_rows
+from zombie_pipeline.queue.times import as_utc, utc
 
 #: The last cleanups listed, from the audit trail of this many days (a cleanup that finalized nothing leaves no event).
 CLEANUPS_SHOWN = 5

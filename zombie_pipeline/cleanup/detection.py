@@ -25,27 +25,23 @@ from bson import ObjectId
 from pymongo.collection import Collection
 
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ERROR_CODE_OF_REASON,
+from zombie_pipeline.queue.audit_documents import FreeRunsRecord
+from zombie_pipeline.queue.cache import Cache, CacheEntry
+from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.jobs import (
     ID,
     STATUSES,
-    Cache,
-    CacheEntry,
-    Cause,
-    FreeRunsRecord,
     Job,
     JobDocument,
     JobSnapshot,
-    Reason,
     Status,
-    as_utc,
     job_row,
     job_type_problem,
     name_problem,
-    utc,
 )
-from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.reasons import ERROR_CODE_OF_REASON, Cause, Reason
 from zombie_pipeline.queue.store import aggregate_rows
+from zombie_pipeline.queue.times import as_utc, utc
 
 
 @dataclass(frozen=True)

@@ -31,27 +31,15 @@ from pymongo.client_session import ClientSession
 
 from zombie_pipeline.cleanup.counters import CountersInDoubt
 from zombie_pipeline.cleanup.side_collections import SideCollections
-from zombie_pipeline.queue.documents import (
-    BLOCKAGES_COLLECTION,
-    ID,
-    JOB_METRICS_COLLECTION,
-    LOCKS_COLLECTION,
-    PAST_JOBS_COLLECTION,
-    WORKER_SIZE_METRICS_COLLECTION,
-    Blockage,
-    Effect,
-    Job,
-    JobDocument,
-    JobMetric,
-    JobSnapshot,
-    Lock,
-    PastJob,
-    Status,
-    WorkerSizeMetric,
-    utc,
-    worker_size,
-)
+from zombie_pipeline.queue.audit_documents import Effect
+from zombie_pipeline.queue.blockages import BLOCKAGES_COLLECTION, Blockage
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION, JobMetric
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, JobSnapshot, Status
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION, Lock
+from zombie_pipeline.queue.past_jobs import PAST_JOBS_COLLECTION, PastJob
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc
+from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION, WorkerSizeMetric, worker_size
 
 #: A run shorter than this leaves no ``pastJobs`` record.
 PAST_JOB_MIN_SECONDS = 30

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zombie_pipeline.queue.documents import (
-    CACHE_METRICS_COLLECTION,
-    DATASET_STATUS_NORMAL,
-    JOB_METRICS_COLLECTION,
-    JobMetric,
-)
+from zombie_pipeline.queue.cache import CACHE_METRICS_COLLECTION
 from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.job_metrics import DATASET_STATUS_NORMAL, JOB_METRICS_COLLECTION, JobMetric
 from zombie_pipeline.queue.store import Store
 
 

@@ -60,19 +60,11 @@ from zombie_pipeline.cleanup.detection import (
 )
 from zombie_pipeline.cleanup.results import StepResult
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ID,
-    Event,
-    Job,
-    JobSnapshot,
-    WatchLease,
-    WatchState,
-    as_utc,
-    job_type_problem,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import Event, WatchLease, WatchState
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.jobs import ID, Job, JobSnapshot, job_type_problem
 from zombie_pipeline.queue.store import READ_BATCH, Store
+from zombie_pipeline.queue.times import as_utc, utc_now
 
 #: What a refresh reads of each started job: what its rules read, and what a listener needs (its type and worker size).
 WATCHED_FIELDS = (Job.TYPE, Job.DATASET, Job.DIFFICULTY, Job.STARTED_AT, Job.LAST_HEARTBEAT, Job.TERMINATED_AT)

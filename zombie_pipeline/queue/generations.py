@@ -17,20 +17,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, cast
 
-from zombie_pipeline.queue.documents import (
-    BLOCKAGES_COLLECTION,
-    CACHE_METRICS_COLLECTION,
-    ID,
-    JOB_METRICS_COLLECTION,
-    LOCKS_COLLECTION,
-    PAST_JOBS_COLLECTION,
-    WORKER_SIZE_METRICS_COLLECTION,
-    Cache,
-    CacheEntry,
-    Job,
-    Lock,
-    Status,
-)
+from zombie_pipeline.queue.blockages import BLOCKAGES_COLLECTION
+from zombie_pipeline.queue.cache import CACHE_METRICS_COLLECTION, Cache, CacheEntry
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION, Lock
+from zombie_pipeline.queue.past_jobs import PAST_JOBS_COLLECTION
+from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION
 
 
 class FinishStyle(StrEnum):

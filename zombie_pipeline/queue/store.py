@@ -11,32 +11,21 @@ from pymongo.command_cursor import CommandCursor
 from pymongo.database import Database
 from pymongo.errors import BulkWriteError
 
-from zombie_pipeline.queue.documents import (
-    BLOCKAGES_COLLECTION,
-    CACHE_METRICS_COLLECTION,
-    DEFAULT_CACHE_COLLECTION,
+from zombie_pipeline.queue.audit_documents import (
     DEFAULT_EVENTS_COLLECTION,
     DEFAULT_FAILURES_COLLECTION,
-    DEFAULT_JOBS_COLLECTION,
     DEFAULT_SUGGESTIONS_COLLECTION,
     HEARTBEAT_GAPS_COLLECTION,
-    ID,
-    JOB_METRICS_COLLECTION,
-    LOCKS_COLLECTION,
-    PAST_JOBS_COLLECTION,
     QUARANTINE_COLLECTION,
     RETRIES_COLLECTION,
-    SIMULATIONS_COLLECTION,
     WATCHERS_COLLECTION,
-    WORKER_SIZE_METRICS_COLLECTION,
-    CacheEntry,
-    JobDocument,
     QuarantineDocument,
     RetryDocument,
-    SimulationMark,
     WatchLeaseDocument,
     ZombieEvent,
 )
+from zombie_pipeline.queue.blockages import BLOCKAGES_COLLECTION
+from zombie_pipeline.queue.cache import CACHE_METRICS_COLLECTION, DEFAULT_CACHE_COLLECTION, CacheEntry
 from zombie_pipeline.queue.indexes import (
     CACHE_INDEXES,
     EVENT_INDEXES,
@@ -46,6 +35,12 @@ from zombie_pipeline.queue.indexes import (
     RETRY_INDEXES,
     ensure_indexes,
 )
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION
+from zombie_pipeline.queue.jobs import DEFAULT_JOBS_COLLECTION, ID, JobDocument
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION
+from zombie_pipeline.queue.past_jobs import PAST_JOBS_COLLECTION
+from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION
+from zombie_pipeline.simulation.marks import SIMULATIONS_COLLECTION, SimulationMark
 
 #: A document of the deployment's side collections or of ours that has no shape of its own here.
 Document = dict[str, Any]

@@ -13,8 +13,9 @@ from typing import Any
 
 from pymongo.database import Database
 
-from zombie_pipeline.queue.documents import ID, SIMULATIONS_COLLECTION
+from zombie_pipeline.queue.jobs import ID
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.marks import SIMULATIONS_COLLECTION
 
 #: Documents deleted per command when a simulation is dropped, a range of ``_id``: about 1 s on the embedded server
 #: beside other work (cache entries and their four indexes), well within its timeout.

@@ -25,29 +25,24 @@ from bson import ObjectId
 
 from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.effects import PAST_JOB_MIN_SECONDS
-from zombie_pipeline.queue.cache_entries import key_of
-from zombie_pipeline.queue.documents import (
+from zombie_pipeline.queue.cache import (
     CACHE_CONTENT_ERROR,
     DEFAULT_ZOMBIE_HTTP_STATUS,
     HTTP_OK,
-    ID,
     Cache,
     CacheEntry,
     ErrorCode,
-    Job,
-    JobDocument,
-    Lock,
-    PastJob,
-    Priority,
-    SimulationMark,
-    Status,
-    truncate_ms,
-    utc_now,
 )
+from zombie_pipeline.queue.cache_entries import key_of
 from zombie_pipeline.queue.generations import DurationsSource, QueueGeneration
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Priority, Status
+from zombie_pipeline.queue.locks import Lock
+from zombie_pipeline.queue.past_jobs import PastJob
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import truncate_ms, utc_now
 from zombie_pipeline.simulation.history import OFFENDER, PastCleanups, clean_past_days
+from zombie_pipeline.simulation.marks import SimulationMark
 from zombie_pipeline.simulation.ownership import NotOurs, check_ours
 from zombie_pipeline.simulation.shapes import cache_document, job_document
 from zombie_pipeline.simulation.workload import STARTED_KINDS, JobType, Workload

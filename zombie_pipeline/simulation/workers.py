@@ -67,33 +67,25 @@ from zombie_pipeline.cleanup.effects import DeploymentEffects, Finished
 from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.messages import counted, plural, shown
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, stored_failed_runs
-from zombie_pipeline.queue.documents import (
+from zombie_pipeline.queue.cache import (
     CACHE_CONTENT_ERROR,
     DEFAULT_ZOMBIE_HTTP_STATUS,
     HTTP_OK,
-    ID,
-    JOB_METRICS_COLLECTION,
-    LOCKS_COLLECTION,
-    SIMULATED_WORKERS_COLLECTION,
-    WORKER_SIZE_METRICS_COLLECTION,
     Cache,
     CacheEntry,
     CacheMetric,
     ErrorCode,
-    Job,
-    JobDocument,
-    JobMetric,
-    Lock,
-    Status,
-    WorkersClaim,
-    WorkerSizeMetric,
     cache_key_of_job,
-    utc_now,
-    worker_size,
 )
+from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, stored_failed_runs
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, FailedRunsRule, QueueGeneration
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION, JobMetric
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION, Lock
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
+from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION, WorkerSizeMetric, worker_size
+from zombie_pipeline.simulation.marks import SIMULATED_WORKERS_COLLECTION, WorkersClaim
 from zombie_pipeline.simulation.shapes import job_document
 from zombie_pipeline.simulation.simulator import START_LOCK_TTL_SECONDS
 from zombie_pipeline.simulation.workload import JOB_TYPES, JobType, WorkloadError

@@ -52,9 +52,11 @@ from zombie_pipeline.cleanup.budget import spent_budgets
 from zombie_pipeline.cleanup.events import causes_between
 from zombie_pipeline.cleanup.late_results import late_results_between
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
-from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, Cause, Reason, utc
 from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.jobs import FINISHED_STATUSES
+from zombie_pipeline.queue.reasons import REASONS, Cause, Reason
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc
 from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS as DEFAULT_WINDOW_DAYS  # also read from here (the demo)
 from zombie_pipeline.statistics.formatting import format_duration
 from zombie_pipeline.statistics.gap_log import read_days

@@ -19,7 +19,8 @@ import numpy as np
 
 from zombie_pipeline import config
 from zombie_pipeline.messages import counted
-from zombie_pipeline.queue.documents import CAUSES, REASONS, Status
+from zombie_pipeline.queue.jobs import Status
+from zombie_pipeline.queue.reasons import CAUSES, REASONS
 from zombie_pipeline.statistics.analysis import DurationReport, TypeReport
 from zombie_pipeline.statistics.charts import plot_durations, plot_gaps
 from zombie_pipeline.statistics.formatting import day_ranges, format_duration, format_share, window_text

@@ -33,7 +33,10 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from zombie_pipeline.queue.documents import ID, REASONS, Event, Job, Reason, ZombieEvent, as_utc, job_type_problem
+from zombie_pipeline.queue.audit_documents import Event, ZombieEvent
+from zombie_pipeline.queue.jobs import ID, Job, job_type_problem
+from zombie_pipeline.queue.reasons import REASONS, Reason
+from zombie_pipeline.queue.times import as_utc
 
 READ_BATCH_SIZE = 5_000
 

@@ -45,7 +45,8 @@ from zombie_pipeline.defs.failures.causes import result_cause
 from zombie_pipeline.defs.failures.sensors import failure_record, pipeline_failure_sensor
 from zombie_pipeline.defs.resources import FailureWebhook, ZombiePolicyResource, url_from_env
 from zombie_pipeline.defs.tags import RETRY_ON_STEP_FAILURE_TAG, WILL_RETRY_TAG
-from zombie_pipeline.queue.documents import ID, Event, Failure, Job, Status
+from zombie_pipeline.queue.audit_documents import Event, Failure
+from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.secrets import redact_url
 from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.simulator import simulate

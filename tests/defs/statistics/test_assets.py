@@ -26,8 +26,8 @@ from zombie_pipeline.defs.statistics.assets import (
     job_duration_tallies,
 )
 from zombie_pipeline.defs.statistics.heartbeat_gaps import heartbeat_gap_tallies
-from zombie_pipeline.queue.documents import ID, Job, Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.ownership import drop_simulation
 from zombie_pipeline.simulation.simulator import simulate

@@ -42,8 +42,9 @@ from zombie_pipeline.defs.tags import (
 )
 from zombie_pipeline.messages import counted
 from zombie_pipeline.observability import metrics
-from zombie_pipeline.queue.documents import REASONS, utc_now
 from zombie_pipeline.queue.evidence import GenerationUnknown
+from zombie_pipeline.queue.reasons import REASONS
+from zombie_pipeline.queue.times import utc_now
 
 #: A step that fails on an error that may pass (a server election, a dropped connection, a timeout) is tried again
 #: within the run, after 2 s then 4 s: every step is safe to repeat (claims by unique id, compare-and-set, leases).

@@ -39,10 +39,10 @@ from zombie_pipeline.defs.resources import Databases, ZombiePolicyResource
 from zombie_pipeline.defs.tags import PIPELINE_TAG, STATISTICS_GROUP
 from zombie_pipeline.observability import metrics
 from zombie_pipeline.policy import InvalidPolicy, SuggestionRules, SuggestionSettings, ZombiePolicy
-from zombie_pipeline.queue.documents import utc_now
 from zombie_pipeline.queue.evidence import GenerationUnknown, decide
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS
 from zombie_pipeline.statistics.formatting import day_ranges, window_text
 from zombie_pipeline.statistics.gap_tallies import GapPeriod, combine_gaps
