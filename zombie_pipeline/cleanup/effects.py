@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pymongo import UpdateMany, UpdateOne
+from pymongo import UpdateOne
 from pymongo.client_session import ClientSession
 
 from zombie_pipeline.cleanup.counters import CountersInDoubt
@@ -35,7 +35,7 @@ from zombie_pipeline.queue.audit_documents import Effect
 from zombie_pipeline.queue.blockages import BLOCKAGES_COLLECTION, Blockage
 from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION, JobMetric
 from zombie_pipeline.queue.jobs import ID, Job, JobDocument, JobSnapshot, Status
-from zombie_pipeline.queue.locks import LOCKS_COLLECTION, Lock
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION, release_locks
 from zombie_pipeline.queue.past_jobs import PAST_JOBS_COLLECTION, PastJob
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import utc
@@ -273,19 +273,10 @@ class DeploymentEffects:
         from 2024-08-22; before, the cleanup's: docs/generations.md). Where the generation's finish frees every
         lock the job owns (2023-08-07 to 2024-08-22: ``release_locks(owner=job_id)``), those of each job whose
         worker is gone too, such as a conversion's ``refs/convert/parquet`` branch lock: a job past its maximum
-        duration may still be running, and its worker frees its own when it leaves them. Only the owner field a
-        lock document already has is written (early locks named it ``job_id``).
+        duration may still be running, and its worker frees its own when it leaves them.
         """
-        keys = sorted({item.job[Job.UNICITY_ID] for item in finished})
-        released = {Lock.UPDATED_AT: now}
-        operations = [
-            UpdateMany({ID: {"$in": keys}, Lock.OWNER: {"$exists": True}}, {"$set": {Lock.OWNER: None, **released}}),
-            UpdateMany(
-                {ID: {"$in": keys}, Lock.JOB_ID: {"$ne": None}, Lock.OWNER: {"$exists": False}},
-                {"$set": {Lock.JOB_ID: None, **released}},
-            ),
-        ]
-        owners = sorted(str(item.id) for item in finished if item.worker_gone)
-        if self.side.generation.frees_owned_locks and owners:
-            operations.append(UpdateMany({Lock.OWNER: {"$in": owners}}, {"$set": {Lock.OWNER: None, **released}}))
-        self.store.locks.bulk_write(operations, ordered=False, session=session)
+        keys = {item.job[Job.UNICITY_ID] for item in finished}
+        owners = (
+            {str(item.id) for item in finished if item.worker_gone} if self.side.generation.frees_owned_locks else set()
+        )
+        release_locks(self.store.locks, keys, owners, now, session)

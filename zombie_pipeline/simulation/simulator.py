@@ -37,7 +37,7 @@ from zombie_pipeline.queue.cache_entries import key_of
 from zombie_pipeline.queue.generations import DurationsSource, QueueGeneration
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
 from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Priority, Status
-from zombie_pipeline.queue.locks import Lock
+from zombie_pipeline.queue.locks import GIT_BRANCH_LOCK_TTL_SECONDS, START_LOCK_TTL_SECONDS, Lock
 from zombie_pipeline.queue.past_jobs import PastJob
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import truncate_ms, utc_now
@@ -49,8 +49,6 @@ from zombie_pipeline.simulation.workload import STARTED_KINDS, JobType, Workload
 
 HEARTBEAT_INTERVAL_SECONDS = 60
 INSERT_BATCH_SIZE = 5_000
-START_LOCK_TTL_SECONDS = 600
-GIT_BRANCH_LOCK_TTL_SECONDS = 3_600
 PAST_JOBS_WINDOW_SECONDS = 3_600
 #: The kinds of started jobs whose worker is dead: today's die one at a time (``Generator.started_job``'s slot).
 DEAD_KINDS = frozenset({"crashed", "never_heartbeated", "terminated"})

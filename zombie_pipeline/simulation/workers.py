@@ -81,13 +81,12 @@ from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, stored_
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, FailedRunsRule, QueueGeneration
 from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION, JobMetric
 from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
-from zombie_pipeline.queue.locks import LOCKS_COLLECTION, Lock
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION, START_LOCK_TTL_SECONDS, Lock
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION, WorkerSizeMetric, worker_size
 from zombie_pipeline.simulation.marks import SIMULATED_WORKERS_COLLECTION, WorkersClaim
 from zombie_pipeline.simulation.shapes import job_document
-from zombie_pipeline.simulation.simulator import START_LOCK_TTL_SECONDS
 from zombie_pipeline.simulation.workload import JOB_TYPES, JobType, WorkloadError
 
 #: An overrunning job runs on to this many times its T2 before it ends by itself.
