@@ -33,7 +33,7 @@ def main() -> None:
         try:
             measure(args.zombies, args.repeats)
         finally:
-            from zombie_pipeline.simulation.embedded import stop_server
+            from zombie_pipeline.queue.embedded import stop_server
 
             stop_server(Path(home))
 

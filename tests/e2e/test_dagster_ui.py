@@ -26,10 +26,10 @@ from zombie_pipeline.config import (
 from zombie_pipeline.defs.tags import CLEANUP_RUN_TAG, TRIGGER_TAG
 from zombie_pipeline.queue.cache import Cache, ErrorCode, cache_key_of_job
 from zombie_pipeline.queue.connections import client_for
+from zombie_pipeline.queue.embedded import free_port
 from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import utc_now
-from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.simulator import simulate
 
 pytestmark = pytest.mark.e2e

@@ -21,6 +21,7 @@ from zombie_pipeline.app.errors import OptionRefused, Progress, cut_short, progr
 from zombie_pipeline.config import SettingError
 from zombie_pipeline.messages import counted, shown
 from zombie_pipeline.policy import InvalidPolicy, PolicySource, ZombiePolicy, read_policy_file
+from zombie_pipeline.queue import embedded
 from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients, database_error
 from zombie_pipeline.queue.evidence import GenerationUnknown
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
@@ -28,7 +29,6 @@ from zombie_pipeline.queue.jobs import Job
 from zombie_pipeline.queue.secrets import redact
 from zombie_pipeline.queue.targets import DatabaseTargets, timeouts_from_env
 from zombie_pipeline.queue.times import utc_now
-from zombie_pipeline.simulation import embedded
 from zombie_pipeline.simulation.ownership import NotOurs, check_ours, drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning

@@ -31,6 +31,7 @@ from zombie_pipeline.policy import (
     read_policy_file,
     validated,
 )
+from zombie_pipeline.queue import embedded
 from zombie_pipeline.queue.audit_documents import (
     DEFAULT_EVENTS_COLLECTION,
     DEFAULT_FAILURES_COLLECTION,
@@ -46,7 +47,6 @@ from zombie_pipeline.queue.connections import (
 from zombie_pipeline.queue.jobs import DEFAULT_JOBS_COLLECTION, DEFAULT_QUEUE_DATABASE
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.targets import DatabaseTargets
-from zombie_pipeline.simulation import embedded
 from zombie_pipeline.statistics.suggestion_log import effective_policy
 
 StepContext = dg.OpExecutionContext | dg.AssetExecutionContext | dg.AssetCheckExecutionContext

@@ -46,9 +46,9 @@ from zombie_pipeline.defs.failures.sensors import failure_record, pipeline_failu
 from zombie_pipeline.defs.resources import FailureWebhook, ZombiePolicyResource, url_from_env
 from zombie_pipeline.defs.tags import RETRY_ON_STEP_FAILURE_TAG, WILL_RETRY_TAG
 from zombie_pipeline.queue.audit_documents import Event, Failure
+from zombie_pipeline.queue.embedded import free_port
 from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.secrets import redact_url
-from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workload import Workload
 
