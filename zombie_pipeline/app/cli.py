@@ -29,6 +29,7 @@ from zombie_pipeline.queue.jobs import Job
 from zombie_pipeline.queue.secrets import redact
 from zombie_pipeline.queue.targets import DatabaseTargets, timeouts_from_env
 from zombie_pipeline.queue.times import utc_now
+from zombie_pipeline.simulation.marks import simulated_generation
 from zombie_pipeline.simulation.ownership import NotOurs, check_ours, drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning
@@ -111,7 +112,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     with progress.watching():
         progress("reading what the databases hold")
         check_ours(store, args.overwrite_database)  # before the first write, an index included
-        if not args.drop and store.simulated_generation() is not None:
+        if not args.drop and simulated_generation(store) is not None:
             # a second queue over the first would share its datasets' locks and keys
             raise NotOurs("these databases already hold a simulated queue; --drop replaces it (nothing was written)")
         progress.then = cut_short("zombie-pipeline simulate --drop")
@@ -166,7 +167,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
 
     with progress.watching():
         progress("reading what the databases hold")
-        if store.simulated_generation() is None:  # workers write: only into a queue the simulator wrote
+        if simulated_generation(store) is None:  # workers write: only into a queue the simulator wrote
             raise NotOurs(
                 f"{resources['databases'].describe()['queue']} holds no simulated queue: simulated workers only run on a queue "
                 "zombie-pipeline simulated (zombie-pipeline simulate first)"

@@ -36,11 +36,10 @@ from zombie_pipeline.queue.indexes import (
     ensure_indexes,
 )
 from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION
-from zombie_pipeline.queue.jobs import DEFAULT_JOBS_COLLECTION, ID, JobDocument
+from zombie_pipeline.queue.jobs import DEFAULT_JOBS_COLLECTION, JobDocument
 from zombie_pipeline.queue.locks import LOCKS_COLLECTION
 from zombie_pipeline.queue.past_jobs import PAST_JOBS_COLLECTION
 from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION
-from zombie_pipeline.simulation.marks import SIMULATIONS_COLLECTION, SimulationMark
 
 #: A document of the deployment's side collections or of ours that has no shape of its own here.
 Document = dict[str, Any]
@@ -97,7 +96,6 @@ class Store:
     past_jobs: Collection[Document]
     blockages: Collection[Document]
     cache_metrics: Collection[Document]
-    simulations: Collection[Document]
     quarantine: Collection[QuarantineDocument]
     watchers: Collection[WatchLeaseDocument]
     heartbeat_gaps: Collection[Document]
@@ -126,7 +124,6 @@ class Store:
             past_jobs=queue_db[PAST_JOBS_COLLECTION],
             blockages=queue_db[BLOCKAGES_COLLECTION],
             cache_metrics=cache_db[CACHE_METRICS_COLLECTION],
-            simulations=queue_db[SIMULATIONS_COLLECTION],
             quarantine=typed(queue_db, QUARANTINE_COLLECTION, QuarantineDocument),
             watchers=typed(queue_db, WATCHERS_COLLECTION, WatchLeaseDocument),
             heartbeat_gaps=queue_db[HEARTBEAT_GAPS_COLLECTION],
@@ -145,18 +142,9 @@ class Store:
             self.heartbeat_gaps,
         )
 
-    def simulated_generation(self) -> str | None:
-        """The queue generation the simulator wrote these databases in (its mark in ``zombieSimulations``), or None
-        when it wrote none: a simulated queue is the simulator's to drop, its healthy jobs alive only while its
-        simulated workers run."""
-        marker = self.simulations.find_one(sort=[(ID, -1)])
-        return str(marker[SimulationMark.GENERATION]) if marker else None
-
-    def simulation_id(self) -> str | None:
-        """Which simulation these databases hold: the ``_id`` of the first mark since they were last dropped (later
-        simulations add to it), or None where the simulator wrote nothing (a deployment's databases)."""
-        marker = self.simulations.find_one(sort=[(ID, 1)], projection={ID: 1})
-        return str(marker[ID]) if marker else None
+    def beside_queue(self, name: str) -> Collection[Document]:
+        """The collection ``name`` of the queue's database, one the pipeline itself does not work on."""
+        return cast(Database[Document], self.jobs.database)[name]
 
     def queue_collection_names(self) -> frozenset[str]:
         return frozenset(self.jobs.database.list_collection_names())

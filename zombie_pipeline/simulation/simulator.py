@@ -42,7 +42,7 @@ from zombie_pipeline.queue.past_jobs import PastJob
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import truncate_ms, utc_now
 from zombie_pipeline.simulation.history import OFFENDER, PastCleanups, clean_past_days
-from zombie_pipeline.simulation.marks import SimulationMark
+from zombie_pipeline.simulation.marks import SimulationMark, marks, simulated_generation
 from zombie_pipeline.simulation.ownership import NotOurs, check_ours
 from zombie_pipeline.simulation.shapes import cache_document, job_document
 from zombie_pipeline.simulation.workload import STARTED_KINDS, JobType, Workload
@@ -315,13 +315,13 @@ def simulate(
     """
     progress("reading what the databases hold")
     check_ours(store, overwrite)
-    present = store.simulated_generation()
+    present = simulated_generation(store)
     if present is not None and present != workload.generation:
         raise NotOurs(
             f"these databases hold a simulated {present} queue; drop it first to simulate a {workload.generation} one (--drop)"
         )
     now = truncate_ms(now or utc_now())
-    markers = store.simulations
+    markers = marks(store)
     run = markers.count_documents({})
     progress("marking the databases as the simulator's")
     markers.insert_one(

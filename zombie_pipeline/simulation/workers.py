@@ -168,7 +168,7 @@ class QueueClaim:
 
     @classmethod
     def of(cls, store: Store, **options: Any) -> QueueClaim:
-        return cls(store.simulations.database[SIMULATED_WORKERS_COLLECTION], **options)
+        return cls(store.beside_queue(SIMULATED_WORKERS_COLLECTION), **options)
 
     def take(self) -> None:
         """Claim the queue, or raise :class:`WorkersRunning` naming the process that has it."""

@@ -126,7 +126,8 @@ class Period:
     events_read: int = 0
     source: str = "jobs"  # see SOURCES
     detection: dict[str, np.ndarray] = field(default_factory=dict)  # reason -> the events' detection_seconds
-    origin: str | None = None  # the simulation read (``Store.simulation_id``); None: a deployment's databases
+    #: The databases read, where the wiring can tell them apart (a simulation's id); None: a deployment's.
+    origin: str | None = None
 
     def tally(self, job_type: str) -> Tally:
         return self.tallies.setdefault(job_type, Tally())
