@@ -20,7 +20,6 @@ import pytest
 
 from tests.helpers import Crash, crashing, found, raw
 from zombie_pipeline.cleanup import counters, run
-from zombie_pipeline.cleanup.effects import PAST_JOB_MIN_SECONDS
 from zombie_pipeline.cleanup.plan import CleanupPlan
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.cleanup.strategies import STRATEGIES
@@ -33,7 +32,7 @@ from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIO
 from zombie_pipeline.queue.job_metrics import JobMetric
 from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.locks import Lock
-from zombie_pipeline.queue.past_jobs import PAST_JOBS_COLLECTION, PastJob
+from zombie_pipeline.queue.past_jobs import PAST_JOB_MIN_SECONDS, PAST_JOBS_COLLECTION, PastJob
 from zombie_pipeline.queue.reasons import Reason
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import utc_now

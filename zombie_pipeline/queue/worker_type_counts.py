@@ -1,8 +1,13 @@
-"""The deployment's ``workerTypeJobCounts``: waiting jobs per worker size, which its autoscaler reads."""
+"""The deployment's ``workerTypeJobCounts``: waiting jobs per worker size, which its autoscaler reads, and its writes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final
+
+from pymongo import UpdateOne
+from pymongo.client_session import ClientSession
+from pymongo.collection import Collection
 
 WORKER_SIZE_METRICS_COLLECTION = "workerTypeJobCounts"
 
@@ -27,3 +32,14 @@ def worker_size(difficulty: Any) -> str:
         if isinstance(difficulty, (int, float)) and difficulty <= limit:
             return size
     return HEAVY
+
+
+def add_to_counts(counts: Collection[Any], changes: Mapping[str, int], session: ClientSession | None = None) -> None:
+    """Move the waiting jobs counted per worker size by ``changes``, in one command (a size not counted yet is)."""
+    operations = [
+        UpdateOne({WorkerSizeMetric.WORKER_SIZE: size}, {"$inc": {WorkerSizeMetric.JOBS_COUNT: change}}, upsert=True)
+        for size, change in sorted(changes.items())
+        if change
+    ]
+    if operations:
+        counts.bulk_write(operations, ordered=False, session=session)

@@ -24,7 +24,6 @@ from typing import Any
 from bson import ObjectId
 
 from zombie_pipeline.cleanup import counters
-from zombie_pipeline.cleanup.effects import PAST_JOB_MIN_SECONDS
 from zombie_pipeline.queue.cache import (
     CACHE_CONTENT_ERROR,
     DEFAULT_ZOMBIE_HTTP_STATUS,
@@ -38,7 +37,7 @@ from zombie_pipeline.queue.generations import DurationsSource, QueueGeneration
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
 from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Priority, Status
 from zombie_pipeline.queue.locks import GIT_BRANCH_LOCK_TTL_SECONDS, START_LOCK_TTL_SECONDS, Lock
-from zombie_pipeline.queue.past_jobs import PastJob
+from zombie_pipeline.queue.past_jobs import PAST_JOB_MIN_SECONDS, PAST_JOBS_TTL, PastJob
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import truncate_ms, utc_now
 from zombie_pipeline.simulation.history import OFFENDER, PastCleanups, clean_past_days
@@ -49,7 +48,6 @@ from zombie_pipeline.simulation.workload import STARTED_KINDS, JobType, Workload
 
 HEARTBEAT_INTERVAL_SECONDS = 60
 INSERT_BATCH_SIZE = 5_000
-PAST_JOBS_WINDOW_SECONDS = 3_600
 #: The kinds of started jobs whose worker is dead: today's die one at a time (``Generator.started_job``'s slot).
 DEAD_KINDS = frozenset({"crashed", "never_heartbeated", "terminated"})
 
@@ -428,7 +426,7 @@ def _spread_slots(n: int) -> Iterator[tuple[int, int]]:
 def _past_job(job: JobDocument, finished_at: dt.datetime, now: dt.datetime) -> list[dict[str, Any]]:
     """The ``pastJobs`` record of a run that finished within the last hour and lasted long enough."""
     seconds = int((finished_at - job[Job.STARTED_AT]).total_seconds())
-    if (now - finished_at).total_seconds() > PAST_JOBS_WINDOW_SECONDS or seconds < PAST_JOB_MIN_SECONDS:
+    if now - finished_at > PAST_JOBS_TTL or seconds < PAST_JOB_MIN_SECONDS:
         return []
     return [
         {ID: ObjectId(), PastJob.DATASET: job[Job.DATASET], PastJob.DURATION: seconds, PastJob.FINISHED_AT: finished_at}
