@@ -17,8 +17,9 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from zombie_pipeline.cleanup.brake import Brake
 from zombie_pipeline.cleanup.causes import cause_of_event
-from zombie_pipeline.cleanup.detection import Brake, detect, started_filter
+from zombie_pipeline.cleanup.detection import detect, started_filter
 from zombie_pipeline.cleanup.events import finalized_between
 from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
 from zombie_pipeline.cleanup.retries import pending_retries

@@ -32,11 +32,11 @@ from enum import StrEnum
 from typing import Any
 
 from zombie_pipeline.cleanup import causes, compensations
+from zombie_pipeline.cleanup.brake import brake_for
 from zombie_pipeline.cleanup.detection import (
     Candidate,
     Detection,
     Malformed,
-    brake_for,
     detect,
     find_malformed_started,
     known_job_types,

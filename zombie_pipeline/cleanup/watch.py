@@ -49,8 +49,8 @@ from typing import Any, Protocol
 from pymongo.errors import ConnectionFailure, PyMongoError
 
 from zombie_pipeline.cleanup import causes, run, watch_lease
+from zombie_pipeline.cleanup.brake import Brake
 from zombie_pipeline.cleanup.detection import (
-    Brake,
     Candidate,
     Rule,
     count_started,

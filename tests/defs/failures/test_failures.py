@@ -38,7 +38,7 @@ from tests.helpers import (
     recorded_cleanup_run,
 )
 from tests.servers import QuietHandler, http_server
-from zombie_pipeline.cleanup.detection import Brake
+from zombie_pipeline.cleanup.brake import Brake
 from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.defs.cleanup.jobs import kill_zombies_job
 from zombie_pipeline.defs.failures.causes import result_cause
