@@ -1,5 +1,8 @@
 """Measure 1: the cleanup (``kill_zombies_job``'s core) against the 2023 baseline, on the same data.
 
+Over 500 lines: the rules of a fair comparison below (same data, a fresh server per run, interleaving) are one
+procedure, kept in one file.
+
 How a comparison is kept fair (docs/benchmarks.md says why each matters):
 
 * **the same data**: each case is simulated once (seeded) into a server whose

@@ -1,5 +1,8 @@
 """Measures 2-4: detection and statistics as the finished history grows.
 
+Over 500 lines: the detection and the statistics measures share one growing history on one server, and read
+together as the steps they take at each size.
+
 One queue holds the same started jobs (zombies and healthy ones) and waiting
 jobs throughout; finished jobs are added in steps (10k, 100k, 1M), and at each
 step the same measures are taken (on one long-lived server,

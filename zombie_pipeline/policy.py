@@ -1,5 +1,8 @@
 """The rules of a cleanup and of the T2 suggestions: validated models, defined once.
 
+Over 500 lines: each setting is a field with its description and its bound, which operators read in the
+launchpad; the bounds are checked here once.
+
 Dagster's resource and run config inherit these models (``defs/``), the
 simulator takes a :class:`ZombiePolicy`, and a bad value fails before anything
 is read or written, with every offending field named at once.

@@ -1,5 +1,7 @@
 """The watcher: every dead job released at its deadline, not a poll and a run's start later.
 
+Over 500 lines: one loop and its steps in the order they run; its lease is apart already (``watch_lease.py``).
+
 A started job's deadline is known from the job as read, by the rules detection judges it by
 (:func:`detection.rules_of`): its last heartbeat (else its start) + the heartbeat timeout, its SIGTERM's grace, its
 start + its T2. A :class:`Watch` keeps the deadline of every started job, read again every ``refresh_seconds`` by

@@ -1,5 +1,8 @@
 """The pipeline's figures as Prometheus metrics, for the dashboards and alerts operators already have.
 
+Over 500 lines: the table of every metric (:data:`METRICS`, about 200 lines) is kept whole on purpose, each
+step's figures beside it.
+
 Cleanups, health checks and statistics are batch runs: their figures are pushed to a Pushgateway
 after each run (``defs/pushgateway.py``), not scraped. This module knows nothing of Dagster nor
 of the gateway. It declares every metric once (:data:`METRICS`: name, type, help, labels; the alert

@@ -1,5 +1,8 @@
 """Simulated live workers: a queue that moves, as a deployment's workers move it, for hours.
 
+Over 500 lines: :class:`WorkerPool` is a worker's whole life (take, start, heartbeat, finish, die) as the
+deployment's loop lives it, read top to bottom.
+
 Each worker takes the oldest waiting job whose user (namespace) runs nothing
 yet, starts it as the deployment does (the start lock, a compare-and-set from
 waiting, the counters), heartbeats every ``heartbeat_seconds``, and finishes it

@@ -1,5 +1,8 @@
 """The suggested T2 of each job type, with the evidence an operator needs to trust it.
 
+Over 500 lines: the suggestion and each piece of its evidence (confidence, backtest, censoring, the deployment's
+one limit) kept with it.
+
 The configured quantile of the successful durations, times a safety margin,
 rounded up to a readable value (:func:`~.quantiles.readable_round_up`), never
 below the heartbeat timeout. Only successful durations are used: error

@@ -1,5 +1,7 @@
 """The duration report as people read it: a Markdown table, a YAML snippet, CSV, JSON and a chart.
 
+Over 500 lines: every format of one report, each a short function of it.
+
 Everything here formats a :class:`~zombie_pipeline.statistics.suggest.DurationReport`;
 nothing reads the database. No Dagster either: the assets put these strings and
 paths into metadata, the CLI prints :func:`summary_text`.
