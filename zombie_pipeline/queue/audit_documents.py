@@ -12,11 +12,9 @@ from bson import ObjectId
 
 from zombie_pipeline.queue.jobs import JobDocument, JobSnapshot
 
-#: Our own bookkeeping lives in collections the deployment never reads.
+#: The collections whose names a deployment's configuration may change.
 DEFAULT_EVENTS_COLLECTION = "zombieEvents"
-
 DEFAULT_FAILURES_COLLECTION = "zombiePipelineFailures"
-
 DEFAULT_SUGGESTIONS_COLLECTION = "zombieT2Suggestions"
 
 #: The heartbeat gaps a watcher saw, per day, job type and worker size (``statistics.gap_log``).

@@ -16,9 +16,7 @@ from bson import ObjectId
 from zombie_pipeline.queue.jobs import Job
 
 DEFAULT_CACHE_DATABASE = "datasets_server_cache"
-
 DEFAULT_CACHE_COLLECTION = "cachedResponsesBlue"
-
 CACHE_METRICS_COLLECTION = "cacheTotalMetric"
 
 

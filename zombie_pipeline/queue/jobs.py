@@ -13,7 +13,6 @@ from typing import Any, Final, TypedDict
 from bson import ObjectId
 
 DEFAULT_QUEUE_DATABASE = "datasets_server_queue"
-
 DEFAULT_JOBS_COLLECTION = "jobsBlue"
 
 ID: Final = "_id"
