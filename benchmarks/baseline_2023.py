@@ -32,15 +32,9 @@ from typing import Any
 
 from pymongo.collection import Collection
 
-from zombie_pipeline.queue.documents import (
-    DEFAULT_ZOMBIE_HTTP_STATUS,
-    ID,
-    Cache,
-    ErrorCode,
-    Job,
-    Status,
-    as_utc,
-)
+from zombie_pipeline.queue.cache import DEFAULT_ZOMBIE_HTTP_STATUS, Cache, ErrorCode
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.times import as_utc
 
 #: The messages the 2023 deployment wrote (quoted from the reference notes).
 CRASHED_MESSAGE = "Job manager crashed while running this job (missing heartbeats)."

@@ -1,5 +1,8 @@
 """Measure 1: the cleanup (``kill_zombies_job``'s core) against the 2023 baseline, on the same data.
 
+Over 500 lines: the rules of a fair comparison below (same data, a fresh server per run, interleaving) are one
+procedure, kept in one file.
+
 How a comparison is kept fair (docs/benchmarks.md says why each matters):
 
 * **the same data**: each case is simulated once (seeded) into a server whose
@@ -37,8 +40,8 @@ from benchmarks.harness import CommandCounter, measure, new_client, spread
 from benchmarks.servers import Servers, Template, round_trip_ms
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import Job, Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS, FinishStyle
+from zombie_pipeline.queue.jobs import Job, Status
 from zombie_pipeline.queue.store import Store
 
 OURS = "ours"

@@ -37,7 +37,7 @@ from benchmarks.data import _finished_jobs, history_for
 from benchmarks.harness import measure, median, present, spread
 from benchmarks.history_bench import Clock, days_of
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Job
+from zombie_pipeline.queue.jobs import ID, Job
 from zombie_pipeline.statistics import jobs_source, tallies
 from zombie_pipeline.statistics.analysis import analyze
 

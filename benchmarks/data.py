@@ -28,28 +28,17 @@ from bson import ObjectId
 from pymongo import DeleteOne, InsertOne, ReplaceOne
 from pymongo.collection import Collection
 
-from zombie_pipeline.queue.documents import (
-    CACHE_KEY,
-    ID,
-    Cache,
-    CacheEntry,
-    Event,
-    Job,
-    JobDocument,
-    Priority,
-    Status,
-    cache_key_of_job,
-    namespace_of,
-    truncate_ms,
-    without_none,
-)
+from zombie_pipeline.queue.audit_documents import Event
+from zombie_pipeline.queue.cache import CACHE_KEY, Cache, CacheEntry, cache_key_of_job
 from zombie_pipeline.queue.generations import (
     NEWEST_CACHE_GENERATION,
     NEWEST_QUEUE_GENERATION,
     OLDEST_QUEUE_GENERATION,
     QUEUE_GENERATIONS,
 )
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Priority, Status, namespace_of, without_none
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import truncate_ms
 from zombie_pipeline.simulation.simulator import HEARTBEAT_INTERVAL_SECONDS, Simulation, simulate
 from zombie_pipeline.simulation.workload import JOB_TYPES, JobType, Workload
 

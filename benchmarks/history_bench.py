@@ -1,5 +1,8 @@
 """Measures 2-4: detection and statistics as the finished history grows.
 
+Over 500 lines: the detection and the statistics measures share one growing history on one server, and read
+together as the steps they take at each size.
+
 One queue holds the same started jobs (zombies and healthy ones) and waiting
 jobs throughout; finished jobs are added in steps (10k, 100k, 1M), and at each
 step the same measures are taken (on one long-lived server,
@@ -52,16 +55,10 @@ from benchmarks.harness import (
 )
 from zombie_pipeline.cleanup.detection import detect, stale_filter, stale_pipeline
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    FINISHED_STATUSES,
-    ID,
-    Cache,
-    Job,
-    Status,
-    cache_key_of_job,
-)
+from zombie_pipeline.queue.cache import Cache, cache_key_of_job
 from zombie_pipeline.queue.generations import NEWEST_CACHE_GENERATION, QUEUE_GENERATIONS
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.jobs import FINISHED_STATUSES, ID, Job, Status
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workload import Workload

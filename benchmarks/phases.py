@@ -156,7 +156,7 @@ def run(directory: Path, baseline: bool, batch_size: int) -> dict[str, Any]:
     from benchmarks.cleanup_bench import BASELINE, OURS, benchmark_policy, contenders
     from benchmarks.harness import new_client
     from benchmarks.servers import Servers, Template
-    from zombie_pipeline.queue.documents import Job, Status
+    from zombie_pipeline.queue.jobs import Job, Status
     from zombie_pipeline.queue.store import Store
 
     fields = pickle.loads((directory / "template.pickle").read_bytes())

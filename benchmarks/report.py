@@ -1,5 +1,7 @@
 """Targets, tables and the growth chart, computed from the results file alone.
 
+Over 500 lines: every target and table renders the same results dictionary, in one pass.
+
 Everything printed and written comes from the same ``results`` dictionary, so the
 Markdown, the JSON and the PNG always agree, and a partial run (results are
 written after every measure) still renders.

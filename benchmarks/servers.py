@@ -235,7 +235,7 @@ class Servers:
 
     @contextlib.contextmanager
     def _embedded(self, storage: Path, port: int | None = None) -> Iterator[tuple[str, int]]:
-        from zombie_pipeline.simulation.embedded import start_server, stop_process
+        from zombie_pipeline.queue.embedded import start_server, stop_process
 
         process, info = start_server(storage, port=port, log_path=self.workdir / "servers.log", detach=False)
         self.started += 1
@@ -283,7 +283,7 @@ class HistoryServer:
     """The history section's one long-lived server, whose storage can be snapshotted into a template."""
 
     def __init__(self, servers: Servers) -> None:
-        from zombie_pipeline.simulation.embedded import free_port
+        from zombie_pipeline.queue.embedded import free_port
 
         self.servers = servers
         self.storage = servers.workdir / "history"
@@ -301,7 +301,7 @@ class HistoryServer:
 
     def start(self) -> HistoryServer:
         if self.servers.embedded:
-            from zombie_pipeline.simulation.embedded import start_server
+            from zombie_pipeline.queue.embedded import start_server
 
             self.process, _ = start_server(
                 self.storage, port=self.port, log_path=self.servers.workdir / "history.log", detach=False
@@ -312,7 +312,7 @@ class HistoryServer:
 
     def stop(self) -> None:
         if self.process is not None:
-            from zombie_pipeline.simulation.embedded import stop_process
+            from zombie_pipeline.queue.embedded import stop_process
 
             stop_process(self.process, timeout_seconds=120)
             self.process, self.pid = None, None

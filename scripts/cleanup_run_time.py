@@ -33,7 +33,7 @@ def main() -> None:
         try:
             measure(args.zombies, args.repeats)
         finally:
-            from zombie_pipeline.simulation.embedded import stop_server
+            from zombie_pipeline.queue.embedded import stop_server
 
             stop_server(Path(home))
 
@@ -43,6 +43,7 @@ def measure(zombies: int, repeats: int) -> None:
     from zombie_pipeline.defs.pushgateway import MetricsGateway
     from zombie_pipeline.defs.resources import resources_from_env
     from zombie_pipeline.policy import ZombiePolicy
+    from zombie_pipeline.simulation.marks import simulated_generation
     from zombie_pipeline.simulation.ownership import drop_simulation
     from zombie_pipeline.simulation.simulator import simulate
     from zombie_pipeline.simulation.workload import Workload, healthy_beside
@@ -52,7 +53,7 @@ def measure(zombies: int, repeats: int) -> None:
     resources = {**deployment, "metrics_gateway": MetricsGateway()}
     runs, steps = [], []
     for repeat in range(repeats):
-        if store.simulated_generation() is not None:
+        if simulated_generation(store) is not None:
             drop_simulation(store)
         store.ensure_indexes()
         workload = Workload(

@@ -57,11 +57,11 @@ from zombie_pipeline.config import (  # noqa: E402
 from zombie_pipeline.defs.tags import CLEANUP_RUN_TAG, PARTITION_TAG  # noqa: E402
 from zombie_pipeline.policy import ZombiePolicy  # noqa: E402
 from zombie_pipeline.queue.connections import client_for, close_clients  # noqa: E402
+from zombie_pipeline.queue.embedded import free_port  # noqa: E402
 from zombie_pipeline.queue.generations import (  # noqa: E402
     QUEUE_GENERATIONS,  # noqa: E402
 )
 from zombie_pipeline.queue.store import Store  # noqa: E402
-from zombie_pipeline.simulation.embedded import free_port  # noqa: E402
 from zombie_pipeline.simulation.simulator import simulate  # noqa: E402
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates  # noqa: E402
 from zombie_pipeline.simulation.workload import Workload, healthy_beside  # noqa: E402

@@ -38,8 +38,8 @@ from tests.servers import TEST_URL_ENV, running_server  # noqa: E402
 from zombie_pipeline.cleanup import watch_lease  # noqa: E402
 from zombie_pipeline.config import POLICY_FILE_ENV  # noqa: E402
 from zombie_pipeline.policy import policy_from_file  # noqa: E402
-from zombie_pipeline.queue.documents import utc_now  # noqa: E402
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION  # noqa: E402
+from zombie_pipeline.queue.times import utc_now  # noqa: E402
 from zombie_pipeline.simulation.workload import Workload  # noqa: E402
 
 OUTPUT = ROOT / "benchmarks" / "watch_release_lag.json"

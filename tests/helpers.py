@@ -29,7 +29,6 @@ from zombie_pipeline.defs.pushgateway import MetricsGateway
 from zombie_pipeline.defs.resources import Databases
 from zombie_pipeline.defs.tags import JOB_TYPE_PARTITIONS, QUEUE_DATABASE_TAG
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, JobDocument, utc_now
 from zombie_pipeline.queue.evidence import detect_cache_generation
 from zombie_pipeline.queue.generations import (
     NEWEST_CACHE_GENERATION,
@@ -37,7 +36,9 @@ from zombie_pipeline.queue.generations import (
     QUEUE_GENERATIONS,
     CacheGeneration,
 )
+from zombie_pipeline.queue.jobs import ID, JobDocument
 from zombie_pipeline.queue.store import Document, Store
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation import shapes
 from zombie_pipeline.simulation.workload import Workload
 from zombie_pipeline.statistics.analysis import DurationReport, analyze

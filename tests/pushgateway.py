@@ -26,7 +26,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.servers import pid_alive
-from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.queue.embedded import free_port
 
 BINARY = "prometheus-pushgateway"
 LABELS_ADDED_BY_THE_GATEWAY = ("instance",)

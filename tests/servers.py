@@ -29,9 +29,9 @@ from pymongo import MongoClient
 from pymongo.database import Database
 
 from zombie_pipeline.config import CACHE_URL_ENV, HOME_ENV, QUEUE_URL_ENV
+from zombie_pipeline.queue import embedded
 from zombie_pipeline.queue.connections import close_clients
-from zombie_pipeline.simulation import embedded
-from zombie_pipeline.simulation.embedded import (
+from zombie_pipeline.queue.embedded import (
     ServerInfo,
     free_port,
     start_server,

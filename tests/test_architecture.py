@@ -1,6 +1,7 @@
-"""docs/architecture.md tells the tree as it is, and the core stays apart from Dagster: every module of
-``zombie_pipeline`` is on the page's tree and every module the tree names exists; no module of the core imports
-Dagster or ``zombie_pipeline.defs``, read from each module's imports (ast), not from running it."""
+"""docs/architecture.md tells the tree as it is, and the core stays apart from Dagster and the simulator: every
+module of ``zombie_pipeline`` is on the page's tree and every module the tree names exists; no module of the core
+imports Dagster or ``zombie_pipeline.defs``, and none of the queue, the cleanup, the statistics, the policy or the
+configuration imports ``zombie_pipeline.simulation``, read from each module's imports (ast), not from running it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ PACKAGE = REPO / "zombie_pipeline"
 PAGE = (REPO / "docs" / "architecture.md").read_text()
 #: The wiring and the entry points: the only places that may import Dagster.
 NOT_CORE = ("defs/", "definitions.py", "app/")
+#: The domain's rules, which must work the same on a deployment's databases as on a simulated one.
+KNOWS_NO_SIMULATOR = ("queue/", "cleanup/", "statistics/", "policy.py", "config.py")
+SIMULATION = "zombie_pipeline.simulation"
 
 
 def modules_on_disk() -> set[str]:
@@ -90,7 +94,7 @@ CORE_MODULES = sorted(module for module in modules_on_disk() if is_core(module))
 
 
 def test_the_core_is_most_of_the_package():
-    assert {"queue/documents.py", "cleanup/finalizer.py", "statistics/tallies.py", "policy.py"} <= set(CORE_MODULES)
+    assert {"queue/jobs.py", "cleanup/finalizer.py", "statistics/tallies.py", "policy.py"} <= set(CORE_MODULES)
     assert "observability/metrics.py" in CORE_MODULES and "defs/resources.py" not in CORE_MODULES
 
 
@@ -98,6 +102,29 @@ def test_the_core_is_most_of_the_package():
 def test_no_core_module_imports_dagster_or_the_wiring(module):
     imports = imported_modules(PACKAGE / module)
     assert not sorted(filter(forbidden, imports)), f"{module} imports {sorted(filter(forbidden, imports))}"
+
+
+SIMULATOR_FREE_MODULES = sorted(module for module in modules_on_disk() if module.startswith(KNOWS_NO_SIMULATOR))
+
+
+def imports_the_simulator(name: str) -> bool:
+    return name == SIMULATION or name.startswith(f"{SIMULATION}.")
+
+
+def test_the_modules_that_must_not_know_the_simulator_are_the_queue_the_cleanup_the_statistics_and_the_rules():
+    assert {"queue/store.py", "queue/embedded.py", "cleanup/finalizer.py", "statistics/sources.py"} <= set(
+        SIMULATOR_FREE_MODULES
+    )
+    assert {"policy.py", "config.py"} <= set(SIMULATOR_FREE_MODULES)
+    assert "simulation/marks.py" not in SIMULATOR_FREE_MODULES
+
+
+@pytest.mark.parametrize("module", SIMULATOR_FREE_MODULES)
+def test_no_module_of_the_queue_the_cleanup_or_the_statistics_imports_the_simulator(module):
+    imports = imported_modules(PACKAGE / module)
+    assert not sorted(filter(imports_the_simulator, imports)), (
+        f"{module} imports {sorted(filter(imports_the_simulator, imports))}"
+    )
 
 
 def test_the_import_check_sees_every_kind_of_import(tmp_path):
@@ -110,4 +137,11 @@ def test_the_import_check_sees_every_kind_of_import(tmp_path):
     )
     imports = imported_modules(source)
     assert {"dagster", "zombie_pipeline.defs.resources", "zombie_pipeline.defs"} <= set(filter(forbidden, imports))
+    source.write_text(
+        "def later():\n    from zombie_pipeline import simulation\n    from zombie_pipeline.simulation.marks import marks\n"
+    )
+    assert {"zombie_pipeline.simulation", "zombie_pipeline.simulation.marks"} <= set(
+        filter(imports_the_simulator, imported_modules(source))
+    )
+    assert not imports_the_simulator("zombie_pipeline.simulationist")
     assert not forbidden("typing.TYPE_CHECKING") and not forbidden("zombie_pipeline.definitions")

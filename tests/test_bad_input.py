@@ -39,23 +39,13 @@ from zombie_pipeline.defs.cleanup.jobs import kill_zombies_job
 from zombie_pipeline.defs.failures.causes import result_cause
 from zombie_pipeline.defs.resources import ZombiePolicyResource
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
+from zombie_pipeline.queue.audit_documents import Event, EventState, ScheduledRetry
+from zombie_pipeline.queue.cache import CACHE_KEY, Cache, cache_key_of_job
 from zombie_pipeline.queue.cache_entries import DETAIL_QUARANTINED
-from zombie_pipeline.queue.documents import (
-    CACHE_KEY,
-    ID,
-    Cache,
-    Event,
-    EventState,
-    Job,
-    JobDocument,
-    ScheduledRetry,
-    Status,
-    cache_key_of_job,
-    job_type_problem,
-    utc_now,
-)
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status, job_type_problem
 from zombie_pipeline.queue.store import Document, Store
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 
 URL_ENV = "ZOMBIE_TEST_BAD_INPUT_URL"

@@ -16,19 +16,16 @@ from tests.deployment_client.fixtures import deployment, deployment_session  # n
 from tests.helpers import found
 from tests.test_deployment_causes import KIND, ONLY_2023, ONLY_CURRENT, backdate, backfill, dataset_of, event_of, start
 from zombie_pipeline.cleanup.run import run_cleanup
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    CACHE_CONTENT_ERROR,
+from zombie_pipeline.messages import (
     DEPLOY_WAVE_MESSAGE,
-    Cache,
-    Cause,
-    Event,
-    FreeRuns,
-    RetryOutcome,
     quarantine_message,
     terminated_alone_message,
     terminated_too_often_message,
 )
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.audit_documents import Event, FreeRuns, RetryOutcome
+from zombie_pipeline.queue.cache import CACHE_CONTENT_ERROR, Cache
+from zombie_pipeline.queue.reasons import Cause
 from zombie_pipeline.queue.store import Store
 
 EVICTED = "evicted/e"

@@ -17,7 +17,9 @@ from tests.deployment_client.fixtures import deployment, deployment_session  # n
 from tests.helpers import found
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import Cause, Event, Job, Quarantine, RetryOutcome
+from zombie_pipeline.queue.audit_documents import Event, Quarantine, RetryOutcome
+from zombie_pipeline.queue.jobs import Job
+from zombie_pipeline.queue.reasons import Cause
 from zombie_pipeline.queue.store import Store
 
 ONLY_2023 = pytest.mark.parametrize("deployment_session", ["2023"], indirect=True)

@@ -5,7 +5,8 @@ import datetime as dt
 from tests.helpers import ago, crashed_job, job_document
 from zombie_pipeline import monitoring
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import Status, utc_now
+from zombie_pipeline.queue.jobs import Status
+from zombie_pipeline.queue.times import utc_now
 
 POLICY = ZombiePolicy()
 

@@ -19,7 +19,7 @@ from zombie_pipeline.policy import (
     read_policy_file,
     validated,
 )
-from zombie_pipeline.queue.documents import ErrorCode
+from zombie_pipeline.queue.cache import ErrorCode
 
 #: (values, the names the message must hold, whether it is a rule across fields: "invalid zombie policy: ...")
 BAD_POLICIES: list[tuple[dict[str, Any], list[str], bool]] = [

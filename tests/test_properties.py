@@ -30,23 +30,12 @@ from tests.helpers import Crash, crashing, found, job_document
 from zombie_pipeline.cleanup import run
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.audit_documents import CacheOutcome, Event, EventState
+from zombie_pipeline.queue.cache import CACHE_KEY, HTTP_OK, Cache, CacheEntry, cache_key_of_job
 from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, stored_failed_runs
-from zombie_pipeline.queue.documents import (
-    CACHE_KEY,
-    HTTP_OK,
-    ID,
-    Cache,
-    CacheEntry,
-    CacheOutcome,
-    Event,
-    EventState,
-    Job,
-    JobDocument,
-    Status,
-    cache_key_of_job,
-    utc_now,
-)
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 
 EXAMPLES = int(os.environ.get("ZOMBIE_PROPERTY_EXAMPLES", "40"))

@@ -27,7 +27,7 @@ from benchmarks.replay.section import ReplaySettings, _described, recorded_witne
 from benchmarks.replay.trace import Actor, Beats, Checks, Fate, Job, Pod, Trace, constant, lifecycle  # noqa: E402
 from zombie_pipeline.cleanup import run  # noqa: E402
 from zombie_pipeline.policy import ZombiePolicy  # noqa: E402
-from zombie_pipeline.queue.documents import Reason  # noqa: E402
+from zombie_pipeline.queue.reasons import Reason  # noqa: E402
 from zombie_pipeline.queue.store import Store  # noqa: E402
 
 KILLER = Contender("a", "killer", killer=True, deployment=DeploymentSettings(read_seconds=0.0,

@@ -14,10 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from zombie_pipeline.queue.documents import (
-    DEFAULT_CACHE_DATABASE,
-    DEFAULT_QUEUE_DATABASE,
-)
+from zombie_pipeline.queue.cache import DEFAULT_CACHE_DATABASE
+from zombie_pipeline.queue.jobs import DEFAULT_QUEUE_DATABASE
 
 QUEUE_URL_ENV = "QUEUE_MONGO_URL"
 CACHE_URL_ENV = "CACHE_MONGO_URL"

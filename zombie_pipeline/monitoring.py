@@ -27,26 +27,12 @@ from zombie_pipeline.cleanup.detection import (
 from zombie_pipeline.cleanup.quarantine import active_quarantines
 from zombie_pipeline.cleanup.retries import pending_retries
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.audit_documents import CacheOutcome, CompensationState, Event, EventState, ZombieEvent
+from zombie_pipeline.queue.cache import Cache, CacheEntry, cache_key_of_job
 from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
-from zombie_pipeline.queue.documents import (
-    ID,
-    Cache,
-    CacheEntry,
-    CacheOutcome,
-    CompensationState,
-    Event,
-    EventState,
-    Job,
-    JobDocument,
-    Status,
-    ZombieEvent,
-    as_utc,
-    cache_key_of_job,
-    job_row,
-    job_type_problem,
-    utc,
-)
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status, job_row, job_type_problem
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import as_utc, utc
 
 _BATCH = 500
 

@@ -1,5 +1,8 @@
 """The rules of a cleanup and of the T2 suggestions: validated models, defined once.
 
+Over 500 lines: each setting is a field with its description and its bound, which operators read in the
+launchpad; the bounds are checked here once.
+
 Dagster's resource and run config inherit these models (``defs/``), the
 simulator takes a :class:`ZombiePolicy`, and a bad value fails before anything
 is read or written, with every offending field named at once.
@@ -18,14 +21,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from zombie_pipeline.messages import shown
-from zombie_pipeline.queue.documents import (
-    DEFAULT_ZOMBIE_HTTP_STATUS,
-    DEPLOYMENT_MAX_FAILED_RUNS,
-    Cause,
-    ErrorCode,
-    job_type_problem,
-)
+from zombie_pipeline.queue.cache import DEFAULT_ZOMBIE_HTTP_STATUS, DEPLOYMENT_MAX_FAILED_RUNS, ErrorCode
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import job_type_problem
+from zombie_pipeline.queue.reasons import Cause
 
 #: What a bad policy or bad rules raise when built; its message names each offending field.
 PolicyError = ValidationError

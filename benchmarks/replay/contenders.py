@@ -13,7 +13,7 @@ What each does, and when:
   finalized twice); a pass never sees what was deleted before its read.
 * **the sensor** (``monitoring.stale_state``'s decision): a tick every 30-35 s (:class:`.latency.TickSpacing`) while
   no cleanup is in flight; stale jobs under a run key not seen before request a run, which starts after the start
-  latency, finds 2 s later (the brake judged there, as ``detection.brake_for``), finalizes 1 s after (each job only
+  latency, finds 2 s later (the brake judged there, as ``brake.brake_for``), finalizes 1 s after (each job only
   if it is as it was found: compare-and-set) and is done 2 s after.
 * **the watcher** (modelled, issue 34): it knows every started job's deadline and acts at it + its release lag
   (:func:`.latency.release_lag`), if the job is still as it was (compare-and-set).
@@ -47,7 +47,7 @@ from benchmarks.replay.trace import (
     constant,
 )
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import Cause, Reason
+from zombie_pipeline.queue.reasons import Cause, Reason
 
 FIND_AFTER_START, FINALIZE_AFTER_FIND, DONE_AFTER_FINALIZE = 2.0, 1.0, 2.0
 

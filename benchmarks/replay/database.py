@@ -35,8 +35,9 @@ from zombie_pipeline.cleanup import run
 from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.cleanup.detection import Candidate
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, CacheOutcome, Event, EventState, JobDocument, Status
-from zombie_pipeline.queue.documents import Job as JobField
+from zombie_pipeline.queue.audit_documents import CacheOutcome, Event, EventState
+from zombie_pipeline.queue.jobs import ID, JobDocument, Status
+from zombie_pipeline.queue.jobs import Job as JobField
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.shapes import job_document
 from zombie_pipeline.simulation.simulator import simulate

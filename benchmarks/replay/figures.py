@@ -42,7 +42,8 @@ from benchmarks.replay.trace import (
     moment,
 )
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
-from zombie_pipeline.queue.documents import Reason, Status
+from zombie_pipeline.queue.jobs import Status
+from zombie_pipeline.queue.reasons import Reason
 from zombie_pipeline.statistics.analysis import DurationReport, analyze
 from zombie_pipeline.statistics.tallies import Period, durations_array
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from benchmarks.replay.trace import Job, Lifecycle
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import Reason
+from zombie_pipeline.queue.reasons import Reason
 
 #: The reasons a job is stuck for, most telling first (a dead job past its T2 is dead: ``detection``'s order).
 PRIORITY = (Reason.TERMINATED, Reason.MISSING_HEARTBEAT, Reason.NEVER_HEARTBEATED, Reason.EXCEEDED_MAX_DURATION)

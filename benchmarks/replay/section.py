@@ -142,7 +142,7 @@ def witness(
     model = replay(trace, contender, lives, spans, 1)
     with contextlib.ExitStack() as stack:
         if url is None:
-            from zombie_pipeline.simulation.embedded import start_server, stop_process
+            from zombie_pipeline.queue.embedded import start_server, stop_process
 
             base = Path(tempfile.mkdtemp(prefix="zp-replay-witness-"))
             stack.callback(shutil.rmtree, base, True)

@@ -35,23 +35,15 @@ from zombie_pipeline.config import (
     QUEUE_DATABASE_ENV,
     QUEUE_URL_ENV,
 )
-from zombie_pipeline.queue.documents import (
-    DEFAULT_CACHE_COLLECTION,
-    DEFAULT_JOBS_COLLECTION,
-    ID,
-    LOCKS_COLLECTION,
-    PAST_JOBS_COLLECTION,
-    SIMULATED_WORKERS_COLLECTION,
-    Cache,
-    Job,
-    Lock,
-    PastJob,
-    Status,
-    utc_now,
-)
+from zombie_pipeline.queue import embedded
+from zombie_pipeline.queue.cache import DEFAULT_CACHE_COLLECTION, Cache
+from zombie_pipeline.queue.embedded import INSTALL_HINT, ServerInfo, free_port
+from zombie_pipeline.queue.jobs import DEFAULT_JOBS_COLLECTION, ID, Job, Status
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION, Lock
+from zombie_pipeline.queue.past_jobs import PAST_JOBS_COLLECTION, PastJob
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation import embedded
-from zombie_pipeline.simulation.embedded import INSTALL_HINT, ServerInfo, free_port
+from zombie_pipeline.queue.times import utc_now
+from zombie_pipeline.simulation.marks import SIMULATED_WORKERS_COLLECTION
 from zombie_pipeline.simulation.shapes import cache_document, job_document
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workload import Workload
@@ -158,7 +150,7 @@ def test_a_port_where_it_means_nothing_is_refused(args, expected, tmp_path, monk
 
 def test_cli_without_server_or_url_prints_what_to_do_not_a_traceback(tmp_path):
     code = (
-        "import sys, zombie_pipeline.simulation.embedded as e; e.SERVER_EXECUTABLE = 'secantusd-py-not-installed'; "
+        "import sys, zombie_pipeline.queue.embedded as e; e.SERVER_EXECUTABLE = 'secantusd-py-not-installed'; "
         "from zombie_pipeline.app.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     result = subprocess.run(

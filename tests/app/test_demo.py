@@ -33,8 +33,9 @@ from zombie_pipeline.defs.resources import (
     resources_from_env,
 )
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status
+from zombie_pipeline.queue.audit_documents import Event, EventState
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.simulation.history import OFFENDER
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates

@@ -19,7 +19,7 @@ from zombie_pipeline.config import (
     QUEUE_URL_ENV,
 )
 from zombie_pipeline.defs.tags import JOB_TYPE_PARTITIONS_NAME
-from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.queue.embedded import free_port
 
 TYPO_AND_UNKNOWN = "max_duration_seconds_by_type:\n  splits: 2400\n  /no-such-type: 3000\n  /first-rows: 1800\n"
 

@@ -19,18 +19,10 @@ from zombie_pipeline.config import (
     QUEUE_URL_ENV,
 )
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ID,
-    Event,
-    Failure,
-    Job,
-    LateEvidence,
-    LateResult,
-    Quarantine,
-    Reason,
-    Status,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import Event, Failure, LateEvidence, LateResult, Quarantine
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.reasons import Reason
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.history import OFFENDER
 from zombie_pipeline.simulation.simulator import Simulation, simulate
 from zombie_pipeline.simulation.workload import Workload

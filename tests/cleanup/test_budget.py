@@ -18,33 +18,22 @@ from tests.helpers import cleanup_at, found, logged_store
 from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.budget import spent_budgets
 from zombie_pipeline.cleanup.run import run_cleanup
-from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.cache_entries import stored_failed_runs
-from zombie_pipeline.queue.documents import (
-    CACHE_CONTENT_ERROR,
+from zombie_pipeline.messages import (
     DEPLOY_WAVE_MESSAGE,
-    ID,
-    Cache,
-    Cause,
-    Event,
-    FreeRuns,
-    Job,
-    JobDocument,
-    Priority,
-    Quarantine,
-    Reason,
-    RetryOutcome,
-    Status,
-    WorkerSizeMetric,
-    ZombieEvent,
     quarantine_message,
     terminated_alone_message,
     terminated_too_often_message,
-    truncate_ms,
-    worker_size,
 )
+from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.audit_documents import Event, FreeRuns, Quarantine, RetryOutcome, ZombieEvent
+from zombie_pipeline.queue.cache import CACHE_CONTENT_ERROR, Cache
+from zombie_pipeline.queue.cache_entries import stored_failed_runs
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Priority, Status
+from zombie_pipeline.queue.reasons import Cause, Reason
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import truncate_ms
+from zombie_pipeline.queue.worker_type_counts import WorkerSizeMetric, worker_size
 from zombie_pipeline.simulation.shapes import job_document
 
 EVICTED = "user/evicted"

@@ -8,22 +8,13 @@ from tests.helpers import ago, found
 from tests.helpers import crashed_job as crashed_2023_job
 from zombie_pipeline.cleanup.cache_errors import CacheErrors, error_entry
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.audit_documents import CacheOutcome, Event, ZombieEvent
+from zombie_pipeline.queue.cache import CACHE_CONTENT_ERROR, Cache, CacheMetric, ErrorCode, cache_key_of_job
 from zombie_pipeline.queue.cache_entries import DETAIL_JOB_ID, stored_failed_runs
-from zombie_pipeline.queue.documents import (
-    CACHE_CONTENT_ERROR,
-    ID,
-    Cache,
-    CacheMetric,
-    CacheOutcome,
-    ErrorCode,
-    Event,
-    JobDocument,
-    Reason,
-    ZombieEvent,
-    cache_key_of_job,
-    utc_now,
-)
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION
+from zombie_pipeline.queue.jobs import ID, JobDocument
+from zombie_pipeline.queue.reasons import Reason
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 
 POLICY = ZombiePolicy()

@@ -20,28 +20,16 @@ from tests.helpers import cleanup_at, found
 from zombie_pipeline.cleanup import causes
 from zombie_pipeline.cleanup.events import causes_between
 from zombie_pipeline.cleanup.run import run_cleanup, summarize
+from zombie_pipeline.messages import DEPLOY_WAVE_MESSAGE
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.audit_documents import Event, RetryOutcome, ScheduledRetry, ZombieEvent
+from zombie_pipeline.queue.cache import CACHE_CONTENT_ERROR, CACHE_METRICS_COLLECTION, Cache, CacheEntry
 from zombie_pipeline.queue.cache_entries import DETAIL_QUARANTINED, stored_failed_runs
-from zombie_pipeline.queue.documents import (
-    CACHE_CONTENT_ERROR,
-    CACHE_METRICS_COLLECTION,
-    DEPLOY_WAVE_MESSAGE,
-    ID,
-    Cache,
-    CacheEntry,
-    Cause,
-    Event,
-    Job,
-    JobDocument,
-    Reason,
-    RetryOutcome,
-    ScheduledRetry,
-    Status,
-    ZombieEvent,
-    truncate_ms,
-)
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
+from zombie_pipeline.queue.reasons import Cause, Reason
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import truncate_ms
 from zombie_pipeline.simulation.shapes import cache_document, job_document
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workload import Workload

@@ -15,15 +15,9 @@ from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.cleanup.compensations import CompensationError, audit
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ID,
-    CompensationEntry,
-    CompensationState,
-    Event,
-    Job,
-    Reason,
-    Status,
-)
+from zombie_pipeline.queue.audit_documents import CompensationEntry, CompensationState, Event
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.reasons import Reason
 from zombie_pipeline.simulation.shapes import cache_document
 
 TOKEN_PATH = "/hooks/s3cr3t-token"

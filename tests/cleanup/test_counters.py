@@ -12,19 +12,12 @@ from tests.helpers import CommandLog, found
 from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.counters import CountersInDoubt
 from zombie_pipeline.cleanup.side_collections import SideCollections
-from zombie_pipeline.queue.documents import (
-    CACHE_METRICS_COLLECTION,
-    JOB_METRICS_COLLECTION,
-    WORKER_SIZE_METRICS_COLLECTION,
-    CacheMetric,
-    Job,
-    JobDocument,
-    JobMetric,
-    Status,
-    WorkerSizeMetric,
-)
+from zombie_pipeline.queue.cache import CACHE_METRICS_COLLECTION, CacheMetric
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION, JobMetric
+from zombie_pipeline.queue.jobs import Job, JobDocument, Status
 from zombie_pipeline.queue.store import Document, Store
+from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION, WorkerSizeMetric
 from zombie_pipeline.simulation.shapes import job_document
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workload import Workload

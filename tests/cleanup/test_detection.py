@@ -6,7 +6,6 @@ import pytest
 
 from tests.helpers import job_document, workload
 from zombie_pipeline.cleanup.detection import (
-    Brake,
     count_stale,
     detect,
     explain_stale,
@@ -14,8 +13,10 @@ from zombie_pipeline.cleanup.detection import (
     stale_filter,
 )
 from zombie_pipeline.policy import PolicyError, ZombiePolicy
-from zombie_pipeline.queue.documents import Job, JobDocument, Reason, Status, utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION
+from zombie_pipeline.queue.jobs import Job, JobDocument, Status
+from zombie_pipeline.queue.reasons import Reason
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
 
@@ -261,17 +262,6 @@ def test_a_crafted_type_name_is_only_ever_a_value(store, now):
     # a type named like an operator is a key of our config, never a key of the query
     policy = ZombiePolicy(max_duration_seconds_by_type={'{"$gt": ""}': 2000, str(hostile): 2000})
     assert store.jobs.count_documents(stale_filter(policy, now)) == 1
-
-
-@pytest.mark.parametrize(
-    "stale, started, engaged",
-    [(11, 20, True), (10, 20, False), (19, 19, False), (0, 0, False), (51, 100, True)],
-)
-def test_the_brake_engages_only_when_more_than_the_fraction_of_enough_started_jobs_look_dead(stale, started, engaged):
-    brake = Brake(stale=stale, started=started, max_stale_fraction=0.5, min_started=20)
-    assert brake.engaged is engaged
-    if engaged:
-        assert "override_brake" in brake.message()
 
 
 def test_the_deployments_job_types_are_those_of_its_jobs_and_of_its_cache_entries(store):

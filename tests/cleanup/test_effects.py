@@ -6,31 +6,17 @@ import datetime as dt
 
 import pytest
 
-from zombie_pipeline.cleanup.effects import (
-    BLOCKAGE_THRESHOLD_SECONDS,
-    PAST_JOB_MIN_SECONDS,
-    DeploymentEffects,
-    Finished,
-)
+from zombie_pipeline.cleanup.effects import DeploymentEffects, Finished
 from zombie_pipeline.cleanup.side_collections import SideCollections
-from zombie_pipeline.queue.documents import (
-    BLOCKAGES_COLLECTION,
-    ID,
-    JOB_METRICS_COLLECTION,
-    LOCKS_COLLECTION,
-    Blockage,
-    Effect,
-    Job,
-    JobDocument,
-    JobMetric,
-    Lock,
-    PastJob,
-    Status,
-    WorkerSizeMetric,
-    utc_now,
-    worker_size,
-)
+from zombie_pipeline.queue.audit_documents import Effect
+from zombie_pipeline.queue.blockages import BLOCKAGE_THRESHOLD_SECONDS, BLOCKAGES_COLLECTION, Blockage
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION, JobMetric
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION, Lock
+from zombie_pipeline.queue.past_jobs import PAST_JOB_MIN_SECONDS, PastJob
+from zombie_pipeline.queue.times import utc_now
+from zombie_pipeline.queue.worker_type_counts import WorkerSizeMetric, worker_size
 from zombie_pipeline.simulation.shapes import job_document
 
 NOW = utc_now()

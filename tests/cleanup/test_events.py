@@ -11,8 +11,10 @@ from tests.helpers import QUEUE_GENERATION, ago, crashed_job, find, logged_store
 from zombie_pipeline.cleanup.events import EventLog, finalized_between
 from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Event, EventState, ZombieEvent, utc_now
+from zombie_pipeline.queue.audit_documents import Event, EventState, ZombieEvent
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID
+from zombie_pipeline.queue.times import utc_now
 
 POLICY = ZombiePolicy(claim_lease_seconds=300)
 GENERATION = QUEUE_GENERATIONS[QUEUE_GENERATION]

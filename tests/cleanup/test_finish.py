@@ -20,34 +20,24 @@ import pytest
 
 from tests.helpers import Crash, crashing, found, raw
 from zombie_pipeline.cleanup import counters, run
-from zombie_pipeline.cleanup.effects import PAST_JOB_MIN_SECONDS
 from zombie_pipeline.cleanup.plan import CleanupPlan
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.cleanup.strategies import STRATEGIES
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.audit_documents import Effect, Event, RetryOutcome
+from zombie_pipeline.queue.blockages import Blockage
+from zombie_pipeline.queue.cache import Cache, CacheMetric, ErrorCode
 from zombie_pipeline.queue.cache_entries import stored_failed_runs
-from zombie_pipeline.queue.documents import (
-    ID,
-    PAST_JOBS_COLLECTION,
-    SIMULATIONS_COLLECTION,
-    Blockage,
-    Cache,
-    CacheMetric,
-    Effect,
-    ErrorCode,
-    Event,
-    Job,
-    JobMetric,
-    Lock,
-    PastJob,
-    Reason,
-    RetryOutcome,
-    Status,
-    WorkerSizeMetric,
-    utc_now,
-)
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS, FinishStyle
+from zombie_pipeline.queue.job_metrics import JobMetric
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.locks import Lock
+from zombie_pipeline.queue.past_jobs import PAST_JOB_MIN_SECONDS, PAST_JOBS_COLLECTION, PastJob
+from zombie_pipeline.queue.reasons import Reason
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
+from zombie_pipeline.queue.worker_type_counts import WorkerSizeMetric
+from zombie_pipeline.simulation.marks import SIMULATIONS_COLLECTION
 from zombie_pipeline.simulation.shapes import cache_document, job_document
 from zombie_pipeline.simulation.simulator import Simulation, simulate
 from zombie_pipeline.simulation.workload import Workload

@@ -12,19 +12,12 @@ from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.observability import metrics
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    Cache,
-    CacheEntry,
-    Event,
-    Job,
-    JobDocument,
-    LateEvidence,
-    LateResult,
-    cache_key_of_job,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import Event, LateEvidence, LateResult
+from zombie_pipeline.queue.cache import Cache, CacheEntry, cache_key_of_job
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import Job, JobDocument
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.statistics.analysis import window_report
 

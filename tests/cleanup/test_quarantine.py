@@ -12,26 +12,16 @@ from tests.cleanup.test_causes import NOW, deployment, entry_of, waiting
 from tests.faults.scenario import counters_off
 from tests.helpers import Crash, cleanup_at, crashing, found
 from zombie_pipeline.cleanup.quarantine import NotQuarantined, active_quarantines, lift
+from zombie_pipeline.messages import quarantine_message
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.audit_documents import Event, Quarantine, RetryOutcome, ZombieEvent
+from zombie_pipeline.queue.cache import CACHE_CONTENT_ERROR, CACHE_METRICS_COLLECTION, Cache
 from zombie_pipeline.queue.cache_entries import DETAIL_QUARANTINED, stored_failed_runs
-from zombie_pipeline.queue.documents import (
-    CACHE_CONTENT_ERROR,
-    CACHE_METRICS_COLLECTION,
-    ID,
-    Cache,
-    Cause,
-    Event,
-    Job,
-    JobDocument,
-    Quarantine,
-    RetryOutcome,
-    Status,
-    ZombieEvent,
-    quarantine_message,
-    truncate_ms,
-)
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
+from zombie_pipeline.queue.reasons import Cause
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import truncate_ms
 from zombie_pipeline.simulation.shapes import job_document
 
 BOTH = pytest.mark.parametrize("generation", ["2023-01", "2026-05"])

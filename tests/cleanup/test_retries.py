@@ -9,17 +9,8 @@ from tests.helpers import Crash, crashed_job, crashing, found, job_document
 from zombie_pipeline.cleanup.retries import enqueue_due_retries, pending_retries
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ID,
-    Event,
-    Job,
-    JobDocument,
-    RetryOutcome,
-    ScheduledRetry,
-    ScheduledState,
-    Status,
-    ZombieEvent,
-)
+from zombie_pipeline.queue.audit_documents import Event, RetryOutcome, ScheduledRetry, ScheduledState, ZombieEvent
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
 from zombie_pipeline.queue.store import Store
 
 DELAYED = ZombiePolicy(retry_delay_seconds=600, retry_jitter=0.0, claim_lease_seconds=0)

@@ -30,23 +30,13 @@ from zombie_pipeline.cleanup.events import EventLog
 from zombie_pipeline.cleanup.run import BrakeEngaged, run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue import cache_entries
-from zombie_pipeline.queue.documents import (
-    CACHE_KEY,
-    ID,
-    Cache,
-    CacheOutcome,
-    ErrorCode,
-    Event,
-    EventState,
-    Job,
-    Reason,
-    RetryOutcome,
-    Status,
-    truncate_ms,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import CacheOutcome, Event, EventState, RetryOutcome
+from zombie_pipeline.queue.cache import CACHE_KEY, Cache, ErrorCode
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.reasons import Reason
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import truncate_ms, utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
 

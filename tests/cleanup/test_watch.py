@@ -23,22 +23,12 @@ from zombie_pipeline.cleanup.detection import deadline_of, detect
 from zombie_pipeline.cleanup.events import EventLog
 from zombie_pipeline.cleanup.watch import TURNED_OFF, Watch, WatchSettings
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ID,
-    WATCH_LEASE_ID,
-    Cause,
-    Event,
-    EventState,
-    Job,
-    JobDocument,
-    Reason,
-    Status,
-    WatchState,
-    truncate_ms,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import WATCH_LEASE_ID, Event, EventState, WatchState
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
+from zombie_pipeline.queue.reasons import Cause, Reason
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import truncate_ms, utc_now
 
 #: Today's queue (SIGTERMs recorded, finished jobs deleted), a heartbeat every 10 s, dead after a minute.
 POLICY = ZombiePolicy(

@@ -26,21 +26,12 @@ from zombie_pipeline.defs.statistics.assets import (
 )
 from zombie_pipeline.defs.statistics.heartbeat_gaps import heartbeat_gap_tallies
 from zombie_pipeline.observability import metrics
-from zombie_pipeline.queue.documents import (
-    CAUSES,
-    CAUSES_OF_REASON,
-    ID,
-    REASONS,
-    CompensationState,
-    Event,
-    EventState,
-    Job,
-    RetryOutcome,
-    Status,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import CompensationState, Event, EventState, RetryOutcome
+from zombie_pipeline.queue.embedded import free_port
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.reasons import CAUSES, CAUSES_OF_REASON, REASONS
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.statistics.gap_histogram import GapHistogram

@@ -33,8 +33,8 @@ from zombie_pipeline.queue.connections import (
     DatabaseUnavailable,
     client_for,
 )
+from zombie_pipeline.queue.embedded import free_port
 from zombie_pipeline.queue.secrets import redact_url
-from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.statistics.suggestion_log import save_suggestions
 
 PASSWORD = "p@ss/w:rd %"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psycopg2
 
-from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.queue.embedded import free_port
 
 OS_USER = "postgres"
 SUPERUSER = "postgres"

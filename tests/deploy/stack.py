@@ -39,9 +39,9 @@ from zombie_pipeline.config import (
     WEBHOOK_URL_ENV,
 )
 from zombie_pipeline.queue.connections import client_for
-from zombie_pipeline.queue.documents import ID, JobDocument
+from zombie_pipeline.queue.embedded import free_port
+from zombie_pipeline.queue.jobs import ID, JobDocument
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.simulator import Simulation, simulate
 from zombie_pipeline.simulation.workload import Workload
 

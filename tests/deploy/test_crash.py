@@ -36,7 +36,7 @@ from tests.deploy.stack import CLEANUP, RUN_TIMEOUT, Deployment, assert_never_tw
 from tests.e2e.harness import descendants
 from tests.helpers import found
 from zombie_pipeline.defs.tags import MAX_RUNTIME_TAG
-from zombie_pipeline.queue.documents import ID, Job, Status
+from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workload import Workload
 

@@ -34,7 +34,8 @@ from tests.servers import QuietHandler, http_server
 from zombie_pipeline.config import WEBHOOK_URL_ENV
 from zombie_pipeline.defs.failures.causes import launch_of
 from zombie_pipeline.defs.tags import WILL_RETRY_TAG
-from zombie_pipeline.queue.documents import ID, Failure, Job, Status
+from zombie_pipeline.queue.audit_documents import Failure
+from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workload import Workload
 

@@ -25,8 +25,8 @@ from tests.deploy.processes import REPO_ROOT
 from tests.e2e.harness import wait_for
 from tests.helpers import documents, found
 from zombie_pipeline.config import CACHE_DATABASE_ENV, CACHE_URL_ENV, HOME_ENV, QUEUE_DATABASE_ENV, QUEUE_URL_ENV
+from zombie_pipeline.queue.embedded import free_port
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workload import Workload
 

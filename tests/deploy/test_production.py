@@ -36,9 +36,13 @@ from tests.deploy.stack import (
 from tests.helpers import found
 from zombie_pipeline.config import POLICY_FILE_ENV
 from zombie_pipeline.defs.tags import QUEUE_DATABASE_TAG, STALE_COUNT_TAG
-from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, Reason, Status, cache_key_of_job, utc_now
+from zombie_pipeline.queue.audit_documents import Event
+from zombie_pipeline.queue.cache import Cache, ErrorCode, cache_key_of_job
+from zombie_pipeline.queue.embedded import free_port
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.reasons import Reason
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import job_document
 from zombie_pipeline.simulation.workload import Workload
 

@@ -36,8 +36,10 @@ from zombie_pipeline.cleanup import watch_lease
 from zombie_pipeline.cleanup.watch_lease import LeaseView
 from zombie_pipeline.config import POLICY_FILE_ENV
 from zombie_pipeline.policy import ZombiePolicy, policy_from_file
-from zombie_pipeline.queue.documents import ID, Event, Job, Status, utc_now
+from zombie_pipeline.queue.audit_documents import Event
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.workload import Workload
 
 pytestmark = pytest.mark.slow

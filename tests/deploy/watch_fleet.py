@@ -34,8 +34,10 @@ import numpy as np
 from bson import ObjectId
 
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status, utc_now
+from zombie_pipeline.queue.audit_documents import Event, EventState
+from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import job_document
 
 POLL_SECONDS = 0.25

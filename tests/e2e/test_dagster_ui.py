@@ -24,18 +24,12 @@ from zombie_pipeline.config import (
     WEBHOOK_URL_ENV,
 )
 from zombie_pipeline.defs.tags import CLEANUP_RUN_TAG, TRIGGER_TAG
+from zombie_pipeline.queue.cache import Cache, ErrorCode, cache_key_of_job
 from zombie_pipeline.queue.connections import client_for
-from zombie_pipeline.queue.documents import (
-    ID,
-    Cache,
-    ErrorCode,
-    Job,
-    Status,
-    cache_key_of_job,
-    utc_now,
-)
+from zombie_pipeline.queue.embedded import free_port
+from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.simulator import simulate
 
 pytestmark = pytest.mark.e2e

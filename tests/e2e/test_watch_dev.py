@@ -19,11 +19,13 @@ from zombie_pipeline.config import (
     WEBHOOK_URL_ENV,
 )
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.audit_documents import Event
 from zombie_pipeline.queue.connections import client_for
-from zombie_pipeline.queue.documents import ID, Event, Job, Status, utc_now
+from zombie_pipeline.queue.embedded import free_port
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import job_document
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates

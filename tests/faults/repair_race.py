@@ -37,8 +37,8 @@ from tests.servers import running_server
 from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.counters import CountersInDoubt
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import Status
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates

@@ -33,23 +33,14 @@ from zombie_pipeline.defs.resources import (
     ZombiePolicyResource,
 )
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.audit_documents import CacheOutcome, Event, EventState, RetryOutcome
+from zombie_pipeline.queue.blockages import Blockage
+from zombie_pipeline.queue.cache import CACHE_KEY, Cache, cache_key_of_job
 from zombie_pipeline.queue.cache_entries import failed_runs_after_crash
-from zombie_pipeline.queue.documents import (
-    CACHE_KEY,
-    ID,
-    Blockage,
-    Cache,
-    CacheOutcome,
-    Event,
-    EventState,
-    Job,
-    Lock,
-    PastJob,
-    RetryOutcome,
-    Status,
-    cache_key_of_job,
-)
 from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.locks import Lock
+from zombie_pipeline.queue.past_jobs import PastJob
 from zombie_pipeline.queue.store import Store
 
 FULL = os.environ.get("ZOMBIE_FAULTS_FULL") == "1"

@@ -41,17 +41,10 @@ from zombie_pipeline.cleanup.detection import stale_filter
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.defs.failures.causes import result_cause
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    CACHE_KEY,
-    DEFAULT_CACHE_COLLECTION,
-    DEFAULT_EVENTS_COLLECTION,
-    DEFAULT_JOBS_COLLECTION,
-    ID,
-    Event,
-    Job,
-    Status,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import DEFAULT_EVENTS_COLLECTION, Event
+from zombie_pipeline.queue.cache import CACHE_KEY, DEFAULT_CACHE_COLLECTION
+from zombie_pipeline.queue.jobs import DEFAULT_JOBS_COLLECTION, ID, Job, Status
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
 

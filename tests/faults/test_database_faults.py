@@ -58,22 +58,15 @@ from zombie_pipeline.config import (
 )
 from zombie_pipeline.defs.resources import ZombiePolicyResource, resources_from_env
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.audit_documents import DEFAULT_EVENTS_COLLECTION, Effect, Event, EventState
+from zombie_pipeline.queue.cache import CACHE_METRICS_COLLECTION, DEFAULT_CACHE_COLLECTION
 from zombie_pipeline.queue.connections import client_for, close_clients
-from zombie_pipeline.queue.documents import (
-    CACHE_METRICS_COLLECTION,
-    DEFAULT_CACHE_COLLECTION,
-    DEFAULT_EVENTS_COLLECTION,
-    DEFAULT_JOBS_COLLECTION,
-    ID,
-    JOB_METRICS_COLLECTION,
-    WORKER_SIZE_METRICS_COLLECTION,
-    Effect,
-    Event,
-    EventState,
-    utc_now,
-)
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION
+from zombie_pipeline.queue.jobs import DEFAULT_JOBS_COLLECTION, ID
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
+from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION
 from zombie_pipeline.simulation.simulator import simulate
 
 pytestmark = [pytest.mark.fault, pytest.mark.filterwarnings("ignore::UserWarning")]

@@ -35,21 +35,10 @@ from tests.helpers import found, job_document
 from tests.servers import LocalServer
 from zombie_pipeline.cleanup.detection import detect, stale_filter
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    CACHE_KEY,
-    DEFAULT_JOBS_COLLECTION,
-    HTTP_OK,
-    ID,
-    Cache,
-    CacheEntry,
-    Event,
-    EventState,
-    Job,
-    JobDocument,
-    Status,
-    cache_key_of_job,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import Event, EventState
+from zombie_pipeline.queue.cache import CACHE_KEY, HTTP_OK, Cache, CacheEntry, cache_key_of_job
+from zombie_pipeline.queue.jobs import DEFAULT_JOBS_COLLECTION, ID, Job, JobDocument, Status
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.workload import JOB_TYPES
 

@@ -30,22 +30,16 @@ from tests.servers import LocalServer, running_server
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.defs.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.audit_documents import DEFAULT_EVENTS_COLLECTION, Event, EventState
+from zombie_pipeline.queue.cache import CACHE_METRICS_COLLECTION, DEFAULT_CACHE_COLLECTION
 from zombie_pipeline.queue.connections import close_clients
-from zombie_pipeline.queue.documents import (
-    CACHE_METRICS_COLLECTION,
-    DEFAULT_CACHE_COLLECTION,
-    DEFAULT_EVENTS_COLLECTION,
-    DEFAULT_JOBS_COLLECTION,
-    ID,
-    JOB_METRICS_COLLECTION,
-    LOCKS_COLLECTION,
-    PAST_JOBS_COLLECTION,
-    Event,
-    EventState,
-    utc_now,
-)
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION
+from zombie_pipeline.queue.jobs import DEFAULT_JOBS_COLLECTION, ID
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION
+from zombie_pipeline.queue.past_jobs import PAST_JOBS_COLLECTION
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.simulator import simulate
 
 pytestmark = [pytest.mark.fault, pytest.mark.filterwarnings("ignore::UserWarning")]

@@ -35,16 +35,11 @@ from tests.servers import LocalServer
 from zombie_pipeline.cleanup.detection import detect
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    CACHE_KEY,
-    ID,
-    Event,
-    EventState,
-    Job,
-    Status,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import Event, EventState
+from zombie_pipeline.queue.cache import CACHE_KEY
+from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
 

@@ -5,8 +5,10 @@ import time
 
 from tests.servers import QuietHandler, http_server
 from zombie_pipeline.observability import alerts
-from zombie_pipeline.queue.documents import ID, Failure, utc_now
-from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.queue.audit_documents import Failure
+from zombie_pipeline.queue.embedded import free_port
+from zombie_pipeline.queue.jobs import ID
+from zombie_pipeline.queue.times import utc_now
 
 
 class _Hanging(QuietHandler):

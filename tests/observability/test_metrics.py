@@ -16,7 +16,9 @@ from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.monitoring import QueueSnapshot
 from zombie_pipeline.observability import metrics
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import CAUSES, CAUSES_OF_REASON, ID, REASONS, Event, EventState, Job, RetryOutcome
+from zombie_pipeline.queue.audit_documents import Event, EventState, RetryOutcome
+from zombie_pipeline.queue.jobs import ID, Job
+from zombie_pipeline.queue.reasons import CAUSES, CAUSES_OF_REASON, REASONS
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.statistics.gap_histogram import GapHistogram
 from zombie_pipeline.statistics.gap_tallies import GapPeriod, GapTally

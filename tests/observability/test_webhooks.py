@@ -12,7 +12,7 @@ import pytest
 from tests.servers import QuietHandler, http_server
 from zombie_pipeline.observability import alerts
 from zombie_pipeline.observability.webhooks import WebhookError, post_json
-from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.queue.embedded import free_port
 
 SECRET_PATH = "/hooks/s3cr3t"
 

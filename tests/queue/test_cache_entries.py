@@ -4,6 +4,8 @@ from bson import ObjectId
 
 from tests.helpers import HANDSHAKES, ago, job_document, logged_store
 from zombie_pipeline.cleanup.detection import query_plan_of
+from zombie_pipeline.queue.audit_documents import Event, ZombieEvent
+from zombie_pipeline.queue.cache import Cache, ErrorCode, cache_key_of_job
 from zombie_pipeline.queue.cache_entries import (
     DETAIL_JOB_ID,
     current_runner_version,
@@ -13,7 +15,8 @@ from zombie_pipeline.queue.cache_entries import (
     step_version,
     written_for,
 )
-from zombie_pipeline.queue.documents import ID, Cache, ErrorCode, Event, Job, ZombieEvent, cache_key_of_job, utc_now
+from zombie_pipeline.queue.jobs import ID, Job
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 
 

@@ -21,6 +21,7 @@ from zombie_pipeline.queue.connections import (
     close_clients,
     database_error,
 )
+from zombie_pipeline.queue.embedded import free_port
 from zombie_pipeline.queue.indexes import (
     CACHE_INDEXES,
     EVENT_INDEXES,
@@ -29,7 +30,6 @@ from zombie_pipeline.queue.indexes import (
     ensure_indexes,
 )
 from zombie_pipeline.queue.secrets import redact, redact_url, scrub, url_secrets
-from zombie_pipeline.simulation.embedded import free_port
 
 HOST = "db.example.com:27017"
 USER = "zombie"

@@ -15,28 +15,22 @@ import pytest
 from bson import ObjectId
 
 from tests.helpers import found
-from zombie_pipeline.queue import documents
-from zombie_pipeline.queue.documents import (
+from zombie_pipeline.queue import audit_documents
+from zombie_pipeline.queue.audit_documents import CompensationEntry, Event, PreviousEntry, ScheduledRetry
+from zombie_pipeline.queue.cache import Cache, CacheEntry, ErrorCode, cache_key_of_job
+from zombie_pipeline.queue.generations import OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import (
     ID,
     MAX_NAME_LENGTH,
-    Cache,
-    CompensationEntry,
-    ErrorCode,
-    Event,
     Job,
-    PreviousEntry,
-    Reason,
-    ScheduledRetry,
+    JobDocument,
     Status,
-    as_utc,
-    cache_key_of_job,
     job_row,
     job_type_problem,
     name_problem,
-    truncate_ms,
-    utc_now,
 )
-from zombie_pipeline.queue.generations import OLDEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.queue.reasons import Reason
+from zombie_pipeline.queue.times import as_utc, truncate_ms, utc_now
 
 UTC = dt.UTC
 NOW = dt.datetime(2024, 7, 1, 12, 0, 0, tzinfo=UTC)
@@ -217,13 +211,13 @@ def _names(vocabulary: type) -> set[str]:
 @pytest.mark.parametrize(
     "shape, vocabulary, besides",
     [
-        (documents.JobDocument, Job, {ID}),
-        (documents.CacheEntry, Cache, {ID}),
-        (documents.ZombieEvent, Event, {ID}),
-        (documents.RetryDocument, ScheduledRetry, {ID}),
-        (documents.CompensationRecord, CompensationEntry, set()),
-        (documents.PreviousEntrySummary, PreviousEntry, set()),
-        (documents.LateResultRecord, documents.LateResult, set()),
+        (JobDocument, Job, {ID}),
+        (CacheEntry, Cache, {ID}),
+        (audit_documents.ZombieEvent, Event, {ID}),
+        (audit_documents.RetryDocument, ScheduledRetry, {ID}),
+        (audit_documents.CompensationRecord, CompensationEntry, set()),
+        (audit_documents.PreviousEntrySummary, PreviousEntry, set()),
+        (audit_documents.LateResultRecord, audit_documents.LateResult, set()),
     ],
     ids=lambda value: getattr(value, "__name__", ""),
 )
@@ -233,4 +227,4 @@ def test_each_document_shape_has_exactly_the_fields_its_vocabulary_names(shape, 
 
 
 def test_an_events_cache_result_is_a_part_of_the_event():
-    assert set(documents.CacheResult.__annotations__) <= set(documents.ZombieEvent.__annotations__)
+    assert set(audit_documents.CacheResult.__annotations__) <= set(audit_documents.ZombieEvent.__annotations__)

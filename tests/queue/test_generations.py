@@ -11,8 +11,8 @@ import datetime as dt
 
 import pytest
 
+from zombie_pipeline.queue.cache import Cache
 from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, runner_version_of, stored_failed_runs
-from zombie_pipeline.queue.documents import ID, STATUSES, Cache, Job
 from zombie_pipeline.queue.generations import (
     CACHE_GENERATIONS,
     NEWEST_CACHE_GENERATION,
@@ -23,6 +23,7 @@ from zombie_pipeline.queue.generations import (
     FinishStyle,
     cache_generation_of,
 )
+from zombie_pipeline.queue.jobs import ID, STATUSES, Job
 
 UTC = dt.UTC
 NOW = dt.datetime(2024, 7, 1, 12, 0, 0, tzinfo=UTC)

@@ -55,9 +55,9 @@ from zombie_pipeline.queue.connections import (
     check_reachable,
     close_clients,
 )
+from zombie_pipeline.queue.embedded import free_port
 from zombie_pipeline.queue.secrets import redact, redact_url, scheme_and_host
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation.embedded import free_port
 from zombie_pipeline.simulation.simulator import simulate
 
 USER = "zombie-cleaner"

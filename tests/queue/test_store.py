@@ -8,14 +8,8 @@ import pytest
 from pymongo.collection import Collection
 from pymongo.errors import BulkWriteError
 
-from zombie_pipeline.queue.documents import (
-    CACHE_METRICS_COLLECTION,
-    DEFAULT_CACHE_COLLECTION,
-    DEFAULT_EVENTS_COLLECTION,
-    DEFAULT_JOBS_COLLECTION,
-    ID,
-    LOCKS_COLLECTION,
-)
+from zombie_pipeline.queue.audit_documents import DEFAULT_EVENTS_COLLECTION
+from zombie_pipeline.queue.cache import CACHE_METRICS_COLLECTION, DEFAULT_CACHE_COLLECTION
 from zombie_pipeline.queue.indexes import (
     CACHE_INDEXES,
     EVENT_INDEXES,
@@ -24,6 +18,8 @@ from zombie_pipeline.queue.indexes import (
     QUARANTINE_INDEXES,
     RETRY_INDEXES,
 )
+from zombie_pipeline.queue.jobs import DEFAULT_JOBS_COLLECTION, ID
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION
 from zombie_pipeline.queue.store import Store, duplicate_indexes
 
 

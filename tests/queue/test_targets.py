@@ -14,8 +14,8 @@ from zombie_pipeline.queue.connections import (
     DatabaseUnavailable,
     database_error,
 )
+from zombie_pipeline.queue.embedded import free_port
 from zombie_pipeline.queue.targets import DatabaseTargets
-from zombie_pipeline.simulation.embedded import free_port
 
 
 def closed_url() -> str:

@@ -25,9 +25,11 @@ from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.defs.failures.causes import result_cause
 from zombie_pipeline.defs.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Cache, Job, Status, utc_now
+from zombie_pipeline.queue.cache import Cache
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 from zombie_pipeline.simulation.workload import Workload, healthy_beside

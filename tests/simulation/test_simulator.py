@@ -16,14 +16,19 @@ from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.detection import detect
 from zombie_pipeline.monitoring import audit_cache_errors
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Cache, Event, EventState, Job, PastJob, Reason, Status, utc_now
+from zombie_pipeline.queue.audit_documents import Event, EventState
+from zombie_pipeline.queue.cache import Cache
 from zombie_pipeline.queue.generations import (
     CACHE_GENERATIONS,
     NEWEST_QUEUE_GENERATION,
     QUEUE_GENERATIONS,
     cache_generation_of,
 )
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.past_jobs import PastJob
+from zombie_pipeline.queue.reasons import Reason
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.history import OFFENDER
 from zombie_pipeline.simulation.simulator import HEARTBEAT_INTERVAL_SECONDS, simulate
 from zombie_pipeline.simulation.workload import JOB_TYPES, Workload, healthy_beside

@@ -26,21 +26,15 @@ from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.detection import detect
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.cache import Cache
 from zombie_pipeline.queue.connections import client_for, close_clients
-from zombie_pipeline.queue.documents import (
-    ID,
-    LOCKS_COLLECTION,
-    SIMULATED_WORKERS_COLLECTION,
-    Cache,
-    Job,
-    Lock,
-    Reason,
-    Status,
-    WorkersClaim,
-    utc_now,
-)
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION, Lock
+from zombie_pipeline.queue.reasons import Reason
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
+from zombie_pipeline.simulation.marks import SIMULATED_WORKERS_COLLECTION, WorkersClaim
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning

@@ -10,7 +10,8 @@ from typing import Any, cast
 import numpy as np
 from bson import ObjectId
 
-from zombie_pipeline.queue.documents import ID, Event, EventState, Job, JobDocument, Status, ZombieEvent
+from zombie_pipeline.queue.audit_documents import Event, EventState, ZombieEvent
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
 from zombie_pipeline.statistics.tallies import Period, Tally
 
 UTC = dt.UTC

@@ -12,10 +12,12 @@ from bson import Decimal128, Int64
 from tests.helpers import logged_store
 from tests.statistics.builders import DAY, NEXT_DAY, NOON, event, job
 from zombie_pipeline.cleanup.detection import query_plan_of
+from zombie_pipeline.queue.cache import HTTP_OK, Cache, ErrorCode
 from zombie_pipeline.queue.cache_entries import DETAIL_JOB_ID
-from zombie_pipeline.queue.documents import HTTP_OK, Cache, ErrorCode, Reason, Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
+from zombie_pipeline.queue.jobs import Status
+from zombie_pipeline.queue.reasons import Reason
 from zombie_pipeline.statistics.cache_source import CacheIndexMissing, read_cache_period
 from zombie_pipeline.statistics.sources import read_history
 from zombie_pipeline.statistics.tallies import BadData

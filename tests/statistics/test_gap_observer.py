@@ -21,17 +21,11 @@ from tests.simulation.test_workers import VirtualClock
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.cleanup.watch import WATCHED_FIELDS, Listener
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    HEARTBEAT_GAPS_COLLECTION,
-    ID,
-    WORKER_UNTOLD,
-    HeartbeatGaps,
-    Job,
-    Status,
-    worker_size,
-)
+from zombie_pipeline.queue.audit_documents import HEARTBEAT_GAPS_COLLECTION, WORKER_UNTOLD, HeartbeatGaps
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.worker_type_counts import worker_size
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import WorkerPool, WorkerRates
 from zombie_pipeline.simulation.workload import JOB_TYPES

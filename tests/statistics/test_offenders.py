@@ -10,19 +10,11 @@ from bson import ObjectId
 
 from tests.helpers import job_document
 from zombie_pipeline.cleanup.detection import query_plan_of
-from zombie_pipeline.queue.documents import (
-    ERROR_CODE_OF_REASON,
-    ERROR_MESSAGE_OF_REASON,
-    ID,
-    Cause,
-    ErrorCode,
-    Event,
-    EventState,
-    FreeRuns,
-    Job,
-    Reason,
-    RetryOutcome,
-)
+from zombie_pipeline.messages import ERROR_MESSAGE_OF_REASON
+from zombie_pipeline.queue.audit_documents import Event, EventState, FreeRuns, RetryOutcome
+from zombie_pipeline.queue.cache import ErrorCode
+from zombie_pipeline.queue.jobs import ID, Job
+from zombie_pipeline.queue.reasons import ERROR_CODE_OF_REASON, Cause, Reason
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.statistics.offenders import (
     ErrorSource,

@@ -16,8 +16,10 @@ import yaml
 from tests.helpers import found
 from zombie_pipeline.defs.resources import ZombiePolicyResource
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import Cause, Event, EventState, FreeRuns, Job, Reason, Status
+from zombie_pipeline.queue.audit_documents import Event, EventState, FreeRuns
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import Job, Status
+from zombie_pipeline.queue.reasons import Cause, Reason
 from zombie_pipeline.statistics.analysis import analyze, window_report
 from zombie_pipeline.statistics.charts import CHART_EDGES, INLINE_MARKDOWN_LIMIT, duration_chart, duration_charts
 from zombie_pipeline.statistics.formatting import day_ranges, format_duration

@@ -10,8 +10,8 @@ import pytest
 from tests.helpers import QUEUE_GENERATION
 from tests.statistics.builders import NEXT_DAY, NOON, job, tally, week
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
-from zombie_pipeline.queue.documents import Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import Status
 from zombie_pipeline.statistics.analysis import CutShort, analyze, analyze_window, suggest
 
 # --- suggestion rules ---------------------------------------------------------------------

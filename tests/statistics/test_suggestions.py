@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from tests.statistics.builders import DAY, NEXT_DAY, tally, week
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, T2Suggestion
+from zombie_pipeline.queue.audit_documents import T2Suggestion
+from zombie_pipeline.queue.jobs import ID
 from zombie_pipeline.statistics.analysis import analyze
 from zombie_pipeline.statistics.suggestion_log import effective_policy, latest_suggested_max_durations, save_suggestions
 

@@ -19,8 +19,10 @@ from tests.helpers import logged_store, workload
 from tests.statistics.builders import DAY, NEXT_DAY, NOON, UTC, event, job, tally
 from zombie_pipeline.cleanup.detection import query_plan_of
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Reason, Status
+from zombie_pipeline.queue.audit_documents import Event, EventState
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.reasons import Reason
 from zombie_pipeline.queue.store import Document
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.statistics.analysis import analyze

@@ -1,5 +1,8 @@
 """``zombie-pipeline``: the queue's status, a policy checked, a simulated queue and its workers, the embedded server, and
-a demo of the whole pipeline."""
+a demo of the whole pipeline.
+
+Over 500 lines: the parser of every subcommand (its options and their help are 200 lines) beside each short handler.
+"""
 
 from __future__ import annotations
 
@@ -21,13 +24,15 @@ from zombie_pipeline.app.errors import OptionRefused, Progress, cut_short, progr
 from zombie_pipeline.config import SettingError
 from zombie_pipeline.messages import counted, shown
 from zombie_pipeline.policy import InvalidPolicy, PolicySource, ZombiePolicy, read_policy_file
+from zombie_pipeline.queue import embedded
 from zombie_pipeline.queue.connections import DatabaseUnavailable, close_clients, database_error
-from zombie_pipeline.queue.documents import Job, utc_now
 from zombie_pipeline.queue.evidence import GenerationUnknown
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import Job
 from zombie_pipeline.queue.secrets import redact
 from zombie_pipeline.queue.targets import DatabaseTargets, timeouts_from_env
-from zombie_pipeline.simulation import embedded
+from zombie_pipeline.queue.times import utc_now
+from zombie_pipeline.simulation.marks import simulated_generation
 from zombie_pipeline.simulation.ownership import NotOurs, check_ours, drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning
@@ -110,7 +115,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     with progress.watching():
         progress("reading what the databases hold")
         check_ours(store, args.overwrite_database)  # before the first write, an index included
-        if not args.drop and store.simulated_generation() is not None:
+        if not args.drop and simulated_generation(store) is not None:
             # a second queue over the first would share its datasets' locks and keys
             raise NotOurs("these databases already hold a simulated queue; --drop replaces it (nothing was written)")
         progress.then = cut_short("zombie-pipeline simulate --drop")
@@ -165,7 +170,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
 
     with progress.watching():
         progress("reading what the databases hold")
-        if store.simulated_generation() is None:  # workers write: only into a queue the simulator wrote
+        if simulated_generation(store) is None:  # workers write: only into a queue the simulator wrote
             raise NotOurs(
                 f"{resources['databases'].describe()['queue']} holds no simulated queue: simulated workers only run on a queue "
                 "zombie-pipeline simulated (zombie-pipeline simulate first)"

@@ -45,9 +45,11 @@ from zombie_pipeline.defs.statistics.repeat_offenders import repeat_offenders
 from zombie_pipeline.defs.watch.jobs import zombie_watch_job
 from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Job, utc_now
 from zombie_pipeline.queue.generations import NEWEST_QUEUE_GENERATION, QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
+from zombie_pipeline.simulation.marks import simulated_generation
 from zombie_pipeline.simulation.ownership import check_ours, drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning
@@ -121,7 +123,7 @@ def run_demo(
         else:
             progress("reading what the databases hold")
             check_ours(store, give_up=GIVE_UP)  # the embedded server may hold a database loaded by hand: never written
-            present = store.simulated_generation()
+            present = simulated_generation(store)
             if refuse_finished and present is not None and not fresh and present == generation:
                 raise OptionRefused(
                     "--finished sizes a new simulation, and these databases already hold one, kept as it is: add "
@@ -153,7 +155,7 @@ def _prepare_queue(
     store: Store, finished: int, seed: int, policy: ZombiePolicy, generation: str, progress: Progress
 ) -> None:
     """A simulated queue as the cleanup should meet it: zombies, beside enough healthy started jobs."""
-    if store.simulated_generation() is None:
+    if simulated_generation(store) is None:
         zombies = Workload(finished=0, generation=generation)
         workload = Workload(
             finished=finished,

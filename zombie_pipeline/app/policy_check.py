@@ -21,9 +21,9 @@ from zombie_pipeline import config
 from zombie_pipeline.cleanup.detection import known_job_types
 from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.policy import InvalidPolicy, PolicyFile, did_you_mean, read_policy_file
+from zombie_pipeline.queue import embedded
 from zombie_pipeline.queue.connections import DatabaseUnavailable
 from zombie_pipeline.queue.targets import DatabaseTargets
-from zombie_pipeline.simulation import embedded
 
 
 class Verdict(IntEnum):

@@ -17,28 +17,20 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from zombie_pipeline.cleanup.brake import Brake
 from zombie_pipeline.cleanup.causes import cause_of_event
-from zombie_pipeline.cleanup.detection import Brake, detect, started_filter
+from zombie_pipeline.cleanup.detection import detect, started_filter
 from zombie_pipeline.cleanup.events import finalized_between
 from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
 from zombie_pipeline.cleanup.retries import pending_retries
 from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    CAUSES,
-    ID,
-    REASONS,
-    Event,
-    EventState,
-    Failure,
-    Job,
-    LateResult,
-    Status,
-    as_utc,
-    utc,
-)
+from zombie_pipeline.queue.audit_documents import Event, EventState, Failure, LateResult
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.reasons import CAUSES, REASONS
 from zombie_pipeline.queue.store import Store, aggregate_rows
+from zombie_pipeline.queue.times import as_utc, utc
 
 #: The last cleanups listed, from the audit trail of this many days (a cleanup that finalized nothing leaves no event).
 CLEANUPS_SHOWN = 5

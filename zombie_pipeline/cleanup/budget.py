@@ -37,20 +37,12 @@ from pymongo.collection import Collection as MongoCollection
 
 from zombie_pipeline.cleanup.detection import Candidate
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ID,
-    Cause,
-    Event,
-    EventState,
-    FreeRuns,
-    FreeRunsRecord,
-    Job,
-    Reason,
-    ZombieEvent,
-    utc,
-)
+from zombie_pipeline.queue.audit_documents import Event, EventState, FreeRuns, FreeRunsRecord, ZombieEvent
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.jobs import ID, Job
+from zombie_pipeline.queue.reasons import Cause, Reason
 from zombie_pipeline.queue.store import Store, aggregate_rows
+from zombie_pipeline.queue.times import utc
 
 #: A (dataset, job type).
 Pair = tuple[str, str]

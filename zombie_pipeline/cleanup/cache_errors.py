@@ -37,6 +37,30 @@ from pymongo.errors import BulkWriteError
 
 from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.cleanup.counters import CountersInDoubt
+from zombie_pipeline.messages import (
+    DEPLOY_WAVE_MESSAGE,
+    ERROR_MESSAGE_OF_REASON,
+    terminated_alone_message,
+    terminated_too_often_message,
+)
+from zombie_pipeline.queue.audit_documents import (
+    CacheOutcome,
+    CacheResult,
+    Event,
+    FreeRuns,
+    PreviousEntry,
+    PreviousEntrySummary,
+    ZombieEvent,
+)
+from zombie_pipeline.queue.cache import (
+    CACHE_CONTENT_ERROR,
+    DEPLOYMENT_MAX_FAILED_RUNS,
+    Cache,
+    CacheEntry,
+    CacheMetric,
+    ErrorCode,
+    cache_key_of_job,
+)
 from zombie_pipeline.queue.cache_entries import (
     DETAIL_JOB_ID,
     DETAIL_PREVIOUS,
@@ -53,34 +77,11 @@ from zombie_pipeline.queue.cache_entries import (
     stored_failed_runs,
     written_for,
 )
-from zombie_pipeline.queue.documents import (
-    CACHE_CONTENT_ERROR,
-    DEPLOY_WAVE_MESSAGE,
-    DEPLOYMENT_MAX_FAILED_RUNS,
-    ERROR_MESSAGE_OF_REASON,
-    ID,
-    Cache,
-    CacheEntry,
-    CacheMetric,
-    CacheOutcome,
-    CacheResult,
-    Cause,
-    ErrorCode,
-    Event,
-    FreeRuns,
-    Job,
-    PreviousEntry,
-    PreviousEntrySummary,
-    Reason,
-    ZombieEvent,
-    as_utc,
-    cache_key_of_job,
-    terminated_alone_message,
-    terminated_too_often_message,
-    utc,
-)
 from zombie_pipeline.queue.generations import CacheGeneration, FailedRunsRule
+from zombie_pipeline.queue.jobs import ID, Job
+from zombie_pipeline.queue.reasons import Cause, Reason
 from zombie_pipeline.queue.store import READ_BATCH, Store, duplicate_indexes
+from zombie_pipeline.queue.times import as_utc, utc
 from zombie_pipeline.queue.transactions import Conflict
 
 

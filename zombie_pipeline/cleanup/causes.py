@@ -40,15 +40,10 @@ from pymongo.collection import Collection as MongoCollection
 from zombie_pipeline.cleanup import budget
 from zombie_pipeline.cleanup.detection import Candidate
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ID,
-    Cause,
-    Event,
-    Job,
-    Reason,
-    ZombieEvent,
-    as_utc,
-)
+from zombie_pipeline.queue.audit_documents import Event, ZombieEvent
+from zombie_pipeline.queue.jobs import ID, Job
+from zombie_pipeline.queue.reasons import Cause, Reason
+from zombie_pipeline.queue.times import as_utc
 
 #: How far back finalized deaths still count towards a wave of this run's candidates.
 RECENT_DEATHS = dt.timedelta(hours=1)

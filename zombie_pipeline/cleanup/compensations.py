@@ -35,21 +35,19 @@ from zombie_pipeline.cleanup.results import Count, StepResult
 from zombie_pipeline.config import setting
 from zombie_pipeline.observability import webhooks
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ID,
+from zombie_pipeline.queue.audit_documents import (
     CompensationEntry,
     CompensationRecord,
     CompensationState,
     Event,
     EventState,
-    JobSnapshot,
     PreviousEntrySummary,
     ZombieEvent,
-    job_row,
-    utc_now,
 )
+from zombie_pipeline.queue.jobs import ID, JobSnapshot, job_row
 from zombie_pipeline.queue.secrets import scrub
 from zombie_pipeline.queue.store import READ_BATCH, Store
+from zombie_pipeline.queue.times import utc_now
 
 ENTRY_POINT_GROUP = "zombie_pipeline.compensations"
 #: How long one run holds an event's compensations: another cleanup at the same time leaves it alone.

@@ -35,27 +35,20 @@ from pymongo import UpdateOne
 from pymongo.collection import Collection
 
 from zombie_pipeline.cleanup.side_collections import SideCollections
-from zombie_pipeline.queue.documents import (
-    BLOCKAGES_COLLECTION,
-    CACHE_METRICS_COLLECTION,
-    DATASET_STATUS_NORMAL,
+from zombie_pipeline.queue.blockages import BLOCKAGES_COLLECTION, Blockage
+from zombie_pipeline.queue.cache import CACHE_METRICS_COLLECTION, Cache, CacheMetric
+from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.job_metrics import DATASET_STATUS_NORMAL, JOB_METRICS_COLLECTION, JobMetric
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.worker_type_counts import (
     HEAVY,
-    ID,
-    JOB_METRICS_COLLECTION,
     WORKER_SIZE_LIMITS,
     WORKER_SIZE_METRICS_COLLECTION,
-    Blockage,
-    Cache,
-    CacheMetric,
-    Job,
-    JobMetric,
-    Status,
     WorkerSizeMetric,
     worker_size,
 )
-from zombie_pipeline.queue.generations import QueueGeneration
-from zombie_pipeline.queue.indexes import on_index
-from zombie_pipeline.queue.store import Store
 
 
 @dataclass

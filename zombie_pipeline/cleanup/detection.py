@@ -19,33 +19,32 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bson import ObjectId
 from pymongo.collection import Collection
 
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ERROR_CODE_OF_REASON,
+from zombie_pipeline.queue.audit_documents import FreeRunsRecord
+from zombie_pipeline.queue.cache import Cache, CacheEntry
+from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.jobs import (
     ID,
     STATUSES,
-    Cache,
-    CacheEntry,
-    Cause,
-    FreeRunsRecord,
     Job,
     JobDocument,
     JobSnapshot,
-    Reason,
     Status,
-    as_utc,
     job_row,
     job_type_problem,
     name_problem,
-    utc,
 )
-from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.reasons import ERROR_CODE_OF_REASON, Cause, Reason
 from zombie_pipeline.queue.store import aggregate_rows
+from zombie_pipeline.queue.times import as_utc, utc
+
+if TYPE_CHECKING:
+    from zombie_pipeline.cleanup.brake import Brake
 
 
 @dataclass(frozen=True)
@@ -424,58 +423,11 @@ def find_unknown_statuses(
     return found
 
 
-@dataclass(frozen=True)
-class Brake:
-    """Whether so many started jobs look dead that the heartbeat path is more likely broken."""
-
-    stale: int
-    started: int
-    max_stale_fraction: float
-    min_started: int
-
-    @property
-    def engaged(self) -> bool:
-        return self.started >= self.min_started and self.stale > self.max_stale_fraction * self.started
-
-    @property
-    def stale_fraction(self) -> float:
-        return self.stale / self.started if self.started else 0.0
-
-    def message(self) -> str:
-        """Why nothing was written, with the numbers, and what to do."""
-        return (
-            f"brake engaged: {self.stale} of {self.started} started jobs ({self.stale_fraction:.0%}) look dead, more "
-            f"than max_stale_fraction={self.max_stale_fraction:.0%}; nothing was written. Workers whose heartbeats no "
-            "longer reach the queue look exactly like dead ones: check that the running workers' heartbeats arrive "
-            "(last_heartbeat of the started jobs); if they really died, run again with override_brake: true."
-        )
-
-    def facts(self) -> dict[str, int | float]:
-        """The numbers the brake judged, for a person deciding whether to override it."""
-        return {
-            "stale": self.stale,
-            "started": self.started,
-            "stale_fraction": round(self.stale_fraction, 4),
-            "max_stale_fraction": self.max_stale_fraction,
-            "min_started_for_brake": self.min_started,
-        }
-
-    @classmethod
-    def of(cls, policy: ZombiePolicy, stale: int, started: int) -> Brake:
-        return cls(stale, started, policy.max_stale_fraction, policy.min_started_for_brake)
-
-
 def count_started(jobs: Collection[JobDocument], job_types: Iterable[str] | None = None) -> int:
     """The started jobs, counted by the server on the ``(status, started_at)`` index."""
     counted = aggregate_rows(jobs, on_index(started_filter(), _of_types(job_types), {"$count": "started"}))
     found = next(counted, None)
     return found["started"] if found else 0
-
-
-def brake_for(
-    jobs: Collection[JobDocument], detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None
-) -> Brake:
-    return Brake.of(policy, stale=len(detection.candidates), started=count_started(jobs, job_types))
 
 
 def known_job_types(jobs: Collection[JobDocument], cache: Collection[CacheEntry]) -> set[str]:

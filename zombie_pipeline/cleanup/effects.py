@@ -26,43 +26,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pymongo import UpdateMany, UpdateOne
 from pymongo.client_session import ClientSession
 
 from zombie_pipeline.cleanup.counters import CountersInDoubt
 from zombie_pipeline.cleanup.side_collections import SideCollections
-from zombie_pipeline.queue.documents import (
-    BLOCKAGES_COLLECTION,
-    ID,
-    JOB_METRICS_COLLECTION,
-    LOCKS_COLLECTION,
+from zombie_pipeline.queue.audit_documents import Effect
+from zombie_pipeline.queue.blockages import BLOCKAGES_COLLECTION, block, blockages_of, over_the_limit
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION, add_to_totals
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, JobSnapshot, Status
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION, release_locks
+from zombie_pipeline.queue.past_jobs import (
+    PAST_JOB_MIN_SECONDS,
     PAST_JOBS_COLLECTION,
-    WORKER_SIZE_METRICS_COLLECTION,
-    Blockage,
-    Effect,
-    Job,
-    JobDocument,
-    JobMetric,
-    JobSnapshot,
-    Lock,
-    PastJob,
-    Status,
-    WorkerSizeMetric,
-    utc,
-    worker_size,
+    record_runs,
+    run_seconds,
+    seconds_by_dataset,
 )
 from zombie_pipeline.queue.store import Store
-
-#: A run shorter than this leaves no ``pastJobs`` record.
-PAST_JOB_MIN_SECONDS = 30
-#: A dataset whose recorded runs of the last hour exceed this (times its multiplier) is blocked.
-BLOCKAGE_THRESHOLD_SECONDS = 7_200
-COMPUTE_MULTIPLIER_BY_DATASET = {"HuggingFaceFW/fineweb-2": 100}
-
-
-def run_seconds(job: JobSnapshot, finished_at: dt.datetime) -> int:
-    """The whole seconds a run lasted, as ``pastJobs`` records them."""
-    return int((finished_at - utc(job[Job.STARTED_AT])).total_seconds())
+from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION, add_to_counts, worker_size
 
 
 @dataclass
@@ -157,33 +138,16 @@ class DeploymentEffects:
         return doubt
 
     def _add_to_job_metrics(self, changes: Counter[tuple[str, str]], session: ClientSession | None) -> None:
-        operations = [
-            UpdateOne(self.side.job_metric_key(job_type, status), {"$inc": {JobMetric.TOTAL: change}}, upsert=True)
-            for (job_type, status), change in sorted(changes.items())
-            if change
-        ]
-        if operations:
-            self.store.job_metrics.bulk_write(operations, ordered=False, session=session)
+        add_to_totals(self.store.job_metrics, changes, self.side.by_dataset_status, session)
 
     def _add_to_worker_sizes(self, changes: Counter[str], session: ClientSession | None) -> None:
-        operations = [
-            UpdateOne(
-                {WorkerSizeMetric.WORKER_SIZE: size}, {"$inc": {WorkerSizeMetric.JOBS_COUNT: change}}, upsert=True
-            )
-            for size, change in sorted(changes.items())
-            if change
-        ]
-        if operations:
-            self.store.worker_size_metrics.bulk_write(operations, ordered=False, session=session)
+        add_to_counts(self.store.worker_size_metrics, changes, session)
 
     def _blockages(self, datasets: Iterable[str], session: ClientSession | None) -> dict[str, Any]:
         """dataset -> ``_id`` of its blockage, for the blocked ones among ``datasets``."""
         if BLOCKAGES_COLLECTION not in self.side:
             return {}
-        found = self.store.blockages.find(
-            {Blockage.DATASET: {"$in": sorted(datasets)}}, {Blockage.DATASET: 1}, session=session
-        )
-        return {blockage[Blockage.DATASET]: blockage[ID] for blockage in found}
+        return blockages_of(self.store.blockages, datasets, session)
 
     def _record_past_jobs(
         self, finished: list[Finished], now: dt.datetime, session: ClientSession | None
@@ -197,22 +161,10 @@ class DeploymentEffects:
                 records[item.id] = (item, seconds)
         if not records:
             return AppliedEffects({})
-        present = {
-            document[ID]
-            for document in self.store.past_jobs.find({ID: {"$in": list(records)}}, {ID: 1}, session=session)
+        runs = {
+            job_id: (item.job[Job.DATASET], seconds, item.finished_at) for job_id, (item, seconds) in records.items()
         }
-        new = [
-            {
-                ID: job_id,
-                PastJob.DATASET: item.job[Job.DATASET],
-                PastJob.DURATION: seconds,
-                PastJob.FINISHED_AT: item.finished_at,
-            }
-            for job_id, (item, seconds) in records.items()
-            if job_id not in present
-        ]
-        if new:
-            self.store.past_jobs.insert_many(new, ordered=True, session=session)
+        record_runs(self.store.past_jobs, runs, session)
         effects = AppliedEffects({job_id: [Effect.PAST_JOB] for job_id in records})
         return effects.merge(self._block_datasets(list(records.values()), now, session))
 
@@ -243,31 +195,15 @@ class DeploymentEffects:
             {blockage: [Effect.BLOCKED_DATASET] for blockage in already.values() if blockage in batch}
         )
         effects.in_doubt.worker_sizes = bool(effects.by_job) and WORKER_SIZE_METRICS_COLLECTION in self.side
-        totals = {
-            row[ID]: row["seconds"]
-            for row in self.store.past_jobs.aggregate(
-                [
-                    {"$match": {PastJob.DATASET: {"$in": sorted(set(triggering) - set(already))}}},
-                    {"$group": {ID: f"${PastJob.DATASET}", "seconds": {"$sum": f"${PastJob.DURATION}"}}},
-                ],
-                session=session,
-            )
-        }
+        totals = seconds_by_dataset(self.store.past_jobs, set(triggering) - set(already), session)
         to_block = {
             dataset: event_id
             for dataset, event_id in triggering.items()
-            if dataset not in already
-            and totals.get(dataset, 0) > BLOCKAGE_THRESHOLD_SECONDS * COMPUTE_MULTIPLIER_BY_DATASET.get(dataset, 1)
+            if dataset not in already and over_the_limit(dataset, totals.get(dataset, 0))
         }
         if not to_block:
             return effects
-        self.store.blockages.insert_many(
-            [
-                {ID: event_id, Blockage.DATASET: dataset, Blockage.BLOCKED_AT: now}
-                for dataset, event_id in sorted(to_block.items())
-            ],
-            session=session,
-        )
+        block(self.store.blockages, to_block, now, session)
         if WORKER_SIZE_METRICS_COLLECTION in self.side:
             pending = self.store.jobs.find(
                 {Job.DATASET: {"$in": sorted(to_block)}}, {Job.DIFFICULTY: 1}, session=session
@@ -285,19 +221,10 @@ class DeploymentEffects:
         from 2024-08-22; before, the cleanup's: docs/generations.md). Where the generation's finish frees every
         lock the job owns (2023-08-07 to 2024-08-22: ``release_locks(owner=job_id)``), those of each job whose
         worker is gone too, such as a conversion's ``refs/convert/parquet`` branch lock: a job past its maximum
-        duration may still be running, and its worker frees its own when it leaves them. Only the owner field a
-        lock document already has is written (early locks named it ``job_id``).
+        duration may still be running, and its worker frees its own when it leaves them.
         """
-        keys = sorted({item.job[Job.UNICITY_ID] for item in finished})
-        released = {Lock.UPDATED_AT: now}
-        operations = [
-            UpdateMany({ID: {"$in": keys}, Lock.OWNER: {"$exists": True}}, {"$set": {Lock.OWNER: None, **released}}),
-            UpdateMany(
-                {ID: {"$in": keys}, Lock.JOB_ID: {"$ne": None}, Lock.OWNER: {"$exists": False}},
-                {"$set": {Lock.JOB_ID: None, **released}},
-            ),
-        ]
-        owners = sorted(str(item.id) for item in finished if item.worker_gone)
-        if self.side.generation.frees_owned_locks and owners:
-            operations.append(UpdateMany({Lock.OWNER: {"$in": owners}}, {"$set": {Lock.OWNER: None, **released}}))
-        self.store.locks.bulk_write(operations, ordered=False, session=session)
+        keys = {item.job[Job.UNICITY_ID] for item in finished}
+        owners = (
+            {str(item.id) for item in finished if item.worker_gone} if self.side.generation.frees_owned_locks else set()
+        )
+        release_locks(self.store.locks, keys, owners, now, session)

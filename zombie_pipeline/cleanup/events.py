@@ -30,9 +30,12 @@ from zombie_pipeline.cleanup.causes import cause_of_event, solitary_cause
 from zombie_pipeline.cleanup.detection import Candidate
 from zombie_pipeline.cleanup.results import Count, StepResult
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, Cause, Event, EventState, Job, Reason, ZombieEvent, utc_now
+from zombie_pipeline.queue.audit_documents import Event, EventState, ZombieEvent
 from zombie_pipeline.queue.generations import OLDEST_QUEUE_GENERATION, QueueGeneration
+from zombie_pipeline.queue.jobs import ID, Job
+from zombie_pipeline.queue.reasons import Cause, Reason
 from zombie_pipeline.queue.store import Store, aggregate_rows, duplicate_indexes
+from zombie_pipeline.queue.times import utc_now
 
 T = TypeVar("T")
 

@@ -64,17 +64,12 @@ from zombie_pipeline.cleanup.retries import Retries
 from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.cleanup.strategies import FinishOutcome, FinishStrategy, SortedClaims, strategy_for
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ID,
-    WORKER_GONE,
-    Event,
-    EventState,
-    Job,
-    ZombieEvent,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import Event, EventState, ZombieEvent
 from zombie_pipeline.queue.generations import CacheGeneration, QueueGeneration
+from zombie_pipeline.queue.jobs import ID, Job
+from zombie_pipeline.queue.reasons import WORKER_GONE
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.queue.transactions import atomically, in_transactions
 
 

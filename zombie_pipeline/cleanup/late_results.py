@@ -26,23 +26,12 @@ from pymongo import UpdateOne
 
 from zombie_pipeline.cleanup.events import batched, finalized_between
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ID,
-    Cache,
-    CacheEntry,
-    ErrorCode,
-    Event,
-    Job,
-    JobSnapshot,
-    LateEvidence,
-    LateResult,
-    LateResultRecord,
-    ZombieEvent,
-    as_utc,
-    cache_key_of_job,
-)
+from zombie_pipeline.queue.audit_documents import Event, LateEvidence, LateResult, LateResultRecord, ZombieEvent
+from zombie_pipeline.queue.cache import Cache, CacheEntry, ErrorCode, cache_key_of_job
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, JobSnapshot
 from zombie_pipeline.queue.store import Store, aggregate_rows
+from zombie_pipeline.queue.times import as_utc
 
 #: How far a result's start (its ``updated_at`` less its ``duration``) may lie from the job's own start and still be
 #: that run's: the worker takes both times within a moment; a retry starts minutes later, after the finalization.

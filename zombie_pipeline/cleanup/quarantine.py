@@ -32,30 +32,24 @@ from pymongo.errors import DuplicateKeyError
 
 from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.cleanup.retries import enqueue_due_retries, scheduled_retry
+from zombie_pipeline.messages import quarantine_message
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of, written_for
-from zombie_pipeline.queue.documents import (
-    ID,
-    Cache,
-    Cause,
+from zombie_pipeline.queue.audit_documents import (
     Event,
     EventState,
-    Job,
     Quarantine,
     QuarantineDocument,
-    Reason,
     RetryOutcome,
     ZombieEvent,
-    as_utc,
-    cache_key_of_job,
-    job_type_problem,
-    name_problem,
-    quarantine_message,
-    utc,
 )
+from zombie_pipeline.queue.cache import Cache, cache_key_of_job
+from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of, written_for
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.jobs import ID, Job, job_type_problem, name_problem
+from zombie_pipeline.queue.reasons import Cause, Reason
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import as_utc, utc
 
 #: A (dataset, job type).
 Pair = tuple[str, str]

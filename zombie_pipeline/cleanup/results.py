@@ -10,7 +10,9 @@ from enum import StrEnum
 from typing import Any
 
 from zombie_pipeline.cleanup.causes import cause_of_event
-from zombie_pipeline.queue.documents import ID, CacheResult, Event, FreeRuns, Job, ZombieEvent, job_row, utc
+from zombie_pipeline.queue.audit_documents import CacheResult, Event, FreeRuns, ZombieEvent
+from zombie_pipeline.queue.jobs import ID, Job, job_row
+from zombie_pipeline.queue.times import utc
 
 
 class Count(StrEnum):

@@ -54,31 +54,31 @@ from zombie_pipeline.cleanup.effects import DeploymentEffects
 from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
+from zombie_pipeline.queue.audit_documents import (
+    CacheOutcome,
+    Event,
+    RetryDocument,
+    RetryOutcome,
+    ScheduledRetry,
+    ScheduledState,
+    ZombieEvent,
+)
+from zombie_pipeline.queue.generations import QUEUE_GENERATIONS, QueueGeneration
+from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.jobs import (
     DIFFICULTY_BONUS_BY_FAILED_RUNS,
     DIFFICULTY_MAX,
     ID,
     KILL_LONG_JOB_CHECK_SECONDS,
     RUN_FIELDS,
-    CacheOutcome,
-    Cause,
-    Event,
     Job,
     JobDocument,
-    RetryDocument,
-    RetryOutcome,
-    ScheduledRetry,
-    ScheduledState,
     Status,
-    ZombieEvent,
-    as_utc,
-    truncate_ms,
-    utc_now,
     without_none,
 )
-from zombie_pipeline.queue.generations import QUEUE_GENERATIONS, QueueGeneration
-from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.reasons import Cause
 from zombie_pipeline.queue.store import READ_BATCH, Store, duplicate_indexes
+from zombie_pipeline.queue.times import as_utc, truncate_ms, utc_now
 
 
 @dataclass

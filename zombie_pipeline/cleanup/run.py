@@ -32,11 +32,11 @@ from enum import StrEnum
 from typing import Any
 
 from zombie_pipeline.cleanup import causes, compensations
+from zombie_pipeline.cleanup.brake import brake_for
 from zombie_pipeline.cleanup.detection import (
     Candidate,
     Detection,
     Malformed,
-    brake_for,
     detect,
     find_malformed_started,
     known_job_types,
@@ -58,19 +58,12 @@ from zombie_pipeline.cleanup.results import (
 from zombie_pipeline.cleanup.retries import enqueue_due_retries, pending_retries
 from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    CAUSES,
-    REASONS,
-    CacheOutcome,
-    Cause,
-    Event,
-    EventState,
-    RetryOutcome,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import CacheOutcome, Event, EventState, RetryOutcome
 from zombie_pipeline.queue.evidence import Generations, decide
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.reasons import CAUSES, REASONS, Cause
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
 
 
 class BrakeEngaged(RuntimeError):

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zombie_pipeline.queue.documents import (
-    CACHE_METRICS_COLLECTION,
-    DATASET_STATUS_NORMAL,
-    JOB_METRICS_COLLECTION,
-    JobMetric,
-)
+from zombie_pipeline.queue.cache import CACHE_METRICS_COLLECTION
 from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION, JobMetric, metric_key
 from zombie_pipeline.queue.store import Store
 
 
@@ -57,7 +53,4 @@ class SideCollections:
         return CACHE_METRICS_COLLECTION in self.kept
 
     def job_metric_key(self, job_type: str, status: str) -> dict[str, str]:
-        key = {JobMetric.JOB_TYPE: job_type, JobMetric.STATUS: status}
-        if self.by_dataset_status:
-            key[JobMetric.DATASET_STATUS] = DATASET_STATUS_NORMAL
-        return key
+        return metric_key(job_type, status, self.by_dataset_status)

@@ -38,20 +38,13 @@ from pymongo.results import BulkWriteResult
 
 from zombie_pipeline.cleanup.detection import as_seen_expression, as_seen_filter, is_as_seen
 from zombie_pipeline.policy import ZombiePolicy
+from zombie_pipeline.queue.audit_documents import Event, ZombieEvent
+from zombie_pipeline.queue.cache import Cache, cache_key_of_job
 from zombie_pipeline.queue.cache_entries import entries_of_jobs, is_fresher, key_of, written_for
-from zombie_pipeline.queue.documents import (
-    ID,
-    Cache,
-    Event,
-    Job,
-    JobDocument,
-    Status,
-    ZombieEvent,
-    as_utc,
-    cache_key_of_job,
-)
 from zombie_pipeline.queue.generations import FinishStyle, QueueGeneration
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
 from zombie_pipeline.queue.store import READ_BATCH, Store
+from zombie_pipeline.queue.times import as_utc
 
 _JOB_STATE = {Job.STATUS: 1, Job.FINISHED_AT: 1, Job.STARTED_AT: 1, Job.LAST_HEARTBEAT: 1, Job.TERMINATED_AT: 1}
 

@@ -1,5 +1,7 @@
 """The watcher: every dead job released at its deadline, not a poll and a run's start later.
 
+Over 500 lines: one loop and its steps in the order they run; its lease is apart already (``watch_lease.py``).
+
 A started job's deadline is known from the job as read, by the rules detection judges it by
 (:func:`detection.rules_of`): its last heartbeat (else its start) + the heartbeat timeout, its SIGTERM's grace, its
 start + its T2. A :class:`Watch` keeps the deadline of every started job, read again every ``refresh_seconds`` by
@@ -49,8 +51,8 @@ from typing import Any, Protocol
 from pymongo.errors import ConnectionFailure, PyMongoError
 
 from zombie_pipeline.cleanup import causes, run, watch_lease
+from zombie_pipeline.cleanup.brake import Brake
 from zombie_pipeline.cleanup.detection import (
-    Brake,
     Candidate,
     Rule,
     count_started,
@@ -60,19 +62,11 @@ from zombie_pipeline.cleanup.detection import (
 )
 from zombie_pipeline.cleanup.results import StepResult
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ID,
-    Event,
-    Job,
-    JobSnapshot,
-    WatchLease,
-    WatchState,
-    as_utc,
-    job_type_problem,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import Event, WatchLease, WatchState
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.jobs import ID, Job, JobSnapshot, job_type_problem
 from zombie_pipeline.queue.store import READ_BATCH, Store
+from zombie_pipeline.queue.times import as_utc, utc_now
 
 #: What a refresh reads of each started job: what its rules read, and what a listener needs (its type and worker size).
 WATCHED_FIELDS = (Job.TYPE, Job.DATASET, Job.DIFFICULTY, Job.STARTED_AT, Job.LAST_HEARTBEAT, Job.TERMINATED_AT)

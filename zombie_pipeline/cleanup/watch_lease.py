@@ -21,7 +21,9 @@ from typing import Any
 from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 
-from zombie_pipeline.queue.documents import ID, WATCH_LEASE_ID, WatchLease, WatchLeaseDocument, WatchState, as_utc
+from zombie_pipeline.queue.audit_documents import WATCH_LEASE_ID, WatchLease, WatchLeaseDocument, WatchState
+from zombie_pipeline.queue.jobs import ID
+from zombie_pipeline.queue.times import as_utc
 
 
 @dataclass(frozen=True)

@@ -31,24 +31,22 @@ from zombie_pipeline.policy import (
     read_policy_file,
     validated,
 )
+from zombie_pipeline.queue import embedded
+from zombie_pipeline.queue.audit_documents import (
+    DEFAULT_EVENTS_COLLECTION,
+    DEFAULT_FAILURES_COLLECTION,
+    DEFAULT_SUGGESTIONS_COLLECTION,
+)
+from zombie_pipeline.queue.cache import DEFAULT_CACHE_COLLECTION, DEFAULT_CACHE_DATABASE
 from zombie_pipeline.queue.connections import (
     DEFAULT_TIMEOUT_MS,
     EMBEDDED_TIMEOUT_MS,
     DatabaseUnavailable,
     database_error,
 )
-from zombie_pipeline.queue.documents import (
-    DEFAULT_CACHE_COLLECTION,
-    DEFAULT_CACHE_DATABASE,
-    DEFAULT_EVENTS_COLLECTION,
-    DEFAULT_FAILURES_COLLECTION,
-    DEFAULT_JOBS_COLLECTION,
-    DEFAULT_QUEUE_DATABASE,
-    DEFAULT_SUGGESTIONS_COLLECTION,
-)
+from zombie_pipeline.queue.jobs import DEFAULT_JOBS_COLLECTION, DEFAULT_QUEUE_DATABASE
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.targets import DatabaseTargets
-from zombie_pipeline.simulation import embedded
 from zombie_pipeline.statistics.suggestion_log import effective_policy
 
 StepContext = dg.OpExecutionContext | dg.AssetExecutionContext | dg.AssetCheckExecutionContext

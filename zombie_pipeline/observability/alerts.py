@@ -14,7 +14,8 @@ from typing import Any
 from pymongo.collection import Collection
 
 from zombie_pipeline.observability import webhooks
-from zombie_pipeline.queue.documents import ID, Failure
+from zombie_pipeline.queue.audit_documents import Failure
+from zombie_pipeline.queue.jobs import ID
 
 
 @dataclass(frozen=True)

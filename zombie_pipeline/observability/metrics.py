@@ -1,5 +1,8 @@
 """The pipeline's figures as Prometheus metrics, for the dashboards and alerts operators already have.
 
+Over 500 lines: the table of every metric (:data:`METRICS`, about 200 lines) is kept whole on purpose, each
+step's figures beside it.
+
 Cleanups, health checks and statistics are batch runs: their figures are pushed to a Pushgateway
 after each run (``defs/pushgateway.py``), not scraped. This module knows nothing of Dagster nor
 of the gateway. It declares every metric once (:data:`METRICS`: name, type, help, labels; the alert
@@ -39,24 +42,11 @@ from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.cleanup.detection import started_filter
 from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.monitoring import QueueSnapshot
-from zombie_pipeline.queue.documents import (
-    CAUSES,
-    CAUSES_OF_REASON,
-    ERROR_CODE_OF_REASON,
-    ID,
-    REASONS,
-    CacheOutcome,
-    ErrorCode,
-    Event,
-    EventState,
-    Job,
-    JobDocument,
-    LateResult,
-    RetryOutcome,
-    ZombieEvent,
-    job_type_problem,
-)
+from zombie_pipeline.queue.audit_documents import CacheOutcome, Event, EventState, LateResult, RetryOutcome, ZombieEvent
+from zombie_pipeline.queue.cache import ErrorCode
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, job_type_problem
+from zombie_pipeline.queue.reasons import CAUSES, CAUSES_OF_REASON, ERROR_CODE_OF_REASON, REASONS
 from zombie_pipeline.queue.store import aggregate_rows
 
 if TYPE_CHECKING:  # the cleanup pushes its figures without the statistics' pandas

@@ -1,5 +1,5 @@
-"""The deployment's documents and how to reach them: names, generations, collections, connections, indexes.
+"""The deployment's documents and how to reach them: one module per collection with its fields and its writes,
+the generations, the store, connections, indexes, and the embedded default database.
 
-Nothing here decides what a zombie is or writes on the deployment's behalf; the
-cleanup and the statistics build on it.
+Nothing here decides what a zombie is; the cleanup and the statistics build on it.
 """

@@ -8,22 +8,13 @@ from typing import Any
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 
-from zombie_pipeline.queue.documents import (
-    CACHE_KEY,
-    HTTP_OK,
-    ID,
-    Cache,
-    CacheEntry,
-    Event,
-    Job,
-    ZombieEvent,
-    as_utc,
-    cache_key_of_job,
-    utc,
-)
+from zombie_pipeline.queue.audit_documents import Event, ZombieEvent
+from zombie_pipeline.queue.cache import CACHE_KEY, HTTP_OK, Cache, CacheEntry, cache_key_of_job
 from zombie_pipeline.queue.generations import FailedRunsRule
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.jobs import ID, Job
 from zombie_pipeline.queue.store import READ_BATCH
+from zombie_pipeline.queue.times import as_utc, utc
 
 #: A cache entry's unique key, (kind, dataset, config, split): what a job writes to.
 CacheKey = tuple[Any, ...]

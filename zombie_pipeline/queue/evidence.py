@@ -18,19 +18,8 @@ import pymongo
 from pymongo.collection import Collection
 from pymongo.database import Database
 
-from zombie_pipeline.queue.documents import (
-    BLOCKAGES_COLLECTION,
-    ID,
-    JOB_METRICS_COLLECTION,
-    LOCKS_COLLECTION,
-    PAST_JOBS_COLLECTION,
-    WORKER_SIZE_METRICS_COLLECTION,
-    Cache,
-    CacheEntry,
-    Job,
-    JobMetric,
-    Status,
-)
+from zombie_pipeline.queue.blockages import BLOCKAGES_COLLECTION
+from zombie_pipeline.queue.cache import Cache, CacheEntry
 from zombie_pipeline.queue.generations import (
     CACHE_GENERATIONS,
     NEWEST_CACHE_GENERATION,
@@ -41,6 +30,11 @@ from zombie_pipeline.queue.generations import (
     QueueGeneration,
     cache_generation_of,
 )
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION, JobMetric
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION
+from zombie_pipeline.queue.past_jobs import PAST_JOBS_COLLECTION
+from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION
 
 if TYPE_CHECKING:
     from zombie_pipeline.policy import ZombiePolicy

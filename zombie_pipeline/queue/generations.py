@@ -17,20 +17,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, cast
 
-from zombie_pipeline.queue.documents import (
-    BLOCKAGES_COLLECTION,
-    CACHE_METRICS_COLLECTION,
-    ID,
-    JOB_METRICS_COLLECTION,
-    LOCKS_COLLECTION,
-    PAST_JOBS_COLLECTION,
-    WORKER_SIZE_METRICS_COLLECTION,
-    Cache,
-    CacheEntry,
-    Job,
-    Lock,
-    Status,
-)
+from zombie_pipeline.queue import locks
+from zombie_pipeline.queue.blockages import BLOCKAGES_COLLECTION
+from zombie_pipeline.queue.cache import CACHE_METRICS_COLLECTION, Cache, CacheEntry
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION
+from zombie_pipeline.queue.past_jobs import PAST_JOBS_COLLECTION
+from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION
 
 
 class FinishStyle(StrEnum):
@@ -164,15 +158,6 @@ _JOB_2023_12 = _JOB_2023_07 - {Job.FINISHED_AT}
 _JOB_2026_05 = _JOB_2023_12 | {Job.TERMINATED_AT}
 
 
-_LOCK_2023_06 = frozenset({Lock.JOB_ID, Lock.CREATED_AT, Lock.UPDATED_AT})
-
-
-_LOCK_2023_07 = _LOCK_2023_06 | {Lock.OWNER}
-
-
-_LOCK_2023_12 = _LOCK_2023_07 | {Lock.TTL}
-
-
 _ALL_STATUSES = frozenset(Status)
 
 
@@ -222,7 +207,7 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             frozenset({LOCKS_COLLECTION}),
             UnicityFormat.COMMAS,
             "2023-04",
-            lock_fields=_LOCK_2023_06,
+            lock_fields=locks.FIELDS_2023_06,
             read_from="2996e47b6f4abca258b1a59d942dd1019aac2c60",
         ),
         QueueGeneration(
@@ -232,7 +217,7 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             frozenset({LOCKS_COLLECTION, JOB_METRICS_COLLECTION, CACHE_METRICS_COLLECTION}),
             UnicityFormat.COMMAS_WITH_REVISION,
             "2023-04",
-            lock_fields=_LOCK_2023_07,
+            lock_fields=locks.FIELDS_2023_07,
             frees_owned_locks=True,
             read_from="d73fafbeb2a0a8848a30c038110820319e6a531f",
         ),
@@ -247,7 +232,7 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             "2024-01",
             finish=FinishStyle.DELETED,
             null_heartbeats=True,
-            lock_fields=_LOCK_2023_12,
+            lock_fields=locks.FIELDS_2023_12,
             failed_runs=FailedRunsRule.SAME_REVISION_ELSE_ZERO,
             frees_owned_locks=True,
             read_from="436f33a6ad6933f3d7b3ba50e7f820832cf62950",
@@ -262,7 +247,7 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             finish=FinishStyle.DELETED,
             null_heartbeats=True,
             job_metrics_by_dataset_status=True,
-            lock_fields=_LOCK_2023_12,
+            lock_fields=locks.FIELDS_2023_12,
             failed_runs=FailedRunsRule.SAME_REVISION_ELSE_ZERO,
             read_from="c0e223c3886c1988d0eb5d856bd380347c9e0dea",
         ),
@@ -276,7 +261,7 @@ QUEUE_GENERATIONS: dict[str, QueueGeneration] = {
             finish=FinishStyle.DELETED,
             null_heartbeats=True,
             job_metrics_by_dataset_status=True,
-            lock_fields=_LOCK_2023_12,
+            lock_fields=locks.FIELDS_2023_12,
             cache_updated_index=True,
             read_from="f62009e0555b1274e7f6ddc7058dc796993f28b6",
         ),

@@ -15,7 +15,9 @@ from typing import Any
 import pymongo
 from pymongo.collection import Collection
 
-from zombie_pipeline.queue.documents import Cache, Event, HeartbeatGaps, Job, Quarantine, ScheduledRetry
+from zombie_pipeline.queue.audit_documents import Event, HeartbeatGaps, Quarantine, ScheduledRetry
+from zombie_pipeline.queue.cache import Cache
+from zombie_pipeline.queue.jobs import Job
 
 INDEX_PREFIX = "zombie_pipeline_"
 

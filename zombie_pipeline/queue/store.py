@@ -11,32 +11,21 @@ from pymongo.command_cursor import CommandCursor
 from pymongo.database import Database
 from pymongo.errors import BulkWriteError
 
-from zombie_pipeline.queue.documents import (
-    BLOCKAGES_COLLECTION,
-    CACHE_METRICS_COLLECTION,
-    DEFAULT_CACHE_COLLECTION,
+from zombie_pipeline.queue.audit_documents import (
     DEFAULT_EVENTS_COLLECTION,
     DEFAULT_FAILURES_COLLECTION,
-    DEFAULT_JOBS_COLLECTION,
     DEFAULT_SUGGESTIONS_COLLECTION,
     HEARTBEAT_GAPS_COLLECTION,
-    ID,
-    JOB_METRICS_COLLECTION,
-    LOCKS_COLLECTION,
-    PAST_JOBS_COLLECTION,
     QUARANTINE_COLLECTION,
     RETRIES_COLLECTION,
-    SIMULATIONS_COLLECTION,
     WATCHERS_COLLECTION,
-    WORKER_SIZE_METRICS_COLLECTION,
-    CacheEntry,
-    JobDocument,
     QuarantineDocument,
     RetryDocument,
-    SimulationMark,
     WatchLeaseDocument,
     ZombieEvent,
 )
+from zombie_pipeline.queue.blockages import BLOCKAGES_COLLECTION
+from zombie_pipeline.queue.cache import CACHE_METRICS_COLLECTION, DEFAULT_CACHE_COLLECTION, CacheEntry
 from zombie_pipeline.queue.indexes import (
     CACHE_INDEXES,
     EVENT_INDEXES,
@@ -46,6 +35,11 @@ from zombie_pipeline.queue.indexes import (
     RETRY_INDEXES,
     ensure_indexes,
 )
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION
+from zombie_pipeline.queue.jobs import DEFAULT_JOBS_COLLECTION, JobDocument
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION
+from zombie_pipeline.queue.past_jobs import PAST_JOBS_COLLECTION
+from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION
 
 #: A document of the deployment's side collections or of ours that has no shape of its own here.
 Document = dict[str, Any]
@@ -102,7 +96,6 @@ class Store:
     past_jobs: Collection[Document]
     blockages: Collection[Document]
     cache_metrics: Collection[Document]
-    simulations: Collection[Document]
     quarantine: Collection[QuarantineDocument]
     watchers: Collection[WatchLeaseDocument]
     heartbeat_gaps: Collection[Document]
@@ -131,7 +124,6 @@ class Store:
             past_jobs=queue_db[PAST_JOBS_COLLECTION],
             blockages=queue_db[BLOCKAGES_COLLECTION],
             cache_metrics=cache_db[CACHE_METRICS_COLLECTION],
-            simulations=queue_db[SIMULATIONS_COLLECTION],
             quarantine=typed(queue_db, QUARANTINE_COLLECTION, QuarantineDocument),
             watchers=typed(queue_db, WATCHERS_COLLECTION, WatchLeaseDocument),
             heartbeat_gaps=queue_db[HEARTBEAT_GAPS_COLLECTION],
@@ -150,18 +142,9 @@ class Store:
             self.heartbeat_gaps,
         )
 
-    def simulated_generation(self) -> str | None:
-        """The queue generation the simulator wrote these databases in (its mark in ``zombieSimulations``), or None
-        when it wrote none: a simulated queue is the simulator's to drop, its healthy jobs alive only while its
-        simulated workers run."""
-        marker = self.simulations.find_one(sort=[(ID, -1)])
-        return str(marker[SimulationMark.GENERATION]) if marker else None
-
-    def simulation_id(self) -> str | None:
-        """Which simulation these databases hold: the ``_id`` of the first mark since they were last dropped (later
-        simulations add to it), or None where the simulator wrote nothing (a deployment's databases)."""
-        marker = self.simulations.find_one(sort=[(ID, 1)], projection={ID: 1})
-        return str(marker[ID]) if marker else None
+    def beside_queue(self, name: str) -> Collection[Document]:
+        """The collection ``name`` of the queue's database, one the pipeline itself does not work on."""
+        return cast(Database[Document], self.jobs.database)[name]
 
     def queue_collection_names(self) -> frozenset[str]:
         return frozenset(self.jobs.database.list_collection_names())

@@ -18,19 +18,17 @@ from pymongo.errors import ConfigurationError
 
 from zombie_pipeline import config
 from zombie_pipeline.config import SettingError
-from zombie_pipeline.queue.connections import check_reachable, client_for, default_timeout_ms
-from zombie_pipeline.queue.documents import (
-    DEFAULT_CACHE_COLLECTION,
-    DEFAULT_CACHE_DATABASE,
+from zombie_pipeline.queue import embedded
+from zombie_pipeline.queue.audit_documents import (
     DEFAULT_EVENTS_COLLECTION,
     DEFAULT_FAILURES_COLLECTION,
-    DEFAULT_JOBS_COLLECTION,
-    DEFAULT_QUEUE_DATABASE,
     DEFAULT_SUGGESTIONS_COLLECTION,
 )
+from zombie_pipeline.queue.cache import DEFAULT_CACHE_COLLECTION, DEFAULT_CACHE_DATABASE
+from zombie_pipeline.queue.connections import check_reachable, client_for, default_timeout_ms
+from zombie_pipeline.queue.jobs import DEFAULT_JOBS_COLLECTION, DEFAULT_QUEUE_DATABASE
 from zombie_pipeline.queue.secrets import redact_url, scrub
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.simulation import embedded
 
 
 @dataclass(frozen=True)

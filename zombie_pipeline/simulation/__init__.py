@@ -1,1 +1,1 @@
-"""A deployment to try the pipeline on: a simulated queue, simulated workers, and the embedded server they live in."""
+"""A deployment to try the pipeline on: a simulated queue and its simulated workers."""

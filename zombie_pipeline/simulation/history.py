@@ -31,19 +31,13 @@ from zombie_pipeline.cleanup.events import event_of
 from zombie_pipeline.cleanup.finalizer import Finalizer
 from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import (
-    ID,
-    JOB_METRICS_COLLECTION,
-    Event,
-    Job,
-    JobDocument,
-    JobMetric,
-    PastJob,
-    Status,
-    truncate_ms,
-)
+from zombie_pipeline.queue.audit_documents import Event
 from zombie_pipeline.queue.generations import CacheGeneration, QueueGeneration
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION, JobMetric
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
+from zombie_pipeline.queue.past_jobs import PAST_JOBS_TTL, PastJob
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import truncate_ms
 
 #: The dataset whose ``/first-rows`` worker dies every day: (type, dataset, config, split).
 OFFENDER = ("/first-rows", "user42/endless-audio", "default", "train")
@@ -52,7 +46,6 @@ ZOMBIES_PER_DAY = (2, 5)
 #: The run id of a past day's cleanup: this, then the moment it ran (``20261130T1932``).
 RUN_ID_PREFIX = "simulated-cleanup-"
 #: How long ``pastJobs`` keeps a run (the deployment's TTL index).
-PAST_JOBS_TTL = dt.timedelta(hours=1)
 
 #: Makes a started job of a kind (``crashed``, ``overdue``, ...) as it stands at a moment: a zombie then.
 JobMaker = Callable[[str, dt.datetime], JobDocument]

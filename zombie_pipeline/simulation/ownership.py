@@ -13,8 +13,9 @@ from typing import Any
 
 from pymongo.database import Database
 
-from zombie_pipeline.queue.documents import ID, SIMULATIONS_COLLECTION
+from zombie_pipeline.queue.jobs import ID
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.marks import SIMULATIONS_COLLECTION, simulated_generation
 
 #: Documents deleted per command when a simulation is dropped, a range of ``_id``: about 1 s on the embedded server
 #: beside other work (cache entries and their four indexes), well within its timeout.
@@ -43,7 +44,7 @@ def check_ours(store: Store, overwrite: str | None = None, give_up: str = GIVE_U
     the one database the operator deliberately gives up; ``give_up`` says how, in the words of the command
     that asks (``{name}``: the database's name).
     """
-    if store.simulated_generation() is not None:
+    if simulated_generation(store) is not None:
         return
     for database in _databases(store):
         if overwrite == database.name:

@@ -11,27 +11,15 @@ from typing import Any, cast
 
 from bson import ObjectId
 
-from zombie_pipeline.queue.documents import (
-    CACHE_CONTENT_ERROR,
-    HTTP_OK,
-    ID,
-    Cache,
-    CacheEntry,
-    Job,
-    JobDocument,
-    Priority,
-    Status,
-    namespace_of,
-    truncate_ms,
-    utc_now,
-    without_none,
-)
+from zombie_pipeline.queue.cache import CACHE_CONTENT_ERROR, HTTP_OK, Cache, CacheEntry
 from zombie_pipeline.queue.generations import (
     CACHE_GENERATIONS,
     NEWEST_QUEUE_GENERATION,
     QUEUE_GENERATIONS,
     QueueGeneration,
 )
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Priority, Status, namespace_of, without_none
+from zombie_pipeline.queue.times import truncate_ms, utc_now
 
 
 def job_document(

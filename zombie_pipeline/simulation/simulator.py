@@ -24,39 +24,30 @@ from typing import Any
 from bson import ObjectId
 
 from zombie_pipeline.cleanup import counters
-from zombie_pipeline.cleanup.effects import PAST_JOB_MIN_SECONDS
-from zombie_pipeline.queue.cache_entries import key_of
-from zombie_pipeline.queue.documents import (
+from zombie_pipeline.queue.cache import (
     CACHE_CONTENT_ERROR,
     DEFAULT_ZOMBIE_HTTP_STATUS,
     HTTP_OK,
-    ID,
     Cache,
     CacheEntry,
     ErrorCode,
-    Job,
-    JobDocument,
-    Lock,
-    PastJob,
-    Priority,
-    SimulationMark,
-    Status,
-    truncate_ms,
-    utc_now,
 )
+from zombie_pipeline.queue.cache_entries import key_of
 from zombie_pipeline.queue.generations import DurationsSource, QueueGeneration
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Priority, Status
+from zombie_pipeline.queue.locks import GIT_BRANCH_LOCK_TTL_SECONDS, START_LOCK_TTL_SECONDS, Lock
+from zombie_pipeline.queue.past_jobs import PAST_JOB_MIN_SECONDS, PAST_JOBS_TTL, PastJob
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import truncate_ms, utc_now
 from zombie_pipeline.simulation.history import OFFENDER, PastCleanups, clean_past_days
+from zombie_pipeline.simulation.marks import SimulationMark, marks, simulated_generation
 from zombie_pipeline.simulation.ownership import NotOurs, check_ours
 from zombie_pipeline.simulation.shapes import cache_document, job_document
 from zombie_pipeline.simulation.workload import STARTED_KINDS, JobType, Workload
 
 HEARTBEAT_INTERVAL_SECONDS = 60
 INSERT_BATCH_SIZE = 5_000
-START_LOCK_TTL_SECONDS = 600
-GIT_BRANCH_LOCK_TTL_SECONDS = 3_600
-PAST_JOBS_WINDOW_SECONDS = 3_600
 #: The kinds of started jobs whose worker is dead: today's die one at a time (``Generator.started_job``'s slot).
 DEAD_KINDS = frozenset({"crashed", "never_heartbeated", "terminated"})
 
@@ -323,13 +314,13 @@ def simulate(
     """
     progress("reading what the databases hold")
     check_ours(store, overwrite)
-    present = store.simulated_generation()
+    present = simulated_generation(store)
     if present is not None and present != workload.generation:
         raise NotOurs(
             f"these databases hold a simulated {present} queue; drop it first to simulate a {workload.generation} one (--drop)"
         )
     now = truncate_ms(now or utc_now())
-    markers = store.simulations
+    markers = marks(store)
     run = markers.count_documents({})
     progress("marking the databases as the simulator's")
     markers.insert_one(
@@ -436,7 +427,7 @@ def _spread_slots(n: int) -> Iterator[tuple[int, int]]:
 def _past_job(job: JobDocument, finished_at: dt.datetime, now: dt.datetime) -> list[dict[str, Any]]:
     """The ``pastJobs`` record of a run that finished within the last hour and lasted long enough."""
     seconds = int((finished_at - job[Job.STARTED_AT]).total_seconds())
-    if (now - finished_at).total_seconds() > PAST_JOBS_WINDOW_SECONDS or seconds < PAST_JOB_MIN_SECONDS:
+    if now - finished_at > PAST_JOBS_TTL or seconds < PAST_JOB_MIN_SECONDS:
         return []
     return [
         {ID: ObjectId(), PastJob.DATASET: job[Job.DATASET], PastJob.DURATION: seconds, PastJob.FINISHED_AT: finished_at}

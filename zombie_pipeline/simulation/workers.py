@@ -1,5 +1,8 @@
 """Simulated live workers: a queue that moves, as a deployment's workers move it, for hours.
 
+Over 500 lines: :class:`WorkerPool` is a worker's whole life (take, start, heartbeat, finish, die) as the
+deployment's loop lives it, read top to bottom.
+
 Each worker takes the oldest waiting job whose user (namespace) runs nothing
 yet, starts it as the deployment does (the start lock, a compare-and-set from
 waiting, the counters), heartbeats every ``heartbeat_seconds``, and finishes it
@@ -67,35 +70,26 @@ from zombie_pipeline.cleanup.effects import DeploymentEffects, Finished
 from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.messages import counted, plural, shown
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, stored_failed_runs
-from zombie_pipeline.queue.documents import (
+from zombie_pipeline.queue.cache import (
     CACHE_CONTENT_ERROR,
     DEFAULT_ZOMBIE_HTTP_STATUS,
     HTTP_OK,
-    ID,
-    JOB_METRICS_COLLECTION,
-    LOCKS_COLLECTION,
-    SIMULATED_WORKERS_COLLECTION,
-    WORKER_SIZE_METRICS_COLLECTION,
     Cache,
     CacheEntry,
     CacheMetric,
     ErrorCode,
-    Job,
-    JobDocument,
-    JobMetric,
-    Lock,
-    Status,
-    WorkersClaim,
-    WorkerSizeMetric,
     cache_key_of_job,
-    utc_now,
-    worker_size,
 )
+from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, stored_failed_runs
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, FailedRunsRule, QueueGeneration
+from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION, JobMetric
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
+from zombie_pipeline.queue.locks import LOCKS_COLLECTION, START_LOCK_TTL_SECONDS, Lock
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
+from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION, WorkerSizeMetric, worker_size
+from zombie_pipeline.simulation.marks import SIMULATED_WORKERS_COLLECTION, WorkersClaim
 from zombie_pipeline.simulation.shapes import job_document
-from zombie_pipeline.simulation.simulator import START_LOCK_TTL_SECONDS
 from zombie_pipeline.simulation.workload import JOB_TYPES, JobType, WorkloadError
 
 #: An overrunning job runs on to this many times its T2 before it ends by itself.
@@ -177,7 +171,7 @@ class QueueClaim:
 
     @classmethod
     def of(cls, store: Store, **options: Any) -> QueueClaim:
-        return cls(store.simulations.database[SIMULATED_WORKERS_COLLECTION], **options)
+        return cls(store.beside_queue(SIMULATED_WORKERS_COLLECTION), **options)
 
     def take(self) -> None:
         """Claim the queue, or raise :class:`WorkersRunning` naming the process that has it."""

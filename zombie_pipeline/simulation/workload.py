@@ -13,7 +13,6 @@ from typing import Any
 
 from zombie_pipeline.messages import shown
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import Job
 from zombie_pipeline.queue.generations import (
     CACHE_GENERATIONS,
     NEWEST_QUEUE_GENERATION,
@@ -22,6 +21,7 @@ from zombie_pipeline.queue.generations import (
     DurationsSource,
     QueueGeneration,
 )
+from zombie_pipeline.queue.jobs import Job
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """The suggested T2 of each job type, with the evidence an operator needs to trust it.
 
+Over 500 lines: the suggestion and each piece of its evidence (confidence, backtest, censoring, the deployment's
+one limit) kept with it.
+
 The configured quantile of the successful durations, times a safety margin,
 rounded up to a readable value (:func:`~.quantiles.readable_round_up`), never
 below the heartbeat timeout. Only successful durations are used: error
@@ -52,9 +55,11 @@ from zombie_pipeline.cleanup.budget import spent_budgets
 from zombie_pipeline.cleanup.events import causes_between
 from zombie_pipeline.cleanup.late_results import late_results_between
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
-from zombie_pipeline.queue.documents import FINISHED_STATUSES, REASONS, Cause, Reason, utc
 from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.jobs import FINISHED_STATUSES
+from zombie_pipeline.queue.reasons import REASONS, Cause, Reason
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc
 from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS as DEFAULT_WINDOW_DAYS  # also read from here (the demo)
 from zombie_pipeline.statistics.formatting import format_duration
 from zombie_pipeline.statistics.gap_log import read_days

@@ -33,19 +33,14 @@ from pymongo.collection import Collection
 from pymongoarrow.api import Schema, aggregate_arrow_all
 
 from zombie_pipeline.cleanup.events import finalized_between
+from zombie_pipeline.queue.audit_documents import ZombieEvent
+from zombie_pipeline.queue.cache import HTTP_OK, Cache, CacheEntry, ErrorCode
 from zombie_pipeline.queue.cache_entries import DETAIL_JOB_ID
-from zombie_pipeline.queue.documents import (
-    HTTP_OK,
-    Cache,
-    CacheEntry,
-    ErrorCode,
-    Reason,
-    Status,
-    ZombieEvent,
-    as_utc,
-)
 from zombie_pipeline.queue.indexes import CACHE_UPDATED_INDEX, on_index
+from zombie_pipeline.queue.jobs import Status
+from zombie_pipeline.queue.reasons import Reason
 from zombie_pipeline.queue.store import aggregate_rows
+from zombie_pipeline.queue.times import as_utc
 from zombie_pipeline.statistics.tallies import (
     EVENT_PROJECTION,
     READ_BATCH_SIZE,

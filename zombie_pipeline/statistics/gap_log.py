@@ -24,7 +24,8 @@ from pymongo import UpdateOne
 from pymongo.collection import Collection
 from pymongo.errors import BulkWriteError
 
-from zombie_pipeline.queue.documents import ID, HeartbeatGaps
+from zombie_pipeline.queue.audit_documents import HeartbeatGaps
+from zombie_pipeline.queue.jobs import ID
 from zombie_pipeline.queue.store import Document, duplicate_indexes
 from zombie_pipeline.statistics.gap_histogram import MalformedHistogram, bucket_field, histogram_of
 from zombie_pipeline.statistics.gap_tallies import GapKey, GapPeriod, GapTally

@@ -29,9 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, WORKER_UNTOLD, Job, as_utc, job_type_problem, utc, worker_size
+from zombie_pipeline.queue.audit_documents import WORKER_UNTOLD
 from zombie_pipeline.queue.indexes import HEARTBEAT_GAP_INDEXES, ensure_indexes
+from zombie_pipeline.queue.jobs import ID, Job, job_type_problem
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import as_utc, utc
+from zombie_pipeline.queue.worker_type_counts import worker_size
 from zombie_pipeline.statistics.gap_log import GapBatch, prune, write_batch
 from zombie_pipeline.statistics.gap_tallies import GapKey
 

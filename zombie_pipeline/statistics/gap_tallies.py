@@ -20,7 +20,7 @@ import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from zombie_pipeline.queue.documents import WORKER_UNTOLD
+from zombie_pipeline.queue.audit_documents import WORKER_UNTOLD
 from zombie_pipeline.statistics.gap_histogram import GapHistogram
 
 #: (job type, worker size) of a tally.

@@ -29,18 +29,10 @@ from pymongoarrow.api import Schema, find_arrow_all
 from pymongoarrow.types import ObjectIdType
 
 from zombie_pipeline.cleanup.events import finalized_between
-from zombie_pipeline.queue.documents import (
-    FINISHED_STATUSES,
-    ID,
-    STATUSES,
-    Job,
-    JobDocument,
-    Status,
-    ZombieEvent,
-    as_utc,
-    utc,
-)
+from zombie_pipeline.queue.audit_documents import ZombieEvent
 from zombie_pipeline.queue.generations import QueueGeneration
+from zombie_pipeline.queue.jobs import FINISHED_STATUSES, ID, STATUSES, Job, JobDocument, Status
+from zombie_pipeline.queue.times import as_utc, utc
 from zombie_pipeline.statistics.tallies import (
     EVENT_PROJECTION,
     READ_BATCH_SIZE,

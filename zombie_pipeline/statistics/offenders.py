@@ -31,23 +31,13 @@ from typing import Any, TypeVar
 from zombie_pipeline.cleanup.budget import spent_budgets
 from zombie_pipeline.cleanup.events import finalized_between
 from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
-from zombie_pipeline.queue.documents import (
-    CACHE_CONTENT_ERROR,
-    ERROR_CODE_OF_REASON,
-    ID,
-    REASONS,
-    Cache,
-    Event,
-    Job,
-    Reason,
-    RetryOutcome,
-    as_utc,
-    job_type_problem,
-    name_problem,
-    utc,
-)
+from zombie_pipeline.queue.audit_documents import Event, RetryOutcome
+from zombie_pipeline.queue.cache import CACHE_CONTENT_ERROR, Cache
 from zombie_pipeline.queue.indexes import on_index
+from zombie_pipeline.queue.jobs import ID, Job, job_type_problem, name_problem
+from zombie_pipeline.queue.reasons import ERROR_CODE_OF_REASON, REASONS, Reason
 from zombie_pipeline.queue.store import Store, aggregate_rows
+from zombie_pipeline.queue.times import as_utc, utc
 
 #: Finalizations of one dataset in the window that make it an offender, unless told otherwise.
 DEFAULT_THRESHOLD = 3

@@ -1,5 +1,7 @@
 """The duration report as people read it: a Markdown table, a YAML snippet, CSV, JSON and a chart.
 
+Over 500 lines: every format of one report, each a short function of it.
+
 Everything here formats a :class:`~zombie_pipeline.statistics.suggest.DurationReport`;
 nothing reads the database. No Dagster either: the assets put these strings and
 paths into metadata, the CLI prints :func:`summary_text`.
@@ -19,7 +21,8 @@ import numpy as np
 
 from zombie_pipeline import config
 from zombie_pipeline.messages import counted
-from zombie_pipeline.queue.documents import CAUSES, REASONS, Status
+from zombie_pipeline.queue.jobs import Status
+from zombie_pipeline.queue.reasons import CAUSES, REASONS
 from zombie_pipeline.statistics.analysis import DurationReport, TypeReport
 from zombie_pipeline.statistics.charts import plot_durations, plot_gaps
 from zombie_pipeline.statistics.formatting import day_ranges, format_duration, format_share, window_text

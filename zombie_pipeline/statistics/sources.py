@@ -26,13 +26,10 @@ def read_history(
     create_cache_index: bool = False,
 ) -> Period:
     """The tallies of ``[start, end)`` from the source ``generation`` leaves: jobs (of the statuses it declares),
-    or cache entries; marked with the simulation it read, if any (a window never mixes a dropped one in)."""
+    or cache entries."""
     if generation.durations_source is DurationsSource.FINISHED_JOBS:
-        period = read_period(store.jobs, store.events, start, end, batch_size, generation)
-    else:
-        period = read_cache_period(store.cache, store.events, start, end, batch_size, create_cache_index)
-    period.origin = store.simulation_id()
-    return period
+        return read_period(store.jobs, store.events, start, end, batch_size, generation)
+    return read_cache_period(store.cache, store.events, start, end, batch_size, create_cache_index)
 
 
 def left_out_of_every_day(store: Store, generation: QueueGeneration) -> Counter[Any] | None:

@@ -8,7 +8,8 @@ from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ID, T2Suggestion
+from zombie_pipeline.queue.audit_documents import T2Suggestion
+from zombie_pipeline.queue.jobs import ID
 
 if TYPE_CHECKING:  # the cleanup reads the suggestions (effective_policy) without the statistics' pandas
     from zombie_pipeline.statistics.analysis import DurationReport

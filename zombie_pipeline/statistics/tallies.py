@@ -33,7 +33,10 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from zombie_pipeline.queue.documents import ID, REASONS, Event, Job, Reason, ZombieEvent, as_utc, job_type_problem
+from zombie_pipeline.queue.audit_documents import Event, ZombieEvent
+from zombie_pipeline.queue.jobs import ID, Job, job_type_problem
+from zombie_pipeline.queue.reasons import REASONS, Reason
+from zombie_pipeline.queue.times import as_utc
 
 READ_BATCH_SIZE = 5_000
 
@@ -123,7 +126,8 @@ class Period:
     events_read: int = 0
     source: str = "jobs"  # see SOURCES
     detection: dict[str, np.ndarray] = field(default_factory=dict)  # reason -> the events' detection_seconds
-    origin: str | None = None  # the simulation read (``Store.simulation_id``); None: a deployment's databases
+    #: The databases read, where the wiring can tell them apart (a simulation's id); None: a deployment's.
+    origin: str | None = None
 
     def tally(self, job_type: str) -> Tally:
         return self.tallies.setdefault(job_type, Tally())

@@ -21,9 +21,11 @@ from tests.helpers import (
 from zombie_pipeline.config import CACHE_URL_ENV, POLICY_FILE_ENV, QUEUE_URL_ENV
 from zombie_pipeline.defs.resources import ZombiePolicyResource, resources_from_env
 from zombie_pipeline.defs.tags import POLICY_OVERRIDES_TAG, POLICY_SHA256_TAG, POLICY_SOURCE_TAG
-from zombie_pipeline.queue.documents import ID, Event, EventState, Job, Status, utc_now
+from zombie_pipeline.queue.audit_documents import Event, EventState
+from zombie_pipeline.queue.embedded import free_port
+from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.secrets import redact_url
-from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.statistics.suggestion_log import save_suggestions
 

@@ -16,8 +16,8 @@ from zombie_pipeline.defs.cleanup.jobs import kill_zombies_job
 from zombie_pipeline.defs.cleanup.sensors import job_types_sensor, stale_jobs_sensor
 from zombie_pipeline.defs.resources import ZombiePolicyResource
 from zombie_pipeline.defs.tags import JOB_TYPE_PARTITIONS, STALE_COUNT_TAG
-from zombie_pipeline.queue.documents import Job, Status
-from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.queue.embedded import free_port
+from zombie_pipeline.queue.jobs import Job, Status
 
 # --- stale_jobs_sensor -----------------------------------------------------------------
 

@@ -9,8 +9,9 @@ from tests.helpers import (
 from zombie_pipeline.defs.cleanup.jobs import kill_zombies_job
 from zombie_pipeline.defs.failures.sensors import pipeline_failure_sensor
 from zombie_pipeline.defs.resources import ZombiePolicyResource
-from zombie_pipeline.queue.documents import ID, Failure
-from zombie_pipeline.simulation.embedded import free_port
+from zombie_pipeline.queue.audit_documents import Failure
+from zombie_pipeline.queue.embedded import free_port
+from zombie_pipeline.queue.jobs import ID
 
 # --- pipeline_failure_sensor ---------------------------------------------------------------
 

@@ -21,16 +21,10 @@ from zombie_pipeline.defs.resources import (
     ZombiePolicyResource,
 )
 from zombie_pipeline.defs.tags import CLEANUP_RUN_TAG, JOB_TYPE_PARTITIONS
-from zombie_pipeline.queue.documents import (
-    ID,
-    Cache,
-    ErrorCode,
-    Event,
-    Job,
-    JobSnapshot,
-    cache_key_of_job,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import Event
+from zombie_pipeline.queue.cache import Cache, ErrorCode, cache_key_of_job
+from zombie_pipeline.queue.jobs import ID, Job, JobSnapshot
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
 

@@ -18,7 +18,7 @@ from zombie_pipeline.defs.health import recency
 from zombie_pipeline.defs.health.assets import queue_health
 from zombie_pipeline.defs.health.sensors import cleanup_checks_sensor, cleanup_overdue_sensor
 from zombie_pipeline.defs.tags import CLEANUP_RUN_TAG, QUEUE_DATABASE_TAG
-from zombie_pipeline.queue.documents import utc_now
+from zombie_pipeline.queue.times import utc_now
 
 # --- cleanup_checks_sensor -------------------------------------------------------------
 

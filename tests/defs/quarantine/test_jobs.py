@@ -14,7 +14,8 @@ from tests.helpers import QUIET_LOGGERS, database_resources, step_metadata
 from zombie_pipeline.definitions import defs
 from zombie_pipeline.defs.quarantine.jobs import lift_quarantine_job
 from zombie_pipeline.defs.resources import ZombiePolicyResource
-from zombie_pipeline.queue.documents import Quarantine, truncate_ms, utc_now
+from zombie_pipeline.queue.audit_documents import Quarantine
+from zombie_pipeline.queue.times import truncate_ms, utc_now
 
 URL_ENV = "ZOMBIE_QUARANTINE_TEST_MONGO_URL"
 

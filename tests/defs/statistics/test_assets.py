@@ -26,9 +26,10 @@ from zombie_pipeline.defs.statistics.assets import (
     job_duration_tallies,
 )
 from zombie_pipeline.defs.statistics.heartbeat_gaps import heartbeat_gap_tallies
-from zombie_pipeline.queue.documents import ID, Job, Status
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.simulation.marks import simulation_id
 from zombie_pipeline.simulation.ownership import drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.statistics.analysis import analyze_window
@@ -225,7 +226,7 @@ def test_days_read_from_a_simulation_dropped_since_are_left_out_of_the_window_an
     end = dt.datetime(2024, 3, 11, tzinfo=UTC)
     history = workload(finished=300, crashed=0, never_heartbeated=0, overdue=0, running=0, waiting=0, days=2)
     simulate(store, history, now=end)
-    first = store.simulation_id()
+    first = simulation_id(store)
     with dg.instance_for_test() as instance:
         for day in ("2024-03-09", "2024-03-10"):
             assert dg.materialize(
@@ -233,7 +234,7 @@ def test_days_read_from_a_simulation_dropped_since_are_left_out_of_the_window_an
             ).success
         drop_simulation(store)
         simulate(store, replace(history, seed=8), now=end)
-        assert store.simulation_id() not in (None, first)
+        assert simulation_id(store) not in (None, first)
         window = dg.materialize(
             [job_duration_tallies, heartbeat_gap_tallies, job_duration_statistics],
             partition_key="2024-03-10",

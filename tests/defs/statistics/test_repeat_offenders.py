@@ -26,18 +26,11 @@ from zombie_pipeline.defs.statistics.assets import (
 )
 from zombie_pipeline.defs.statistics.heartbeat_gaps import heartbeat_gap_tallies
 from zombie_pipeline.defs.statistics.repeat_offenders import CHECK_NAME, repeat_offenders
-from zombie_pipeline.queue.documents import (
-    ERROR_CODE_OF_REASON,
-    ID,
-    Event,
-    EventState,
-    Job,
-    Reason,
-    RetryOutcome,
-    ZombieEvent,
-    utc_now,
-)
+from zombie_pipeline.queue.audit_documents import Event, EventState, RetryOutcome, ZombieEvent
+from zombie_pipeline.queue.jobs import ID, Job
+from zombie_pipeline.queue.reasons import ERROR_CODE_OF_REASON, Reason
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
 
 URL_ENV = "ZOMBIE_OFFENDERS_TEST_MONGO_URL"
 UTC = dt.UTC

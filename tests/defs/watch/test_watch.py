@@ -29,7 +29,10 @@ from zombie_pipeline.defs.watch.sensors import (
     relaunch_verdict,
     zombie_watch_sensor,
 )
-from zombie_pipeline.queue.documents import ID, Event, Job, Status, WatchState, utc_now, worker_size
+from zombie_pipeline.queue.audit_documents import Event, WatchState
+from zombie_pipeline.queue.jobs import ID, Job, Status
+from zombie_pipeline.queue.times import utc_now
+from zombie_pipeline.queue.worker_type_counts import worker_size
 from zombie_pipeline.simulation import shapes
 from zombie_pipeline.statistics.gap_histogram import GapHistogram
 from zombie_pipeline.statistics.gap_log import read_totals

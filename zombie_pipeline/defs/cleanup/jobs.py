@@ -42,23 +42,15 @@ from zombie_pipeline.defs.tags import (
 )
 from zombie_pipeline.messages import counted
 from zombie_pipeline.observability import metrics
-from zombie_pipeline.queue.documents import REASONS, utc_now
 from zombie_pipeline.queue.evidence import GenerationUnknown
+from zombie_pipeline.queue.reasons import REASONS
+from zombie_pipeline.queue.times import utc_now
 
 #: A step that fails on an error that may pass (a server election, a dropped connection, a timeout) is tried again
 #: within the run, after 2 s then 4 s: every step is safe to repeat (claims by unique id, compare-and-set, leases).
 #: A refusal (the brake, a bad policy, an undecided generation, a broken compensation) is a ``dg.Failure`` with
 #: ``allow_retries=False``: the same queue and configuration would give the same answer, so it fails at once.
 TRANSIENT_RETRIES = dg.RetryPolicy(max_retries=2, delay=2, backoff=dg.Backoff.EXPONENTIAL)
-
-
-#: What the brake's failure adds on a queue the simulator wrote: its healthy jobs stay alive only while simulated
-#: workers heartbeat them, and look dead all at once when none do.
-SIMULATED_QUEUE_BRAKED = (
-    "This queue was written by zombie-pipeline simulate and no simulated worker heartbeats its healthy jobs: keep them "
-    "alive with zombie-pipeline workers, start again with zombie-pipeline simulate --drop (or demo --fresh), or "
-    "finalize them all with override_brake: true."
-)
 
 
 class CleanupConfig(dg.Config):
@@ -141,7 +133,6 @@ def find_zombies(
 ) -> list[Candidate]:
     with databases.store_for(context, "find_zombies: detecting zombies") as store:
         detection = run.find(store, plan)
-        simulated = detection.stopped_by_brake and store.simulated_generation() is not None
     brake = detection.brake
     pushed: dict[str, Any] = {}
     if not plan.options.dry_run:  # pushed when the brake stops the run too: that is when an operator must hear of it
@@ -151,8 +142,7 @@ def find_zombies(
         figures = partial(metrics.brake_figures, engaged, len(detection.candidates), started, stale_fraction)
         pushed = metrics_gateway.push(context, figures, databases.queue_database)
     if brake is not None and brake.engaged:  # the same queue would stop a retry too: failed at once, and only once
-        message = brake.message() + (f" {SIMULATED_QUEUE_BRAKED}" if simulated else "")
-        raise dg.Failure(description=message, metadata=brake.facts(), allow_retries=False)
+        raise dg.Failure(description=brake.message(), metadata=brake.facts(), allow_retries=False)
     rows = [candidate.row() for candidate in detection.candidates]
     by_reason = detection.count_by("reason")
     metadata: dict[str, Any] = {f"candidates/{reason}": by_reason.get(reason, 0) for reason in REASONS}

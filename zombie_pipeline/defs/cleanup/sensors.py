@@ -18,7 +18,7 @@ from zombie_pipeline.cleanup import watch_lease
 from zombie_pipeline.defs.cleanup.jobs import cleanup_in_flight, in_flight_reason, kill_zombies_job
 from zombie_pipeline.defs.resources import Databases, ZombiePolicyResource
 from zombie_pipeline.defs.tags import JOB_TYPE_PARTITIONS, JOB_TYPE_PARTITIONS_NAME, STALE_COUNT_TAG, TRIGGER_TAG
-from zombie_pipeline.queue.documents import utc_now
+from zombie_pipeline.queue.times import utc_now
 
 #: The stale jobs sensor's tick: Dagster's own shortest (the daemon evaluates sensors every 30 s); an indexed count
 #: each time, so a dead job waits half a minute at most before its cleanup is requested.

@@ -11,8 +11,8 @@ from zombie_pipeline.defs.failures.causes import Launch, launch_of, run_cause
 from zombie_pipeline.defs.resources import Databases, FailureWebhook
 from zombie_pipeline.defs.tags import PARTITION_TAG, WILL_RETRY_TAG
 from zombie_pipeline.observability import alerts
-from zombie_pipeline.queue.documents import utc_now
 from zombie_pipeline.queue.secrets import scrub
+from zombie_pipeline.queue.times import utc_now
 
 
 @dg.run_failure_sensor(

@@ -41,7 +41,8 @@ from zombie_pipeline.defs.tags import CLEANUP_GROUP, CLEANUP_RUN_TAG, scope_of_t
 from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.observability import metrics
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.documents import ErrorCode, utc_now
+from zombie_pipeline.queue.cache import ErrorCode
+from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS
 from zombie_pipeline.statistics.offenders import DEFAULT_THRESHOLD, find_offenders
 

@@ -19,7 +19,7 @@ from zombie_pipeline.defs.health.assets import cleanup_scope, queue_health, queu
 from zombie_pipeline.defs.resources import FailureWebhook
 from zombie_pipeline.defs.tags import CLEANUP_RUN_TAG, TRIGGER_TAG
 from zombie_pipeline.observability import alerts
-from zombie_pipeline.queue.documents import utc_now
+from zombie_pipeline.queue.times import utc_now
 
 
 @dg.run_status_sensor(

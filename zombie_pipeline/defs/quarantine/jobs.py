@@ -14,7 +14,7 @@ from zombie_pipeline.cleanup import quarantine
 from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.defs.resources import Databases, ZombiePolicyResource
 from zombie_pipeline.defs.tags import CLEANUP_GROUP, PIPELINE_TAG
-from zombie_pipeline.queue.documents import utc_now
+from zombie_pipeline.queue.times import utc_now
 
 
 class LiftQuarantineConfig(dg.Config):

@@ -39,10 +39,11 @@ from zombie_pipeline.defs.resources import Databases, ZombiePolicyResource
 from zombie_pipeline.defs.tags import PIPELINE_TAG, STATISTICS_GROUP
 from zombie_pipeline.observability import metrics
 from zombie_pipeline.policy import InvalidPolicy, SuggestionRules, SuggestionSettings, ZombiePolicy
-from zombie_pipeline.queue.documents import utc_now
 from zombie_pipeline.queue.evidence import GenerationUnknown, decide
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.times import utc_now
+from zombie_pipeline.simulation.marks import simulation_id
 from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS
 from zombie_pipeline.statistics.formatting import day_ranges, window_text
 from zombie_pipeline.statistics.gap_tallies import GapPeriod, combine_gaps
@@ -198,6 +199,7 @@ def job_duration_tallies(
                 metadata={"to_create_it": "create_cache_index: true in this asset's config"},
                 allow_retries=False,
             ) from None
+        period.origin = simulation_id(store)  # a window never mixes in a simulation dropped since
         rows = ["| type | jobs | successful | zombies |", "|---|---|---|---|"]
         for job_type, tally in sorted(period.tallies.items()):
             rows.append(
@@ -350,7 +352,7 @@ def job_duration_statistics(
         generation = _queue_generation(store, policy)
         wanted = window_days_of(context.partition_key, config.window_days)
         by_day = tallies_by_day(tallies)
-        current = store.simulation_id()  # days read from a simulation dropped since are left out, and said
+        current = simulation_id(store)  # days read from a simulation dropped since are left out, and said
         dropped = [day for day in wanted if day in by_day and by_day[day].origin != current]
         loaded = [by_day[day] for day in wanted if day in by_day and day not in dropped]
         missing = [day for day in wanted if day not in by_day or day in dropped]

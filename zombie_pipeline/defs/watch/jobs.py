@@ -22,7 +22,7 @@ from pydantic import Field
 
 from zombie_pipeline import config
 from zombie_pipeline.cleanup import run
-from zombie_pipeline.cleanup.detection import Brake
+from zombie_pipeline.cleanup.brake import Brake
 from zombie_pipeline.cleanup.watch import Listener, Watch, WatchReport, WatchSettings
 from zombie_pipeline.config import SettingError
 from zombie_pipeline.defs.metadata import counts_metadata, table_metadata

@@ -14,7 +14,7 @@ from zombie_pipeline.defs.cleanup.jobs import IN_FLIGHT_STATUSES, WAITING_STATUS
 from zombie_pipeline.defs.resources import Databases, ZombiePolicyResource
 from zombie_pipeline.defs.tags import TRIGGER_TAG, WATCHED_QUEUE_DATABASE_TAG
 from zombie_pipeline.defs.watch.jobs import HANDOFF_SECONDS, zombie_watch_job
-from zombie_pipeline.queue.documents import utc_now
+from zombie_pipeline.queue.times import utc_now
 
 #: The watch sensor's tick: Dagster's default; a watch that died is replaced within it (the fallback acts meanwhile).
 WATCH_SENSOR_TICK_SECONDS = 30

@@ -19,8 +19,8 @@ from pymongo import MongoClient
 
 from tests.servers import child_env, kill_recorded_server, pid_alive, wait_until_gone
 from zombie_pipeline.config import HOME_ENV
-from zombie_pipeline.simulation import embedded
-from zombie_pipeline.simulation.embedded import (
+from zombie_pipeline.queue import embedded
+from zombie_pipeline.queue.embedded import (
     INSTALL_HINT,
     EmbeddedServerError,
     ServerInfo,
@@ -41,7 +41,7 @@ def ensure_in_subprocesses(home: Path, count: int) -> list[dict]:
         """
         import json
         from pymongo import MongoClient
-        from zombie_pipeline.simulation.embedded import ensure_server
+        from zombie_pipeline.queue.embedded import ensure_server
         info = ensure_server()
         with MongoClient(info.url) as client:
             note = client["shared"]["notes"].find_one({"_id": "from-parent"})
