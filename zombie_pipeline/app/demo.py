@@ -3,7 +3,7 @@
 On the embedded server it simulates a deployment (a week of history cleaned daily, with a dataset that crashes
 its worker every day, and today's zombies beside healthy started jobs), runs ``kill_zombies_job``, then the
 statistics and ``repeat_offenders`` of the week ending yesterday, through Dagster, and prints what those runs
-recorded: the cleanup's summary from its ``summarize`` step, the statistics from the report files their
+recorded: the cleanup's summary from its ``report_cleanup`` step, the statistics from the report files their
 materialization names, the offenders from their materialization's table. The runs are kept in a Dagster instance
 that outlives the demo (``config.dagster_home``), and the demo prints the command that opens the UI on it.
 
@@ -128,7 +128,7 @@ def run_demo(
             store.ensure_indexes()
             _prepare_queue(store, finished, seed, policy, generation, progress)
 
-        run_config = {"ops": {"reconcile": {"config": {"dry_run": real_database}}}, "loggers": QUIET}
+        run_config = {"ops": {"plan_and_recover": {"config": {"dry_run": real_database}}}, "loggers": QUIET}
         with _instance() as instance:
             succeeded = _cleanup(resources, run_config, instance, real_database)
             progress("reading the quarantines")
@@ -222,7 +222,7 @@ def _cleanup(
         )
         return True
     summary = RunSummary(
-        Counter(result.output_for_node("summarize")), table_rows(result, "summarize", "finalized_jobs")
+        Counter(result.output_for_node("report_cleanup")), table_rows(result, "report_cleanup", "finalized_jobs")
     )
     print("  " + summary.one_line())
     for row in summary.rows[:8]:

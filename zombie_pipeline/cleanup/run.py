@@ -10,7 +10,7 @@
 3. :func:`find`: the zombies, by one indexed query (``detection``), with the
    malformed started jobs left alone, and the **brake** as a value: engaged when
    an implausible share of the started jobs look dead.
-4. :func:`finalize`: each zombie claimed in the audit trail, then finished as the
+4. :func:`claim_and_finalize`: each zombie claimed in the audit trail, then finished as the
    queue's finish strategy says, by one :class:`~.finalizer.Finalizer`: the job
    and its cache error entry, the deployment's counters, rate limiter and locks,
    retries, the event completed.
@@ -157,7 +157,7 @@ def find(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -> Det
     return detection
 
 
-def finalize(
+def claim_and_finalize(
     store: Store, plan: CleanupPlan, candidates: list[Candidate], now: dt.datetime | None = None
 ) -> StepResult:
     """Claim the candidates, then finalize every claim of the run (an earlier attempt's too) as the queue's generation
@@ -253,7 +253,7 @@ def run_cleanup(
     if detection.brake is not None and detection.stopped_by_brake:
         raise BrakeEngaged(detection.brake.message())
     report = CleanupReport(run_id, dry_run, plan.generations, detection, reconciled=reconciled)
-    report.steps.merge(finalize(store, plan, detection.candidates, at(Step.FINALIZE, detection.candidates)))
+    report.steps.merge(claim_and_finalize(store, plan, detection.candidates, at(Step.FINALIZE, detection.candidates)))
     report.steps.merge(compensate(store, plan))
     report.steps.merge(audit(store, plan, at(Step.AUDIT)))
     return report
