@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import ago, crashed_job, healthy_job, job_document, report_suggesting
 from zombie_pipeline.cleanup.run import run_cleanup
-from zombie_pipeline.monitoring import QueueSnapshot
 from zombie_pipeline.observability import metrics
+from zombie_pipeline.observability.monitoring import QueueSnapshot
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import CAUSES, CAUSES_OF_REASON, ID, REASONS, Event, EventState, Job, RetryOutcome
 from zombie_pipeline.simulation.shapes import cache_document

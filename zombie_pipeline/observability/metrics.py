@@ -38,7 +38,7 @@ from pymongo.collection import Collection
 from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.cleanup.detection import started_filter
 from zombie_pipeline.cleanup.results import Count
-from zombie_pipeline.monitoring import QueueSnapshot
+from zombie_pipeline.observability.monitoring import QueueSnapshot
 from zombie_pipeline.queue.documents import (
     CAUSES,
     CAUSES_OF_REASON,
