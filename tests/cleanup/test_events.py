@@ -8,11 +8,12 @@ from typing import cast
 from bson import ObjectId
 
 from tests.helpers import QUEUE_GENERATION, ago, crashed_job, find, logged_store
-from zombie_pipeline.cleanup.events import EventLog, finalized_between
+from zombie_pipeline.cleanup.events import EventLog
 from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Event, EventState, ZombieEvent, utc_now
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
+from zombie_pipeline.trail import finalized_between
 
 POLICY = ZombiePolicy(claim_lease_seconds=300)
 GENERATION = QUEUE_GENERATIONS[QUEUE_GENERATION]

@@ -11,7 +11,7 @@ import pytest
 from tests.cleanup.test_causes import NOW, deployment, entry_of, waiting
 from tests.faults.scenario import counters_off
 from tests.helpers import Crash, cleanup_at, crashing, found
-from zombie_pipeline.cleanup.quarantine import NotQuarantined, active_quarantines, lift
+from zombie_pipeline.cleanup.quarantine import NotQuarantined, lift
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import DETAIL_QUARANTINED, stored_failed_runs
 from zombie_pipeline.queue.documents import (
@@ -33,6 +33,7 @@ from zombie_pipeline.queue.documents import (
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.shapes import job_document
+from zombie_pipeline.trail import active_quarantines
 
 BOTH = pytest.mark.parametrize("generation", ["2023-01", "2026-05"])
 POISON = "user/poison"

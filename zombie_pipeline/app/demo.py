@@ -33,7 +33,7 @@ import pymongo
 from zombie_pipeline import config
 from zombie_pipeline.app.errors import OptionRefused, Progress, cut_short, progress_of
 from zombie_pipeline.cleanup.detection import count_stale, started_filter
-from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
+from zombie_pipeline.cleanup.quarantine import quarantine_row
 from zombie_pipeline.cleanup.run import RunSummary
 from zombie_pipeline.defs.cleanup.jobs import kill_zombies_job
 from zombie_pipeline.defs.failures.causes import result_cause
@@ -51,6 +51,7 @@ from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning
 from zombie_pipeline.simulation.workload import Workload, healthy_beside
 from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS
+from zombie_pipeline.trail import active_quarantines
 
 #: Dagster's console logger silenced: the demo prints its own summary, and a failure as its one line, never a stack trace.
 QUIET = {"console": {"config": {"log_level": "CRITICAL"}}}

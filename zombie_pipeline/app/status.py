@@ -19,9 +19,7 @@ from typing import Any
 
 from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.cleanup.detection import Brake, detect, started_filter
-from zombie_pipeline.cleanup.events import finalized_between
-from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
-from zombie_pipeline.cleanup.retries import pending_retries
+from zombie_pipeline.cleanup.quarantine import quarantine_row
 from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
@@ -29,7 +27,6 @@ from zombie_pipeline.queue.documents import (
     ID,
     REASONS,
     Event,
-    EventState,
     Failure,
     Job,
     LateResult,
@@ -39,6 +36,7 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import Store, aggregate_rows
+from zombie_pipeline.trail import active_quarantines, finalized_between, pending_retries, unfinished_finalizations
 
 #: The last cleanups listed, from the audit trail of this many days (a cleanup that finalized nothing leaves no event).
 CLEANUPS_SHOWN = 5
@@ -88,7 +86,7 @@ def queue_status(store: Store, policy: ZombiePolicy, now: dt.datetime, where: Ma
             "pipeline_failures": _failures(store, since),
         },
         "retries_waiting_for_their_delay": pending_retries(store),
-        "unfinished_finalizations": store.events.count_documents({Event.STATE: {"$ne": EventState.DONE}}),
+        "unfinished_finalizations": unfinished_finalizations(store),
     }
 
 

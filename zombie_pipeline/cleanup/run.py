@@ -55,7 +55,7 @@ from zombie_pipeline.cleanup.results import (
     reason_count,
     retry_count,
 )
-from zombie_pipeline.cleanup.retries import enqueue_due_retries, pending_retries
+from zombie_pipeline.cleanup.retries import enqueue_due_retries
 from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import (
@@ -64,13 +64,13 @@ from zombie_pipeline.queue.documents import (
     CacheOutcome,
     Cause,
     Event,
-    EventState,
     RetryOutcome,
     utc_now,
 )
 from zombie_pipeline.queue.evidence import Generations, decide
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.trail import finalized_by_run, pending_retries
 
 
 class BrakeEngaged(RuntimeError):
@@ -355,8 +355,7 @@ def summarize(
     for cause in CAUSES:
         counts.setdefault(cause_count(cause), 0)
     rows = []
-    query = {Event.LEASE_OWNER: run_id, Event.STATE: EventState.DONE}
-    for event in store.events.find(query).sort(Event.FINALIZED_AT, 1):
+    for event in finalized_by_run(store, run_id):
         row = finalized_row(event)
         row["cache"] = event.get(Event.CACHE_OUTCOME)
         row["retry"] = event.get(Event.RETRY_OUTCOME)

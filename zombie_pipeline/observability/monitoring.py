@@ -24,8 +24,6 @@ from zombie_pipeline.cleanup.detection import (
     stale_pipeline,
     started_filter,
 )
-from zombie_pipeline.cleanup.quarantine import active_quarantines
-from zombie_pipeline.cleanup.retries import pending_retries
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
 from zombie_pipeline.queue.documents import (
@@ -47,6 +45,7 @@ from zombie_pipeline.queue.documents import (
     utc,
 )
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.trail import active_quarantines, pending_retries, unfinished_finalizations
 
 _BATCH = 500
 
@@ -126,7 +125,7 @@ def queue_snapshot(store: Store, policy: ZombiePolicy, now: dt.datetime) -> Queu
         started=store.jobs.count_documents(started_filter()),
         waiting=store.jobs.count_documents({Job.STATUS: Status.WAITING}),
         stale=count_stale(store.jobs, policy, now),
-        unfinished_finalizations=store.events.count_documents({Event.STATE: {"$ne": EventState.DONE}}),
+        unfinished_finalizations=unfinished_finalizations(store),
         zombies_finalized_last_24h=store.events.count_documents(
             {Event.FINALIZED_AT: {"$gte": now - dt.timedelta(days=1)}}
         ),

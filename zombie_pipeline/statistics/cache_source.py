@@ -32,7 +32,6 @@ import pyarrow.compute as pc
 from pymongo.collection import Collection
 from pymongoarrow.api import Schema, aggregate_arrow_all
 
-from zombie_pipeline.cleanup.events import finalized_between
 from zombie_pipeline.queue.cache_entries import DETAIL_JOB_ID
 from zombie_pipeline.queue.documents import (
     HTTP_OK,
@@ -55,6 +54,7 @@ from zombie_pipeline.statistics.tallies import (
     is_job_type,
     tally_events,
 )
+from zombie_pipeline.trail import finalized_between
 
 # The columns of an entry's row, as the server computes them.
 _KIND_TYPE = "kind_type"

@@ -28,7 +28,6 @@ from pymongo.collection import Collection
 from pymongoarrow.api import Schema, find_arrow_all
 from pymongoarrow.types import ObjectIdType
 
-from zombie_pipeline.cleanup.events import finalized_between
 from zombie_pipeline.queue.documents import (
     FINISHED_STATUSES,
     ID,
@@ -51,6 +50,7 @@ from zombie_pipeline.statistics.tallies import (
     is_job_type,
     tally_events,
 )
+from zombie_pipeline.trail import finalized_between
 
 #: Jobs that may finish without ever starting: no duration, but not bad data.
 NEVER_STARTED_STATUSES = frozenset({Status.CANCELLED, Status.SKIPPED})

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from zombie_pipeline.cleanup.budget import spent_budgets
-from zombie_pipeline.cleanup.events import finalized_between
-from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
+from zombie_pipeline.cleanup.quarantine import quarantine_row
 from zombie_pipeline.queue.documents import (
     CACHE_CONTENT_ERROR,
     ERROR_CODE_OF_REASON,
@@ -48,6 +47,7 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import Store, aggregate_rows
+from zombie_pipeline.trail import active_quarantines, finalized_between
 
 #: Finalizations of one dataset in the window that make it an offender, unless told otherwise.
 DEFAULT_THRESHOLD = 3
