@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from zombie_pipeline import config
+from zombie_pipeline import config, trail
 from zombie_pipeline.cleanup import run
 from zombie_pipeline.cleanup.compensations import CompensationError
 from zombie_pipeline.cleanup.detection import Candidate
@@ -253,7 +253,7 @@ def report_cleanup(
             found = {(job_type, reason): count for job_type, reason, count in plan.found}
 
             def figures() -> metrics.Figures:  # read only when there is a gateway to push to
-                totals = metrics.audit_totals(store.events)
+                totals = trail.audit_totals(store.events, metrics.DETECTION_BUCKETS, metrics.RELEASE_LAG_BUCKETS)
                 return metrics.cleanup_figures(
                     totals,
                     summary.counts,
