@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pymongo.collection import Collection
+from pymongo.cursor import Cursor
 
 from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.queue.documents import (
@@ -51,6 +52,17 @@ from zombie_pipeline.queue.store import Store, aggregate_rows
 def finalized_between(start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
     """Zombies finalized in ``[start, end)``, on the ``finalized_at`` index; a claim that lost its race never gets there."""
     return {Event.FINALIZED_AT: {"$gte": start, "$lt": end}, Event.STATE: EventState.DONE}
+
+
+def finalized_events(
+    events: Collection[ZombieEvent],
+    start: dt.datetime,
+    end: dt.datetime,
+    fields: Mapping[str, Any],
+    batch_size: int = 0,
+) -> Cursor[ZombieEvent]:
+    """The zombies finalized in ``[start, end)``, with only ``fields`` (``batch_size`` 0: the server's batches)."""
+    return events.find(finalized_between(start, end), fields, batch_size=batch_size)
 
 
 def unfinished_finalizations(store: Store) -> int:

@@ -36,7 +36,13 @@ from zombie_pipeline.queue.documents import (
 )
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.store import Store, aggregate_rows
-from zombie_pipeline.trail import active_quarantines, finalized_between, pending_retries, unfinished_finalizations
+from zombie_pipeline.trail import (
+    active_quarantines,
+    finalized_between,
+    finalized_events,
+    pending_retries,
+    unfinished_finalizations,
+)
 
 #: The last cleanups listed, from the audit trail of this many days (a cleanup that finalized nothing leaves no event).
 CLEANUPS_SHOWN = 5
@@ -172,7 +178,7 @@ def _last_cleanups(store: Store, since: dt.datetime, now: dt.datetime) -> list[d
 def _finalized_times(store: Store, since: dt.datetime, now: dt.datetime) -> dict[str, Any]:
     """The zombies finalized since ``since``, and each of :data:`TIMES` over them (all, and by cause)."""
     fields = {Event.CAUSE: 1, Event.REASON: 1, **dict.fromkeys(TIMES, 1)}
-    events: list[dict[str, Any]] = [dict(event) for event in store.events.find(finalized_between(since, now), fields)]
+    events: list[dict[str, Any]] = [dict(event) for event in finalized_events(store.events, since, now, fields)]
     by_cause = Counter(str(cause_of_event(event)) for event in events if event.get(Event.REASON) in REASONS)
     times = {}
     for name, meaning in TIMES.items():
