@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import cast
 
 from bson import ObjectId
@@ -13,7 +12,6 @@ from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.documents import ID, Event, EventState, ZombieEvent, utc_now
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
-from zombie_pipeline.trail import finalized_between
 
 POLICY = ZombiePolicy(claim_lease_seconds=300)
 GENERATION = QUEUE_GENERATIONS[QUEUE_GENERATION]
@@ -125,22 +123,6 @@ def test_an_outcome_is_never_recorded_on_an_event_another_run_drives(store):
     log_of(store, "run-b").complete({candidates[0].id: {Event.STATE: EventState.DONE}}, forgotten=(), session=None)
 
     assert store.events.find_one()[Event.STATE] == EventState.CLAIMED
-
-
-def test_the_finalized_events_of_a_window_are_those_done_within_it(store):
-    now = utc_now()
-    store.events.insert_many(
-        [
-            {ID: "done-in", Event.STATE: EventState.DONE, Event.FINALIZED_AT: now - dt.timedelta(hours=1)},
-            {ID: "claimed-in", Event.STATE: EventState.CLAIMED, Event.FINALIZED_AT: now - dt.timedelta(hours=1)},
-            {ID: "done-at-end", Event.STATE: EventState.DONE, Event.FINALIZED_AT: now},
-            {ID: "done-before", Event.STATE: EventState.DONE, Event.FINALIZED_AT: now - dt.timedelta(days=2)},
-        ]
-    )
-
-    found = store.events.find(finalized_between(now - dt.timedelta(days=1), now))
-
-    assert sorted(event[ID] for event in found) == ["done-in"]
 
 
 def test_a_claim_lost_to_a_worker_is_forgotten_with_the_outcomes_recorded(store):
