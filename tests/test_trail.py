@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from zombie_pipeline import trail
-from zombie_pipeline.queue.documents import ID, Cause, Event, EventState, Job, Reason, utc_now
+from zombie_pipeline.queue.documents import ID, Cause, CompensationState, Event, EventState, Job, Reason, utc_now
 
 NOW = utc_now()
 HOUR = dt.timedelta(hours=1)
@@ -66,3 +66,25 @@ def test_an_event_this_code_did_not_write_is_counted_under_no_cause(store):
     )
 
     assert trail.causes_between(store, NOW - 24 * HOUR, NOW) == {"/first-rows": {Cause.CRASH: 1, Cause.DEPLOY: 1}}
+
+
+def test_finalizations_since_a_moment_count_those_begun_then_completed_or_not(store):
+    store.events.insert_many(
+        [event("done"), event("claimed", EventState.CLAIMED), event("yesterday", finalized_at=NOW - 30 * HOUR)]
+    )
+
+    assert trail.finalizations_since(store, NOW - 24 * HOUR) == 2
+
+
+def test_compensations_are_counted_by_their_state(store):
+    store.events.insert_many(
+        [
+            event("pending", fields={Event.COMPENSATION_STATE: CompensationState.PENDING}),
+            event("failed", fields={Event.COMPENSATION_STATE: CompensationState.FAILED}),
+            event("also-failed", fields={Event.COMPENSATION_STATE: CompensationState.FAILED}),
+            event("none"),
+        ]
+    )
+
+    assert trail.compensations_in(store, CompensationState.PENDING) == 1
+    assert trail.compensations_in(store, CompensationState.FAILED) == 2

@@ -27,6 +27,7 @@ from zombie_pipeline.queue.documents import (
     REASONS,
     CacheOutcome,
     Cause,
+    CompensationState,
     ErrorCode,
     Event,
     EventState,
@@ -68,6 +69,16 @@ def finalized_events(
 def unfinished_finalizations(store: Store) -> int:
     """Events a cleanup has not completed: a run in progress, or one that crashed (the next run takes them over)."""
     return store.events.count_documents({Event.STATE: {"$ne": EventState.DONE}})
+
+
+def finalizations_since(store: Store, since: dt.datetime) -> int:
+    """Events whose finalization began at ``since`` or later, completed or not."""
+    return store.events.count_documents({Event.FINALIZED_AT: {"$gte": since}})
+
+
+def compensations_in(store: Store, state: CompensationState) -> int:
+    """Finalized zombies whose compensations are in ``state`` (pending: still to run or to try again)."""
+    return store.events.count_documents({Event.COMPENSATION_STATE: state})
 
 
 def finalized_by_run(store: Store, run_id: str) -> list[ZombieEvent]:

@@ -45,7 +45,13 @@ from zombie_pipeline.queue.documents import (
     utc,
 )
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.trail import active_quarantines, pending_retries, unfinished_finalizations
+from zombie_pipeline.trail import (
+    active_quarantines,
+    compensations_in,
+    finalizations_since,
+    pending_retries,
+    unfinished_finalizations,
+)
 
 _BATCH = 500
 
@@ -126,12 +132,10 @@ def queue_snapshot(store: Store, policy: ZombiePolicy, now: dt.datetime) -> Queu
         waiting=store.jobs.count_documents({Job.STATUS: Status.WAITING}),
         stale=count_stale(store.jobs, policy, now),
         unfinished_finalizations=unfinished_finalizations(store),
-        zombies_finalized_last_24h=store.events.count_documents(
-            {Event.FINALIZED_AT: {"$gte": now - dt.timedelta(days=1)}}
-        ),
+        zombies_finalized_last_24h=finalizations_since(store, now - dt.timedelta(days=1)),
         retries_waiting_for_their_delay=pending_retries(store),
-        compensations_pending=store.events.count_documents({Event.COMPENSATION_STATE: CompensationState.PENDING}),
-        compensations_given_up=store.events.count_documents({Event.COMPENSATION_STATE: CompensationState.FAILED}),
+        compensations_pending=compensations_in(store, CompensationState.PENDING),
+        compensations_given_up=compensations_in(store, CompensationState.FAILED),
         quarantined=len(active_quarantines(store, now)),
     )
 
