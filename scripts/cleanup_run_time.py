@@ -84,7 +84,7 @@ def measure(zombies: int, repeats: int) -> None:
                 if entry.dagster_event and (entry.dagster_event.is_step_start or entry.dagster_event.is_step_success)
             ]
         steps.append(max(times) - min(times))
-        finalized = dict(result.output_for_node("summarize")).get("finalized") if result.success else None
+        finalized = dict(result.output_for_node("report_cleanup")).get("finalized") if result.success else None
         print(
             f"run {repeat + 1}: {'succeeded' if result.success else 'FAILED'}, {finalized} finalized, "
             f"{runs[-1]:.1f} s from launch to end, {steps[-1]:.1f} s first step to last; load {load:.1f}",

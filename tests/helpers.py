@@ -310,7 +310,7 @@ def run_kill_zombies(
     ``metrics_gateway`` resource, metrics off.
     """
     resources = {**METRICS_OFF, **resources}
-    run_config = {"ops": {"reconcile": {"config": config}}, "loggers": QUIET_LOGGERS, **(run_config or {})}
+    run_config = {"ops": {"plan_and_recover": {"config": config}}, "loggers": QUIET_LOGGERS, **(run_config or {})}
     with contextlib.ExitStack() as stack:
         if instance is None:
             instance = stack.enter_context(dg.DagsterInstance.ephemeral())

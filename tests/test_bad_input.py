@@ -188,7 +188,7 @@ def test_malformed_jobs_are_skipped_and_reported_with_their_ids_and_the_rest_is_
         "u/odd": Status.ERROR,
         "u/alive": Status.STARTED,
     }
-    assert step_metadata(result, "summarize")["finalized"] == 4
+    assert step_metadata(result, "report_cleanup")["finalized"] == 4
     for job in good[:4]:
         entry = store.cache.find_one(cache_key_of_job(job))
         assert entry is not None and entry[Cache.ERROR_CODE] == "JobManagerCrashedError"
@@ -200,7 +200,7 @@ def test_malformed_jobs_are_skipped_and_reported_with_their_ids_and_the_rest_is_
             "malformed_ids_reported": len(reported),
             "malformed_documents_changed": 0,
             "events_for_malformed": 0,
-            "good_zombies_finalized": step_metadata(result, "summarize")["finalized"],
+            "good_zombies_finalized": step_metadata(result, "report_cleanup")["finalized"],
             "healthy_left_started": 1,
         },
     )
@@ -251,7 +251,7 @@ def test_jobs_with_unknown_statuses_are_never_touched(store: Store, resources):
     assert result.success
     assert {job[ID]: job for job in store.jobs.find({ID: {"$in": list(before)}})} == before
     assert store.events.count_documents({ID: {"$in": list(before)}}) == 0
-    assert step_metadata(result, "summarize")["finalized"] == 4
+    assert step_metadata(result, "report_cleanup")["finalized"] == 4
 
 
 def test_jobs_with_unknown_statuses_are_reported_in_the_run_metadata(store: Store, resources):
@@ -301,7 +301,7 @@ def test_a_bad_policy_is_refused_before_any_read_or_write_with_a_message_naming_
         )
 
     assert opcounters(client) == counters
-    assert [e.step_key for e in result.all_events if e.event_type_value == "STEP_START"] == ["reconcile"]
+    assert [e.step_key for e in result.all_events if e.event_type_value == "STEP_START"] == ["plan_and_recover"]
     assert log.names == [], f"the refused run sent {log.names}"
     assert not result.success
     [failure] = step_failure_messages(result)
@@ -333,8 +333,8 @@ def test_an_override_for_a_job_type_the_queue_does_not_know_warns(store: Store, 
     warnings = [r.user_message for r in result.logs if level(r) >= 30 and "/frist-rows" in (r.user_message or "")]
     assert warnings, [r.user_message for r in result.logs if level(r) >= 30]
     assert "/first-rows'" not in warnings[0].split("/frist-rows")[0][-40:]  # the known type is not named
-    assert step_metadata(result, "reconcile")["unknown_override_types"] == ["/frist-rows"]
-    assert step_metadata(result, "summarize")["finalized"] == 2  # a warning, not a refusal
+    assert step_metadata(result, "plan_and_recover")["unknown_override_types"] == ["/frist-rows"]
+    assert step_metadata(result, "report_cleanup")["finalized"] == 2  # a warning, not a refusal
 
 
 def test_a_run_asked_for_a_job_type_the_deployment_never_had_is_refused_naming_the_known_ones(store: Store, resources):
@@ -665,7 +665,7 @@ def test_a_crafted_partition_key_cleans_only_its_literal_type(store: Store, reso
 def test_run_config_refuses_an_operator_object_as_a_job_type(store: Store, resources):
     with pytest.raises(dg.DagsterInvalidConfigError):
         kill_zombies_job.execute_in_process(
-            run_config={"ops": {"reconcile": {"config": {"job_types": [{"$gt": ""}]}}}}, resources=resources
+            run_config={"ops": {"plan_and_recover": {"config": {"job_types": [{"$gt": ""}]}}}}, resources=resources
         )
     assert store.events.count_documents({}) == 0
 

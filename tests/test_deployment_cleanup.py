@@ -203,7 +203,7 @@ def test_a_worker_heartbeating_through_the_real_client_after_detection_keeps_its
     assert len(detection.candidates) == 1
 
     deployment.run("heartbeat", job_id=job_id)
-    result = run.finalize(store, plan, detection.candidates)
+    result = run.claim_and_finalize(store, plan, detection.candidates)
 
     assert result.counts["lost_to_live_worker"] == 1
     assert [job["status"] for job in deployment.run("state")["jobs"]] == ["started"]

@@ -30,10 +30,10 @@ from pymongo import DeleteOne, InsertOne, MongoClient, UpdateOne
 
 from benchmarks.harness import CommandCounter, new_client
 from benchmarks.replay.trace import EPOCH, Job, Lifecycle, Outcome, Trace, moment
-from zombie_pipeline import monitoring
 from zombie_pipeline.cleanup import run
 from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.cleanup.detection import Candidate
+from zombie_pipeline.observability import monitoring
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.audit_documents import CacheOutcome, Event, EventState
 from zombie_pipeline.queue.jobs import ID, JobDocument, Status

@@ -1,6 +1,6 @@
 """The demo on the embedded default: a first run that shows every part, a second that still works, a living queue.
 
-The demo prints what its runs recorded (the cleanup's summarize step, the statistics' report file, the repeat
+The demo prints what its runs recorded (the cleanup's report_cleanup step, the statistics' report file, the repeat
 offenders' table): the figures printed are checked against those files and tables here.
 """
 

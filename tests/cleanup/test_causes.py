@@ -18,7 +18,6 @@ import pytest
 from tests.faults.scenario import counters_off
 from tests.helpers import cleanup_at, found
 from zombie_pipeline.cleanup import causes
-from zombie_pipeline.cleanup.events import causes_between
 from zombie_pipeline.cleanup.run import run_cleanup, summarize
 from zombie_pipeline.messages import DEPLOY_WAVE_MESSAGE
 from zombie_pipeline.policy import ZombiePolicy
@@ -33,6 +32,7 @@ from zombie_pipeline.queue.times import truncate_ms
 from zombie_pipeline.simulation.shapes import cache_document, job_document
 from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workload import Workload
+from zombie_pipeline.trail import causes_between
 
 NOW = truncate_ms(dt.datetime(2026, 6, 10, 12, 0, tzinfo=dt.UTC))
 #: The early-2023 queue (finished jobs kept as error, no difficulty, no failed_runs field) and today's.

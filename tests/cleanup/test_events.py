@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import cast
 
 from bson import ObjectId
 
 from tests.helpers import QUEUE_GENERATION, ago, crashed_job, find, logged_store
-from zombie_pipeline.cleanup.events import EventLog, finalized_between
+from zombie_pipeline.cleanup.events import EventLog
 from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.audit_documents import Event, EventState, ZombieEvent
@@ -126,22 +125,6 @@ def test_an_outcome_is_never_recorded_on_an_event_another_run_drives(store):
     log_of(store, "run-b").complete({candidates[0].id: {Event.STATE: EventState.DONE}}, forgotten=(), session=None)
 
     assert store.events.find_one()[Event.STATE] == EventState.CLAIMED
-
-
-def test_the_finalized_events_of_a_window_are_those_done_within_it(store):
-    now = utc_now()
-    store.events.insert_many(
-        [
-            {ID: "done-in", Event.STATE: EventState.DONE, Event.FINALIZED_AT: now - dt.timedelta(hours=1)},
-            {ID: "claimed-in", Event.STATE: EventState.CLAIMED, Event.FINALIZED_AT: now - dt.timedelta(hours=1)},
-            {ID: "done-at-end", Event.STATE: EventState.DONE, Event.FINALIZED_AT: now},
-            {ID: "done-before", Event.STATE: EventState.DONE, Event.FINALIZED_AT: now - dt.timedelta(days=2)},
-        ]
-    )
-
-    found = store.events.find(finalized_between(now - dt.timedelta(days=1), now))
-
-    assert sorted(event[ID] for event in found) == ["done-in"]
 
 
 def test_a_claim_lost_to_a_worker_is_forgotten_with_the_outcomes_recorded(store):

@@ -324,7 +324,7 @@ def test_a_worker_that_heartbeats_after_detection_keeps_its_job_and_its_cache_en
     entry_before = store.cache.find_one(_key_of(found(store.jobs.find_one({ID: zombie_id}))))
     store.jobs.update_one({ID: zombie_id}, {"$set": {Job.LAST_HEARTBEAT: utc_now()}})  # alive after all
 
-    result = run.finalize(store, plan, candidates)
+    result = run.claim_and_finalize(store, plan, candidates)
 
     assert result.counts["lost_to_live_worker"] == 1 and result.counts["finalized"] == 0
     assert found(store.jobs.find_one({ID: zombie_id}))[Job.STATUS] == Status.STARTED
@@ -347,7 +347,7 @@ def test_a_worker_that_finishes_after_detection_keeps_its_result(store: Store, g
     else:
         store.jobs.delete_one({ID: zombie_id})
 
-    outcome = run.finalize(store, plan, candidates)
+    outcome = run.claim_and_finalize(store, plan, candidates)
 
     assert outcome.counts["finalized"] == 0
     assert found(store.cache.find_one(_key_of(job)))[Cache.HTTP_STATUS] == 200
@@ -367,7 +367,7 @@ def test_a_result_a_worker_writes_after_detection_is_never_overwritten(store: St
         upsert=True,
     )
 
-    outcome = run.finalize(store, plan, candidates)
+    outcome = run.claim_and_finalize(store, plan, candidates)
 
     assert outcome.counts["cache_skipped_fresher"] == 1
     assert found(store.cache.find_one(_key_of(job)))[Cache.HTTP_STATUS] == 200

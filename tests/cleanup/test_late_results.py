@@ -7,6 +7,7 @@ import datetime as dt
 import pytest
 
 from tests.helpers import ago, crashed_job, found, job_document
+from zombie_pipeline import trail
 from zombie_pipeline.cleanup.late_results import audit_late_results
 from zombie_pipeline.cleanup.results import Count
 from zombie_pipeline.cleanup.run import run_cleanup
@@ -70,7 +71,9 @@ def test_a_slow_workers_success_written_after_its_job_was_finalized_is_a_late_re
 
     assert audit_late_results(store, POLICY, utc_now()) == 0  # counted once
     assert late_result(store, job) == record
-    assert metrics.audit_totals(store.events).late_results == {job[Job.TYPE]: 1}
+    assert trail.audit_totals(store.events, metrics.DETECTION_BUCKETS, metrics.RELEASE_LAG_BUCKETS).late_results == {
+        job[Job.TYPE]: 1
+    }
     generation = QUEUE_GENERATIONS[TODAY]
     report = window_report(store, generation, POLICY, [], ago(86_400), utc_now() + dt.timedelta(seconds=1))
     assert report.late_results == {job[Job.TYPE]: 1}

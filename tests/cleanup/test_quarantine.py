@@ -11,7 +11,7 @@ import pytest
 from tests.cleanup.test_causes import NOW, deployment, entry_of, waiting
 from tests.faults.scenario import counters_off
 from tests.helpers import Crash, cleanup_at, crashing, found
-from zombie_pipeline.cleanup.quarantine import NotQuarantined, active_quarantines, lift
+from zombie_pipeline.cleanup.quarantine import NotQuarantined, lift
 from zombie_pipeline.messages import quarantine_message
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.audit_documents import Event, Quarantine, RetryOutcome, ZombieEvent
@@ -23,6 +23,7 @@ from zombie_pipeline.queue.reasons import Cause
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import truncate_ms
 from zombie_pipeline.simulation.shapes import job_document
+from zombie_pipeline.trail import active_quarantines
 
 BOTH = pytest.mark.parametrize("generation", ["2023-01", "2026-05"])
 POISON = "user/poison"

@@ -6,12 +6,13 @@ import threading
 import pytest
 
 from tests.helpers import Crash, crashed_job, crashing, found, job_document
-from zombie_pipeline.cleanup.retries import enqueue_due_retries, pending_retries
+from zombie_pipeline.cleanup.retries import enqueue_due_retries
 from zombie_pipeline.cleanup.run import run_cleanup
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.audit_documents import Event, RetryOutcome, ScheduledRetry, ScheduledState, ZombieEvent
 from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
 from zombie_pipeline.queue.store import Store
+from zombie_pipeline.trail import pending_retries
 
 DELAYED = ZombiePolicy(retry_delay_seconds=600, retry_jitter=0.0, claim_lease_seconds=0)
 

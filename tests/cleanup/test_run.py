@@ -72,7 +72,7 @@ def test_a_finalize_step_given_a_moment_stamps_every_write_at_it(store):
     at = truncate_ms(utc_now() + dt.timedelta(minutes=1))  # not the wall clock of any write
     plan = plan_for(store, POLICY, "run-at", override_brake=True)
 
-    result = run.finalize(store, plan, run.find(store, plan, at).candidates, at)
+    result = run.claim_and_finalize(store, plan, run.find(store, plan, at).candidates, at)
 
     events = list(store.events.find())
     assert len(events) == len(simulation.zombie_ids) and {e[Event.FINALIZED_AT] for e in events} == {at}

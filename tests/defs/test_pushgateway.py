@@ -101,7 +101,7 @@ def test_a_cleanup_and_its_health_check_push_what_the_databases_hold(store, reso
     result = run_kill_zombies(resources)
     after = time.time()
     assert result.success
-    summary = step_metadata(result, "summarize")
+    summary = step_metadata(result, "report_cleanup")
     assert summary[PUSH_FAILED] == 0 and step_metadata(result, "find_zombies")[PUSH_FAILED] == 0
     assert dg.materialize([queue_health], resources=resources).success
 
@@ -222,7 +222,7 @@ def test_a_cleanup_with_the_gateway_down_succeeds_and_says_so(store, resources, 
 
     assert result.success
     assert store.events.count_documents({Event.STATE: EventState.DONE}) == 4
-    for step in ("find_zombies", "summarize"):
+    for step in ("find_zombies", "report_cleanup"):
         metadata = step_metadata(result, step)
         assert metadata[PUSH_FAILED] == 1 and metadata["metrics_push"].startswith("failed: ")
     warnings = [
@@ -235,8 +235,8 @@ def test_without_a_gateway_nothing_is_pushed_and_the_metadata_says_why(store, re
     store.jobs.insert_one(crashed_job())
     result = run_kill_zombies({**resources, "metrics_gateway": MetricsGateway()})
     assert result.success
-    assert step_metadata(result, "summarize")["metrics_push"] == "off ($ZOMBIE_PUSHGATEWAY_URL is not set)"
-    assert PUSH_FAILED not in step_metadata(result, "summarize")
+    assert step_metadata(result, "report_cleanup")["metrics_push"] == "off ($ZOMBIE_PUSHGATEWAY_URL is not set)"
+    assert PUSH_FAILED not in step_metadata(result, "report_cleanup")
 
 
 def test_the_statistics_push_the_suggestions_they_record(store, resources, gateway, tmp_path):

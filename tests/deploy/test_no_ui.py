@@ -116,5 +116,5 @@ def dry(run: dg.DagsterRun) -> bool:
     return (
         run.job_name == "kill_zombies_job"
         and isinstance(ops, dict)
-        and ops.get("reconcile", {}).get("config", {}).get("dry_run") is True
+        and ops.get("plan_and_recover", {}).get("config", {}).get("dry_run") is True
     )

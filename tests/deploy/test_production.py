@@ -210,7 +210,9 @@ def reconcile_metadata(deployment: Deployment, run_id: str) -> dict:
     """The output metadata of a cleanup run's first step, as the instance recorded it."""
     records = deployment.instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_OUTPUT).records
     [event] = [
-        record.event_log_entry.dagster_event for record in records if record.event_log_entry.step_key == "reconcile"
+        record.event_log_entry.dagster_event
+        for record in records
+        if record.event_log_entry.step_key == "plan_and_recover"
     ]
     return {key: value.value for key, value in found(event).step_output_data.metadata.items()}
 

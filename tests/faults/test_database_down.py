@@ -81,7 +81,7 @@ def test_an_unreachable_database_fails_the_run_after_its_step_retries_each_withi
     message = result_cause(failed)
     assert message.startswith(f"cannot reach MongoDB at mongodb://127.0.0.1:{server.port}/"), message
     failing_step = failed_steps(failed)[0]
-    assert failing_step == "reconcile"  # the first op: nothing ran before it
+    assert failing_step == "plan_and_recover"  # the first op: nothing ran before it
     failing_seconds = step_seconds(failed)[failing_step]  # its three attempts and the two waits between them
     timeout, waits = TIMEOUT_MS / 1000, RETRY_WAITS_SECONDS
     assert 3 * (timeout - 0.1) + waits <= failing_seconds <= 3 * (timeout * 2 + 1) + waits
@@ -100,7 +100,7 @@ def test_an_unreachable_database_fails_the_run_after_its_step_retries_each_withi
 
     worked = run_kill_zombies(dagster_resources(timeout_ms=TIMEOUT_MS), override_brake=True)
     assert worked.success
-    summary = worked.output_for_node("summarize")
+    summary = worked.output_for_node("report_cleanup")
     assert summary["finalized"] == len(simulation.zombie_ids) == 12
     report_figures(
         "unreachable_at_start",
@@ -224,7 +224,7 @@ def test_a_database_stopped_between_batches_fails_the_run_and_the_next_run_compl
         dagster_resources(timeout_ms=TIMEOUT_MS, batch_size=MIDWAY_BATCH, claim_lease_seconds=0), override_brake=True
     )
     assert recovered.success, step_failure_messages(recovered)
-    reconcile_metadata = step_metadata(recovered, "reconcile")
+    reconcile_metadata = step_metadata(recovered, "plan_and_recover")
     figures = audit(store, zombies, prior)
     # finalized before the crash keep their stamp: nothing is finalized a second time
     changed = sum(

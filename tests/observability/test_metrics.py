@@ -12,9 +12,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import ago, crashed_job, healthy_job, job_document, report_suggesting
+from zombie_pipeline import trail
 from zombie_pipeline.cleanup.run import run_cleanup
-from zombie_pipeline.monitoring import QueueSnapshot
 from zombie_pipeline.observability import metrics
+from zombie_pipeline.observability.monitoring import QueueSnapshot
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.audit_documents import Event, EventState, RetryOutcome
 from zombie_pipeline.queue.jobs import ID, Job
@@ -91,7 +92,7 @@ def test_the_audit_totals_count_the_finalized_events_by_type_reason_and_outcome(
         {ID: ObjectId(), Event.STATE: EventState.DONE, Event.JOB: {Job.TYPE: 42}, Event.REASON: "missing_heartbeat"}
     )
 
-    totals = metrics.audit_totals(store.events)
+    totals = trail.audit_totals(store.events, metrics.DETECTION_BUCKETS, metrics.RELEASE_LAG_BUCKETS)
 
     assert totals.finalized == {  # five workers dead alone: crashes (and one that never started)
         ("/splits", "missing_heartbeat", "JobManagerCrashedError", "crash"): 3,
@@ -108,7 +109,7 @@ def test_the_audit_totals_count_the_finalized_events_by_type_reason_and_outcome(
 
 
 def test_a_cleanups_figures_are_the_audit_totals_and_the_runs_own_counts():
-    totals = metrics.AuditTotals(
+    totals = trail.AuditTotals(
         finalized=Counter({("/splits", "missing_heartbeat", "JobManagerCrashedError", "deploy"): 4}),
         fresher_kept=Counter({"/splits": 1}),
         retries=Counter({("/splits", "deploy", "enqueued"): 3}),
@@ -161,7 +162,7 @@ def test_detection_times_are_a_histogram_per_reason_counted_from_the_audit_trail
         event[Event.DETECTION_SECONDS] for event in store.events.find({Event.REASON: "missing_heartbeat"})
     )
 
-    totals = metrics.audit_totals(store.events)
+    totals = trail.audit_totals(store.events, metrics.DETECTION_BUCKETS, metrics.RELEASE_LAG_BUCKETS)
     values = exposed(metrics.cleanup_figures(totals, {}, {}, ago(5), ago(0), heartbeat_timeout_seconds=300))
 
     def bucket(reason: str, le: str) -> float:
@@ -189,7 +190,12 @@ def test_release_lags_are_a_histogram_per_reason_counted_from_the_audit_trail(st
 
     values = exposed(
         metrics.cleanup_figures(
-            metrics.audit_totals(store.events), {}, {}, ago(5), ago(0), heartbeat_timeout_seconds=300
+            trail.audit_totals(store.events, metrics.DETECTION_BUCKETS, metrics.RELEASE_LAG_BUCKETS),
+            {},
+            {},
+            ago(5),
+            ago(0),
+            heartbeat_timeout_seconds=300,
         )
     )
 
@@ -206,7 +212,7 @@ def test_release_lags_are_a_histogram_per_reason_counted_from_the_audit_trail(st
 
 def test_a_cleanup_that_found_nothing_pushes_zeros_for_every_job_type_reason_and_outcome_it_knows():
     """A series absent is a blank panel, not a zero; a counter first seen at 1 hides its first increase."""
-    totals = metrics.AuditTotals(
+    totals = trail.AuditTotals(
         finalized=Counter({("/splits", "missing_heartbeat", "JobManagerCrashedError", "crash"): 4})
     )
     started = dt.datetime(2026, 5, 1, 12, tzinfo=UTC)

@@ -258,7 +258,7 @@ def commands(auth_server: LocalServer, tmp_path_factory: pytest.TempPathFactory)
         "full_run",
     )
     run_config = started.homes("full_run")["cwd"] / "run_config.yaml"
-    run_config.write_text("ops:\n  reconcile:\n    config:\n      override_brake: true\n")
+    run_config.write_text("ops:\n  plan_and_recover:\n    config:\n      override_brake: true\n")
     started.start(
         "dagster job execute",
         dagster_cli(
@@ -346,7 +346,7 @@ def test_a_full_run_with_the_password_in_the_urls_leaks_it_nowhere(
     )
     result = in_process_run(good, outputs, "in-process job", monkeypatch)
     assert result.success
-    assert result.output_for_node("summarize")["finalized"] == 6
+    assert result.output_for_node("report_cleanup")["finalized"] == 6
 
     store = Store.of(client[QUEUE], client[CACHE])
     report = run_cleanup(store, ZombiePolicy(), "core-run", dry_run=True)

@@ -14,7 +14,7 @@ from tests.helpers import CommandLog, workload
 from tests.servers import fresh_databases, on_real_mongodb
 from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.detection import detect
-from zombie_pipeline.monitoring import audit_cache_errors
+from zombie_pipeline.observability.monitoring import audit_cache_errors
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.audit_documents import Event, EventState
 from zombie_pipeline.queue.cache import Cache

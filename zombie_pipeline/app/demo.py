@@ -3,9 +3,9 @@
 On the embedded server it simulates a deployment (a week of history cleaned daily, with a dataset that crashes
 its worker every day, and today's zombies beside healthy started jobs), runs ``kill_zombies_job``, then the
 statistics and ``repeat_offenders`` of the week ending yesterday, through Dagster, and prints what those runs
-recorded: the cleanup's summary from its ``summarize`` step, the statistics from the report files their
-materialization names, the offenders from their materialization's table; last, workers that stop beating as it runs, each released by a short ``zombie_watch_job``
-at its deadline. The runs are kept in a Dagster instance
+recorded: the cleanup's summary from its ``report_cleanup`` step, the statistics from the report files their
+materialization names, the offenders from their materialization's table; last, workers that stop beating as it runs,
+each released by a short ``zombie_watch_job`` at its deadline. The runs are kept in a Dagster instance
 that outlives the demo (``config.dagster_home``), and the demo prints the command that opens the UI on it.
 
 The cleanup sees the queue the simulator meant, on any machine: the simulated workers only start once it is
@@ -34,7 +34,7 @@ import pymongo
 from zombie_pipeline import config
 from zombie_pipeline.app.errors import OptionRefused, Progress, cut_short, progress_of
 from zombie_pipeline.cleanup.detection import count_stale, started_filter
-from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
+from zombie_pipeline.cleanup.quarantine import quarantine_row
 from zombie_pipeline.cleanup.run import RunSummary
 from zombie_pipeline.defs.cleanup.jobs import kill_zombies_job
 from zombie_pipeline.defs.failures.causes import result_cause
@@ -55,6 +55,7 @@ from zombie_pipeline.simulation.simulator import simulate
 from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning
 from zombie_pipeline.simulation.workload import Workload, healthy_beside
 from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS
+from zombie_pipeline.trail import active_quarantines
 
 #: Dagster's console logger silenced: the demo prints its own summary, and a failure as its one line, never a stack trace.
 QUIET = {"console": {"config": {"log_level": "CRITICAL"}}}
@@ -136,7 +137,7 @@ def run_demo(
             store.ensure_indexes()
             _prepare_queue(store, finished, seed, policy, generation, progress)
 
-        run_config = {"ops": {"reconcile": {"config": {"dry_run": real_database}}}, "loggers": QUIET}
+        run_config = {"ops": {"plan_and_recover": {"config": {"dry_run": real_database}}}, "loggers": QUIET}
         with _instance() as instance:
             succeeded = _cleanup(resources, run_config, instance, real_database)
             progress("reading the quarantines")
@@ -232,7 +233,7 @@ def _cleanup(
         )
         return True
     summary = RunSummary(
-        Counter(result.output_for_node("summarize")), table_rows(result, "summarize", "finalized_jobs")
+        Counter(result.output_for_node("report_cleanup")), table_rows(result, "report_cleanup", "finalized_jobs")
     )
     print("  " + summary.one_line())
     for row in summary.rows[:8]:

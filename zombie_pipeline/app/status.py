@@ -20,17 +20,22 @@ from typing import Any
 from zombie_pipeline.cleanup.brake import Brake
 from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.cleanup.detection import detect, started_filter
-from zombie_pipeline.cleanup.events import finalized_between
-from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
-from zombie_pipeline.cleanup.retries import pending_retries
+from zombie_pipeline.cleanup.quarantine import quarantine_row
 from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.audit_documents import Event, EventState, Failure, LateResult
+from zombie_pipeline.queue.audit_documents import Event, Failure, LateResult
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.jobs import ID, Job, Status
 from zombie_pipeline.queue.reasons import CAUSES, REASONS
 from zombie_pipeline.queue.store import Store, aggregate_rows
 from zombie_pipeline.queue.times import as_utc, utc
+from zombie_pipeline.trail import (
+    active_quarantines,
+    finalized_between,
+    finalized_events,
+    pending_retries,
+    unfinished_finalizations,
+)
 
 #: The last cleanups listed, from the audit trail of this many days (a cleanup that finalized nothing leaves no event).
 CLEANUPS_SHOWN = 5
@@ -80,7 +85,7 @@ def queue_status(store: Store, policy: ZombiePolicy, now: dt.datetime, where: Ma
             "pipeline_failures": _failures(store, since),
         },
         "retries_waiting_for_their_delay": pending_retries(store),
-        "unfinished_finalizations": store.events.count_documents({Event.STATE: {"$ne": EventState.DONE}}),
+        "unfinished_finalizations": unfinished_finalizations(store),
     }
 
 
@@ -166,7 +171,7 @@ def _last_cleanups(store: Store, since: dt.datetime, now: dt.datetime) -> list[d
 def _finalized_times(store: Store, since: dt.datetime, now: dt.datetime) -> dict[str, Any]:
     """The zombies finalized since ``since``, and each of :data:`TIMES` over them (all, and by cause)."""
     fields = {Event.CAUSE: 1, Event.REASON: 1, **dict.fromkeys(TIMES, 1)}
-    events: list[dict[str, Any]] = [dict(event) for event in store.events.find(finalized_between(since, now), fields)]
+    events: list[dict[str, Any]] = [dict(event) for event in finalized_events(store.events, since, now, fields)]
     by_cause = Counter(str(cause_of_event(event)) for event in events if event.get(Event.REASON) in REASONS)
     times = {}
     for name, meaning in TIMES.items():

@@ -7,15 +7,13 @@ cleanup leaves the job alone. A run that dies leaves its events with a lease
 that runs out; the next run takes them over and completes them. Every step
 reads its events in batches of ``policy.batch_size`` and must move each one on
 (to a later state, or out of the log), so that a step ends when no event is
-left for it. The statistics and the repeat offenders read the finalized ones
-(:func:`finalized_between`).
+left for it. Everyone else reads the trail through ``zombie_pipeline.trail``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import time
-from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -26,15 +24,14 @@ from pymongo.client_session import ClientSession
 from pymongo.collection import Collection as MongoCollection
 from pymongo.errors import BulkWriteError
 
-from zombie_pipeline.cleanup.causes import cause_of_event, solitary_cause
+from zombie_pipeline.cleanup.causes import solitary_cause
 from zombie_pipeline.cleanup.detection import Candidate
 from zombie_pipeline.cleanup.results import Count, StepResult
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.audit_documents import Event, EventState, ZombieEvent
 from zombie_pipeline.queue.generations import OLDEST_QUEUE_GENERATION, QueueGeneration
-from zombie_pipeline.queue.jobs import ID, Job
-from zombie_pipeline.queue.reasons import Cause, Reason
-from zombie_pipeline.queue.store import Store, aggregate_rows, duplicate_indexes
+from zombie_pipeline.queue.jobs import ID
+from zombie_pipeline.queue.store import duplicate_indexes
 from zombie_pipeline.queue.times import utc_now
 
 T = TypeVar("T")
@@ -198,11 +195,6 @@ def event_of(
     }
 
 
-def finalized_between(start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
-    """Zombies finalized in ``[start, end)``, on the ``finalized_at`` index; a claim that lost its race never gets there."""
-    return {Event.FINALIZED_AT: {"$gte": start, "$lt": end}, Event.STATE: EventState.DONE}
-
-
 def batched(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -210,25 +202,3 @@ def batched(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
 
 def lease_end(now: dt.datetime, policy: ZombiePolicy) -> dt.datetime:
     return now + dt.timedelta(seconds=policy.claim_lease_seconds)
-
-
-def causes_between(store: Store, start: dt.datetime, end: dt.datetime) -> dict[str, dict[Cause, int]]:
-    """The zombies finalized in ``[start, end)`` per job type and cause, counted on the server (by reason too, for
-    the events recorded before causes were, which take their reason's cause)."""
-    pipeline = [
-        {"$match": finalized_between(start, end)},
-        {
-            "$group": {
-                ID: {"type": f"${Event.JOB}.{Job.TYPE}", "cause": f"${Event.CAUSE}", "reason": f"${Event.REASON}"},
-                "count": {"$sum": 1},
-            }
-        },
-    ]
-    counts: dict[str, Counter[Cause]] = {}
-    for row in aggregate_rows(store.events, pipeline):
-        key = row[ID]
-        if not isinstance(key.get("type"), str) or key.get("reason") not in frozenset(Reason):
-            continue  # not an event this code wrote: nothing to count it as
-        cause = cause_of_event({Event.CAUSE: key.get("cause"), Event.REASON: key["reason"]})
-        counts.setdefault(key["type"], Counter())[cause] += row["count"]
-    return {job_type: dict(by_cause) for job_type, by_cause in sorted(counts.items())}

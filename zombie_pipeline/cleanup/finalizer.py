@@ -6,7 +6,7 @@ the generation's finish (:mod:`.strategies`), the cache's error entries
 (:mod:`.cache_errors`), the deployment's bookkeeping around a finish
 (:mod:`.effects`), the counters' repair (:mod:`.counters`), the retries
 (:mod:`.retries`) and the compensations in force. A batch's pass, each part safe
-to redo, reads top to bottom in :meth:`Finalizer.finalize_batch`:
+to redo, reads top to bottom in :meth:`Finalizer.drive_batch`:
 
 1. the claims are sorted by the finish strategy (still as detection saw them,
    finished by an earlier pass, or lost to a worker that moved);
@@ -138,10 +138,10 @@ class Finalizer:
         claimed = {Event.STATE: EventState.CLAIMED, Event.QUEUE_GENERATION: self.strategy.generation.name}
         for events in self.log.drain(claimed):
             result.counts[cache_generation_count(self.cache_errors.generation.name)] = 1
-            result.merge(self.finalize_batch(events, fresh))
+            result.merge(self.drive_batch(events, fresh))
         return result
 
-    def finalize_batch(self, events: list[ZombieEvent], fresh: Collection[Any]) -> StepResult:
+    def drive_batch(self, events: list[ZombieEvent], fresh: Collection[Any]) -> StepResult:
         """One batch from claimed to done; each part is safe to redo, the events are written once, at the end."""
         queue, cache = self.store.jobs.database.client, self.store.cache.database.client
         claims = self.strategy.sort_claims(events, fresh)

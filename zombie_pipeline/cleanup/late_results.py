@@ -24,14 +24,15 @@ from typing import Any
 
 from pymongo import UpdateOne
 
-from zombie_pipeline.cleanup.events import batched, finalized_between
+from zombie_pipeline.cleanup.events import batched
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.audit_documents import Event, LateEvidence, LateResult, LateResultRecord, ZombieEvent
 from zombie_pipeline.queue.cache import Cache, CacheEntry, ErrorCode, cache_key_of_job
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.jobs import ID, Job, JobSnapshot
-from zombie_pipeline.queue.store import Store, aggregate_rows
+from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import as_utc
+from zombie_pipeline.trail import finalized_between
 
 #: How far a result's start (its ``updated_at`` less its ``duration``) may lie from the job's own start and still be
 #: that run's: the worker takes both times within a moment; a retry starts minutes later, after the finalization.
@@ -168,12 +169,3 @@ def _restarted(store: Store, finalized: list[_Finalized]) -> set[Any]:
             if started_at is not None and started_at > item.finalized_at:
                 restarted.add(item.id)
     return restarted
-
-
-def late_results_between(store: Store, start: dt.datetime, end: dt.datetime) -> dict[str, int]:
-    """Late results per job type among the zombies finalized in ``[start, end)``, counted on the server."""
-    pipeline = [
-        {"$match": {**finalized_between(start, end), Event.LATE_RESULT: {"$ne": None}}},
-        {"$group": {ID: f"${Event.JOB}.{Job.TYPE}", "count": {"$sum": 1}}},
-    ]
-    return {row[ID]: row["count"] for row in aggregate_rows(store.events, pipeline) if isinstance(row[ID], str)}

@@ -50,6 +50,7 @@ from zombie_pipeline.queue.jobs import ID, Job, job_type_problem, name_problem
 from zombie_pipeline.queue.reasons import Cause, Reason
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import as_utc, utc
+from zombie_pipeline.trail import active_quarantines, is_active
 
 #: A (dataset, job type).
 Pair = tuple[str, str]
@@ -61,14 +62,6 @@ class NotQuarantined(ValueError):
 
 def pair_of(job: Mapping[str, Any]) -> Pair:
     return job[Job.DATASET], job[Job.TYPE]
-
-
-def is_active(quarantine: Mapping[str, Any], at: dt.datetime) -> bool:
-    """Whether ``quarantine`` holds at ``at``: begun, not lapsed, not lifted."""
-    lifted_at = as_utc(quarantine.get(Quarantine.LIFTED_AT))
-    return utc(quarantine[Quarantine.SINCE]) <= at < utc(quarantine[Quarantine.LAPSES_AT]) and (
-        lifted_at is None or at < lifted_at
-    )
 
 
 def ended_at(quarantine: Mapping[str, Any]) -> dt.datetime:
@@ -215,16 +208,6 @@ class Quarantines:
 
 
 # --- reading them ---------------------------------------------------------------------------------------------
-
-
-def active_quarantines(store: Store, at: dt.datetime) -> list[QuarantineDocument]:
-    """The quarantines holding at ``at``, the most recent first (a small collection: one document per pair ever)."""
-    found = store.quarantine.find({Quarantine.LAPSES_AT: {"$gt": at}, Quarantine.SINCE: {"$lte": at}})
-    return sorted(
-        (document for document in found if is_active(document, at)),
-        key=lambda document: (utc(document[Quarantine.SINCE]), document[Quarantine.DATASET]),
-        reverse=True,
-    )
 
 
 def quarantine_row(quarantine: Mapping[str, Any]) -> dict[str, Any]:

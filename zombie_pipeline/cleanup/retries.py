@@ -227,11 +227,6 @@ def enqueue_due_retries(store: Store, policy: ZombiePolicy, now: dt.datetime | N
         )
 
 
-def pending_retries(store: Store) -> int:
-    """Delayed retries not enqueued yet, due or not."""
-    return store.retries.count_documents({ScheduledRetry.STATE: ScheduledState.PENDING})
-
-
 def _enqueue_due(
     store: Store, due: list[RetryDocument], effects: DeploymentEffects, now: dt.datetime
 ) -> tuple[dict[Any, ScheduledState], int, int]:

@@ -10,7 +10,7 @@
 3. :func:`find`: the zombies, by one indexed query (``detection``), with the
    malformed started jobs left alone, and the **brake** as a value: engaged when
    an implausible share of the started jobs look dead.
-4. :func:`finalize`: each zombie claimed in the audit trail, then finished as the
+4. :func:`claim_and_finalize`: each zombie claimed in the audit trail, then finished as the
    queue's finish strategy says, by one :class:`~.finalizer.Finalizer`: the job
    and its cache error entry, the deployment's counters, rate limiter and locks,
    retries, the event completed.
@@ -55,15 +55,16 @@ from zombie_pipeline.cleanup.results import (
     reason_count,
     retry_count,
 )
-from zombie_pipeline.cleanup.retries import enqueue_due_retries, pending_retries
+from zombie_pipeline.cleanup.retries import enqueue_due_retries
 from zombie_pipeline.messages import counted, plural
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.audit_documents import CacheOutcome, Event, EventState, RetryOutcome
+from zombie_pipeline.queue.audit_documents import CacheOutcome, Event, RetryOutcome
 from zombie_pipeline.queue.evidence import Generations, decide
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.reasons import CAUSES, REASONS, Cause
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import utc_now
+from zombie_pipeline.trail import finalized_by_run, pending_retries
 
 
 class BrakeEngaged(RuntimeError):
@@ -150,7 +151,7 @@ def find(store: Store, plan: CleanupPlan, now: dt.datetime | None = None) -> Det
     return detection
 
 
-def finalize(
+def claim_and_finalize(
     store: Store, plan: CleanupPlan, candidates: list[Candidate], now: dt.datetime | None = None
 ) -> StepResult:
     """Claim the candidates, then finalize every claim of the run (an earlier attempt's too) as the queue's generation
@@ -246,7 +247,7 @@ def run_cleanup(
     if detection.brake is not None and detection.stopped_by_brake:
         raise BrakeEngaged(detection.brake.message())
     report = CleanupReport(run_id, dry_run, plan.generations, detection, reconciled=reconciled)
-    report.steps.merge(finalize(store, plan, detection.candidates, at(Step.FINALIZE, detection.candidates)))
+    report.steps.merge(claim_and_finalize(store, plan, detection.candidates, at(Step.FINALIZE, detection.candidates)))
     report.steps.merge(compensate(store, plan))
     report.steps.merge(audit(store, plan, at(Step.AUDIT)))
     return report
@@ -348,8 +349,7 @@ def summarize(
     for cause in CAUSES:
         counts.setdefault(cause_count(cause), 0)
     rows = []
-    query = {Event.LEASE_OWNER: run_id, Event.STATE: EventState.DONE}
-    for event in store.events.find(query).sort(Event.FINALIZED_AT, 1):
+    for event in finalized_by_run(store, run_id):
         row = finalized_row(event)
         row["cache"] = event.get(Event.CACHE_OUTCOME)
         row["retry"] = event.get(Event.RETRY_OUTCOME)

@@ -12,9 +12,9 @@ steps:
    no longer due;
 2. the brake weighs it as :func:`run.find` does (below);
 3. ``causes.judged`` tells each one's cause, with the deaths finalized recently;
-4. :func:`run.finalize` claims each one in the audit trail and finalizes it through the ``Finalizer``: the queue
-   generation's finish by compare-and-set, in batches, exactly once beside any other cleanup and the deployment's
-   own killer.
+4. :func:`run.claim_and_finalize` claims each one in the audit trail and finalizes it through the ``Finalizer``: the
+   queue generation's finish by compare-and-set, in batches, exactly once beside any other cleanup and the
+   deployment's own killer.
 
 What falls due together is judged together. Passes come at most every ``min_pass_seconds``, each taking everything
 due by then as one batch. The brake counts, beside what is due, the jobs finalized in the last *window* (the
@@ -341,7 +341,7 @@ class Watch:
         candidates = causes.judged(due, self.store.events, policy, now)
         self.unfinished = True
         stamp = None if self.clock is utc_now else self.clock()  # a test's clock stamps the writes too
-        result = run.finalize(self.store, self.plan, candidates, stamp)
+        result = run.claim_and_finalize(self.store, self.plan, candidates, stamp)
         self.unfinished = False
         self.acted_until = now
         self.report.result.merge(self._finalized(result))

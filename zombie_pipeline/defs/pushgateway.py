@@ -6,7 +6,8 @@ replaces what its group held; the group is the queue database and the step that 
 ``zombie_pipeline``), so several queues, and the steps of one queue, never overwrite each other:
 
 - ``find_zombies``: the brake (also when it stops the cleanup);
-- ``summarize``: the audit trail's totals and the cleanup's own figures, after a successful cleanup;
+- ``report_cleanup`` (its group still labelled ``summarize``, :data:`STEP_GROUPS`): the audit trail's totals and the
+  cleanup's own figures, after a successful cleanup;
 - ``queue_health``: the queue's state after it;
 - ``job_duration_statistics``: the suggested and configured T2 (and heartbeat timeout) of the current window;
 - ``heartbeat_gap_tallies``: the heartbeat gaps a watcher saw, since its first watch.
@@ -35,6 +36,9 @@ PUSH_JOB = "zombie_pipeline"
 QUEUE_DATABASE_LABEL = "queue_database"
 STEP_LABEL = "step"
 PUSH_FAILED = "metrics_push_failed"
+#: The group of a step renamed since deployments began pushing: its old name, so that a push replaces the group the
+#: gateway already holds rather than leaving it frozen beside a new one (its gauges would keep alerts firing).
+STEP_GROUPS = {"report_cleanup": "summarize"}
 
 
 class MetricsGateway(PrometheusResource):
@@ -76,7 +80,7 @@ class MetricsGateway(PrometheusResource):
         if not self.enabled:
             return {"metrics_push": f"off (${config.PUSHGATEWAY_URL_ENV} is not set)"}
         figures = figures_of()
-        step = context.op_def.name
+        step = STEP_GROUPS.get(context.op_def.name, context.op_def.name)
         grouping = {QUEUE_DATABASE_LABEL: queue_database, STEP_LABEL: step}
         self.registry.register(figures)
         try:

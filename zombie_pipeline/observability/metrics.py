@@ -28,26 +28,24 @@ or the run has seen, a 0 or 1 per type for whether the statistics had a suggesti
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.core import Metric as MetricFamily
 from prometheus_client.registry import Collector
 from pymongo.collection import Collection
 
-from zombie_pipeline.cleanup.causes import cause_of_event
 from zombie_pipeline.cleanup.detection import started_filter
 from zombie_pipeline.cleanup.results import Count
-from zombie_pipeline.monitoring import QueueSnapshot
-from zombie_pipeline.queue.audit_documents import CacheOutcome, Event, EventState, LateResult, RetryOutcome, ZombieEvent
-from zombie_pipeline.queue.cache import ErrorCode
+from zombie_pipeline.observability.monitoring import QueueSnapshot
+from zombie_pipeline.queue.audit_documents import RetryOutcome
 from zombie_pipeline.queue.indexes import on_index
 from zombie_pipeline.queue.jobs import ID, Job, JobDocument, job_type_problem
 from zombie_pipeline.queue.reasons import CAUSES, CAUSES_OF_REASON, ERROR_CODE_OF_REASON, REASONS
 from zombie_pipeline.queue.store import aggregate_rows
+from zombie_pipeline.trail import AuditTotals, Histogram
 
 if TYPE_CHECKING:  # the cleanup pushes its figures without the statistics' pandas
     from zombie_pipeline.statistics.analysis import DurationReport
@@ -84,7 +82,7 @@ def _histogram(name: str, help: str, *labels: str) -> Metric:
     return Metric(PREFIX + name, "histogram", help, labels)
 
 
-# --- pushed by a cleanup (summarize): the audit trail's totals, and the last cleanup's own figures -------------
+# --- pushed by a cleanup (report_cleanup): the audit trail's totals, and the last cleanup's own figures -------------
 
 ZOMBIES_FINALIZED = _counter(
     "zombies_finalized",
@@ -325,109 +323,11 @@ class Figures(Collector):
         return tuple(str(labels[name]) for name in metric.labels)
 
 
-@dataclass(frozen=True)
-class Histogram:
-    """Observations counted at or below each of ``bounds`` (cumulative, as Prometheus exposes them), all of them, and
-    their sum."""
-
-    bounds: tuple[float, ...]
-    at_or_below: tuple[int, ...]
-    count: int
-    total: float
-
-    def buckets(self) -> list[tuple[str, float]]:
-        bounds = [(f"{bound:g}", float(count)) for bound, count in zip(self.bounds, self.at_or_below)]
-        return [*bounds, ("+Inf", float(self.count))]
-
-
 # --- what a cleanup pushes ---------------------------------------------------------------------------------------
 
 
-@dataclass
-class AuditTotals:
-    """The audit trail's finalizations, counted by what the counters label them with."""
-
-    finalized: Counter[Any] = field(default_factory=Counter)  # (job type, reason, error code, cause) -> events
-    fresher_kept: Counter[Any] = field(default_factory=Counter)  # job type -> events
-    retries: Counter[Any] = field(default_factory=Counter)  # (job type, cause, retry outcome) -> events
-    late_results: Counter[Any] = field(default_factory=Counter)  # job type -> events whose job showed life afterwards
-    skipped: int = 0  # events whose type, reason or code cannot be a label value (written by hand or an old version)
-    detection: dict[str, Histogram] = field(default_factory=dict)  # reason -> detection times (recorded since 2026-12)
-    release_lag: dict[str, Histogram] = field(default_factory=dict)  # reason -> release lags (recorded since 2026-12)
-
-
-_REASONS = {str(reason) for reason in REASONS}
-_ERROR_CODES = {str(code) for code in ErrorCode}
 _RETRY_OUTCOMES = {str(outcome) for outcome in RetryOutcome}
-_TYPE, _REASON, _CODE, _CACHE, _RETRY, _LATE = "type", "reason", "code", "cache", "retry", "late"
-_CAUSE, _COUNT, _SUM = "cause", "count", "sum"
-
-
-def audit_totals(events: Collection[ZombieEvent]) -> AuditTotals:
-    """One aggregation over the finalized events (on the ``(state, lease_until)`` index), grouped on the server.
-
-    Finalized means completed (state ``done``), as the statistics read it: a claim that lost its race never gets
-    there.
-    """
-    pipeline = on_index(
-        {Event.STATE: EventState.DONE},
-        {},
-        {
-            "$group": {
-                ID: {
-                    _TYPE: f"${Event.JOB}.{Job.TYPE}",
-                    _REASON: f"${Event.REASON}",
-                    _CODE: f"${Event.ERROR_CODE}",
-                    _CACHE: f"${Event.CACHE_OUTCOME}",
-                    _RETRY: f"${Event.RETRY_OUTCOME}",
-                    _CAUSE: f"${Event.CAUSE}",
-                    _LATE: f"${Event.LATE_RESULT}.{LateResult.EVIDENCE}",
-                },
-                _COUNT: {"$sum": 1},
-            }
-        },
-    )
-    totals = AuditTotals()
-    for group in aggregate_rows(events, pipeline):
-        key, count = group[ID], group[_COUNT]
-        job_type, reason, code = key.get(_TYPE), key.get(_REASON), key.get(_CODE)
-        if job_type_problem(job_type) or reason not in _REASONS or code not in _ERROR_CODES:
-            totals.skipped += count
-            continue
-        cause = str(cause_of_event({Event.CAUSE: key.get(_CAUSE), Event.REASON: reason}))
-        totals.finalized[(job_type, reason, code, cause)] += count
-        if key.get(_CACHE) == CacheOutcome.SKIPPED_FRESHER:
-            totals.fresher_kept[job_type] += count
-        if key.get(_RETRY) in _RETRY_OUTCOMES:
-            totals.retries[(job_type, cause, key[_RETRY])] += count
-        if key.get(_LATE) is not None:
-            totals.late_results[job_type] += count
-    totals.detection = detection_histograms(events)
-    totals.release_lag = detection_histograms(events, Event.RELEASE_LAG_SECONDS, RELEASE_LAG_BUCKETS)
-    return totals
-
-
-def detection_histograms(
-    events: Collection[ZombieEvent],
-    figure: str = Event.DETECTION_SECONDS,
-    bounds: tuple[float, ...] = DETECTION_BUCKETS,
-) -> dict[str, Histogram]:
-    """Per reason, the finalized events' detection times (or another of their figures in seconds, ``figure``) counted
-    into ``bounds``, on the server."""
-    seconds = f"${figure}"
-    at_or_below = {
-        f"le{index}": {"$sum": {"$cond": [{"$lte": [seconds, bound]}, 1, 0]}} for index, bound in enumerate(bounds)
-    }
-    pipeline = on_index(
-        {Event.STATE: EventState.DONE},
-        {figure: {"$type": "number"}},
-        {"$group": {ID: f"${Event.REASON}", _COUNT: {"$sum": 1}, _SUM: {"$sum": seconds}, **at_or_below}},
-    )
-    return {
-        group[ID]: Histogram(bounds, tuple(group[name] for name in at_or_below), group[_COUNT], float(group[_SUM]))
-        for group in aggregate_rows(events, pipeline)
-        if group[ID] in _REASONS
-    }
+_COUNT = "count"
 
 
 def no_observations(bounds: tuple[float, ...]) -> Histogram:

@@ -52,8 +52,6 @@ import numpy as np
 import pandas as pd
 
 from zombie_pipeline.cleanup.budget import spent_budgets
-from zombie_pipeline.cleanup.events import causes_between
-from zombie_pipeline.cleanup.late_results import late_results_between
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.jobs import FINISHED_STATUSES
@@ -79,6 +77,7 @@ from zombie_pipeline.statistics.quantiles import (
 )
 from zombie_pipeline.statistics.sources import left_out_of_every_day, read_history
 from zombie_pipeline.statistics.tallies import EMPTY_DURATIONS, READ_BATCH_SIZE, Period, Tally, combine
+from zombie_pipeline.trail import causes_between, late_results_between
 
 DAY_SECONDS = 86_400
 #: The reasons whose detection waits the heartbeat timeout (a SIGTERMed job's has a rule of its own).

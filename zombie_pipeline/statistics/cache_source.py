@@ -32,7 +32,6 @@ import pyarrow.compute as pc
 from pymongo.collection import Collection
 from pymongoarrow.api import Schema, aggregate_arrow_all
 
-from zombie_pipeline.cleanup.events import finalized_between
 from zombie_pipeline.queue.audit_documents import ZombieEvent
 from zombie_pipeline.queue.cache import HTTP_OK, Cache, CacheEntry, ErrorCode
 from zombie_pipeline.queue.cache_entries import DETAIL_JOB_ID
@@ -50,6 +49,7 @@ from zombie_pipeline.statistics.tallies import (
     is_job_type,
     tally_events,
 )
+from zombie_pipeline.trail import finalized_events
 
 # The columns of an entry's row, as the server computes them.
 _KIND_TYPE = "kind_type"
@@ -139,7 +139,7 @@ def read_cache_period(
     start, end = period_start, period_end
     ensure_updated_index(cache, create_index)  # the planner takes it: an equality on kind, a range on updated_at
     period = Period(start=start, end=end, source="cache")
-    tally_events(period, events.find(finalized_between(start, end), EVENT_PROJECTION, batch_size=batch_size))
+    tally_events(period, finalized_events(events, start, end, EVENT_PROJECTION, batch_size))
     values = cache.distinct(
         Cache.KIND
     )  # each value once, by the server's equality (MongoDB: 1 and 1.0 are one, true another)

@@ -28,7 +28,6 @@ from pymongo.collection import Collection
 from pymongoarrow.api import Schema, find_arrow_all
 from pymongoarrow.types import ObjectIdType
 
-from zombie_pipeline.cleanup.events import finalized_between
 from zombie_pipeline.queue.audit_documents import ZombieEvent
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.jobs import FINISHED_STATUSES, ID, STATUSES, Job, JobDocument, Status
@@ -43,6 +42,7 @@ from zombie_pipeline.statistics.tallies import (
     is_job_type,
     tally_events,
 )
+from zombie_pipeline.trail import finalized_events
 
 #: Jobs that may finish without ever starting: no duration, but not bad data.
 NEVER_STARTED_STATUSES = frozenset({Status.CANCELLED, Status.SKIPPED})
@@ -418,7 +418,7 @@ def read_period(
         raise ValueError("read_period needs two dates, start before end")
     start, end = period_start, period_end
     period = Period(start=start, end=end)
-    audited = tally_events(period, events.find(finalized_between(start, end), EVENT_PROJECTION, batch_size=batch_size))
+    audited = tally_events(period, finalized_events(events, start, end, EVENT_PROJECTION, batch_size))
     pieces, found = _Pieces(), set[Any]()
     for status in statuses_to_read(generation):
         query = finished_jobs_filter(status, start, end)

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from zombie_pipeline.cleanup.budget import spent_budgets
-from zombie_pipeline.cleanup.events import finalized_between
-from zombie_pipeline.cleanup.quarantine import active_quarantines, quarantine_row
+from zombie_pipeline.cleanup.quarantine import quarantine_row
 from zombie_pipeline.queue.audit_documents import Event, RetryOutcome
 from zombie_pipeline.queue.cache import CACHE_CONTENT_ERROR, Cache
 from zombie_pipeline.queue.indexes import on_index
@@ -38,6 +37,7 @@ from zombie_pipeline.queue.jobs import ID, Job, job_type_problem, name_problem
 from zombie_pipeline.queue.reasons import ERROR_CODE_OF_REASON, REASONS, Reason
 from zombie_pipeline.queue.store import Store, aggregate_rows
 from zombie_pipeline.queue.times import as_utc, utc
+from zombie_pipeline.trail import active_quarantines, finalized_between
 
 #: Finalizations of one dataset in the window that make it an offender, unless told otherwise.
 DEFAULT_THRESHOLD = 3

@@ -43,7 +43,7 @@ def test_the_job_finalizes_the_zombies_and_reports_them_in_its_metadata(store, r
     simulation = simulate(store, WORKLOAD)
     result = run_kill_zombies(resources)
     assert result.success
-    summary = step_metadata(result, "summarize")
+    summary = step_metadata(result, "report_cleanup")
     assert summary["finalized"] == 14
     assert summary["reason/missing_heartbeat"] == 8
     assert summary["reason/never_heartbeated"] == 3
@@ -52,7 +52,7 @@ def test_the_job_finalizes_the_zombies_and_reports_them_in_its_metadata(store, r
     assert summary["cache_written"] == 14
     assert len(summary["finalized_jobs"].records) == 14
     assert "finalized 14 zombies" in summary["summary"]
-    assert step_metadata(result, "reconcile")["policy"]["heartbeat_timeout_seconds"] == 300
+    assert step_metadata(result, "plan_and_recover")["policy"]["heartbeat_timeout_seconds"] == 300
     assert store.jobs.count_documents({ID: {"$in": simulation.zombie_ids}, Job.STATUS: Status.ERROR}) == 14
 
 
@@ -82,8 +82,8 @@ def test_a_run_records_its_policy_file_and_the_fields_its_config_overrode_as_tag
         "http_status",
     )
     said = f"policy: file {path} (sha256 {digest}), run config overrides http_status"
-    assert said in step_metadata(result, "summarize")["summary"]
-    assert step_metadata(result, "reconcile")["policy_source"] == said.removeprefix("policy: ")
+    assert said in step_metadata(result, "report_cleanup")["summary"]
+    assert step_metadata(result, "plan_and_recover")["policy_source"] == said.removeprefix("policy: ")
 
 
 def test_a_run_without_a_policy_file_records_the_default_policy(store, resources, monkeypatch):
@@ -96,7 +96,7 @@ def test_a_run_without_a_policy_file_records_the_default_policy(store, resources
 
     assert tags[POLICY_SOURCE_TAG] == "default"
     assert POLICY_SHA256_TAG not in tags and POLICY_OVERRIDES_TAG not in tags
-    assert step_metadata(result, "summarize")["summary"].split("\n")[0].endswith("; policy: default")
+    assert step_metadata(result, "report_cleanup")["summary"].split("\n")[0].endswith("; policy: default")
 
 
 def test_a_dry_run_shows_the_evidence_table_and_writes_nothing(store, resources):
@@ -161,12 +161,14 @@ def test_an_opted_in_run_applies_the_latest_suggestions_and_says_so(store, resou
     configured: dict[str, Any] = {"max_duration_seconds_by_type": {"/first-rows": 7_200}}
 
     kept = run_kill_zombies({**resources, "zombie_policy": ZombiePolicyResource(**configured)})
-    assert step_metadata(kept, "summarize")["finalized"] == 0
+    assert step_metadata(kept, "report_cleanup")["finalized"] == 0
     opted_in = run_kill_zombies(
         {**resources, "zombie_policy": ZombiePolicyResource(**configured, use_suggested_max_durations=True)}
     )
-    assert step_metadata(opted_in, "reconcile")["policy"]["max_duration_seconds_by_type"] == {"/first-rows": 1_800}
-    assert step_metadata(opted_in, "summarize")["reason/exceeded_max_duration"] == 1
+    assert step_metadata(opted_in, "plan_and_recover")["policy"]["max_duration_seconds_by_type"] == {
+        "/first-rows": 1_800
+    }
+    assert step_metadata(opted_in, "report_cleanup")["reason/exceeded_max_duration"] == 1
     assert [event[Event.THRESHOLD_SECONDS] for event in store.events.find()] == [1_800]
 
 

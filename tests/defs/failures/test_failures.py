@@ -189,8 +189,8 @@ def test_a_bad_policy_in_the_launchpad_fails_the_first_step_in_one_line_naming_f
     assert (
         refused["policy_source"].value == "default, run config overrides heartbeat_timeout_seconds, max_stale_fraction"
     )
-    assert [event.step_key for event in result.all_events if event.is_step_failure] == ["reconcile"]
-    assert attempts(result, "reconcile") == 1
+    assert [event.step_key for event in result.all_events if event.is_step_failure] == ["plan_and_recover"]
+    assert attempts(result, "plan_and_recover") == 1
     assert retried_run(instance, result) == "false"
     assert failure_record(failure_seen_by_the_sensor(instance, result.run_id, resources), []).message == expected
     assert store.events.count_documents({}) == 0
@@ -246,9 +246,11 @@ def test_a_database_out_of_reach_for_a_moment_is_retried_within_the_run_which_th
     assert proxy.refused >= 1
     # failed on the outage, then succeeded (on a loaded host the driver may take the second retry to see the server
     # back: its monitor checks a server it lost at most twice a second)
-    tried = attempts(result, "reconcile")
+    tried = attempts(result, "plan_and_recover")
     assert tried in (2, 3)
-    retry = [e for e in result.events_for_node("reconcile") if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
+    retry = [
+        e for e in result.events_for_node("plan_and_recover") if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY
+    ]
     assert len(retry) == tried - 1
     assert store.events.count_documents({Event.STATE: "done"}) == 3
 
@@ -263,7 +265,7 @@ def test_a_database_out_of_reach_for_good_fails_after_the_steps_retries_with_whe
     result = cleanup(instance, databases(resources, 300))
 
     assert not result.success
-    assert attempts(result, "reconcile") == 3  # the first try and the retry policy's two
+    assert attempts(result, "plan_and_recover") == 3  # the first try and the retry policy's two
     cause = result_cause(result)
     assert cause.startswith(f"cannot reach MongoDB at {redact_url(closed)} (from ${QUEUE_URL_ENV}) within 0.3 s"), cause
     assert "\n" not in cause

@@ -60,7 +60,7 @@ def defs(resources):
 def cleanup(defs, instance, partition_key=None, job_types=None) -> str:
     if partition_key:
         instance.add_dynamic_partitions(JOB_TYPE_PARTITIONS.name, [partition_key])
-    run_config = {"ops": {"reconcile": {"config": {"job_types": job_types}}}} if job_types else None
+    run_config = {"ops": {"plan_and_recover": {"config": {"job_types": job_types}}}} if job_types else None
     result = defs.resolve_job_def(kill_zombies_job.name).execute_in_process(
         instance=instance, partition_key=partition_key, run_config=run_config
     )

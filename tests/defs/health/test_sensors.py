@@ -27,7 +27,7 @@ def _finished_cleanup(instance, resources, dry_run=False):
     result = kill_zombies_job.execute_in_process(
         instance=instance,
         resources={name: resources[name] for name in ("databases", "zombie_policy", "metrics_gateway")},
-        run_config={"ops": {"reconcile": {"config": {"dry_run": dry_run}}}},
+        run_config={"ops": {"plan_and_recover": {"config": {"dry_run": dry_run}}}},
     )
     assert result.success
     return result.run_id

@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from zombie_pipeline import config
+from zombie_pipeline import config, trail
 from zombie_pipeline.cleanup import run
 from zombie_pipeline.cleanup.compensations import CompensationError
 from zombie_pipeline.cleanup.detection import Candidate
@@ -76,13 +76,13 @@ class CleanupConfig(dg.Config):
     description="Tell the queue's generation, and complete the finalizations that crashed runs left half done.",
     retry_policy=TRANSIENT_RETRIES,
 )
-def reconcile(
+def plan_and_recover(
     context: dg.OpExecutionContext, config: CleanupConfig, databases: Databases, zombie_policy: ZombiePolicyResource
 ) -> CleanupPlan:
     source = zombie_policy.record_source(context)  # the run's tags say where its policy came from, even refused
     zombie_policy.policy()  # a refused value fails the run here, before the first command to a database
     with databases.store_for(
-        context, "reconcile: telling the generation and completing what crashed runs left"
+        context, "plan_and_recover: telling the generation and completing what crashed runs left"
     ) as store:
         policy = zombie_policy.in_force(store)
         try:
@@ -171,7 +171,7 @@ def finalize_zombies(
 ) -> CleanupPlan:
     try:
         with databases.store_for(context, "finalize_zombies: claiming and finalizing zombies") as store:
-            result = run.finalize(store, plan, candidates)
+            result = run.claim_and_finalize(store, plan, candidates)
     except GenerationUnknown as error:
         raise dg.Failure(
             description=str(error),
@@ -211,8 +211,8 @@ def compensate_zombies(context: dg.OpExecutionContext, plan: CleanupPlan, databa
     "result over our error): each one is a late result, a mistake recorded once on its event and counted.",
     retry_policy=TRANSIENT_RETRIES,
 )
-def audit_late_results(context: dg.OpExecutionContext, plan: CleanupPlan, databases: Databases) -> CleanupPlan:
-    with databases.store_for(context, "audit_late_results: looking for life in finalized jobs") as store:
+def find_late_results(context: dg.OpExecutionContext, plan: CleanupPlan, databases: Databases) -> CleanupPlan:
+    with databases.store_for(context, "find_late_results: looking for life in finalized jobs") as store:
         result = run.audit(store, plan)
     context.add_output_metadata(counts_metadata(result.counts))
     if result.counts[Count.LATE_RESULTS]:
@@ -228,10 +228,10 @@ def audit_late_results(context: dg.OpExecutionContext, plan: CleanupPlan, databa
     "figures to the Pushgateway, if there is one.",
     retry_policy=TRANSIENT_RETRIES,
 )
-def summarize(
+def report_cleanup(
     context: dg.OpExecutionContext, plan: CleanupPlan, databases: Databases, metrics_gateway: MetricsGateway
 ) -> dict[str, int]:
-    with databases.store_for(context, "summarize: reading the run back from the audit trail") as store:
+    with databases.store_for(context, "report_cleanup: reading the run back from the audit trail") as store:
         summary = run.summarize(store, plan.run_id, dict(plan.counts), plan.policy_source)
         metadata: dict[str, Any] = {
             "policy_source": plan.policy_source,
@@ -243,7 +243,7 @@ def summarize(
             found = {(job_type, reason): count for job_type, reason, count in plan.found}
 
             def figures() -> metrics.Figures:  # read only when there is a gateway to push to
-                totals = metrics.audit_totals(store.events)
+                totals = trail.audit_totals(store.events, metrics.DETECTION_BUCKETS, metrics.RELEASE_LAG_BUCKETS)
                 return metrics.cleanup_figures(
                     totals,
                     summary.counts,
@@ -298,8 +298,8 @@ CLEANUP_MAX_RUNTIME_SECONDS = 300
     },
 )
 def kill_zombies_job() -> None:
-    plan = reconcile()
-    summarize(audit_late_results(compensate_zombies(finalize_zombies(plan, find_zombies(plan)))))
+    plan = plan_and_recover()
+    report_cleanup(find_late_results(compensate_zombies(finalize_zombies(plan, find_zombies(plan)))))
 
 
 #: A cleanup in these states holds (or waits for) its queue database's slot in the run queue.

@@ -13,11 +13,11 @@
 
 import dagster as dg
 
-from zombie_pipeline import monitoring
 from zombie_pipeline.cleanup import watch_lease
 from zombie_pipeline.defs.cleanup.jobs import cleanup_in_flight, in_flight_reason, kill_zombies_job
 from zombie_pipeline.defs.resources import Databases, ZombiePolicyResource
 from zombie_pipeline.defs.tags import JOB_TYPE_PARTITIONS, JOB_TYPE_PARTITIONS_NAME, STALE_COUNT_TAG, TRIGGER_TAG
+from zombie_pipeline.observability import monitoring
 from zombie_pipeline.queue.times import utc_now
 
 #: The stale jobs sensor's tick: Dagster's own shortest (the daemon evaluates sensors every 30 s); an indexed count

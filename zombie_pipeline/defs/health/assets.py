@@ -30,7 +30,6 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from zombie_pipeline import monitoring
 from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.config import CLEANUP_OVERDUE_MINUTES_ENV, DEFAULT_CLEANUP_OVERDUE_MINUTES, cleanup_overdue_minutes
 from zombie_pipeline.defs.health import recency
@@ -39,7 +38,7 @@ from zombie_pipeline.defs.pushgateway import MetricsGateway
 from zombie_pipeline.defs.resources import Databases, ZombiePolicyResource
 from zombie_pipeline.defs.tags import CLEANUP_GROUP, CLEANUP_RUN_TAG, scope_of_tags
 from zombie_pipeline.messages import counted, plural
-from zombie_pipeline.observability import metrics
+from zombie_pipeline.observability import metrics, monitoring
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache import ErrorCode
 from zombie_pipeline.queue.times import utc_now

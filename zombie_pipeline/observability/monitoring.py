@@ -24,8 +24,6 @@ from zombie_pipeline.cleanup.detection import (
     stale_pipeline,
     started_filter,
 )
-from zombie_pipeline.cleanup.quarantine import active_quarantines
-from zombie_pipeline.cleanup.retries import pending_retries
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.audit_documents import CacheOutcome, CompensationState, Event, EventState, ZombieEvent
 from zombie_pipeline.queue.cache import Cache, CacheEntry, cache_key_of_job
@@ -33,6 +31,13 @@ from zombie_pipeline.queue.cache_entries import entries_of_jobs, key_of
 from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status, job_row, job_type_problem
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import as_utc, utc
+from zombie_pipeline.trail import (
+    active_quarantines,
+    compensations_in,
+    finalizations_since,
+    pending_retries,
+    unfinished_finalizations,
+)
 
 _BATCH = 500
 
@@ -112,13 +117,11 @@ def queue_snapshot(store: Store, policy: ZombiePolicy, now: dt.datetime) -> Queu
         started=store.jobs.count_documents(started_filter()),
         waiting=store.jobs.count_documents({Job.STATUS: Status.WAITING}),
         stale=count_stale(store.jobs, policy, now),
-        unfinished_finalizations=store.events.count_documents({Event.STATE: {"$ne": EventState.DONE}}),
-        zombies_finalized_last_24h=store.events.count_documents(
-            {Event.FINALIZED_AT: {"$gte": now - dt.timedelta(days=1)}}
-        ),
+        unfinished_finalizations=unfinished_finalizations(store),
+        zombies_finalized_last_24h=finalizations_since(store, now - dt.timedelta(days=1)),
         retries_waiting_for_their_delay=pending_retries(store),
-        compensations_pending=store.events.count_documents({Event.COMPENSATION_STATE: CompensationState.PENDING}),
-        compensations_given_up=store.events.count_documents({Event.COMPENSATION_STATE: CompensationState.FAILED}),
+        compensations_pending=compensations_in(store, CompensationState.PENDING),
+        compensations_given_up=compensations_in(store, CompensationState.FAILED),
         quarantined=len(active_quarantines(store, now)),
     )
 

@@ -3,7 +3,7 @@
 import datetime as dt
 
 from tests.helpers import ago, crashed_job, job_document
-from zombie_pipeline import monitoring
+from zombie_pipeline.observability import monitoring
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.jobs import Status
 from zombie_pipeline.queue.times import utc_now
