@@ -20,7 +20,7 @@ from zombie_pipeline.queue.jobs import Job, JobDocument
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
-from zombie_pipeline.statistics.analysis import window_report
+from zombie_pipeline.statistics.window import window_report
 
 POLICY = ZombiePolicy(claim_lease_seconds=0)
 TODAY = "2026-05"  # finished jobs deleted, cache entries with their duration

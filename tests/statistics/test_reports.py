@@ -20,7 +20,7 @@ from zombie_pipeline.queue.audit_documents import Event, EventState, FreeRuns
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.jobs import Job, Status
 from zombie_pipeline.queue.reasons import Cause, Reason
-from zombie_pipeline.statistics.analysis import analyze, window_report
+from zombie_pipeline.statistics.analysis import analyze
 from zombie_pipeline.statistics.charts import CHART_EDGES, INLINE_MARKDOWN_LIMIT, duration_chart, duration_charts
 from zombie_pipeline.statistics.formatting import day_ranges, format_duration
 from zombie_pipeline.statistics.gap_histogram import GapHistogram
@@ -28,6 +28,7 @@ from zombie_pipeline.statistics.gap_tallies import GapPeriod, GapTally
 from zombie_pipeline.statistics.heartbeat_timeout import suggest_heartbeat_timeout
 from zombie_pipeline.statistics.reports import markdown_table, policy_snippet, summary_text, write_reports
 from zombie_pipeline.statistics.tallies import BadData, Period, Tally
+from zombie_pipeline.statistics.window import window_report
 
 UTC = dt.UTC
 END = dt.datetime(2024, 3, 8, tzinfo=UTC)

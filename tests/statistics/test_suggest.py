@@ -12,7 +12,8 @@ from tests.statistics.builders import NEXT_DAY, NOON, job, tally, week
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.jobs import Status
-from zombie_pipeline.statistics.analysis import CutShort, analyze, analyze_window, suggest
+from zombie_pipeline.statistics.analysis import CutShort, analyze, suggest
+from zombie_pipeline.statistics.window import analyze_window
 
 # --- suggestion rules ---------------------------------------------------------------------
 

@@ -4,8 +4,9 @@
 - :mod:`.sources`: where a period is read, as the queue's generation says: :mod:`.jobs_source` (finished jobs)
   or :mod:`.cache_source` (cache entries), both on indexes, decoded into columns;
 - :mod:`.quantiles`: percentiles, their distribution-free confidence interval, readable rounding;
-- :mod:`.analysis`: the suggested T2 of each type with its evidence over a window (``window_report``: the one
-  entry for the asset and a direct read);
+- :mod:`.analysis`: the suggested T2 of each type with its evidence over a period;
+- :mod:`.window`: a window's days, the tallies it takes and what it lacks, and its report (``window_report``: the
+  one entry for the asset and a direct read);
 - :mod:`.suggestion_log`: the record of suggestions (``zombieT2Suggestions``) the cleanup can opt in to;
 - :mod:`.offenders`: the datasets and job types finalized again and again;
 - :mod:`.reports`, :mod:`.charts`, :mod:`.formatting`: the report as people read it.

@@ -51,21 +51,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from zombie_pipeline.cleanup.budget import spent_budgets
 from zombie_pipeline.policy import SuggestionRules, ZombiePolicy
-from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.jobs import FINISHED_STATUSES
 from zombie_pipeline.queue.reasons import REASONS, Cause, Reason
-from zombie_pipeline.queue.store import Store
-from zombie_pipeline.queue.times import utc
 from zombie_pipeline.statistics import DEFAULT_WINDOW_DAYS as DEFAULT_WINDOW_DAYS  # also read from here (the demo)
 from zombie_pipeline.statistics.formatting import format_duration
-from zombie_pipeline.statistics.gap_log import read_days
-from zombie_pipeline.statistics.gap_tallies import GapPeriod
 from zombie_pipeline.statistics.heartbeat_timeout import (
-    HeartbeatTimeoutRules,
     HeartbeatTimeoutSuggestion,
-    suggest_heartbeat_timeout,
 )
 from zombie_pipeline.statistics.quantiles import (
     percentile_name,
@@ -75,9 +67,7 @@ from zombie_pipeline.statistics.quantiles import (
     runs_for_upper_bound_below,
     success_statistics,
 )
-from zombie_pipeline.statistics.sources import left_out_of_every_day, read_history
-from zombie_pipeline.statistics.tallies import EMPTY_DURATIONS, READ_BATCH_SIZE, Period, Tally, combine
-from zombie_pipeline.trail import causes_between, late_results_between
+from zombie_pipeline.statistics.tallies import EMPTY_DURATIONS, Period, Tally
 
 DAY_SECONDS = 86_400
 #: The reasons whose detection waits the heartbeat timeout (a SIGTERMed job's has a rule of its own).
@@ -582,49 +572,4 @@ def analyze(
         detection=[
             DetectionTimes.of(reason, seconds) for reason, seconds in sorted(period.detection.items()) if len(seconds)
         ],
-    )
-
-
-def window_report(
-    store: Store,
-    generation: QueueGeneration,
-    policy: ZombiePolicy,
-    periods: Sequence[Period],
-    start: dt.datetime,
-    end: dt.datetime,
-    rules: SuggestionRules = SuggestionRules(),
-    missing_days: Sequence[str] = (),
-    gaps: GapPeriod | None = None,
-    heartbeat_rules: HeartbeatTimeoutRules = HeartbeatTimeoutRules(),
-) -> DurationReport:
-    """The report of ``[start, end)`` from the periods of its days: the one rule, for the asset and a direct read.
-
-    ``gaps``: the window's heartbeat gaps (the daily gap tallies combined); None: read from the gap log.
-    """
-    period = combine(periods) if periods else Period(start=start, end=end)
-    period.start, period.end = start, end
-    undated = left_out_of_every_day(store, generation)
-    report = analyze(period, policy, rules, undated=undated, missing_days=missing_days)
-    report.late_results = late_results_between(store, start, end)  # recorded after the days were tallied
-    report.causes = causes_between(store, start, end)
-    report.free_runs_spent = spent_budgets(store, start, end)
-    gaps = gaps if gaps is not None else read_days(store.heartbeat_gaps, start, end)
-    report.heartbeat = suggest_heartbeat_timeout(gaps, policy, report.heartbeat_deaths, heartbeat_rules)
-    return report
-
-
-def analyze_window(
-    store: Store,
-    generation: QueueGeneration,
-    policy: ZombiePolicy,
-    end: dt.datetime,
-    window_days: float = DEFAULT_WINDOW_DAYS,
-    rules: SuggestionRules = SuggestionRules(),
-    batch_size: int = READ_BATCH_SIZE,
-) -> DurationReport:
-    """The ``window_days`` before ``end`` read in one pass, without Dagster: the same report as the asset's."""
-    end = utc(end)
-    start = end - dt.timedelta(days=window_days)
-    return window_report(
-        store, generation, policy, [read_history(store, generation, start, end, batch_size)], start, end, rules
     )

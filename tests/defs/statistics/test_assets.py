@@ -32,10 +32,10 @@ from zombie_pipeline.queue.store import Store
 from zombie_pipeline.simulation.marks import simulation_id
 from zombie_pipeline.simulation.ownership import drop_simulation
 from zombie_pipeline.simulation.simulator import simulate
-from zombie_pipeline.statistics.analysis import analyze_window
 from zombie_pipeline.statistics.charts import INLINE_MARKDOWN_LIMIT
 from zombie_pipeline.statistics.suggestion_log import latest_suggested_max_durations
 from zombie_pipeline.statistics.tallies import BadData
+from zombie_pipeline.statistics.window import analyze_window
 
 URL_ENV = "ZOMBIE_STATS_TEST_MONGO_URL"
 UTC = dt.UTC

@@ -20,10 +20,10 @@ from zombie_pipeline.defs.statistics.assets import (
 from zombie_pipeline.defs.statistics.heartbeat_gaps import heartbeat_gap_tallies
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.store import Store
-from zombie_pipeline.statistics.analysis import analyze_window
 from zombie_pipeline.statistics.charts import INLINE_MARKDOWN_LIMIT
 from zombie_pipeline.statistics.gap_histogram import GapHistogram
 from zombie_pipeline.statistics.gap_log import GapBatch, write_batch
+from zombie_pipeline.statistics.window import analyze_window
 
 URL_ENV = "ZOMBIE_GAPS_TEST_MONGO_URL"
 DAYS = ("2024-03-09", "2024-03-10")

@@ -259,25 +259,6 @@ def daily_metadata(period: Period) -> dict[str, dg.MetadataValue]:
     return metadata
 
 
-def completing(missing: list[str]) -> str:
-    """What a partial window lacks, and what makes it complete: the days' tallies, or nothing for days before the first
-    partition."""
-    never = [day for day in missing if day < PARTITIONS_START]
-    later = [day for day in missing if day >= PARTITIONS_START]
-    parts = []
-    if later:
-        parts.append(
-            f"{day_ranges(later)} not computed yet: materialize {job_duration_tallies.key.to_user_string()} for them, "
-            "then this partition again"
-        )
-    if never:
-        parts.append(
-            f"{day_ranges(never)} before the first daily partition ({PARTITIONS_START}; {config.STATISTICS_START_ENV} "
-            "moves it): this window cannot be complete"
-        )
-    return "; ".join(parts)
-
-
 def tallies_by_day(tallies: Mapping[str, Period | None] | Period | None) -> dict[str, Period]:
     """The window's daily tallies by day, those computed. The IO manager hands one day over bare, not in a mapping:
     the window of the first daily partition (a backfill's first day) holds only that one; a day not computed is
@@ -341,9 +322,9 @@ def job_duration_statistics(
     is complete; the window's repeat offenders as a section of the report. Suggestions are recorded for the cleanup's opt-in
     ``use_suggested_max_durations``. The window ending with the last day is pushed to the Pushgateway.
     """
-    from zombie_pipeline.statistics.analysis import window_report
     from zombie_pipeline.statistics.charts import duration_charts, gap_chart
     from zombie_pipeline.statistics.reports import markdown_table, offenders_markdown, policy_snippet, write_reports
+    from zombie_pipeline.statistics.window import WindowTallies, window_report
 
     rules = config.rules()  # a value out of bounds is refused before anything is read
     source = zombie_policy.record_source(context)
@@ -351,28 +332,27 @@ def job_duration_statistics(
         policy = zombie_policy.in_force(store)  # "current T2" is the one the cleanup applies
         generation = _queue_generation(store, policy)
         wanted = window_days_of(context.partition_key, config.window_days)
-        by_day = tallies_by_day(tallies)
-        current = simulation_id(store)  # days read from a simulation dropped since are left out, and said
-        dropped = [day for day in wanted if day in by_day and by_day[day].origin != current]
-        loaded = [by_day[day] for day in wanted if day in by_day and day not in dropped]
-        missing = [day for day in wanted if day not in by_day or day in dropped]
+        days = WindowTallies.of(tallies_by_day(tallies), wanted, simulation_id(store))
+        to_complete = days.completing(PARTITIONS_START, job_duration_tallies.key.to_user_string())
         window_end = context.partition_time_window.end
         window_start = window_end - dt.timedelta(days=config.window_days)
         gaps = window_gaps(gap_tallies, wanted, window_start, window_end)
-        report = window_report(store, generation, policy, loaded, window_start, window_end, rules, missing, gaps)
+        report = window_report(
+            store, generation, policy, days.loaded, window_start, window_end, rules, days.missing, gaps
+        )
         # the report's section on repeat offenders: the window's datasets finalized at least DEFAULT_THRESHOLD times
         offenders = offenders_markdown(
             find_offenders(store, window_start, window_end, DEFAULT_THRESHOLD, limit=REPORT_OFFENDERS)
         )
         files = write_reports(report, config.reports_dir, sections=[offenders])
         saved = save_suggestions(store.suggestions, report) if config.save_suggestions else False
-    if dropped:
+    if days.dropped:
         context.log.warning(
-            f"the tallies of {day_ranges(dropped)} were read from other databases than these (a simulation dropped "
+            f"the tallies of {day_ranges(days.dropped)} were read from other databases than these (a simulation dropped "
             "since: simulate --drop): left out of the window"
         )
-    if missing:
-        context.log.warning(f"a partial window: {completing(missing)}")
+    if to_complete:
+        context.log.warning(f"a partial window: {to_complete}")
     if config.save_suggestions and not saved:
         context.log.info("the suggestions recorded for this window cover more of its days: kept")
     suggested = {
@@ -421,8 +401,8 @@ def job_duration_statistics(
             "days_present": report.days_present,
             "days_expected": report.days_expected,
             "missing_days": dg.MetadataValue.json(report.missing_days),
-            "days_of_other_databases": dg.MetadataValue.json(dropped),
-            **({"to_complete_it": completing(missing)} if missing else {}),
+            "days_of_other_databases": dg.MetadataValue.json(days.dropped),
+            **({"to_complete_it": to_complete} if to_complete else {}),
             "suggestions_saved": saved,
             "skipped_documents": sum(report.bad_data.values()),
             "bad_data": dg.MetadataValue.json(report.bad_data),
