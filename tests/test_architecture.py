@@ -1,7 +1,7 @@
 """docs/architecture.md tells the tree as it is, and the core stays apart from Dagster and the simulator: every
 module of ``zombie_pipeline`` is on the page's tree and every module the tree names exists; no module of the core
 imports Dagster or ``zombie_pipeline.defs``, and none of the queue, the cleanup, the statistics, the policy or the
-configuration imports ``zombie_pipeline.simulation``, and the simulated workers book their jobs without the cleanup's
+configuration imports ``zombie_pipeline.simulation``, and no module of the simulation imports the cleanup's
 bookkeeping (effects, side collections, counters), read from each module's imports (ast), not from running it."""
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ NOT_CORE = ("defs/", "definitions.py", "app/")
 #: The domain's rules, which must work the same on a deployment's databases as on a simulated one.
 KNOWS_NO_SIMULATOR = ("queue/", "cleanup/", "statistics/", "policy.py", "config.py")
 SIMULATION = "zombie_pipeline.simulation"
-#: The simulated deployment's workers book their jobs through a model of the deployment's own writes
+#: The simulated deployment books its jobs and counters through a model of the deployment's own writes
 #: (``simulation/deployment_writes.py``), never through the cleanup's bookkeeping: a bug there would be made by both
-#: sides and seen by neither.
-BOOKS_AS_THE_DEPLOYMENT = ("simulation/workers.py", "simulation/deployment_writes.py")
+#: sides and seen by neither. (``simulation/history.py`` runs the cleanup's finalizer, which uses it: past cleanups.)
 CLEANUP_BOOKKEEPING = tuple(f"zombie_pipeline.cleanup.{name}" for name in ("effects", "side_collections", "counters"))
 
 
@@ -153,8 +152,17 @@ def test_the_import_check_sees_every_kind_of_import(tmp_path):
     assert not forbidden("typing.TYPE_CHECKING") and not forbidden("zombie_pipeline.definitions")
 
 
-@pytest.mark.parametrize("module", BOOKS_AS_THE_DEPLOYMENT)
-def test_the_simulated_workers_do_not_book_their_jobs_with_the_cleanups_bookkeeping(module):
+SIMULATION_MODULES = sorted(module for module in modules_on_disk() if module.startswith("simulation/"))
+
+
+def test_the_simulation_modules_include_the_workers_and_their_model():
+    assert {"simulation/workers.py", "simulation/deployment_writes.py", "simulation/simulator.py"} <= set(
+        SIMULATION_MODULES
+    )
+
+
+@pytest.mark.parametrize("module", SIMULATION_MODULES)
+def test_the_simulated_deployment_does_not_book_its_jobs_with_the_cleanups_bookkeeping(module):
     imports = imported_modules(PACKAGE / module)
     assert not sorted(imports & set(CLEANUP_BOOKKEEPING)), (
         f"{module} imports {sorted(imports & set(CLEANUP_BOOKKEEPING))}"

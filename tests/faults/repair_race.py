@@ -13,7 +13,7 @@ and again, in one of two ways:
 - ``compare_and_set``: what ``counters.repair`` does (read, count, compare-and-set,
   again until a round finds nothing to write);
 - ``recount_set``: every counter set to a recount as it is (``counters.write_recount``,
-  as the simulator and the deployment's own periodic recount write them).
+  as the deployment's own periodic recount writes them).
 
 ``python -m tests.faults.repair_race [REPAIRS]`` prints both on a server of its
 own; ``test_database_faults.py`` runs a short version.

@@ -18,6 +18,9 @@ By era, as its code does it:
   start lock by its key (2024-08 on), none before 2023-07;
 - insert: ``jobTotalMetric`` waiting +1; ``workerTypeJobCounts`` +1 unless the dataset is blocked.
 
+The simulator, which writes a whole queue at once, sets the counters to what those moves add up to
+(:meth:`DeploymentWrites.set_counters`).
+
 The deployment writes one job at a time; the workers here write a batch in a few commands, the jobs first
 and their counters after, as each of the deployment's starts does. Identifiers the deployment leaves to
 MongoDB (a ``pastJobs`` record's, a blockage's) are new ObjectIds.
@@ -34,15 +37,17 @@ from typing import Any
 
 from bson import ObjectId
 from pymongo import InsertOne, ReturnDocument, UpdateOne
+from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 
 from zombie_pipeline.queue.blockages import BLOCKAGES_COLLECTION, Blockage
+from zombie_pipeline.queue.cache import Cache, CacheMetric
 from zombie_pipeline.queue.generations import QueueGeneration
 from zombie_pipeline.queue.job_metrics import DATASET_STATUS_NORMAL, JOB_METRICS_COLLECTION, JobMetric
 from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
 from zombie_pipeline.queue.locks import LOCKS_COLLECTION, Lock
 from zombie_pipeline.queue.past_jobs import PAST_JOBS_COLLECTION, PastJob
-from zombie_pipeline.queue.store import Store
+from zombie_pipeline.queue.store import Store, aggregate_rows
 from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION, WorkerSizeMetric
 
 #: ``lock.TTL.LOCK_TTL_SECONDS_TO_START_JOB``: the start lock's time to live, where locks have a ``ttl``.
@@ -110,6 +115,13 @@ class DeploymentWrites:
         blocked = self._blocked({job[Job.DATASET] for job in jobs})
         self._move_sizes(Counter(size_of(job) for job in jobs if job[Job.DATASET] not in blocked))
 
+    def count_started(self, jobs: Sequence[JobDocument]) -> None:
+        """The counters of the started ones of ``jobs``, written already started: as their insert and start left them
+        (started +1; the worker sizes their insert raised, their start lowered)."""
+        self._move_totals(
+            Counter((job[Job.TYPE], Status.STARTED) for job in jobs if job.get(Job.STATUS) == Status.STARTED)
+        )
+
     def finish(self, finished: Sequence[tuple[JobDocument, str]], now: dt.datetime) -> None:
         """Finish each started job of ``finished`` with its status (``success`` or ``error``), at ``now``."""
         if not finished:
@@ -136,6 +148,67 @@ class DeploymentWrites:
         if blocked and self.generation.keeps(WORKER_SIZE_METRICS_COLLECTION):
             pending = self.store.jobs.find({Job.DATASET: {"$in": sorted(blocked)}}, {Job.DIFFICULTY: 1})
             self._move_sizes(Counter({size: -count for size, count in Counter(map(size_of, pending)).items()}))
+
+    def set_counters(self) -> None:
+        """Every counter the generation keeps set to what the moves above add up to from an empty queue, for a queue
+        written all at once (the simulator's): jobs per type and status, waiting jobs of datasets not blocked per
+        worker size, cache entries per kind, HTTP status and error code."""
+        if self.generation.keeps(JOB_METRICS_COLLECTION):
+            totals = aggregate_rows(
+                self.store.jobs,
+                [{"$group": {ID: {"type": f"${Job.TYPE}", "status": f"${Job.STATUS}"}, "n": {"$sum": 1}}}],
+            )
+            self._set(
+                self.store.job_metrics,
+                JobMetric.TOTAL,
+                [(self._total_key(row[ID]["type"], row[ID]["status"]), row["n"]) for row in totals],
+            )
+        if self.generation.keeps(WORKER_SIZE_METRICS_COLLECTION):
+            waiting = self.store.jobs.find({Job.STATUS: Status.WAITING}, {Job.DATASET: 1, Job.DIFFICULTY: 1})
+            jobs = list(waiting)
+            blocked = self._blocked({job[Job.DATASET] for job in jobs})
+            sizes = Counter(size_of(job) for job in jobs if job[Job.DATASET] not in blocked)
+            self._set(
+                self.store.worker_size_metrics,
+                WorkerSizeMetric.JOBS_COUNT,
+                [({WorkerSizeMetric.WORKER_SIZE: size}, count) for size, count in sizes.items()],
+            )
+        if self.generation.cache_metrics:
+            entries = aggregate_rows(
+                self.store.cache,
+                [
+                    {
+                        "$group": {
+                            ID: {
+                                "kind": f"${Cache.KIND}",
+                                "http": f"${Cache.HTTP_STATUS}",
+                                "code": f"${Cache.ERROR_CODE}",
+                            },
+                            "n": {"$sum": 1},
+                        }
+                    }
+                ],
+            )
+            self._set(
+                self.store.cache_metrics,
+                CacheMetric.TOTAL,
+                [
+                    (
+                        {
+                            CacheMetric.KIND: row[ID]["kind"],
+                            CacheMetric.HTTP_STATUS: row[ID]["http"],
+                            CacheMetric.ERROR_CODE: row[ID].get("code"),
+                        },
+                        row["n"],
+                    )
+                    for row in entries
+                ],
+            )
+
+    @staticmethod
+    def _set(collection: Collection[Any], total: str, rows: list[tuple[dict[str, Any], int]]) -> None:
+        if rows:
+            collection.bulk_write([UpdateOne(key, {"$set": {total: n}}, upsert=True) for key, n in rows], ordered=False)
 
     def _record_runs(self, jobs: list[JobDocument], now: dt.datetime) -> set[str]:
         """``create_past_job`` for each run: its record, and the datasets it blocks (returned)."""
@@ -184,19 +257,19 @@ class DeploymentWrites:
             return set()
         return set(self.store.blockages.distinct(Blockage.DATASET, {Blockage.DATASET: {"$in": sorted(datasets)}}))
 
+    def _total_key(self, job_type: str, status: str) -> dict[str, str]:
+        """A ``jobTotalMetric`` row's key; the rows the deployment moves are those of datasets not blocked."""
+        key = {JobMetric.JOB_TYPE: job_type, JobMetric.STATUS: status}
+        if self.generation.job_metrics_by_dataset_status:
+            key[JobMetric.DATASET_STATUS] = DATASET_STATUS_NORMAL
+        return key
+
     def _move_totals(self, changes: Counter[tuple[str, str]]) -> None:
         if not self.generation.keeps(JOB_METRICS_COLLECTION) or not any(changes.values()):
             return
-        by_dataset_status = (
-            {JobMetric.DATASET_STATUS: DATASET_STATUS_NORMAL} if self.generation.job_metrics_by_dataset_status else {}
-        )
         self.store.job_metrics.bulk_write(
             [
-                UpdateOne(
-                    {JobMetric.JOB_TYPE: job_type, JobMetric.STATUS: status, **by_dataset_status},
-                    {"$inc": {JobMetric.TOTAL: change}},
-                    upsert=True,
-                )
+                UpdateOne(self._total_key(job_type, status), {"$inc": {JobMetric.TOTAL: change}}, upsert=True)
                 for (job_type, status), change in sorted(changes.items())
                 if change
             ],
