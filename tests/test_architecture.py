@@ -1,7 +1,8 @@
 """docs/architecture.md tells the tree as it is, and the core stays apart from Dagster and the simulator: every
 module of ``zombie_pipeline`` is on the page's tree and every module the tree names exists; no module of the core
 imports Dagster or ``zombie_pipeline.defs``, and none of the queue, the cleanup, the statistics, the policy or the
-configuration imports ``zombie_pipeline.simulation``, read from each module's imports (ast), not from running it."""
+configuration imports ``zombie_pipeline.simulation``, and no module of the simulation imports the cleanup's
+bookkeeping (effects, side collections, counters), read from each module's imports (ast), not from running it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ NOT_CORE = ("defs/", "definitions.py", "app/")
 #: The domain's rules, which must work the same on a deployment's databases as on a simulated one.
 KNOWS_NO_SIMULATOR = ("queue/", "cleanup/", "statistics/", "policy.py", "config.py")
 SIMULATION = "zombie_pipeline.simulation"
+#: The simulated deployment books its jobs and counters through a model of the deployment's own writes
+#: (``simulation/deployment_writes.py``), never through the cleanup's bookkeeping: a bug there would be made by both
+#: sides and seen by neither. (``simulation/history.py`` runs the cleanup's finalizer, which uses it: past cleanups.)
+CLEANUP_BOOKKEEPING = tuple(f"zombie_pipeline.cleanup.{name}" for name in ("effects", "side_collections", "counters"))
 
 
 def modules_on_disk() -> set[str]:
@@ -145,3 +150,26 @@ def test_the_import_check_sees_every_kind_of_import(tmp_path):
     )
     assert not imports_the_simulator("zombie_pipeline.simulationist")
     assert not forbidden("typing.TYPE_CHECKING") and not forbidden("zombie_pipeline.definitions")
+
+
+SIMULATION_MODULES = sorted(module for module in modules_on_disk() if module.startswith("simulation/"))
+
+
+def test_the_simulation_modules_include_the_workers_and_their_model():
+    assert {"simulation/workers.py", "simulation/deployment_writes.py", "simulation/simulator.py"} <= set(
+        SIMULATION_MODULES
+    )
+
+
+@pytest.mark.parametrize("module", SIMULATION_MODULES)
+def test_the_simulated_deployment_does_not_book_its_jobs_with_the_cleanups_bookkeeping(module):
+    imports = imported_modules(PACKAGE / module)
+    assert not sorted(imports & set(CLEANUP_BOOKKEEPING)), (
+        f"{module} imports {sorted(imports & set(CLEANUP_BOOKKEEPING))}"
+    )
+
+
+def test_the_bookkeeping_check_sees_a_module_imported_from_its_package(tmp_path):
+    source = tmp_path / "module.py"
+    source.write_text("from zombie_pipeline.cleanup import counters\n")
+    assert imported_modules(source) & set(CLEANUP_BOOKKEEPING) == {"zombie_pipeline.cleanup.counters"}

@@ -13,7 +13,7 @@ and again, in one of two ways:
 - ``compare_and_set``: what ``counters.repair`` does (read, count, compare-and-set,
   again until a round finds nothing to write);
 - ``recount_set``: every counter set to a recount as it is (``counters.write_recount``,
-  as the simulator and the deployment's own periodic recount write them).
+  as the deployment's own periodic recount writes them).
 
 ``python -m tests.faults.repair_race [REPAIRS]`` prints both on a server of its
 own; ``test_database_faults.py`` runs a short version.
@@ -36,6 +36,7 @@ from tests.faults.scenario import connect, counters_off
 from tests.servers import running_server
 from zombie_pipeline.cleanup import counters
 from zombie_pipeline.cleanup.counters import CountersInDoubt
+from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
 from zombie_pipeline.queue.jobs import Status
@@ -97,6 +98,7 @@ def measure(store: Store, repairs: int, recount_set: bool, seed: int = 0) -> dic
         job_metrics={(job_type.name, status) for job_type in JOB_TYPES for status in (Status.WAITING, Status.STARTED)},
         worker_sizes=True,
     )
+    side = SideCollections.of(store, GENERATION)  # the cleanup's view of the collections the workers keep
     rng = random.Random(seed)
     workers = _Workers(pool)
     left_off: Counter = Counter()
@@ -108,12 +110,12 @@ def measure(store: Store, repairs: int, recount_set: bool, seed: int = 0) -> dic
             if recount_set:
                 counters.write_recount(store, GENERATION)
             else:
-                corrected += counters.repair(store, pool.side, doubt)
+                corrected += counters.repair(store, side, doubt)
             workers.pause()
             off = sum(counters_off(store, GENERATION).values())
             left_off[off] += 1
             if off:  # set right while nothing moves, so that the next repair starts from exact counters
-                counters.repair(store, pool.side, doubt)
+                counters.repair(store, side, doubt)
             workers.resume()
     finally:
         workers.done.set()

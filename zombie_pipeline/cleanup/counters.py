@@ -3,8 +3,9 @@
 ``jobTotalMetric`` counts jobs per (type, status), ``workerTypeJobCounts`` the
 waiting jobs of datasets not blocked per worker size, ``cacheTotalMetric`` cache
 entries per (kind, http_status, error_code); the deployment moves them by one
-at every insert, start, finish and cache write. The simulator writes them from
-this recount, and a cleanup is checked against it: after a cleanup every
+at every insert, start, finish and cache write. A cleanup is checked against
+this recount (so is the simulated deployment, which keeps its counters with a
+model of its own, ``simulation/deployment_writes.py``): after a cleanup every
 counter must equal its recount.
 
 :func:`repair` sets the counters an earlier pass (one that died, or whose

@@ -16,6 +16,12 @@ today's queue.
 
 The statistics' windows, their daily trends and ``repeat_offenders`` have
 content from the first run on.
+
+Running the cleanup's own code here (detection, events, the finalizer, and with
+it the cleanup's bookkeeping) is what these days are: past runs of our cleanup.
+What the deployment itself wrote that day (the zombies' starts and their
+counters) goes through the simulated deployment's model, as the workers'
+writes do (``deployment_writes.py``), never the cleanup's.
 """
 
 from __future__ import annotations
@@ -29,15 +35,14 @@ from zombie_pipeline.cleanup import compensations
 from zombie_pipeline.cleanup.detection import detect
 from zombie_pipeline.cleanup.events import event_of
 from zombie_pipeline.cleanup.finalizer import Finalizer
-from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.audit_documents import Event
 from zombie_pipeline.queue.generations import CacheGeneration, QueueGeneration
-from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION, JobMetric
-from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
+from zombie_pipeline.queue.jobs import ID, Job, JobDocument
 from zombie_pipeline.queue.past_jobs import PAST_JOBS_TTL, PastJob
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import truncate_ms
+from zombie_pipeline.simulation.deployment_writes import DeploymentWrites
 
 #: The dataset whose ``/first-rows`` worker dies every day: (type, dataset, config, split).
 OFFENDER = ("/first-rows", "user42/endless-audio", "default", "train")
@@ -74,7 +79,7 @@ def clean_past_days(
 ) -> PastCleanups:
     """On each of the ``days`` before ``now``'s, place that day's zombies and finalize them as its cleanup did."""
     policy = policy.model_copy(update={"enqueue_retries": False})
-    side = SideCollections.of(store, generation)
+    writes = DeploymentWrites(store, generation)
     midnight = dt.datetime.combine(now.date(), dt.time(), tzinfo=dt.UTC)
     kinds = ["crashed", "never_heartbeated", "overdue"] + (
         ["terminated"] if generation.declares(Job.TERMINATED_AT) else []
@@ -85,7 +90,7 @@ def clean_past_days(
         at = truncate_ms(midnight - dt.timedelta(days=days_ago, hours=-rng.uniform(6, 20)))
         jobs = [zombie(rng.choice(kinds), at) for _ in range(rng.randint(*ZOMBIES_PER_DAY))] + [offender(at)]
         store.jobs.insert_many(jobs)
-        _count_started(store, side, jobs, generation)
+        writes.count_started(jobs)
         placed = {job[ID] for job in jobs}
         candidates = [c for c in detect(store.jobs, policy, at).candidates if c.id in placed]
         run_id = f"{RUN_ID_PREFIX}{at:%Y%m%dT%H%M}"
@@ -101,14 +106,3 @@ def clean_past_days(
     if store.past_jobs.name in store.queue_collection_names():
         store.past_jobs.delete_many({PastJob.FINISHED_AT: {"$lt": now - PAST_JOBS_TTL}})
     return PastCleanups(days=days, finalized=finalized, offender_finalized=offended, run_ids=tuple(run_ids))
-
-
-def _count_started(store: Store, side: SideCollections, jobs: list[JobDocument], generation: QueueGeneration) -> None:
-    """The started-job counters the deployment moved when these jobs started (their finish moves them back)."""
-    if JOB_METRICS_COLLECTION not in side:
-        return
-    for job in jobs:
-        if job.get(Job.STATUS) == Status.STARTED:
-            store.job_metrics.update_one(
-                side.job_metric_key(job[Job.TYPE], Status.STARTED), {"$inc": {JobMetric.TOTAL: 1}}, upsert=True
-            )

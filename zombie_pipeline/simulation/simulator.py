@@ -23,7 +23,6 @@ from typing import Any
 
 from bson import ObjectId
 
-from zombie_pipeline.cleanup import counters
 from zombie_pipeline.queue.cache import (
     CACHE_CONTENT_ERROR,
     DEFAULT_ZOMBIE_HTTP_STATUS,
@@ -40,6 +39,7 @@ from zombie_pipeline.queue.locks import GIT_BRANCH_LOCK_TTL_SECONDS, START_LOCK_
 from zombie_pipeline.queue.past_jobs import PAST_JOB_MIN_SECONDS, PAST_JOBS_TTL, PastJob
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import truncate_ms, utc_now
+from zombie_pipeline.simulation.deployment_writes import DeploymentWrites
 from zombie_pipeline.simulation.history import OFFENDER, PastCleanups, clean_past_days
 from zombie_pipeline.simulation.marks import SimulationMark, marks, simulated_generation
 from zombie_pipeline.simulation.ownership import NotOurs, check_ours
@@ -448,7 +448,7 @@ def _write_side(
     if past_jobs and generation.keeps(store.past_jobs.name):
         store.past_jobs.insert_many(past_jobs)
         inserts += 1
-    counters.write_recount(store, generation)
+    DeploymentWrites(store, generation).set_counters()
     return inserts
 
 

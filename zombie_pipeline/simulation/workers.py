@@ -62,12 +62,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pymongo
-from pymongo import ReplaceOne, ReturnDocument, UpdateOne
+from pymongo import ReplaceOne, UpdateOne
 from pymongo.collection import Collection
 from pymongo.errors import DuplicateKeyError
 
-from zombie_pipeline.cleanup.effects import DeploymentEffects, Finished
-from zombie_pipeline.cleanup.side_collections import SideCollections
 from zombie_pipeline.messages import counted, plural, shown
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.cache import (
@@ -82,12 +80,10 @@ from zombie_pipeline.queue.cache import (
 )
 from zombie_pipeline.queue.cache_entries import failed_runs_after_crash, stored_failed_runs
 from zombie_pipeline.queue.generations import CACHE_GENERATIONS, FailedRunsRule, QueueGeneration
-from zombie_pipeline.queue.job_metrics import JOB_METRICS_COLLECTION, JobMetric
 from zombie_pipeline.queue.jobs import ID, Job, JobDocument, Status
-from zombie_pipeline.queue.locks import LOCKS_COLLECTION, START_LOCK_TTL_SECONDS, Lock
 from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import utc_now
-from zombie_pipeline.queue.worker_type_counts import WORKER_SIZE_METRICS_COLLECTION, WorkerSizeMetric, worker_size
+from zombie_pipeline.simulation.deployment_writes import DeploymentWrites
 from zombie_pipeline.simulation.marks import SIMULATED_WORKERS_COLLECTION, WorkersClaim
 from zombie_pipeline.simulation.shapes import job_document
 from zombie_pipeline.simulation.workload import JOB_TYPES, JobType, WorkloadError
@@ -293,8 +289,7 @@ class WorkerPool:
         self.rng = random.Random(self.seed)
         self.runs: list[_Run | None] = [None] * self.rates.workers
         self.restart_at: list[float] = [0.0] * self.rates.workers  # a replaced pod takes work from then on
-        self.side = SideCollections.of(self.store, self.generation)
-        self.effects = DeploymentEffects(self.store, self.side)
+        self.writes = DeploymentWrites(self.store, self.generation)  # the deployment's, not the cleanup's
         self.cache_generation = CACHE_GENERATIONS[self.generation.cache_generation]
         self.types = {job_type.name: job_type for job_type in self.job_types}
         self._openings: tuple[set[Any], set[Any], list[Any]] | None = None
@@ -507,46 +502,12 @@ class WorkerPool:
             candidate = waiting.pop(0)
             if candidate.get(Job.NAMESPACE) in busy or candidate.get(Job.UNICITY_ID) in started_ids:
                 continue
-            started = self._start_one(candidate)
+            started = self.writes.start(candidate, self.now())
             if started is not None:
                 busy.add(started.get(Job.NAMESPACE))
                 started_ids.add(started.get(Job.UNICITY_ID))
                 return started
         return None
-
-    def _start_one(self, candidate: JobDocument) -> JobDocument | None:
-        owner = str(uuid.uuid4())
-        lock = self.generation.keeps(LOCKS_COLLECTION) and Lock.OWNER in self.generation.lock_fields
-        if lock:  # held only while starting, then released: the lock document stays
-            taken = {Lock.OWNER: owner, Lock.UPDATED_AT: self.now()}
-            if Lock.TTL in self.generation.lock_fields:
-                taken[Lock.TTL] = START_LOCK_TTL_SECONDS
-            try:
-                self.store.locks.update_one(
-                    {ID: candidate[Job.UNICITY_ID], Lock.OWNER: None}, {"$set": taken}, upsert=True
-                )
-            except DuplicateKeyError:  # another worker holds it, starting the same step: this one looks further
-                return None
-        started = self.store.jobs.find_one_and_update(
-            {ID: candidate[ID], Job.STATUS: Status.WAITING},
-            {"$set": {Job.STATUS: Status.STARTED, Job.STARTED_AT: self.now()}},
-            return_document=ReturnDocument.AFTER,
-        )
-        if lock:
-            self.store.locks.update_one(
-                {ID: candidate[Job.UNICITY_ID], Lock.OWNER: owner},
-                {"$set": {Lock.OWNER: None, Lock.UPDATED_AT: self.now()}},
-            )
-        if started is not None:
-            self._count_job(started, Status.WAITING, -1)
-            self._count_job(started, Status.STARTED, +1)
-            if WORKER_SIZE_METRICS_COLLECTION in self.side:
-                self.store.worker_size_metrics.update_one(
-                    {WorkerSizeMetric.WORKER_SIZE: worker_size(started.get(Job.DIFFICULTY))},
-                    {"$inc": {WorkerSizeMetric.JOBS_COUNT: -1}},
-                    upsert=True,
-                )
-        return started
 
     def _beat(self, runs: list[_Run], now: float) -> list[_Run]:
         """The heartbeat of each of ``runs`` (one command for all: each worker's own write, sent together).
@@ -582,7 +543,7 @@ class WorkerPool:
         few commands for all of ``runs`` (each ending as its ``fates`` says)."""
         current = {job[ID]: job for job in self.store.jobs.find({ID: {"$in": [run.job[ID] for run in runs]}})}
         finished_at = self.now()
-        finished: list[Finished] = []
+        finished: list[tuple[JobDocument, str]] = []
         results: list[ReplaceOne[CacheEntry]] = []
         metrics: Counter[tuple[tuple[str, Any], ...]] = Counter()
         for run, fate in zip(runs, fates):
@@ -596,13 +557,13 @@ class WorkerPool:
             for old_or_new, change in ((previous, -1), (entry, +1)):
                 if old_or_new is not None:
                     metrics[self._cache_metric_key(old_or_new)] += change
-            finished.append(Finished(job, finished_at, Status.SUCCESS if error_code is None else Status.ERROR))
+            finished.append((job, Status.SUCCESS if error_code is None else Status.ERROR))
             if fate is Fate.STOPPED_AT_T2:
                 self.counts["stopped_at_max_duration"] += 1
         if not finished:
             return
         self.store.cache.bulk_write(results, ordered=False)
-        if self.side.cache_metrics and any(metrics.values()):
+        if self.generation.cache_metrics and any(metrics.values()):
             self.store.cache_metrics.bulk_write(
                 [
                     UpdateOne(dict(key), {"$inc": {CacheMetric.TOTAL: change}}, upsert=True)
@@ -611,19 +572,8 @@ class WorkerPool:
                 ],
                 ordered=False,
             )
-        ids = [item.job[ID] for item in finished]
-        if self.generation.keeps_finished_jobs:
-            self.store.jobs.bulk_write(
-                [
-                    UpdateOne({ID: item.job[ID]}, {"$set": {Job.STATUS: item.status, Job.FINISHED_AT: finished_at}})
-                    for item in finished
-                ],
-                ordered=False,
-            )
-        else:
-            self.store.jobs.delete_many({ID: {"$in": ids}})
-        self.effects.after_finish(finished, finished_at)
-        self.counts.update(f"finished_{item.status}" for item in finished)
+        self.writes.finish(finished, finished_at)
+        self.counts.update(f"finished_{status}" for _, status in finished)
 
     def _result(
         self, job: JobDocument, finished_at: dt.datetime, error_code: str | None
@@ -688,11 +638,5 @@ class WorkerPool:
                 )
             )
         self.store.jobs.insert_many(new_jobs)
-        self.effects.after_insert(new_jobs)
+        self.writes.insert(new_jobs)
         self.counts["enqueued"] += len(new_jobs)
-
-    def _count_job(self, job: JobDocument, status: str, change: int) -> None:
-        if JOB_METRICS_COLLECTION in self.side:
-            self.store.job_metrics.update_one(
-                self.side.job_metric_key(job[Job.TYPE], status), {"$inc": {JobMetric.TOTAL: change}}, upsert=True
-            )
