@@ -51,7 +51,7 @@ from zombie_pipeline.queue.store import Store
 from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.marks import simulated_generation
 from zombie_pipeline.simulation.ownership import check_ours, drop_simulation
-from zombie_pipeline.simulation.simulator import simulate
+from zombie_pipeline.simulation.simulator import Simulation, simulate
 from zombie_pipeline.simulation.workers import QueueClaim, WorkerPool, WorkerRates, WorkersRunning
 from zombie_pipeline.simulation.workload import Workload, healthy_beside
 from zombie_pipeline.statistics.analysis import DEFAULT_WINDOW_DAYS
@@ -193,22 +193,26 @@ def _prepare_queue(
             f"{counted(dead, 'zombie')} beside {counted(healthy, 'healthy started job')} (the simulated workers stopped since): adding "
             f"{missing} healthy started jobs ..."
         )
-        simulate(
-            store,
-            Workload(
-                finished=0,
-                crashed=0,
-                never_heartbeated=0,
-                terminated=0,
-                overdue=0,
-                running=missing,
-                waiting=0,
-                seed=seed,
-                generation=generation,
-                policy=policy,
-            ),
-            progress=progress,
-        )
+        _add_started_jobs(store, missing, seed, generation, policy, progress)
+
+
+def _add_started_jobs(
+    store: Store, count: int, seed: int, generation: str, policy: ZombiePolicy, progress: Progress
+) -> Simulation:
+    """``count`` started jobs, heartbeating as of now, and nothing else."""
+    workload = Workload(
+        finished=0,
+        crashed=0,
+        never_heartbeated=0,
+        terminated=0,
+        overdue=0,
+        running=count,
+        waiting=0,
+        seed=seed,
+        generation=generation,
+        policy=policy,
+    )
+    return simulate(store, workload, progress=progress)
 
 
 def _cleanup(
@@ -256,22 +260,7 @@ def _watch(
     last heartbeat puts their deadline (that beat + the heartbeat timeout) a few seconds ahead, each released when
     its deadline comes, with the lag the watcher added to the rule."""
     progress("simulating workers that die now")
-    simulation = simulate(
-        store,
-        Workload(
-            finished=0,
-            crashed=0,
-            never_heartbeated=0,
-            terminated=0,
-            overdue=0,
-            running=WATCHED_DEATHS,
-            waiting=0,
-            seed=seed,
-            generation=generation,
-            policy=policy,
-        ),
-        progress=progress,
-    )
+    simulation = _add_started_jobs(store, WATCHED_DEATHS, seed, generation, policy, progress)
     now = utc_now()
     deadlines = [now + dt.timedelta(seconds=n * DEATH_SPACING_SECONDS) for n in range(1, WATCHED_DEATHS + 1)]
     timeout = dt.timedelta(seconds=policy.heartbeat_timeout_seconds)
