@@ -1,10 +1,10 @@
 """The audit trail, read: what the cleanup, the statistics, the monitoring and the status ask of our own collections.
 
 The events (``zombieEvents``) a cleanup writes as its write-ahead log, the delayed retries (``zombieRetries``) and
-the quarantines (``zombieQuarantines``) are read by several rooms: the cleanup (its summary, the late results, the
-quarantine), the statistics (their windows, causes and late results), the sensors and checks (the queue's state),
-the metrics (the totals a cleanup pushes) and ``zombie-pipeline status``. Each question is written here once, on the index that answers it; the writes stay
-with the step that makes them (``cleanup/events.py``, ``retries.py``, ``quarantine.py``, ``late_results.py``).
+the quarantines (``zombieQuarantines``) are read by the cleanup (its summary, the late results, the quarantine),
+the statistics (their windows, causes and late results), the sensors and checks (the queue's state), the metrics
+(the totals a cleanup pushes) and ``zombie-pipeline status``. Each question is written here once, on the index that
+answers it; the writes stay with the step that makes them (``cleanup/events.py``, ``retries.py``, ``quarantine.py``, ``late_results.py``).
 
 An event this code did not write (no string job type, a reason we never gave) is skipped where it is counted, never
 counted as something it is not.
