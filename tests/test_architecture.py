@@ -2,7 +2,8 @@
 module of ``zombie_pipeline`` is on the page's tree and every module the tree names exists; no module of the core
 imports Dagster or ``zombie_pipeline.defs``, and none of the queue, the cleanup, the statistics, the policy or the
 configuration imports ``zombie_pipeline.simulation``, and no module of the simulation imports the cleanup's
-bookkeeping (effects, side collections, counters), read from each module's imports (ast), not from running it."""
+bookkeeping (effects, side collections, counters); and no module imports itself back through others, read from each
+module's imports (ast), not from running it."""
 
 from __future__ import annotations
 
@@ -173,3 +174,69 @@ def test_the_bookkeeping_check_sees_a_module_imported_from_its_package(tmp_path)
     source = tmp_path / "module.py"
     source.write_text("from zombie_pipeline.cleanup import counters\n")
     assert imported_modules(source) & set(CLEANUP_BOOKKEEPING) == {"zombie_pipeline.cleanup.counters"}
+
+
+def dotted(module: str) -> str:
+    """``cleanup/run.py`` as Python names it: ``zombie_pipeline.cleanup.run`` (a package by its directory)."""
+    return "zombie_pipeline." + module.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def loaded_at_import(path: Path, known: set[str]) -> set[str]:
+    """The package's modules that importing ``path`` imports first: its top-level imports, not those inside a function
+    or an ``if`` (``TYPE_CHECKING``); ``from package import module`` names the module, not the package."""
+    found: set[str] = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in known)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & known
+            found.update(submodules or ({node.module} & known))
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm): each one a cycle of imports."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in graph[module]:
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            group = [stack.pop()]
+            while group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def package_graph() -> dict[str, set[str]]:
+    paths = {dotted(path.relative_to(PACKAGE).as_posix()): path for path in PACKAGE.rglob("*.py")}
+    paths[PACKAGE.name] = paths.pop(dotted("__init__.py"))
+    return {name: loaded_at_import(path, set(paths)) - {name} for name, path in paths.items()}
+
+
+def test_no_module_of_the_package_imports_itself_back_through_others():
+    """A cycle works only in the order that happens to import it first; a type-only reference (``TYPE_CHECKING``)
+    or an import inside a function is not one."""
+    graph = package_graph()
+    assert {"zombie_pipeline.cleanup.run", "zombie_pipeline.defs.health"} <= set(graph)
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_planted_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
