@@ -19,7 +19,7 @@ from zombie_pipeline.config import (
     WEBHOOK_URL_ENV,
 )
 from zombie_pipeline.policy import ZombiePolicy
-from zombie_pipeline.queue.audit_documents import Event
+from zombie_pipeline.queue.audit_documents import Event, EventState
 from zombie_pipeline.queue.connections import client_for
 from zombie_pipeline.queue.embedded import free_port
 from zombie_pipeline.queue.generations import QUEUE_GENERATIONS
@@ -75,8 +75,11 @@ def test_dagster_dev_runs_the_watcher_by_default_and_it_releases_a_death_at_its_
             dying = job_document(dataset="watch/dying", started_at=now - dt.timedelta(seconds=400),
                                  last_heartbeat=now - dt.timedelta(seconds=290))  # fmt: skip
             store.jobs.insert_one(dying)
-            event = harness.wait_for(
-                "the death to be released", lambda: store.events.find_one({ID: dying[ID]}), timeout=60, interval=0.5
+            event = harness.wait_for(  # claimed first (the job still started), then done once the job is finished
+                "the death to be released",
+                lambda: store.events.find_one({ID: dying[ID], Event.STATE: EventState.DONE}),
+                timeout=60,
+                interval=0.5,
             )
             assert event[Event.RUN_ID] == lease.holder
             assert 0 < event[Event.RELEASE_LAG_SECONDS] < 5
