@@ -6,8 +6,7 @@ import time
 import dagster as dg
 import pytest
 
-from tests.helpers import METRICS_OFF, ago, crashed_job, databases_from_env, job_document, workload
-from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
+from tests.helpers import ago, crashed_job, job_document, workload
 from zombie_pipeline.defs.cleanup.jobs import kill_zombies_job
 from zombie_pipeline.defs.health.assets import (
     cleanups_are_recent,
@@ -29,22 +28,6 @@ from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
 
 TIMEOUT = 300  # the policy resource's default heartbeat timeout
-
-
-@pytest.fixture
-def resources(mongo_url, queue_db, cache_db, monkeypatch):
-    monkeypatch.setenv(QUEUE_URL_ENV, mongo_url)
-    monkeypatch.setenv(CACHE_URL_ENV, mongo_url)
-    return {
-        "databases": databases_from_env(queue_db.name, cache_db.name),
-        "zombie_policy": ZombiePolicyResource(),
-        **METRICS_OFF,
-    }
-
-
-@pytest.fixture
-def instance():
-    return dg.DagsterInstance.ephemeral()
 
 
 @pytest.fixture

@@ -5,19 +5,15 @@ import itertools
 import threading
 
 import dagster as dg
-import pytest
 
 from tests.helpers import (
-    METRICS_OFF,
     QUIET_LOGGERS,
     crashed_job,
-    databases_from_env,
     healthy_job,
     job_document,
     step_metadata,
 )
 from zombie_pipeline.cleanup import watch_lease
-from zombie_pipeline.config import CACHE_URL_ENV, QUEUE_URL_ENV
 from zombie_pipeline.defs.cleanup.sensors import stale_jobs_sensor
 from zombie_pipeline.defs.resources import ZombiePolicyResource
 from zombie_pipeline.defs.tags import WATCHED_QUEUE_DATABASE_TAG
@@ -39,22 +35,6 @@ from zombie_pipeline.statistics.gap_log import read_totals
 
 NOW = dt.datetime(2026, 12, 1, 12, tzinfo=dt.UTC)
 STARTED, QUEUED = dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.QUEUED
-
-
-@pytest.fixture
-def resources(mongo_url, queue_db, cache_db, monkeypatch):
-    monkeypatch.setenv(QUEUE_URL_ENV, mongo_url)
-    monkeypatch.setenv(CACHE_URL_ENV, mongo_url)
-    return {
-        "databases": databases_from_env(queue_db.name, cache_db.name),
-        "zombie_policy": ZombiePolicyResource(),
-        **METRICS_OFF,
-    }
-
-
-@pytest.fixture
-def instance():
-    return dg.DagsterInstance.ephemeral()
 
 
 def tick(sensor, instance, resources):
