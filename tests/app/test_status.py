@@ -62,7 +62,9 @@ def test_the_status_says_the_started_jobs_the_zombies_the_cleanups_and_the_quara
 
 
 def test_the_last_day_says_how_long_the_dead_jobs_waited_and_what_showed_life_or_failed(store, simulated):
-    now = utc_now()
+    # an hour after the latest daily cleanup: at a later hour of today it would be more than a day ago
+    [latest] = store.events.find().sort(Event.FINALIZED_AT, -1).limit(1)
+    now = latest[Event.FINALIZED_AT] + dt.timedelta(hours=1)
     yesterday = list(store.events.find({Event.FINALIZED_AT: {"$gte": now - dt.timedelta(days=1)}}))
     assert yesterday, "the simulated cleanup of yesterday finalized nothing"
     late = yesterday[0]

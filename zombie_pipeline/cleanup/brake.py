@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pymongo.collection import Collection
 
-from zombie_pipeline.cleanup.detection import Detection, count_started
+from zombie_pipeline.cleanup.detection import Detection, count_started_among
 from zombie_pipeline.policy import ZombiePolicy
 from zombie_pipeline.queue.jobs import JobDocument
 
@@ -60,5 +60,7 @@ class Brake:
 def brake_for(
     jobs: Collection[JobDocument], detection: Detection, policy: ZombiePolicy, job_types: Iterable[str] | None = None
 ) -> Brake:
-    """The brake judged on ``detection``'s candidates among the started jobs (of ``job_types``)."""
-    return Brake.of(policy, stale=len(detection.candidates), started=count_started(jobs, job_types))
+    """The brake judged on ``detection``'s candidates still started, among the started jobs (of ``job_types``)."""
+    ids = [candidate.id for candidate in detection.candidates]
+    started, stale = count_started_among(jobs, ids, job_types)
+    return Brake.of(policy, stale=stale, started=started)

@@ -17,7 +17,7 @@ when it started longer ago than T2 (the event says it was past T2 too), and
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -428,6 +428,17 @@ def count_started(jobs: Collection[JobDocument], job_types: Iterable[str] | None
     counted = aggregate_rows(jobs, on_index(started_filter(), _of_types(job_types), {"$count": "started"}))
     found = next(counted, None)
     return found["started"] if found else 0
+
+
+def count_started_among(
+    jobs: Collection[JobDocument], ids: Sequence[Any], job_types: Iterable[str] | None = None
+) -> tuple[int, int]:
+    """The started jobs, and how many of ``ids`` are still among them, in one read: a concurrent cleanup's
+    finalizations since ``ids`` were found take from both counts, not from one."""
+    still = {"$cond": [{"$in": [f"${ID}", list(ids)]}, 1, 0]}
+    group = {"$group": {ID: None, "started": {"$sum": 1}, "still": {"$sum": still}}}
+    found = next(aggregate_rows(jobs, on_index(started_filter(), _of_types(job_types), group)), None)
+    return (found["started"], found["still"]) if found else (0, 0)
 
 
 def known_job_types(jobs: Collection[JobDocument], cache: Collection[CacheEntry]) -> set[str]:
