@@ -245,7 +245,7 @@ def test_a_live_job_is_stopped_at_its_maximum_duration(store):
     assert event[Event.FINALIZED_AT] == world.start + dt.timedelta(seconds=10.001)
 
 
-def test_deaths_within_a_second_of_each_other_are_finalized_in_two_passes(store):
+def test_deaths_within_a_second_of_each_other_are_each_finalized_at_its_deadline(store):
     world = World(store)
     jobs = [world.job(f"user/together-{n}", started=100, beat=50 - n * 0.2) for n in range(4)]  # due 10 to 10.6 s
     healthy = [world.job(f"user/healthy-{n}", started=100, beat=1) for n in range(20)]
@@ -255,8 +255,21 @@ def test_deaths_within_a_second_of_each_other_are_finalized_in_two_passes(store)
 
     finalized = events(store)
     assert set(finalized) == {job[ID] for job in jobs}
-    assert report.passes == 2  # the first at its deadline, the others one pass interval later, as one batch
-    assert max(event[Event.RELEASE_LAG_SECONDS] for event in finalized.values()) < 1.01
+    assert report.passes == 4  # within the burst of passes: none waits for another
+    assert max(event[Event.RELEASE_LAG_SECONDS] for event in finalized.values()) < 0.01
+
+
+def test_past_a_burst_of_passes_what_falls_due_waits_for_the_next_pass_a_second_later_as_one_batch(store):
+    world = World(store)
+    jobs = [world.job(f"user/together-{n}", started=100, beat=50 - n * 0.1) for n in range(8)]  # due 10 to 10.7 s
+    report = watch(store, world).run(world.until(30))
+
+    finalized = events(store)
+    lags = sorted(event[Event.RELEASE_LAG_SECONDS] for event in finalized.values())
+    assert set(finalized) == {job[ID] for job in jobs}
+    assert report.passes == FAST.pass_burst + 1  # five at their deadlines, then the three left in one
+    assert lags[: FAST.pass_burst] == pytest.approx([0.001] * FAST.pass_burst, abs=0.001)
+    assert lags[-1] == pytest.approx(11.001 - 10.5, abs=0.01)  # due at 10.5 s: the budget refilled at 11.0 s
 
 
 # --- what falls due together -------------------------------------------------------------------------------------
@@ -512,7 +525,7 @@ def test_an_idle_watch_sends_less_than_one_command_a_second_whatever_the_fleet(s
     assert len(log.names) / 300 < 1.0, Counter(log.names)
 
 
-def test_a_wave_of_200_deaths_costs_at_most_a_pass_a_second_not_200(store, mongo_url):
+def test_a_wave_of_200_deaths_costs_a_burst_then_a_pass_a_second_not_200(store, mongo_url):
     world = World(store)
     dead = [world.job(f"user/dead-{n}", started=300, beat=50 - n * 0.05) for n in range(200)]  # due from 10 to 20 s
     healthy = [
@@ -522,5 +535,6 @@ def test_a_wave_of_200_deaths_costs_at_most_a_pass_a_second_not_200(store, mongo
     with logged_store(mongo_url, store) as (logged, log):
         report = watch(logged, world).run(world.until(40))
     assert set(events(store)) == {job[ID] for job in dead}
-    assert report.passes <= 12 and report.holds == 0  # one a second while they fall due (over 10 s)
+    # a burst at the first deadlines, then one a second while they fall due (over 10 s)
+    assert report.passes <= FAST.pass_burst + 11 and report.holds == 0
     assert len(log.names) < 40 + report.passes * 30, Counter(log.names)  # the idle ones, and some 25 per pass

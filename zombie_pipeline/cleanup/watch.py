@@ -16,8 +16,9 @@ steps:
    queue generation's finish by compare-and-set, in batches, exactly once beside any other cleanup and the
    deployment's own killer.
 
-What falls due together is judged together. Passes come at most every ``min_pass_seconds``, each taking everything
-due by then as one batch. The brake counts, beside what is due, the jobs finalized in the last *window* (the
+What falls due together is judged together. A pass comes at the deadline it serves, up to ``pass_burst`` of them at
+once; past that, one every ``min_pass_seconds``, each taking everything due by then as one batch: a lone death waits
+for nothing, a wave costs a pass a second. The brake counts, beside what is due, the jobs finalized in the last *window* (the
 policy's ``wave_window_seconds``, at most half the heartbeat timeout) as stale and as started: what
 :func:`run.find` would have seen had they not been finalized yet. And when the deadlines due within the next window
 would engage the brake, the pass waits for them, one window at most: a fleet going quiet at once is refused as a
@@ -107,7 +108,8 @@ class WatchSettings:
 
     run_seconds: float = 3600.0  # from taking the lease to handing it over
     refresh_seconds: float = 2.0  # the started jobs read again
-    min_pass_seconds: float = 1.0  # what falls due within this of a pass waits for the next one, as one batch
+    min_pass_seconds: float = 1.0  # once a burst of passes is spent, one pass per this: what falls due waits for it
+    pass_burst: int = 5  # passes that may come at their deadlines one right after another
     lease_seconds: float = 15.0  # a watch not heard of for this long is dead (or hung): the fallback takes over
     renew_seconds: float = 5.0
     reconcile_seconds: float = 60.0  # dead runs' half-done finalizations taken over, due retries enqueued
@@ -128,6 +130,32 @@ class Watched:
     @property
     def due_at(self) -> dt.datetime:
         return self.rule.due_at
+
+
+@dataclass
+class PassBudget:
+    """Passes at the deadlines they serve while the budget lasts, ``burst`` at most, refilled one per ``seconds``: a
+    lone death is released at its deadline, a wave of them costs one pass a second, not one per death."""
+
+    burst: int
+    seconds: float
+    tokens: float = field(init=False)
+    spent_at: dt.datetime | None = None
+
+    def __post_init__(self) -> None:
+        self.tokens = float(self.burst)
+
+    def next_at(self) -> dt.datetime | None:
+        """When the next pass may come; None: now."""
+        if self.spent_at is None or self.tokens >= 1:
+            return None
+        return self.spent_at + dt.timedelta(seconds=(1 - self.tokens) * self.seconds)
+
+    def spend(self, now: dt.datetime) -> None:
+        if self.spent_at is not None:
+            self.tokens = min(float(self.burst), self.tokens + (now - self.spent_at).total_seconds() / self.seconds)
+        self.spent_at = now
+        self.tokens -= 1
 
 
 @dataclass
@@ -186,7 +214,7 @@ class Watch:
         self.hold_until: dt.datetime | None = None
         self.braked: Brake | None = None
         self.brake_recheck_at: dt.datetime | None = None
-        self.last_pass: dt.datetime | None = None
+        self.passes = PassBudget(settings.pass_burst, settings.min_pass_seconds)
         self.unfinished = False  # a pass was cut short: its claims are completed before anything else
         self.outage_since: dt.datetime | None = None
         self.answered = False  # the database answered in this step
@@ -273,8 +301,8 @@ class Watch:
 
     def _pass_gates(self) -> list[dt.datetime]:
         gates = [moment for moment in (self.hold_until, self.brake_recheck_at) if moment is not None]
-        if self.last_pass is not None:
-            gates.append(self.last_pass + dt.timedelta(seconds=self.settings.min_pass_seconds))
+        if (paced := self.passes.next_at()) is not None:
+            gates.append(paced)
         return gates
 
     def _earliest(self) -> dt.datetime | None:
@@ -321,7 +349,7 @@ class Watch:
         policy = self.policy
         due = detect(self.store.jobs, policy, now).candidates
         self.answered = True
-        self.last_pass = now
+        self.passes.spend(now)
         self.report.passes += 1
         if not due:
             self.acted_until = now
