@@ -18,8 +18,8 @@ steps:
 
 What falls due together is judged together. A pass comes at the deadline it serves, up to ``pass_burst`` of them at
 once; past that, one every ``min_pass_seconds``, each taking everything due by then as one batch: a lone death waits
-for nothing, a wave costs a pass a second. The brake counts, beside what is due, the jobs finalized in the last *window* (the
-policy's ``wave_window_seconds``, at most half the heartbeat timeout) as stale and as started: what
+for nothing, a wave costs a pass a second. The brake counts, beside what is due, the jobs finalized in the last
+*window* (the policy's ``wave_window_seconds``, at most half the heartbeat timeout) as stale and as started: what
 :func:`run.find` would have seen had they not been finalized yet. And when the deadlines due within the next window
 would engage the brake, the pass waits for them, one window at most: a fleet going quiet at once is refused as a
 whole, not released one deadline at a time until half of it is gone; the jobs among them that beat meanwhile drop
