@@ -140,7 +140,7 @@ def test_beside_four_cpu_bound_processes_every_death_is_released_within_15_s(dep
     check(measured, LOADED_P99_SECONDS, deployment)
 
 
-def test_the_fallback_takes_over_within_one_sensor_tick_when_the_watcher_is_killed_and_a_new_watcher_comes_back(
+def test_the_fallback_takes_over_at_its_first_tick_after_the_lease_lapses_and_a_new_watcher_comes_back(
     deployment, watcher, policy
 ):
     store, ops = deployment.store, deployment.ops
@@ -169,14 +169,25 @@ def test_the_fallback_takes_over_within_one_sensor_tick_when_the_watcher_is_kill
     [run_id] = tick.run_ids
     assert deployment.wait_for_run(run_id) == dg.DagsterRunStatus.SUCCESS
     event = found(store.events.find_one({ID: dying[ID]}))
-    taken_over = tick.timestamp - max(lapsed_at, due_at)
+    both_at = max(lapsed_at, due_at)
+    taken_over = tick.timestamp - both_at
+    after_kill = [earlier for earlier in reversed(ops.sensor_ticks(STALE_SENSOR)) if earlier.timestamp > killed_at]
+    ticks = "; ".join(
+        f"{earlier.timestamp - killed_at:.1f} s {earlier.status.value} {earlier.skip_reason or earlier.run_ids}"
+        for earlier in after_kill
+    )
     print(
         f"\nwatcher killed: lease lapsed {lapsed_at - killed_at:.1f} s after the kill, the job due "
         f"{due_at - killed_at:.1f} s after it; stale_jobs_sensor's tick requested a cleanup {taken_over:.1f} s after "
         f"both; released {event[Event.RELEASE_LAG_SECONDS]:.1f} s after its deadline (load "
-        f"{os.getloadavg()[0]:.1f})"
+        f"{os.getloadavg()[0]:.1f})\nits ticks since the kill: {ticks}"
     )
-    assert 0 <= taken_over <= SENSOR_TICK_SECONDS + 5  # within one tick (and the daemon's evaluation)
+    # the first tick to begin once both had passed took over; the run was not asked for before them
+    skipped_after_both = [earlier for earlier in after_kill if both_at <= earlier.timestamp < tick.timestamp]
+    assert skipped_after_both == [], ticks
+    assert found(deployment.instance.get_run_record_by_id(run_id)).create_timestamp.timestamp() >= both_at
+    # how soon that tick comes is the daemon's: 30-35 s apart when idle, later when its loop is slow (43.8 s seen)
+    assert taken_over <= 2 * SENSOR_TICK_SECONDS, ticks
     assert event[Event.RUN_ID] == run_id and event[Event.RELEASE_LAG_SECONDS] > 0
     assert found(deployment.instance.get_run_by_id(holder)).status == dg.DagsterRunStatus.FAILURE
 
