@@ -63,6 +63,7 @@ def embedded_home(tmp_path, monkeypatch):
         kill_recorded_server(home)
 
 
+@pytest.mark.slow  # the whole demo, tens of seconds
 def test_a_first_demo_shows_the_cleanup_the_statistics_and_a_repeat_offender_from_what_its_runs_recorded(
     embedded_home, capsys
 ):
@@ -139,6 +140,7 @@ def test_the_demo_refuses_a_size_for_a_simulation_it_would_not_make(embedded_hom
     assert store().jobs.count_documents({}) == before
 
 
+@pytest.mark.slow  # the whole demo, tens of seconds
 def test_the_demo_and_a_cleanup_from_the_ui_succeed_after_the_workers_ran_past_the_heartbeat_timeout(
     embedded_home, capsys
 ):

@@ -48,7 +48,7 @@ from zombie_pipeline.queue.times import utc_now
 from zombie_pipeline.simulation.shapes import cache_document
 from zombie_pipeline.simulation.simulator import simulate
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.fault, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
 # --- the database is unreachable when a run starts --------------------------------------------------
